@@ -1,0 +1,74 @@
+"""The ``gatekeeper`` command line.
+
+Each subcommand lives in its own ``commands_*`` module exposing
+``add_parser(subparsers)``; the parser it adds sets ``run(args, settings) -> int`` as
+its ``func``. Errors raised on purpose (``GatekeeperError``) end the command with
+exit code 2 and one line that says what to do; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gatekeeper import __version__
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.settings import load_settings
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors print one line and exit 2 (as argparse does)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gatekeeper import commands_estimate
+
+    parser = _Parser(
+        prog="gatekeeper",
+        description="Admission control for vLLM: decide before launch whether a model fits.",
+    )
+    parser.add_argument("--version", action="version", version=f"gatekeeper {__version__}")
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML settings file (GATEKEEPER_* keys)"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    commands_estimate.add_parser(subparsers)
+    _add_optional_commands(subparsers)
+    return parser
+
+
+def _add_optional_commands(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    """Commands added by later modules register here."""
+    import importlib
+
+    for name in ("gatekeeper.commands_gpus",):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        module.add_parser(subparsers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        code: int = args.func(args, settings)
+    except GatekeeperError as e:
+        print(f"gatekeeper: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""GPU products and the total memory vLLM sees on each (``data/gpus.json``).
+
+The figure is what ``cudaMemGetInfo`` reports as total, which is what vLLM
+multiplies by ``--gpu-memory-utilization``: an H100 80GB shows 79.19 GiB, not 80.
+Lookup is forgiving: ``H100-80GB``, ``h100``, ``NVIDIA H100 80GB HBM3`` and the GPU
+Feature Discovery label ``NVIDIA-H100-80GB-HBM3`` all name the same product.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from gatekeeper.errors import UnknownGpuError
+from gatekeeper.units import GIB
+
+__all__ = ["GpuProduct", "gpu_products", "lookup_gpu"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProduct:
+    """A GPU product: its canonical name and the total bytes vLLM sees."""
+
+    name: str
+    total_bytes: int
+    source: str
+    aliases: tuple[str, ...] = ()
+    gfd_products: tuple[str, ...] = ()
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@cache
+def gpu_products() -> tuple[GpuProduct, ...]:
+    """Every product in the table, in file order."""
+    raw = json.loads(resources.files("gatekeeper").joinpath("data/gpus.json").read_text())
+    return tuple(
+        GpuProduct(
+            name=p["name"],
+            total_bytes=round(p["total_gib"] * GIB),
+            source=p["source"],
+            aliases=tuple(p.get("aliases", ())),
+            gfd_products=tuple(p.get("gfd_products", ())),
+        )
+        for p in raw["products"]
+    )
+
+
+@cache
+def _index() -> dict[str, GpuProduct]:
+    index: dict[str, GpuProduct] = {}
+    for product in gpu_products():
+        for name in (product.name, *product.aliases, *product.gfd_products):
+            index.setdefault(_key(name), product)
+    return index
+
+
+def lookup_gpu(name: str) -> GpuProduct:
+    """Find a product by name, alias, NVML name or GFD label.
+
+    Raises ``UnknownGpuError`` listing the known names when nothing matches.
+    """
+    product = _index().get(_key(name))
+    if product is None:
+        known = ", ".join(p.name for p in gpu_products())
+        raise UnknownGpuError(
+            f"gpu: {name!r} is not in the GPU table; use one of {known}, "
+            "or give the memory directly with --gpu-memory (e.g. 79.19GiB)",
+            field="gpu",
+            value=name,
+        )
+    return product

@@ -1,0 +1,103 @@
+"""gatekeeper's settings: one class, read from ``GATEKEEPER_*`` environment variables
+and an optional TOML file (``GATEKEEPER_CONFIG`` or ``--config``).
+
+Only the entry points (``cli``, later ``app``) construct ``Settings``; everything else
+receives plain values.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from gatekeeper.errors import GatekeeperError
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
+
+
+class SettingsError(GatekeeperError):
+    """The settings could not be read: which field, from which source, and why."""
+
+
+class Settings(BaseSettings):
+    """Everything an operator can configure."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEKEEPER_", extra="forbid")
+
+    state_dir: Path = Path("~/.local/state/gatekeeper")
+    """Where the reservations ledger, worker logs and calibration live."""
+
+    allow_network: bool = False
+    """Let model references that are neither a local directory nor in the embedded
+    catalog be looked up on the Hugging Face hub (config and safetensors metadata
+    only, never weights). Off by default: admission must not depend on the network."""
+
+    hf_endpoint: str | None = None
+    """Hub endpoint to use instead of huggingface.co (a mirror); ``HF_ENDPOINT`` also works."""
+
+    hub_timeout_seconds: float = Field(default=10.0, gt=0)
+    """Time limit for each hub request."""
+
+    default_vllm_version: str = "0.33.0"
+    """The vLLM version whose memory accounting the estimator follows when a request
+    does not name one."""
+
+    safety_margin_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
+    """Bytes kept free on every GPU on top of the estimate."""
+
+    safety_margin_fraction: float = Field(default=0.02, ge=0, lt=1)
+    """Fraction of each GPU's total memory kept free on top of the estimate."""
+
+    config_file: Path | None = None
+    """Optional TOML file with the same keys (read before environment variables are applied)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = os.environ.get("GATEKEEPER_CONFIG_FILE")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_path)))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build ``Settings`` from the environment and an optional TOML file.
+
+    Raises ``SettingsError`` naming the field and the source when a value is invalid.
+    """
+    if config_file is not None:
+        if not config_file.is_file():
+            raise SettingsError(
+                f"config: {str(config_file)!r} is not a readable file; "
+                "give the path of a TOML settings file",
+                field="config",
+                value=str(config_file),
+            )
+        os.environ["GATEKEEPER_CONFIG_FILE"] = str(config_file)
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise SettingsError(
+            f"settings: {field} = {first.get('input')!r} is invalid ({first['msg']}); "
+            f"set GATEKEEPER_{field.upper()} or the '{field}' key of the TOML file to a valid value",
+            field=field,
+            value=first.get("input"),
+        ) from e
