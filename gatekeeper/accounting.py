@@ -215,7 +215,7 @@ def parse_vllm_version(text: str) -> tuple[Version, bool]:
             value=text,
         )
     major, minor, patch = match.group(1), match.group(2), match.group(3) or "0"
-    forced_v0 = bool(re.search(r"\bv0\b", text.lower()))
+    forced_v0 = bool(re.search(r"(?<![\w.])v0(?![\w.])", text.lower()))
     return (int(major), int(minor), int(patch)), forced_v0
 
 

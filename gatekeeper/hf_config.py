@@ -36,6 +36,7 @@ _DTYPE_ALIASES = {
 }
 _BIASED_QKV = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "opt", "gpt_oss"})
 _FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
+_TIED_BY_DEFAULT = frozenset({"opt", "gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom"})
 _QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"})
 
 
@@ -188,6 +189,14 @@ def _rope(
     return rotary, max_pos, 1
 
 
+def _tied(top: Mapping[str, Any], text: Mapping[str, Any], model_type: str) -> bool:
+    """``tie_word_embeddings``, or the default of the model's transformers config class."""
+    for cfg in (top, text):
+        if cfg.get("tie_word_embeddings") is not None:
+            return bool(cfg["tie_word_embeddings"])
+    return model_type in _TIED_BY_DEFAULT
+
+
 def _quant(top: Mapping[str, Any], text: Mapping[str, Any]) -> QuantSpec | None:
     raw = top.get("quantization_config") or text.get("quantization_config")
     if not raw:
@@ -263,9 +272,7 @@ def spec_from_config(
         ),
         max_position_embeddings=max_pos,
         torch_dtype=_dtype(config, text),
-        tie_word_embeddings=bool(
-            config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        ),
+        tie_word_embeddings=_tied(config, text, model_type),
         layer_attention=_layer_attention(text, layers, max_pos),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,

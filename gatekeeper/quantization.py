@@ -72,7 +72,11 @@ class QuantSpec:
                     module_name, pattern + ".*"
                 ):
                     return True
-            elif module_name == pattern or module_name.startswith(pattern + ".") or (pattern in module_name and not pattern.startswith("model.layers.")):
+            elif (
+                module_name == pattern
+                or module_name.startswith(pattern + ".")
+                or (pattern in module_name and not pattern.startswith("model.layers."))
+            ):
                 return True
         return False
 

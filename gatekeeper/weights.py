@@ -28,7 +28,7 @@ from gatekeeper.model_spec import CheckpointWeights, ModelSpec
 from gatekeeper.quantization import QuantSpec
 from gatekeeper.units import cdiv, round_up
 
-__all__ = ["VOCAB_PADDING", "WeightPlan", "pp_partition", "weight_plan"]
+__all__ = ["VOCAB_PADDING", "WeightPlan", "parameter_count", "pp_partition", "weight_plan"]
 
 VOCAB_PADDING = 64
 
@@ -284,3 +284,22 @@ def _from_tensors(
         for k, layers in enumerate(stages):
             totals[k] += per_layer * len(layers)
     return tuple(b + extras for b in totals)
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Parameters of the model: the published count when known, else from the architecture
+    (unquantized, unsharded, without buffers)."""
+    if spec.declared_parameters:
+        return spec.declared_parameters
+    ctx = _Ctx(spec, 1, 1, None)
+    total = _stage_bytes(ctx, range(spec.num_layers), first=True, last=True)
+    total -= _rope_cache_bytes(spec, 1)
+    if spec.mla is not None:
+        m = spec.mla
+        total -= (
+            spec.num_layers
+            * spec.num_attention_heads
+            * m.kv_lora_rank
+            * (m.qk_nope_head_dim + m.v_head_dim)
+        )
+    return total

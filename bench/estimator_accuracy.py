@@ -1,0 +1,195 @@
+"""Score the estimator against real figures vLLM printed (shared/calibration).
+
+For every record of ``vllm_observations.jsonl`` it rebuilds the serving options, runs
+``gatekeeper.estimate`` with the record's vLLM version, and compares each component
+with what vLLM logged. It prints the mean absolute % error per component and per source
+group next to the seed's rule (``M = P x Q/8 x 1.2``) on the same rows, and the
+start/no-start verdict accuracy.
+
+    python bench/estimator_accuracy.py [--data PATH] [--rows]
+
+KV cache errors are scored on rows that started (``outcome: ok``); rows that failed are
+scored by the verdict. Rows whose component is absent are skipped for that component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gatekeeper.catalog import find_in_catalog
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate import Estimate, GpuTarget, estimate
+from gatekeeper.hf_config import spec_from_config
+from gatekeeper.model_spec import ModelSpec
+from gatekeeper.serve_options import ServeOptions
+from gatekeeper.simple_method import simple_estimate
+from gatekeeper.units import GIB
+from gatekeeper.weights import parameter_count
+
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[1].parent / "shared/calibration/vllm_observations.jsonl"
+)
+COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Development builds are named by month in the threads: the release that followed.
+_DEV_MONTHS = {"2024-12": "0.6.5", "2025-01": "0.7.0", "2025-02": "0.7.3"}
+
+
+def record_version(r: dict[str, Any]) -> str:
+    text = str(r.get("vllm_version") or "")
+    for month, version in _DEV_MONTHS.items():
+        if month in text:
+            return version
+    if not re.search(r"\d+\.\d+", text):
+        match = re.search(r"vLLM ~?(\d+\.\d+(?:\.\d+)?)(?: \((V0)\))?", str(r.get("notes")))
+        text = f"{match.group(1)} {match.group(2) or ''}" if match else "0.6.4"
+    return text.replace("~", "")
+
+
+def record_options(r: dict[str, Any]) -> ServeOptions:
+    quant = str(r.get("quantization") or "none")
+    flag = None
+    if "runtime" in quant:
+        flag = quant.split()[0]
+    elif quant.startswith("bitsandbytes"):
+        flag = "bitsandbytes"
+    return ServeOptions(
+        dtype=_DTYPES.get(str(r.get("dtype")), "auto"),
+        quantization=flag,
+        kv_cache_dtype=str(r.get("kv_cache_dtype") or "auto"),
+        max_model_len=r.get("max_model_len"),
+        max_num_seqs=r.get("max_num_seqs"),
+        max_num_batched_tokens=r.get("max_num_batched_tokens"),
+        tensor_parallel_size=int(r.get("tensor_parallel_size") or 1),
+        pipeline_parallel_size=int(r.get("pipeline_parallel_size") or 1),
+        gpu_memory_utilization=r.get("gpu_memory_utilization"),
+        enforce_eager=bool(r.get("enforce_eager")),
+        vllm_version=record_version(r),
+    )
+
+
+def record_spec(r: dict[str, Any]) -> ModelSpec:
+    repo = str(r["model_id"]).split(" ")[0]
+    entry = find_in_catalog(repo)
+    if entry is None:
+        raise SystemExit(f"{r['id']}: {repo} is not in the catalog; add it")
+    return spec_from_config(entry.config, name=repo, declared_parameters=entry.parameters)
+
+
+def group_of(r: dict[str, Any]) -> str:
+    kind = str(r.get("source_kind"))
+    if kind == "benchmark_sweep_log":
+        return "sweep v0.19 (H100)"
+    if kind == "benchmark_summary_doc":
+        return "summary ~0.10-0.11 (H100)"
+    return "threads/notebooks (older)"
+
+
+def predicted(e: Estimate) -> dict[str, float]:
+    w = e.worst
+    return {
+        "weights": w.weights_bytes / GIB,
+        "kv_cache": w.kv_cache_bytes / GIB,
+        "activation_peak": w.activation_peak_bytes / GIB,
+        "non_torch": w.non_torch_bytes / GIB,
+        "cuda_graph": w.cuda_graph_bytes / GIB,
+    }
+
+
+def seed_rule(spec: ModelSpec, e: Estimate, r: dict[str, Any]) -> tuple[dict[str, float], bool]:
+    bits = (
+        spec.quantization.weight_bits if spec.quantization else (32 if e.dtype == "float32" else 16)
+    )
+    if e.quantization and "runtime" in e.quantization:
+        bits = 8 if "fp8" in e.quantization or "int8" in e.quantization else 4
+    ranks = e.tensor_parallel_size * e.pipeline_parallel_size
+    s = simple_estimate(parameter_count(spec), bits)
+    weights, total = s.weights_bytes / ranks / GIB, s.total_bytes / ranks / GIB
+    budget = e.gpu_memory_utilization * e.gpu_total_bytes / GIB
+    values = {"weights": weights, "kv_cache": budget - total, "activation_peak": total - weights}
+    return values, total <= e.gpu_total_bytes / GIB
+
+
+def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
+    errors: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    verdicts = {"gatekeeper": [0, 0], "seed": [0, 0]}
+    failures_caught = [0, 0]
+    for r in rows:
+        spec, opts = record_spec(r), record_options(r)
+        gpu = GpuTarget(
+            total_bytes=round(float(r["gpu_total_memory_gib"] or 79.19) * GIB),
+            name=r.get("gpu_name"),
+        )
+        try:
+            e = estimate(spec, opts, gpu)
+        except GatekeeperError as err:
+            print(f"{r['id']}: estimate failed: {err}", file=sys.stderr)
+            return 1
+        ours, (seed, seed_fits) = predicted(e), seed_rule(spec, e, r)
+        started = r.get("outcome") == "ok"
+        for name in COMPONENTS:
+            actual = r.get(f"{name}_gib")
+            if actual is None or (name == "kv_cache" and not started) or actual == 0:
+                continue
+            for method, values in (("gatekeeper", ours), ("seed", seed)):
+                if name in values:
+                    err = abs(values[name] - actual) / abs(actual) * 100
+                    errors[(method, name, group_of(r))].append(err)
+                    errors[(method, name, "all")].append(err)
+        for method, fits in (("gatekeeper", e.fits), ("seed", seed_fits)):
+            verdicts[method][0] += fits == started
+            verdicts[method][1] += 1
+        if not started:
+            failures_caught[0] += not e.fits
+            failures_caught[1] += 1
+        if show_rows:
+            row = " ".join(f"{n[:4]} {ours[n]:7.2f}/{r.get(n + '_gib')}" for n in COMPONENTS)
+            print(
+                f"{r['id']} {spec.name[:34]:<34} {e.accounting:<11} {row} fits={e.fits} ({r['outcome']})"
+            )
+    _print_table(errors, verdicts, failures_caught)
+    return 0
+
+
+def _print_table(
+    errors: dict[tuple[str, str, str], list[float]],
+    verdicts: dict[str, list[int]],
+    failures: list[int],
+) -> None:
+    groups = ["all", "sweep v0.19 (H100)", "summary ~0.10-0.11 (H100)", "threads/notebooks (older)"]
+    print("\nMean absolute % error (rows) — gatekeeper vs the seed's rule (P x Q/8 x 1.2)")
+    print(f"{'component':<17}" + "".join(f"{g:>30}" for g in groups))
+    for name in COMPONENTS:
+        cells = []
+        for g in groups:
+            ours, seed = errors.get(("gatekeeper", name, g)), errors.get(("seed", name, g))
+            cell = f"{statistics.mean(ours):6.1f}% ({len(ours):2d})" if ours else "      -     "
+            cell += f" | {statistics.mean(seed):7.1f}%" if seed else " |       -"
+            cells.append(cell)
+        print(f"{name:<17}" + "".join(f"{c:>30}" for c in cells))
+    for method, (right, total) in verdicts.items():
+        print(f"start/no-start verdict accuracy, {method}: {right}/{total} = {right / total:.1%}")
+    print(f"failure rows predicted as not starting (gatekeeper): {failures[0]}/{failures[1]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--rows", action="store_true", help="print each row's prediction")
+    args = parser.parse_args()
+    if not args.data.is_file():
+        print(f"no calibration data at {args.data}; pass --data PATH", file=sys.stderr)
+        return 2
+    rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
+    return score(rows, args.rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""``gatekeeper estimate`` and ``gatekeeper models``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gatekeeper.catalog import catalog_entries
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate import Estimate, GpuTarget, estimate
+from gatekeeper.gpu_table import lookup_gpu
+from gatekeeper.model_source import resolve_model
+from gatekeeper.model_spec import DTYPE_BYTES, ModelSpec
+from gatekeeper.serve_options import ServeOptions
+from gatekeeper.settings import Settings
+from gatekeeper.simple_method import simple_estimate
+from gatekeeper.units import format_gib, gib, parse_size
+from gatekeeper.weights import parameter_count
+
+__all__ = ["add_parser"]
+
+DEFAULT_GPU = "H100-80GB"
+
+
+def _positive_int(flag: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", "").replace(",", ""))
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{flag}: {text!r} must be a positive integer")
+        return value
+
+    return parse
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "estimate",
+        help="estimate a model's per-GPU memory under vLLM",
+        description="Estimate per-GPU memory as vLLM accounts it, and whether it would start.",
+    )
+    p.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--max-model-len", type=_positive_int("--max-model-len"))
+    p.add_argument("--max-num-seqs", type=_positive_int("--max-num-seqs"))
+    p.add_argument("--max-num-batched-tokens", type=_positive_int("--max-num-batched-tokens"))
+    p.add_argument(
+        "--tensor-parallel-size", "-tp", type=_positive_int("--tensor-parallel-size"), default=1
+    )
+    p.add_argument(
+        "--pipeline-parallel-size", "-pp", type=_positive_int("--pipeline-parallel-size"), default=1
+    )
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--kv-cache-memory-bytes", default=None, help="a size: 20GiB or bytes")
+    p.add_argument("--block-size", type=_positive_int("--block-size"))
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
+    gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--vllm-version", default=None, help="accounting to follow (default: settings)")
+    p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+    m = subparsers.add_parser("models", help="list the embedded catalog")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=run_models)
+
+
+def _gpu(args: argparse.Namespace) -> GpuTarget:
+    if args.gpu_memory:
+        try:
+            return GpuTarget(total_bytes=parse_size(args.gpu_memory, field="--gpu-memory"))
+        except ValueError as e:
+            raise ServeOptionsError(str(e), field="gpu_memory", value=args.gpu_memory) from e
+    product = lookup_gpu(args.gpu or DEFAULT_GPU)
+    return GpuTarget(total_bytes=product.total_bytes, name=product.name)
+
+
+def _options(args: argparse.Namespace) -> ServeOptions:
+    kv_bytes = None
+    if args.kv_cache_memory_bytes:
+        try:
+            kv_bytes = parse_size(args.kv_cache_memory_bytes, field="--kv-cache-memory-bytes")
+        except ValueError as e:
+            raise ServeOptionsError(str(e), field="kv_cache_memory_bytes") from e
+    return ServeOptions(
+        dtype=args.dtype,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        enforce_eager=args.enforce_eager,
+        block_size=args.block_size,
+        vllm_version=args.vllm_version,
+    )
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    options = _options(args)
+    gpu = _gpu(args)
+    spec = resolve_model(
+        args.model,
+        allow_network=settings.allow_network,
+        hf_endpoint=settings.hf_endpoint,
+        timeout_seconds=settings.hub_timeout_seconds,
+    )
+    result = estimate(spec, options, gpu, default_version=settings.default_vllm_version)
+    if args.method == "simple":
+        payload = _simple_json(spec, result, options)
+        print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))
+        return 0
+    print(json.dumps(result.to_json(), indent=2) if args.json else render(result, spec))
+    return 0
+
+
+def _simple_json(spec: ModelSpec, result: Estimate, options: ServeOptions) -> dict[str, Any]:
+    bits = result_bits(spec, result)
+    simple = simple_estimate(parameter_count(spec), bits)
+    per_gpu = simple.total_bytes // (options.tensor_parallel_size * options.pipeline_parallel_size)
+    fits = per_gpu <= result.gpu_total_bytes
+    return {
+        "model": spec.name,
+        "method": "simple",
+        "vllm_version": result.vllm_version,
+        "parameters": simple.parameters,
+        "bits": bits,
+        "weights_bytes": simple.weights_bytes,
+        "total_bytes": simple.total_bytes,
+        "non_torch_bytes": 0,
+        "activation_peak_bytes": simple.total_bytes - simple.weights_bytes,
+        "cuda_graph_bytes": 0,
+        "kv_cache_bytes": 0,
+        "kv_cache_tokens": 0,
+        "max_concurrency": 0.0,
+        "fits": fits,
+        "reasons": []
+        if fits
+        else [
+            f"P x Q/8 x 1.2 = {format_gib(per_gpu)} per GPU exceeds {format_gib(result.gpu_total_bytes)}"
+        ],
+        "max_model_len": result.max_model_len,
+    }
+
+
+def result_bits(spec: ModelSpec, result: Estimate) -> int:
+    quant = spec.quantization
+    return quant.weight_bits if quant is not None else DTYPE_BYTES[result.dtype] * 8
+
+
+def _render_simple(payload: dict[str, Any]) -> str:
+    return (
+        f"{payload['model']}: simple method M = P x Q/8 x 1.2\n"
+        f"  P = {payload['parameters']:,} parameters, Q = {payload['bits']} bits\n"
+        f"  weights {format_gib(payload['weights_bytes'])}, total {format_gib(payload['total_bytes'])}"
+    )
+
+
+def render(e: Estimate, spec: ModelSpec) -> str:
+    """The human table: components in GiB, the verdict, the largest max_model_len."""
+    w = e.worst
+    rank = (
+        f"stage {w.stage} of {e.pipeline_parallel_size}, " if e.pipeline_parallel_size > 1 else ""
+    )
+    lines = [
+        f"{e.model} on a {gib(e.gpu_total_bytes):.2f} GiB GPU, TP={e.tensor_parallel_size} "
+        f"PP={e.pipeline_parallel_size}, {e.dtype}, KV {e.kv_cache_dtype}"
+        + (f", {e.quantization}" if e.quantization else ""),
+        f"vLLM {e.vllm_version} accounting ({e.accounting}); per GPU ({rank}most loaded rank)",
+        f"  max_model_len {e.max_model_len}, max_num_seqs {e.max_num_seqs}, "
+        f"max_num_batched_tokens {e.max_num_batched_tokens}, "
+        f"gpu_memory_utilization {e.gpu_memory_utilization}",
+        "",
+        f"  {'component':<28}{'GiB':>10}",
+    ]
+    rows = [
+        ("weights", w.weights_bytes),
+        ("non-torch", w.non_torch_bytes),
+        ("activation peak", w.activation_peak_bytes),
+        ("CUDA graphs", w.cuda_graph_bytes),
+        ("KV cache", w.kv_cache_bytes),
+        ("budget (utilization x total)", w.budget_bytes),
+        ("NVML total for the worker", w.nvml_bytes),
+    ]
+    lines += [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
+    lines += [
+        "",
+        f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
+        f"max concurrency {e.max_concurrency:.2f}x at {e.max_model_len} tokens",
+        f"  weights from: {e.weights_source}",
+        f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
+    ]
+    lines += [f"    - {r}" for r in e.reasons]
+    lines += [f"    ! {m}" for m in e.warnings]
+    lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
+    return "\n".join(lines)
+
+
+def run_models(args: argparse.Namespace, settings: Settings) -> int:
+    entries = catalog_entries()
+    if args.json:
+        print(
+            json.dumps(
+                [{"repo_id": e.repo_id, "aliases": list(e.aliases)} for e in entries], indent=2
+            )
+        )
+        return 0
+    for e in entries:
+        print(f"{e.repo_id:<55} {', '.join(e.aliases)}")
+    return 0
