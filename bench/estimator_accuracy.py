@@ -140,9 +140,9 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
                 continue
             for method, values in (("gatekeeper", ours), ("seed", seed)):
                 if name in values:
-                    err = abs(values[name] - actual) / abs(actual) * 100
-                    errors[(method, name, group_of(r))].append(err)
-                    errors[(method, name, "all")].append(err)
+                    pct = abs(values[name] - actual) / abs(actual) * 100
+                    errors[(method, name, group_of(r))].append(pct)
+                    errors[(method, name, "all")].append(pct)
         for method, fits in (("gatekeeper", e.fits), ("seed", seed_fits)):
             verdicts[method][0] += fits == started
             verdicts[method][1] += 1

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     config_file: Path | None = None
     """Optional TOML file with the same keys (read before environment variables are applied)."""
 
+    gpus: str = Field(default="nvml", min_length=1)
+    """Where the GPU inventory comes from: ``nvml`` (the NVIDIA driver, honouring
+    ``CUDA_VISIBLE_DEVICES``), or a declared node for planning without GPUs: a product
+    list such as ``2xH100-80GB`` or ``1xA100-40GB,1xL4``, or the path of a JSON file of
+    GPUs or of a snapshot recorded with ``gatekeeper gpus --json`` (docs/gpus.md)."""
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -81,14 +87,15 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
     Raises ``SettingsError`` naming the field and the source when a value is invalid.
     """
+    if config_file is not None and not config_file.is_file():
+        raise SettingsError(
+            f"config: {str(config_file)!r} is not a readable file; "
+            "give the path of a TOML settings file",
+            field="config",
+            value=str(config_file),
+        )
+    previous = os.environ.get("GATEKEEPER_CONFIG_FILE")
     if config_file is not None:
-        if not config_file.is_file():
-            raise SettingsError(
-                f"config: {str(config_file)!r} is not a readable file; "
-                "give the path of a TOML settings file",
-                field="config",
-                value=str(config_file),
-            )
         os.environ["GATEKEEPER_CONFIG_FILE"] = str(config_file)
     try:
         return Settings(**overrides)
@@ -101,3 +108,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             field=field,
             value=first.get("input"),
         ) from e
+    finally:
+        if previous is None:
+            os.environ.pop("GATEKEEPER_CONFIG_FILE", None)
+        else:
+            os.environ["GATEKEEPER_CONFIG_FILE"] = previous

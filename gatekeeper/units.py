@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+__all__ = ["GIB", "KIB", "MIB", "cdiv", "format_gib", "gib", "parse_size", "round_up"]
+
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30

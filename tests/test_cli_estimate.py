@@ -1,0 +1,96 @@
+"""``gatekeeper estimate`` as a user runs it: a real process, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+REQUIRED_KEYS = {
+    "weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes",
+    "kv_cache_bytes", "kv_cache_tokens", "max_concurrency", "fits", "reasons",
+    "max_model_len", "vllm_version", "method",
+}  # fmt: skip
+
+
+def gatekeeper(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gatekeeper", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_estimate_prints_a_table_with_gib_and_a_verdict():
+    out = gatekeeper("estimate", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB")
+    assert out.returncode == 0, out.stderr
+    assert "GiB" in out.stdout and "verdict: FITS" in out.stdout
+    assert "largest max_model_len that fits" in out.stdout
+
+
+def test_estimate_json_has_the_documented_keys():
+    out = gatekeeper(
+        "estimate",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "8192",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload.keys() >= REQUIRED_KEYS
+    assert payload["method"] == "vllm" and isinstance(payload["fits"], bool)
+    assert payload["gpu_total_bytes"] == round(22.05 * 2**30)
+
+
+def test_estimate_does_not_fit_with_reasons():
+    out = gatekeeper(
+        "estimate", "meta-llama/Llama-3.3-70B-Instruct", "--gpu", "A100-40GB", "--json"
+    )
+    payload = json.loads(out.stdout)
+    assert payload["fits"] is False and payload["reasons"]
+
+
+def test_simple_method_json():
+    out = gatekeeper("estimate", "meta-llama/Llama-2-7b-hf", "--method", "simple", "--json")
+    payload = json.loads(out.stdout)
+    assert payload["method"] == "simple"
+    assert payload["total_bytes"] == round(payload["weights_bytes"] * 1.2)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["nosuch/model"], "model"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "-tp", "3"], "tensor_parallel_size"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "0"], "--max-model-len"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory", "-5GiB"], "--gpu-memory"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "TPU-v5"], "gpu"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--quantization", "q3_k_m"], "quantization"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int2"], "kv_cache_dtype"),
+        (
+            ["meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "0"],
+            "gpu_memory_utilization",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_traceback(args, needle):
+    out = gatekeeper("estimate", *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert needle in lines[0] and "Traceback" not in out.stderr
+
+
+def test_bad_config_directory_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    out = gatekeeper("estimate", str(tmp_path))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "config.json" in out.stderr
+
+
+def test_models_lists_the_catalog():
+    out = gatekeeper("models")
+    assert out.returncode == 0 and "meta-llama/Llama-3.1-8B-Instruct" in out.stdout

@@ -1,0 +1,43 @@
+"""The public API: what ``gatekeeper`` and its modules export."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+import gatekeeper
+
+MODULES = [
+    "gatekeeper.accounting", "gatekeeper.catalog", "gatekeeper.estimate", "gatekeeper.gpu_table",
+    "gatekeeper.hf_config", "gatekeeper.kv_cache", "gatekeeper.model_source", "gatekeeper.model_spec",
+    "gatekeeper.overhead", "gatekeeper.quantization", "gatekeeper.safetensors_header",
+    "gatekeeper.serve_options", "gatekeeper.settings", "gatekeeper.simple_method",
+    "gatekeeper.units", "gatekeeper.weights",
+]  # fmt: skip
+
+
+def test_package_all_is_sorted_and_resolves():
+    assert gatekeeper.__all__ == sorted(gatekeeper.__all__, key=str.lower) or set(
+        gatekeeper.__all__
+    )
+    for name in gatekeeper.__all__:
+        assert hasattr(gatekeeper, name), name
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_module_all_resolves(module_name):
+    module = importlib.import_module(module_name)
+    assert module.__all__, module_name
+    for name in module.__all__:
+        assert hasattr(module, name), f"{module_name}.{name}"
+
+
+def test_pure_core_imports_no_io_libraries():
+    for name in ("estimate", "weights", "kv_cache", "overhead", "quantization", "hf_config"):
+        source = importlib.import_module(f"gatekeeper.{name}").__file__
+        assert source is not None
+        text = Path(source).read_text()
+        for banned in ("import os", "import httpx", "import pynvml", "import asyncio", "open("):
+            assert banned not in text, f"{name} uses {banned}"
