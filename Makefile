@@ -19,6 +19,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs tests $(wildcard bench/*.py)
 	$(BIN)/pytest
 
 bench: $(STAMP)

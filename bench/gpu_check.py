@@ -1,0 +1,216 @@
+"""Check gatekeeper's NVML figures against known allocations, on a real NVIDIA GPU.
+
+    python bench/gpu_check.py [--child-gib 1] [--grandchild-gib 2]
+
+1. Takes a snapshot with ``NvmlInventory`` (honouring ``CUDA_VISIBLE_DEVICES``) and
+   picks the placeable GPU with the most free memory.
+2. Starts a child process, given that GPU the way gatekeeper gives one to a worker
+   (``worker_cuda_env``), that allocates ``--child-gib`` with PyTorch and starts a
+   grandchild that allocates ``--grandchild-gib``: a small vLLM-like process tree.
+3. Reports NVML's per-process figures for the tree (found through /proc) against the
+   allocations, the GPU's used-memory delta, and which NVML index the tree landed on.
+4. Ends the tree and checks that the GPU's used memory comes back.
+
+Exit status: 0 when every check passes, 1 when one fails, 2 when there is no NVIDIA
+GPU, NVML or PyTorch here (with a message saying which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gatekeeper.attribution import tree_usage
+from gatekeeper.cuda_devices import worker_cuda_env
+from gatekeeper.gpus import GpuInfo, InventorySnapshot
+from gatekeeper.nvml import NvmlInventory
+from gatekeeper.proctree import process_tree
+from gatekeeper.units import GIB, MIB, format_gib
+
+CHILD_CODE = r"""
+import os, subprocess, sys
+import torch
+level, amounts = int(sys.argv[1]), [int(a) for a in sys.argv[2].split(",")]
+block = torch.empty(amounts[level], dtype=torch.uint8, device="cuda")
+block.fill_(1)
+torch.cuda.synchronize()
+print(f"ready {os.getpid()} {amounts[level]}", flush=True)
+child = None
+if level + 1 < len(amounts):
+    code = os.environ["GK_GPU_CHECK_CODE"]
+    child = subprocess.Popen([sys.executable, "-c", code, str(level + 1), sys.argv[2]])
+sys.stdin.read()
+if child is not None:
+    child.wait()
+"""
+CONTEXT_ALLOWANCE_BYTES = 2 * GIB
+"""Most a CUDA context plus PyTorch's allocator may add to one process's allocation."""
+RETURN_TOLERANCE_BYTES = 64 * MIB
+
+
+class CheckError(Exception):
+    """The check cannot run here (exit 2)."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="NVML figures vs PyTorch allocations.")
+    parser.add_argument("--child-gib", type=float, default=1.0)
+    parser.add_argument("--grandchild-gib", type=float, default=2.0)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds for start-up")
+    args = parser.parse_args()
+    amounts = [int(args.child_gib * GIB), int(args.grandchild_gib * GIB)]
+    try:
+        with NvmlInventory(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES")) as nvml:
+            return _check(nvml, amounts, args.timeout)
+    except CheckError as e:
+        print(f"gpu_check: cannot run here: {e}", file=sys.stderr)
+        return 2
+
+
+def _check(nvml: NvmlInventory, amounts: list[int], timeout: float) -> int:
+    before = nvml.snapshot()
+    gpu = _pick_gpu(before, sum(amounts))
+    if importlib.util.find_spec("torch") is None:
+        raise CheckError("PyTorch is not installed; `pip install torch` (a CUDA build)")
+    print(f"driver {before.driver_version}, NVML {before.nvml_version}; using GPU {gpu.index} "
+          f"({gpu.name}, {gpu.uuid}), used {format_gib(gpu.used_bytes)} before")  # fmt: skip
+    env = {**os.environ, **worker_cuda_env([gpu.index]), "GK_GPU_CHECK_CODE": CHILD_CODE}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_CODE, "0", ",".join(map(str, amounts))],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready = _wait_ready(child, len(amounts), timeout)
+        during = _settle(nvml, gpu.index, set(ready), timeout=30.0)
+        results = _compare(before, during, gpu.index, process_tree(child.pid), ready)
+    finally:
+        _stop(child)
+    results["returned"] = _wait_return(nvml, gpu, timeout=60.0)
+    print(json.dumps(results, indent=2))
+    failed = [name for name, ok in results["checks"].items() if not ok]
+    failed += [] if results["returned"]["ok"] else ["memory returned after exit"]
+    print("gpu_check: " + ("PASS" if not failed else "FAIL: " + "; ".join(failed)))
+    return 0 if not failed else 1
+
+
+def _pick_gpu(snapshot: InventorySnapshot, need_bytes: int) -> GpuInfo:
+    if not snapshot.ok:
+        raise CheckError(snapshot.error or "NVML gave no snapshot")
+    placeable = [g for g in snapshot.gpus if g.placeable]
+    if not placeable:
+        raise CheckError(f"no placeable GPU among {len(snapshot.gpus)} (unhealthy or MIG)")
+    gpu = max(placeable, key=lambda g: g.free_bytes)
+    if gpu.free_bytes < need_bytes + 2 * CONTEXT_ALLOWANCE_BYTES:
+        raise CheckError(f"GPU {gpu.index} has only {format_gib(gpu.free_bytes)} free")
+    return gpu
+
+
+def _wait_ready(child: subprocess.Popen[str], count: int, timeout: float) -> dict[int, int]:
+    """pid → bytes allocated, from the processes' ``ready`` lines."""
+    assert child.stdout is not None
+    ready: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(ready) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([child.stdout], [], [], remaining)[0]:
+            raise RuntimeError(f"the allocating processes were not ready in {timeout:.0f} s")
+        line = child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"an allocating process exited early (status {child.poll()})")
+        _, pid, allocated = line.split()
+        ready[int(pid)] = int(allocated)
+    return ready
+
+
+def _settle(nvml: NvmlInventory, index: int, pids: set[int], timeout: float) -> InventorySnapshot:
+    """A snapshot in which NVML lists every pid (or the deadline passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snapshot = nvml.snapshot()
+        listed = {p.pid for g in snapshot.gpus if g.index == index for p in g.processes}
+        if pids <= listed or snapshot.pid_namespace_mismatch or time.monotonic() > deadline:
+            return snapshot
+        time.sleep(0.2)
+
+
+def _compare(
+    before: InventorySnapshot,
+    during: InventorySnapshot,
+    index: int,
+    tree: frozenset[int],
+    allocated: dict[int, int],
+) -> dict[str, Any]:
+    gpu = during.gpu(index)
+    per_process = {p.pid: p.used_bytes for g in during.gpus for p in g.processes if p.pid in tree}
+    usage = tree_usage(during, tree)
+    delta = gpu.used_bytes - before.gpu(index).used_bytes
+    total_allocated = sum(allocated.values())
+    rows = [
+        {"pid": pid, "allocated_bytes": allocated.get(pid, 0), "nvml_used_bytes": used}
+        for pid, used in sorted(per_process.items())
+    ]
+    overheads = [(used or 0) - allocated.get(pid, 0) for pid, used in per_process.items()]
+    checks = {
+        "tree pids found by NVML": set(allocated) <= set(per_process),
+        "tree only on the chosen GPU": set(usage) == {index},
+        "each process holds at least its allocation": all(o >= 0 for o in overheads),
+        "overhead per process under 2 GiB": all(o < CONTEXT_ALLOWANCE_BYTES for o in overheads),
+        "tree sum matches the GPU's used delta (+/-256 MiB)": (
+            abs(usage.get(index, 0) - delta) <= 256 * MIB
+        ),
+    }
+    return {
+        "gpu": {"index": index, "name": gpu.name, "uuid": gpu.uuid},
+        "pid_namespace_mismatch": during.pid_namespace_mismatch,
+        "allocated_bytes": total_allocated,
+        "tree_nvml_bytes": usage,
+        "gpu_used_delta_bytes": delta,
+        "overhead_bytes": usage.get(index, delta) - total_allocated,
+        "processes": rows,
+        "checks": checks,
+    }
+
+
+def _stop(child: subprocess.Popen[str]) -> None:
+    if child.stdin is not None:
+        child.stdin.close()
+    try:
+        child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if child.stdout is not None:
+        child.stdout.close()
+
+
+def _wait_return(nvml: NvmlInventory, before: GpuInfo, timeout: float) -> dict[str, Any]:
+    start = time.monotonic()
+    used = None
+    while time.monotonic() - start < timeout:
+        gpu = nvml.snapshot().gpu(before.index)
+        used = gpu.used_bytes
+        if used - before.used_bytes <= RETURN_TOLERANCE_BYTES:
+            return {"ok": True, "seconds": round(time.monotonic() - start, 2), "used_bytes": used}
+        time.sleep(0.2)
+    return {"ok": False, "seconds": timeout, "used_bytes": used}
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except RuntimeError as e:
+        print(f"gpu_check: FAIL: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

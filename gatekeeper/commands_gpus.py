@@ -1,0 +1,135 @@
+"""``gatekeeper gpus``: the GPUs gatekeeper would manage, as a table or JSON.
+
+The source is ``--node`` when given, else the ``gpus`` setting (``GATEKEEPER_GPUS``):
+``nvml`` reads the driver, honouring ``CUDA_VISIBLE_DEVICES``; anything else is a
+declared node (``2xH100-80GB``, ``1xA100-40GB,1xL4``, or a JSON file of GPUs or a
+recorded snapshot). Exit status: 0 when the reading succeeded, 1 when it failed (no
+driver: the message says how to use a declared node), 2 for a bad declared node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from gatekeeper.declared import parse_declared_node
+from gatekeeper.gpus import GpuInfo, InventorySnapshot, StaticInventory
+from gatekeeper.nvml import NvmlInventory
+from gatekeeper.settings import Settings
+from gatekeeper.units import format_gib
+
+__all__ = ["add_parser", "format_table", "read_snapshot", "run"]
+
+EXIT_FAILED = 1
+
+
+def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "gpus",
+        help="show the GPUs gatekeeper manages (NVML or a declared node)",
+        description=(
+            "Show each GPU's memory (GiB = 2^30 bytes), health and compute processes, read "
+            "from the NVIDIA driver (NVML) or from a declared node."
+        ),
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the snapshot as JSON (sizes in bytes)"
+    )
+    parser.add_argument(
+        "--node",
+        metavar="DECLARED",
+        default=None,
+        help="use a declared node instead of the driver: 2xH100-80GB, 1xA100-40GB,1xL4, "
+        "or a JSON file of GPUs",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    source = args.node or settings.gpus
+    snapshot = read_snapshot(source, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if args.json:
+        print(json.dumps(snapshot.to_dict(), indent=2))
+    elif snapshot.ok:
+        print(format_table(snapshot))
+    if not snapshot.ok:
+        print(f"gatekeeper: error: {snapshot.error}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def read_snapshot(source: str, *, visible_devices: str | None) -> InventorySnapshot:
+    """One snapshot from ``source``: ``nvml`` or a declared node.
+
+    A bad declared node or ``CUDA_VISIBLE_DEVICES`` raises ``GatekeeperError``; a
+    driver that cannot be read gives a failed snapshot.
+    """
+    if source.strip().lower() == "nvml":
+        with NvmlInventory(visible_devices=visible_devices) as inventory:
+            return inventory.snapshot()
+    return StaticInventory(parse_declared_node(source)).snapshot()
+
+
+def format_table(snapshot: InventorySnapshot) -> str:
+    """The snapshot for people: a header line, one row per GPU, then details and notes.
+
+    Sizes are GiB (2^30 bytes); DRIVER RSVD is memory the driver keeps for itself, so
+    TOTAL less DRIVER RSVD is the total vLLM sees.
+    """
+    lines = [_header(snapshot)]
+    if snapshot.gpus:
+        header = ("GPU", "NAME", "TOTAL", "DRIVER RSVD", "USED", "FREE", "HEALTH", "PROCESSES")
+        rows = [header, *(_row(g) for g in snapshot.gpus)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for row in rows:
+            cells = [
+                cell.rjust(width) if 2 <= i <= 5 else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            ]
+            lines.append("  ".join(cells).rstrip())
+    elif snapshot.ok:
+        lines.append("no GPUs")
+    for gpu in snapshot.gpus:
+        if not gpu.healthy:
+            lines.append(f"gpu {gpu.index}: unhealthy: {gpu.error}")
+        elif gpu.fence_reason:
+            lines.append(f"gpu {gpu.index}: fenced: {gpu.fence_reason}")
+    lines.extend(f"note: {n}" for n in snapshot.notes)
+    if not snapshot.ok:
+        lines.append(f"error: {snapshot.error}")
+    return "\n".join(lines)
+
+
+def _header(snapshot: InventorySnapshot) -> str:
+    parts = [f"source: {snapshot.source}"]
+    if snapshot.driver_version:
+        parts.append(f"driver {snapshot.driver_version}")
+    if snapshot.nvml_version:
+        parts.append(f"NVML {snapshot.nvml_version}")
+    parts.append(f"{len(snapshot.gpus)} GPU{'s' if len(snapshot.gpus) != 1 else ''}")
+    if snapshot.source == "nvml":
+        parts.append(f"read in {snapshot.duration_seconds * 1000:.1f} ms")
+    return ", ".join(parts)
+
+
+def _row(gpu: GpuInfo) -> tuple[str, ...]:
+    if gpu.healthy:
+        health = "fenced" if gpu.fence_reason else "ok"
+        reserved = gpu.driver_reserved_bytes
+        sizes = (
+            format_gib(gpu.total_bytes),
+            "n/a" if reserved is None else format_gib(reserved),
+            format_gib(gpu.used_bytes),
+            format_gib(gpu.free_bytes),
+        )
+    else:
+        health = "UNHEALTHY"
+        sizes = ("-", "-", "-", "-")
+    processes = ", ".join(
+        f"{p.pid} ({'n/a' if p.used_bytes is None else format_gib(p.used_bytes)})"
+        for p in gpu.processes
+    )
+    return (str(gpu.index), gpu.name or "?", *sizes, health, processes or "-")
