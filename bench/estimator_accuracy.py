@@ -92,6 +92,23 @@ def group_of(r: dict[str, Any]) -> str:
     return "threads/notebooks (older)"
 
 
+def inconsistency(r: dict[str, Any]) -> str | None:
+    """Why a record contradicts itself, or None.
+
+    Before v0.21 vLLM computed ``KV = u x T - weights - non_torch - activation`` exactly;
+    a record whose printed figures miss that by more than 0.5 GiB carries a wrong
+    utilization (or total) and is reported apart.
+    """
+    parts = [r.get(f"{n}_gib") for n in ("weights", "non_torch", "activation_peak", "kv_cache")]
+    u, total = r.get("gpu_memory_utilization"), r.get("gpu_total_memory_gib")
+    if None in parts or u is None or total is None:
+        return None
+    gap = u * total - sum(float(p) for p in parts if p is not None)
+    if abs(gap) <= 0.5:
+        return None
+    return f"its figures sum to {u * total - gap:.2f} GiB, not u x T = {u * total:.2f} GiB"
+
+
 def predicted(e: Estimate) -> dict[str, float]:
     w = e.worst
     return {
@@ -134,6 +151,12 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
             return 1
         ours, (seed, seed_fits) = predicted(e), seed_rule(spec, e, r)
         started = r.get("outcome") == "ok"
+        groups = [group_of(r), "all"]
+        why = inconsistency(r)
+        if why:
+            print(f"{r['id']} is inconsistent: {why}")
+        else:
+            groups.append("all consistent")
         for name in COMPONENTS:
             actual = r.get(f"{name}_gib")
             if actual is None or (name == "kv_cache" and not started) or actual == 0:
@@ -141,8 +164,8 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
             for method, values in (("gatekeeper", ours), ("seed", seed)):
                 if name in values:
                     pct = abs(values[name] - actual) / abs(actual) * 100
-                    errors[(method, name, group_of(r))].append(pct)
-                    errors[(method, name, "all")].append(pct)
+                    for group in groups:
+                        errors[(method, name, group)].append(pct)
         for method, fits in (("gatekeeper", e.fits), ("seed", seed_fits)):
             verdicts[method][0] += fits == started
             verdicts[method][1] += 1
@@ -163,7 +186,13 @@ def _print_table(
     verdicts: dict[str, list[int]],
     failures: list[int],
 ) -> None:
-    groups = ["all", "sweep v0.19 (H100)", "summary ~0.10-0.11 (H100)", "threads/notebooks (older)"]
+    groups = [
+        "all",
+        "all consistent",
+        "sweep v0.19 (H100)",
+        "summary ~0.10-0.11 (H100)",
+        "threads/notebooks (older)",
+    ]
     print("\nMean absolute % error (rows) — gatekeeper vs the seed's rule (P x Q/8 x 1.2)")
     print(f"{'component':<17}" + "".join(f"{g:>30}" for g in groups))
     for name in COMPONENTS:

@@ -21,7 +21,7 @@ span of releases with the same mechanisms:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gatekeeper.errors import ServeOptionsError
@@ -55,147 +55,96 @@ def _gib(x: float) -> int:
     return round(x * GIB)
 
 
+_V0 = Accounting(
+    name="v0",
+    since=(0, 0, 0),
+    engine="v0",
+    default_utilization=0.90,
+    cuda_graphs_in_budget=False,
+    hybrid_kv=False,
+    sampler_extra_bytes=36.0,
+    non_torch_bytes=_gib(0.2),
+    non_torch_tp_bytes=_gib(0.15),
+    non_torch_pp_bytes=_gib(0.2),
+    chunked_prefill="never",
+    batch_defaults="v0",
+    mla_align=256,
+    mla_block_size=16,
+    description="V0 engine: profile max_num_seqs dummy sequences of max_num_batched_tokens "
+    "(= max_model_len, no chunked prefill); graphs outside the budget",
+)
+_V1_08 = replace(
+    _V0,
+    name="v1-0.8",
+    since=(0, 8, 0),
+    engine="v1",
+    sampler_extra_bytes=10.0,
+    non_torch_tp_bytes=_gib(0.2),
+    chunked_prefill="always",
+    batch_defaults="v1-flat",
+    mla_align=0,
+    description="V1 engine: profile max_num_batched_tokens over min(max_num_seqs, tokens) "
+    "requests; graphs outside the budget",
+)
+_V1_09 = replace(
+    _V1_08,
+    name="v1-0.9",
+    since=(0, 9, 0),
+    sampler_extra_bytes=36.5,
+    non_torch_bytes=_gib(0.13),
+    non_torch_tp_bytes=_gib(1.85),
+    non_torch_pp_bytes=_gib(0.07),
+    batch_defaults="v1-by-gpu",
+    mla_block_size=64,
+    description="V1 with batch defaults by GPU size and a full-vocab sampler warm-up",
+)
+_V1_010 = replace(
+    _V1_09,
+    name="v1-0.10",
+    since=(0, 10, 0),
+    hybrid_kv=True,
+    description="V1 with the hybrid KV cache manager (sliding-window layers keep a window)",
+)
+_V1_012 = replace(
+    _V1_010,
+    name="v1-0.12",
+    since=(0, 12, 0),
+    sampler_extra_bytes=13.4,
+    non_torch_bytes=_gib(0.25),
+    description="V1 with the lighter sampler (as measured on v0.19.0); graphs outside the budget",
+)
+_V1_021 = replace(
+    _V1_012,
+    name="v1-0.21",
+    since=(0, 21, 0),
+    cuda_graphs_in_budget=True,
+    description="V1 with CUDA-graph memory profiled and subtracted from the KV cache "
+    "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
+)
+_V1_033 = replace(
+    _V1_021,
+    name="v1-0.33",
+    since=(0, 33, 0),
+    default_utilization=0.92,
+    description="vLLM 0.33 accounting (the source read for reference/vllm-memory.md): "
+    "gpu_memory_utilization defaults to 0.92",
+)
+
 ACCOUNTINGS: tuple[Accounting, ...] = (
-    Accounting(
-        "v0",
-        (0, 0, 0),
-        "v0",
-        0.90,
-        False,
-        False,
-        36.0,
-        _gib(0.2),
-        _gib(0.15),
-        _gib(0.2),
-        "never",
-        "v0",
-        256,
-        16,
-        "V0 engine: profile max_num_seqs dummy sequences of max_num_batched_tokens "
-        "(= max_model_len, no chunked prefill); graphs outside the budget",
+    _V0,
+    replace(
+        _V0,
+        name="v0-chunked",
+        since=(0, 6, 0),
+        chunked_prefill="long",
+        description="V0 engine with chunked prefill for max_model_len > 32K (2048-token batches)",
     ),
-    Accounting(
-        "v0-chunked",
-        (0, 6, 0),
-        "v0",
-        0.90,
-        False,
-        False,
-        36.0,
-        _gib(0.2),
-        _gib(0.15),
-        _gib(0.2),
-        "long",
-        "v0",
-        256,
-        16,
-        "V0 engine with chunked prefill for max_model_len > 32K (2048-token batches)",
-    ),
-    Accounting(
-        "v1-0.8",
-        (0, 8, 0),
-        "v1",
-        0.90,
-        False,
-        False,
-        10.0,
-        _gib(0.3),
-        _gib(0.1),
-        _gib(0.3),
-        "always",
-        "v1-flat",
-        0,
-        16,
-        "V1 engine: profile max_num_batched_tokens over min(max_num_seqs, tokens) requests; "
-        "graphs outside the budget",
-    ),
-    Accounting(
-        "v1-0.9",
-        (0, 9, 0),
-        "v1",
-        0.90,
-        False,
-        False,
-        36.5,
-        _gib(0.13),
-        _gib(1.85),
-        _gib(0.07),
-        "always",
-        "v1-by-gpu",
-        0,
-        64,
-        "V1 with batch defaults by GPU size and a full-vocab sampler warm-up",
-    ),
-    Accounting(
-        "v1-0.10",
-        (0, 10, 0),
-        "v1",
-        0.90,
-        False,
-        True,
-        36.5,
-        _gib(0.13),
-        _gib(1.85),
-        _gib(0.07),
-        "always",
-        "v1-by-gpu",
-        0,
-        64,
-        "V1 with the hybrid KV cache manager (sliding-window layers keep a window)",
-    ),
-    Accounting(
-        "v1-0.12",
-        (0, 12, 0),
-        "v1",
-        0.90,
-        False,
-        True,
-        13.4,
-        _gib(0.25),
-        _gib(1.85),
-        _gib(0.07),
-        "always",
-        "v1-by-gpu",
-        0,
-        64,
-        "V1 with the lighter sampler (as measured on v0.19.0); graphs outside the budget",
-    ),
-    Accounting(
-        "v1-0.21",
-        (0, 21, 0),
-        "v1",
-        0.90,
-        True,
-        True,
-        13.4,
-        _gib(0.25),
-        _gib(1.85),
-        _gib(0.07),
-        "always",
-        "v1-by-gpu",
-        0,
-        64,
-        "V1 with CUDA-graph memory profiled and subtracted from the KV cache "
-        "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
-    ),
-    Accounting(
-        "v1-0.33",
-        (0, 33, 0),
-        "v1",
-        0.92,
-        True,
-        True,
-        13.4,
-        _gib(0.25),
-        _gib(1.85),
-        _gib(0.07),
-        "always",
-        "v1-by-gpu",
-        0,
-        64,
-        "vLLM 0.33 accounting (the source read for reference/vllm-memory.md): "
-        "gpu_memory_utilization defaults to 0.92",
-    ),
+    _V1_08,
+    _V1_09,
+    _V1_010,
+    _V1_012,
+    _V1_021,
+    _V1_033,
 )
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")

@@ -28,6 +28,7 @@ from gatekeeper.overhead import (
     BatchShape,
     batch_defaults,
     cuda_graph_bytes,
+    encoder_peak_bytes,
     forward_peak_bytes,
     non_torch_bytes,
     pre_init_bytes,
@@ -199,7 +200,8 @@ def _stage(p: _Plan, k: int, layers: range, weights: int, last: bool) -> StageEs
         p.spec, layers, p.shape.max_num_batched_tokens, p.tp, p.dtype_bytes
     )
     sampler = sampler_peak_bytes(p.acc, p.spec, p.shape.max_num_seqs, p.dtype_bytes) if last else 0
-    activation = max(forward, sampler)
+    encoder = encoder_peak_bytes(p.acc, p.spec, p.shape, p.dtype_bytes) if k == 0 else 0
+    activation = max(forward, sampler, encoder)
     graphs = cuda_graph_bytes(p.acc, p.spec, layers, p.tp, p.shape, p.opts.enforce_eager)
     non_torch = non_torch_bytes(p.acc, p.tp, p.pp)
     budget = math.ceil(p.utilization * p.gpu.total_bytes)

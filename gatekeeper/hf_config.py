@@ -20,7 +20,7 @@ from gatekeeper.model_spec import (
     MoeSpec,
 )
 from gatekeeper.quantization import QuantSpec, quant_from_config
-from gatekeeper.vision import vision_parameters
+from gatekeeper.vision import vision_spec
 
 __all__ = ["spec_from_config"]
 
@@ -294,7 +294,7 @@ def spec_from_config(
         rope_cache_positions=rope_positions,
         rope_caches=rope_caches,
         learned_position_embeddings=max_pos + 2 if model_type == "opt" else 0,
-        vision_parameters=vision_parameters(config.get("vision_config"), hidden),
+        vision=vision_spec(config.get("vision_config"), config, hidden),
         checkpoint=checkpoint,
         declared_parameters=declared_parameters,
         source=source,

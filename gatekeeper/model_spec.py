@@ -21,6 +21,7 @@ __all__ = [
     "MlaSpec",
     "ModelSpec",
     "MoeSpec",
+    "VisionSpec",
 ]
 
 AttentionKind = Literal["full", "sliding", "chunked", "none"]
@@ -53,6 +54,25 @@ class MoeSpec:
     shared_expert_gate: bool = False
     expert_bias: bool = False
     router_bias: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSpec:
+    """A multimodal model's vision tower and the largest item vLLM profiles with."""
+
+    parameters: int
+    """Parameters of the tower and its projector (sharded by TP, on PP stage 0)."""
+    hidden_size: int
+    intermediate_size: int
+    gated: bool
+    patches_per_item: int
+    """Patches the encoder runs for the largest image the processor accepts."""
+    tokens_per_item: int
+    """Tokens the language model receives for that image."""
+    output_dim: int
+    """Width of the encoder features handed to the projector."""
+    cross_attention: bool = False
+    """The features feed cross-attention layers (Mllama) instead of the context."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +141,7 @@ class ModelSpec:
     rope_caches: int = 1
     learned_position_embeddings: int = 0
     """Rows of a learned absolute position table (OPT, GPT-2), 0 for rotary models."""
-    vision_parameters: int = 0
-    """Parameters of a vision tower and projector (multimodal models), replicated
-    per pipeline stage 0 and sharded by TP like the rest."""
+    vision: VisionSpec | None = None
     checkpoint: CheckpointWeights | None = None
     declared_parameters: int | None = None
     source: str = ""
@@ -136,6 +154,10 @@ class ModelSpec:
     @property
     def value_head_dim(self) -> int:
         return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def vision_parameters(self) -> int:
+        return self.vision.parameters if self.vision is not None else 0
 
     @property
     def kv_layer_count(self) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "BatchShape",
     "batch_defaults",
     "cuda_graph_bytes",
+    "encoder_peak_bytes",
     "forward_peak_bytes",
     "non_torch_bytes",
     "pre_init_bytes",
@@ -106,16 +107,53 @@ def forward_peak_bytes(spec: ModelSpec, layers: range, tokens: int, tp: int, act
     return peak * act_bytes
 
 
+def encoder_peak_bytes(acc: Accounting, spec: ModelSpec, shape: BatchShape, act_bytes: int) -> int:
+    """The multimodal profile: the vision encoder over the largest items that fit.
+
+    Items: V0 gives each of ``max_num_seqs`` dummy sequences one image when the features
+    go to cross-attention (Mllama), else as many as ``max_num_batched_tokens`` holds; V1
+    fills an encoder cache of ``max(max_num_batched_tokens, tokens_per_item)`` tokens.
+    Peak = patches x b x (MLP width + 3h) for a ViT block, plus the encoder features
+    (``patches x output_dim``) and the projected embeddings (``tokens x H``) held at once.
+    """
+    v = spec.vision
+    if v is None:
+        return 0
+    if acc.engine == "v0":
+        fit = (
+            shape.max_num_seqs
+            if v.cross_attention
+            else shape.max_num_batched_tokens // v.tokens_per_item
+        )
+        items = max(1, min(shape.max_num_seqs, fit))
+    else:
+        items = max(1, max(shape.max_num_batched_tokens, v.tokens_per_item) // v.tokens_per_item)
+    patches, tokens = items * v.patches_per_item, items * v.tokens_per_item
+    # Encoder activations are gathered across TP ranks, so they are not divided by TP.
+    mlp = (3 if v.gated else 2) * v.intermediate_size
+    block = patches * (mlp + 3 * v.hidden_size)
+    return (block + patches * v.output_dim + tokens * spec.hidden_size) * act_bytes
+
+
 def sampler_peak_bytes(acc: Accounting, spec: ModelSpec, requests: int, logits_bytes: int) -> int:
     """The dummy sampler run over ``requests`` rows of the padded vocabulary."""
     vocab = round_up(spec.vocab_size, 64)
     return round(requests * vocab * (logits_bytes + acc.sampler_extra_bytes))
 
 
+CUSTOM_ALLREDUCE_SIZES = frozenset({2, 4, 6, 8})
+"""World sizes vLLM's custom all-reduce supports (one node); other TP sizes use NCCL alone."""
+
+
 def non_torch_bytes(acc: Accounting, tp: int, pp: int) -> int:
-    """Non-torch memory that grows after vLLM's init snapshot, inside the budget."""
+    """Non-torch memory that grows after vLLM's init snapshot, inside the budget.
+
+    Under TP the communication buffers (custom all-reduce, NCCL symmetric memory) add
+    ``non_torch_tp_bytes`` on the world sizes custom all-reduce supports; larger,
+    multi-node groups fall back to NCCL's ring buffers only.
+    """
     base = acc.non_torch_pp_bytes if pp > 1 else acc.non_torch_bytes
-    return base + (acc.non_torch_tp_bytes if tp > 1 else 0)
+    return base + (acc.non_torch_tp_bytes if tp in CUSTOM_ALLREDUCE_SIZES else 0)
 
 
 def pre_init_bytes(tp: int) -> int:

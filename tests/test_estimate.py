@@ -228,3 +228,44 @@ def test_bad_serving_options_name_the_field(options, field):
         estimate(spec, ServeOptions(**options), H100)
     assert info.value.field == field
     assert field in str(info.value)
+
+
+def test_multimodal_profile_runs_the_vision_encoder_on_the_largest_image():
+    spec = resolve_model("Qwen/Qwen2.5-VL-72B-Instruct")
+    assert spec.vision is not None
+    assert spec.vision.patches_per_item == 65536 and spec.vision.tokens_per_item == 16384
+    e = estimate(
+        spec,
+        ServeOptions(tensor_parallel_size=4, vllm_version="0.8.3", max_model_len=8192),
+        GpuTarget(total_bytes=round(39.38 * GIB), name="A100-40GB"),
+    )
+    # One item fills the encoder cache (16,384 tokens >= 2,048 batched tokens).
+    per_patch = 3 * 3456 + 3 * 1280 + 1280
+    expected = (65536 * per_patch + 16384 * 8192) * 2
+    assert e.stages[0].activation_peak_bytes == expected
+    # vLLM 0.8.3 printed 2.51 GiB for this profile (shared/calibration obs-011).
+    assert abs(expected / GIB - 2.51) / 2.51 < 0.2
+
+
+def test_cross_attention_models_profile_one_image_per_sequence_on_v0():
+    spec = resolve_model("meta-llama/Llama-3.2-11B-Vision")
+    assert spec.vision is not None and spec.vision.cross_attention
+    opts = ServeOptions(
+        max_model_len=65536, max_num_seqs=128, enforce_eager=True, vllm_version="0.7.0"
+    )
+    e = estimate(spec, opts, H100)
+    assert e.stages[0].activation_peak_bytes > 30 * GIB  # vLLM printed 36.63 GiB
+    fewer = estimate(spec, dataclasses.replace(opts, max_num_seqs=16), H100)
+    assert fewer.stages[0].activation_peak_bytes * 7 < e.stages[0].activation_peak_bytes
+
+
+def test_custom_all_reduce_buffers_only_on_supported_world_sizes():
+    spec = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    nt = {
+        tp: estimate(
+            spec, ServeOptions(tensor_parallel_size=tp, vllm_version="0.19.0"), H100
+        ).worst.non_torch_bytes
+        for tp in (1, 2, 8, 16)
+    }
+    assert nt[2] == nt[8] > nt[1]
+    assert nt[16] == nt[1]  # beyond one node: NCCL ring buffers only
