@@ -14,16 +14,20 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/gatekeeper estimate meta-llama/Llama-3.1-8B-Instruct --gpu H100-80GB
+	$(BIN)/gatekeeper plan deploy/examples/plan.toml || true
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs tests $(wildcard bench/*.py)
+	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs tests bench
 	$(BIN)/pytest
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python bench/estimator_accuracy.py
+	$(BIN)/python bench/snapshot_latency.py
+	$(BIN)/python bench/placement.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -50,7 +50,7 @@ def _add_optional_commands(subparsers: argparse._SubParsersAction[_Parser]) -> N
     """Commands added by later modules register here."""
     import importlib
 
-    for name in ("gatekeeper.commands_gpus",):
+    for name in ("gatekeeper.commands_gpus", "gatekeeper.commands_check"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:

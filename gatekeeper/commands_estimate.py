@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from gatekeeper.catalog import catalog_entries
+from gatekeeper.cli_options import add_serving_flags, options_from_args
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate import Estimate, GpuTarget, estimate
 from gatekeeper.gpu_table import lookup_gpu
@@ -23,19 +24,6 @@ __all__ = ["add_parser"]
 DEFAULT_GPU = "H100-80GB"
 
 
-def _positive_int(flag: str) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.replace("_", "").replace(",", ""))
-        except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{flag}: {text!r} must be a positive integer")
-        return value
-
-    return parse
-
-
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "estimate",
@@ -43,26 +31,10 @@ def add_parser(subparsers: Any) -> None:
         description="Estimate per-GPU memory as vLLM accounts it, and whether it would start.",
     )
     p.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", "-q", default=None)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--max-model-len", type=_positive_int("--max-model-len"))
-    p.add_argument("--max-num-seqs", type=_positive_int("--max-num-seqs"))
-    p.add_argument("--max-num-batched-tokens", type=_positive_int("--max-num-batched-tokens"))
-    p.add_argument(
-        "--tensor-parallel-size", "-tp", type=_positive_int("--tensor-parallel-size"), default=1
-    )
-    p.add_argument(
-        "--pipeline-parallel-size", "-pp", type=_positive_int("--pipeline-parallel-size"), default=1
-    )
-    p.add_argument("--gpu-memory-utilization", type=float)
-    p.add_argument("--kv-cache-memory-bytes", default=None, help="a size: 20GiB or bytes")
-    p.add_argument("--block-size", type=_positive_int("--block-size"))
+    add_serving_flags(p)
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
     gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--vllm-version", default=None, help="accounting to follow (default: settings)")
     p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -81,32 +53,8 @@ def _gpu(args: argparse.Namespace) -> GpuTarget:
     return GpuTarget(total_bytes=product.total_bytes, name=product.name)
 
 
-def _options(args: argparse.Namespace) -> ServeOptions:
-    kv_bytes = None
-    if args.kv_cache_memory_bytes:
-        try:
-            kv_bytes = parse_size(args.kv_cache_memory_bytes, field="--kv-cache-memory-bytes")
-        except ValueError as e:
-            raise ServeOptionsError(str(e), field="kv_cache_memory_bytes") from e
-    return ServeOptions(
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_bytes,
-        enforce_eager=args.enforce_eager,
-        block_size=args.block_size,
-        vllm_version=args.vllm_version,
-    )
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    options = _options(args)
+    options = options_from_args(args)
     gpu = _gpu(args)
     spec = resolve_model(
         args.model,

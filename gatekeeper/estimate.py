@@ -96,6 +96,12 @@ class Estimate:
     enforce_eager: bool
     weights_source: str
     kv_bytes_per_token: int
+    kv_block_bytes: int
+    """Bytes of one KV block on the most loaded rank (all its layers)."""
+    blocks_per_request: int
+    """Blocks one request of max_model_len holds on that rank."""
+    cuda_graphs_in_budget: bool
+    """True from vLLM 0.21: graph memory is inside ``gpu_memory_utilization x total``."""
     stages: tuple[StageEstimate, ...]
     kv_cache_tokens: int
     max_concurrency: float
@@ -132,6 +138,8 @@ class Estimate:
             "nvml_bytes": w.nvml_bytes,
             "gpu_total_bytes": self.gpu_total_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_block_bytes": self.kv_block_bytes,
+            "blocks_per_request": self.blocks_per_request,
             "weights_source": self.weights_source,
             "options": {
                 "tensor_parallel_size": self.tensor_parallel_size,
@@ -240,6 +248,11 @@ def _layout(p: _Plan, layers: range) -> KvLayout:
     )
 
 
+def _in_flight(p: _Plan) -> int:
+    """Tokens a sliding-window request may hold beyond its window (scheduled batches)."""
+    return p.shape.max_num_batched_tokens * p.pp
+
+
 def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, float, int, bool]:
     """(kv tokens, max concurrency, largest max_model_len that fits, whether L fits)."""
     length = p.max_model_len
@@ -249,7 +262,7 @@ def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, fl
     if p.acc.engine == "v0":
         tokens = blocks * p.block_size
         return tokens, tokens / length, min(tokens, limit), length <= tokens
-    in_flight = p.shape.max_num_batched_tokens * p.pp
+    in_flight = _in_flight(p)
     per_request = layout.blocks_per_request(length, in_flight)
     concurrency = blocks / per_request
     fit_len = layout.max_length(kv, max(limit, length), in_flight) if kv > 0 else 0
@@ -292,6 +305,11 @@ def estimate(
         enforce_eager=options.enforce_eager,
         weights_source=plan.source,
         kv_bytes_per_token=layout.bytes_per_token_all_layers,
+        cuda_graphs_in_budget=p.acc.cuda_graphs_in_budget,
+        kv_block_bytes=layout.bytes_per_block if layout.groups else 0,
+        blocks_per_request=layout.blocks_per_request(p.max_model_len, _in_flight(p))
+        if layout.groups
+        else 0,
         stages=stages,
         kv_cache_tokens=max(0, tokens),
         max_concurrency=max(0.0, concurrency),

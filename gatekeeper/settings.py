@@ -57,6 +57,17 @@ class Settings(BaseSettings):
     safety_margin_fraction: float = Field(default=0.02, ge=0, lt=1)
     """Fraction of each GPU's total memory kept free on top of the estimate."""
 
+    share_gpus: bool = False
+    """Let several workers share a GPU, each with a byte budget
+    (``--kv-cache-memory-bytes``); off: a GPU hosts one gatekeeper worker, which gets all
+    of its usable memory as ``--gpu-memory-utilization``."""
+
+    allow_pipeline: bool = False
+    """Let placement use pipeline parallelism when no tensor-parallel group fits."""
+
+    allowed_gpus: list[str] | None = None
+    """GPU indices or UUIDs gatekeeper may place on; unset = every healthy GPU."""
+
     config_file: Path | None = None
     """Optional TOML file with the same keys (read before environment variables are applied)."""
 

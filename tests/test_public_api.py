@@ -14,7 +14,12 @@ MODULES = [
     "gatekeeper.hf_config", "gatekeeper.kv_cache", "gatekeeper.model_source", "gatekeeper.model_spec",
     "gatekeeper.overhead", "gatekeeper.quantization", "gatekeeper.safetensors_header",
     "gatekeeper.serve_options", "gatekeeper.settings", "gatekeeper.simple_method",
-    "gatekeeper.units", "gatekeeper.weights",
+    "gatekeeper.units", "gatekeeper.weights", "gatekeeper.placement", "gatekeeper.placement_hints",
+    "gatekeeper.vllm_flags", "gatekeeper.plan", "gatekeeper.admission", "gatekeeper.ledger",
+    "gatekeeper.ledger_view", "gatekeeper.cli_options", "gatekeeper.vision",
+    # GPU inventory (#3)
+    "gatekeeper.attribution", "gatekeeper.commands_gpus", "gatekeeper.cuda_devices",
+    "gatekeeper.declared", "gatekeeper.gpus", "gatekeeper.nvml", "gatekeeper.proctree",
 ]  # fmt: skip
 
 
@@ -35,7 +40,17 @@ def test_module_all_resolves(module_name):
 
 
 def test_pure_core_imports_no_io_libraries():
-    for name in ("estimate", "weights", "kv_cache", "overhead", "quantization", "hf_config"):
+    for name in (
+        "estimate",
+        "weights",
+        "kv_cache",
+        "overhead",
+        "quantization",
+        "hf_config",
+        "placement",
+        "placement_hints",
+        "vllm_flags",
+    ):
         source = importlib.import_module(f"gatekeeper.{name}").__file__
         assert source is not None
         text = Path(source).read_text()

@@ -1,0 +1,468 @@
+"""Placement: which GPUs a new vLLM worker fits on, and the flags to launch it with.
+
+Pure: a request, a node snapshot, the bytes already promised to workers still starting,
+and a policy in; a ``Decision`` out.
+
+    usable(GPU) = NVML free - outstanding reservations - (margin + margin_fraction * total)
+    need(rank)  = CUDA context (+ NCCL under TP) + weights + non-torch + activation peak
+                  + CUDA graphs + the KV cache the request asks for
+                  (default: vLLM's minimum, one sequence of max_model_len plus the null block)
+
+One GPU first (best fit: the least usable memory left over), then the smallest
+tensor-parallel group (2, 4, 8; TP must divide the heads; GPUs of one product preferred)
+whose every member fits the per-rank need, then pipeline parallelism when the policy
+allows it. Ties go to GPUs hosting fewer workers. Memory held by processes gatekeeper
+did not start is already missing from NVML's free figure.
+
+Worked example: Llama-3.1-8B, bf16, max_model_len 8192, on an idle H100 (79.19 GiB,
+margin 0.5 GiB + 2%): usable 77.1 GiB; need = 0.5 context + 14.99 weights + 0.25
+non-torch + 1.88 activation + 0.88 graphs + 1.0 KV = 19.5 GiB -> admitted on GPU 0 with
+``--gpu-memory-utilization 0.9555`` when alone, or ``--kv-cache-memory-bytes`` when the
+GPU is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.gpus import GpuInfo, InventorySnapshot
+from gatekeeper.model_spec import ModelSpec
+from gatekeeper.overhead import pre_init_bytes
+from gatekeeper.serve_options import ServeOptions
+from gatekeeper.units import MIB, format_gib
+from gatekeeper.vllm_flags import LaunchFlags, ceil_fraction, floor_fraction, launch_args
+
+__all__ = [
+    "Decision",
+    "GpuLine",
+    "Placement",
+    "PlacementPolicy",
+    "PlacementRequest",
+    "Suggestion",
+    "decide",
+    "gpu_lines",
+]
+
+TP_SIZES = (1, 2, 4, 8)
+PP_SIZES = (2, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """The operator's rules for placing workers."""
+
+    margin_bytes: int = 512 * MIB
+    margin_fraction: float = 0.02
+    allowed_gpus: frozenset[str] | None = None
+    """GPU indices (as strings) or UUIDs gatekeeper may use; None = all."""
+    share_gpus: bool = False
+    """Several workers on one GPU, each with a byte budget (--kv-cache-memory-bytes)."""
+    allow_pipeline: bool = False
+    default_vllm_version: str = "0.33.0"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    """A model and how to serve it."""
+
+    model: ModelSpec
+    options: ServeOptions
+    auto_parallel: bool = True
+    """Search TP (and PP) sizes; False keeps the options' sizes as given."""
+    min_kv_tokens: int | None = None
+    min_sequences: int = 1
+    """Concurrent sequences of max_model_len the KV cache must hold (vLLM's minimum is 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLine:
+    """One GPU as the decision saw it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    reserved_bytes: int
+    margin_bytes: int
+    workers: int
+    status: str
+    """chosen, fits, too small, unhealthy, fenced, not allowed or in use."""
+    need_bytes: int | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(0, self.free_bytes - self.reserved_bytes - self.margin_bytes)
+
+    def text(self) -> str:
+        head = (
+            f"GPU {self.index} ({self.name}): {format_gib(self.usable_bytes)} usable "
+            f"(free {format_gib(self.free_bytes)} - reserved {format_gib(self.reserved_bytes)} "
+            f"- margin {format_gib(self.margin_bytes)})"
+        )
+        if self.status == "too small" and self.need_bytes is not None:
+            short = self.need_bytes - self.usable_bytes
+            return f"{head}; needs {format_gib(self.need_bytes)}, short by {format_gib(short)}"
+        return f"{head}; {self.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the worker goes and how it is launched."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    promise_bytes: tuple[int, ...]
+    """Bytes promised on each chosen GPU until the worker is ready."""
+    flags: LaunchFlags
+    args: tuple[str, ...]
+    estimate: Estimate
+    kv_cache_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """A nearby configuration that would fit here and now (or the lack of one)."""
+
+    kind: str
+    text: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    model: str
+    admitted: bool
+    placement: Placement | None
+    reasons: tuple[str, ...]
+    gpus: tuple[GpuLine, ...]
+    suggestions: tuple[Suggestion, ...] = ()
+
+    def promises(self) -> tuple[tuple[str, int], ...]:
+        """(GPU UUID, bytes) to reserve; empty when rejected."""
+        if self.placement is None:
+            return ()
+        return tuple(zip(self.placement.gpu_uuids, self.placement.promise_bytes, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        from gatekeeper.decision_json import decision_to_json
+
+        return decision_to_json(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """Per-rank bytes of one (TP, PP) shape on one GPU product."""
+
+    estimate: Estimate
+    per_stage: tuple[int, ...]
+    kv_bytes: int
+    static_in_budget: tuple[int, ...]
+
+    @property
+    def max_bytes(self) -> int:
+        return max(self.per_stage)
+
+
+def _kv_target(e: Estimate, request: PlacementRequest) -> int:
+    if not e.kv_block_bytes:
+        return 0
+    blocks = e.blocks_per_request * request.min_sequences
+    if request.min_kv_tokens:
+        ratio = request.min_kv_tokens / e.max_model_len
+        blocks = max(blocks, -(-int(e.blocks_per_request * ratio * 1000) // 1000))
+    return e.kv_block_bytes * (blocks + 1)
+
+
+def _stage_need(e: Estimate, s: StageEstimate, kv: int) -> tuple[int, int]:
+    """(bytes the rank holds, bytes inside vLLM's budget)."""
+    in_budget = s.weights_bytes + s.non_torch_bytes + s.activation_peak_bytes + kv
+    outside = pre_init_bytes(e.tensor_parallel_size)
+    if e.cuda_graphs_in_budget:
+        in_budget += s.cuda_graph_bytes
+    else:
+        outside += s.cuda_graph_bytes
+    return outside + in_budget, in_budget
+
+
+def _need(
+    request: PlacementRequest, tp: int, pp: int, total: int, name: str, version: str
+) -> _Need:
+    options = dataclasses.replace(
+        request.options, tensor_parallel_size=tp, pipeline_parallel_size=pp
+    )
+    e = _estimate(request.model, options, total, name, version)
+    kv = _kv_target(e, request)
+    pairs = [_stage_need(e, s, kv) for s in e.stages]
+    return _Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))
+
+
+_CACHE: dict[tuple[Any, ...], Estimate] = {}
+
+
+def _estimate(
+    spec: ModelSpec, options: ServeOptions, total: int, name: str, version: str
+) -> Estimate:
+    key = (id(spec), spec.name, options, total, name, version)
+    cached = _CACHE.get(key)
+    if cached is None:
+        if len(_CACHE) > 4096:
+            _CACHE.clear()
+        cached = estimate(
+            spec, options, GpuTarget(total_bytes=total, name=name), default_version=version
+        )
+        _CACHE[key] = cached
+    return cached
+
+
+def gpu_lines(
+    snapshot: InventorySnapshot,
+    reserved: Mapping[str, int],
+    workers: Mapping[str, int],
+    policy: PlacementPolicy,
+) -> list[GpuLine]:
+    """Each GPU's usable memory and whether it is a candidate under ``policy``."""
+    lines = []
+    for gpu in snapshot.gpus:
+        total = gpu.visible_total_bytes
+        margin = policy.margin_bytes + int(policy.margin_fraction * total)
+        lines.append(
+            GpuLine(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                total_bytes=total,
+                free_bytes=gpu.free_bytes,
+                reserved_bytes=reserved.get(gpu.uuid, 0),
+                margin_bytes=margin,
+                workers=workers.get(gpu.uuid, 0),
+                status=_status(gpu, workers.get(gpu.uuid, 0), policy),
+            )
+        )
+    return lines
+
+
+def _status(gpu: GpuInfo, workers: int, policy: PlacementPolicy) -> str:
+    if not gpu.healthy:
+        return f"unhealthy ({gpu.error})"
+    if gpu.fence_reason:
+        return f"fenced ({gpu.fence_reason})"
+    allowed = policy.allowed_gpus
+    if allowed is not None and str(gpu.index) not in allowed and gpu.uuid not in allowed:
+        return "not allowed by the policy"
+    if workers and not policy.share_gpus:
+        return "in use by another gatekeeper worker (sharing is off)"
+    return "candidate"
+
+
+def _shapes(
+    request: PlacementRequest, policy: PlacementPolicy, gpu_count: int
+) -> list[tuple[int, int]]:
+    o = request.options
+    if not request.auto_parallel:
+        return [(o.tensor_parallel_size, o.pipeline_parallel_size)]
+    shapes = [(tp, 1) for tp in TP_SIZES if tp <= gpu_count]
+    if policy.allow_pipeline:
+        shapes += [(tp, pp) for pp in PP_SIZES for tp in TP_SIZES if tp * pp <= gpu_count]
+    return shapes
+
+
+def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> list[GpuLine] | None:
+    """The best-fitting ``size`` GPUs among ``candidates`` (same product preferred)."""
+    fitting = [g for g in candidates if g.usable_bytes >= needs[g.total_bytes]]
+    best: list[GpuLine] | None = None
+    best_key: tuple[int, int, int] | None = None
+    products = {g.name for g in fitting}
+    pools = [[g for g in fitting if g.name == p] for p in sorted(products)] or [fitting]
+    if size > 1:
+        pools.append(fitting)
+    for mixed, pool in enumerate(pools):
+        if len(pool) < size:
+            continue
+        ranked = sorted(
+            pool, key=lambda g: (g.usable_bytes - needs[g.total_bytes], g.workers, g.index)
+        )
+        chosen = ranked[:size]
+        leftover = sum(g.usable_bytes - needs[g.total_bytes] for g in chosen)
+        key = (int(mixed == len(pools) - 1 and size > 1), leftover, sum(g.workers for g in chosen))
+        if best_key is None or key < best_key:
+            best, best_key = chosen, key
+    return best
+
+
+def _try_shape(
+    request: PlacementRequest,
+    shape: tuple[int, int],
+    candidates: list[GpuLine],
+    policy: PlacementPolicy,
+) -> tuple[list[GpuLine], dict[int, _Need]] | None:
+    tp, pp = shape
+    needs: dict[int, _Need] = {}
+    for g in candidates:
+        if g.total_bytes not in needs:
+            needs[g.total_bytes] = _need(
+                request, tp, pp, g.total_bytes, g.name, policy.default_vllm_version
+            )
+    if any(not n.estimate.fits and not _only_kv_reasons(n.estimate) for n in needs.values()):
+        return None
+    chosen = _group(candidates, tp * pp, {t: n.max_bytes for t, n in needs.items()})
+    return (chosen, needs) if chosen else None
+
+
+def _only_kv_reasons(e: Estimate) -> bool:
+    """The estimate's own verdict used the default budget; placement sizes KV itself, so
+    only a refusal that no budget can fix (max_model_len beyond the model's) counts."""
+    return not any("derived maximum" in r for r in e.reasons)
+
+
+def _placement(
+    request: PlacementRequest,
+    chosen: list[GpuLine],
+    needs: dict[int, _Need],
+    policy: PlacementPolicy,
+) -> Placement:
+    first = needs[chosen[0].total_bytes]
+    e = first.estimate
+    if policy.share_gpus:
+        in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
+        totals = min(g.total_bytes for g in chosen)
+        utilization = ceil_fraction(in_budget, totals)
+        kv_budget: int | None = first.kv_bytes
+        promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
+    else:
+        context = pre_init_bytes(e.tensor_parallel_size)
+        outside = max(n.max_bytes - max(n.static_in_budget) - context for n in needs.values())
+        utilization = min(
+            floor_fraction(g.usable_bytes - context - outside, g.total_bytes) for g in chosen
+        )
+        kv_budget = None
+        promise = tuple(context + outside + int(utilization * g.total_bytes) + 1 for g in chosen)
+    flags = LaunchFlags(
+        max_model_len=e.max_model_len,
+        tensor_parallel_size=e.tensor_parallel_size,
+        pipeline_parallel_size=e.pipeline_parallel_size,
+        gpu_memory_utilization=utilization,
+        kv_cache_memory_bytes=kv_budget,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+    )
+    kv = first.kv_bytes if kv_budget is not None else _kv_in(chosen, needs, utilization)
+    return Placement(
+        gpu_indices=tuple(g.index for g in chosen),
+        gpu_uuids=tuple(g.uuid for g in chosen),
+        promise_bytes=promise,
+        flags=flags,
+        args=launch_args(request.model.name, flags, request.options),
+        estimate=e,
+        kv_cache_bytes=kv,
+    )
+
+
+def _kv_in(chosen: list[GpuLine], needs: dict[int, _Need], utilization: float) -> int:
+    """KV bytes a utilization-sized worker gets: its budget less what is not KV."""
+    return min(
+        int(utilization * g.total_bytes)
+        - (max(needs[g.total_bytes].static_in_budget) - needs[g.total_bytes].kv_bytes)
+        for g in chosen
+    )
+
+
+def decide(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    *,
+    reserved: Mapping[str, int] | None = None,
+    workers: Mapping[str, int] | None = None,
+    policy: PlacementPolicy | None = None,
+    suggest: bool = True,
+) -> Decision:
+    """Admit ``request`` on the best-fitting GPUs of ``snapshot``, or reject it with reasons.
+
+    ``reserved`` maps GPU UUIDs to bytes promised to workers still starting; ``workers``
+    maps GPU UUIDs to the number of gatekeeper workers they host.
+    """
+    policy = policy or PlacementPolicy()
+    lines = gpu_lines(snapshot, reserved or {}, workers or {}, policy)
+    candidates = [g for g in lines if g.status == "candidate"]
+    tried: list[tuple[tuple[int, int], dict[int, _Need]]] = []
+    for shape in _shapes(request, policy, len(candidates)):
+        try:
+            found = _try_shape(request, shape, candidates, policy)
+        except ServeOptionsError:
+            if not request.auto_parallel:
+                raise
+            continue
+        if found is None:
+            tried.append((shape, _needs_for(request, shape, candidates, policy)))
+            continue
+        chosen, needs = found
+        placement = _placement(request, chosen, needs, policy)
+        return Decision(
+            model=request.model.name,
+            admitted=True,
+            placement=placement,
+            reasons=(),
+            gpus=tuple(_mark(lines, chosen, needs)),
+        )
+    return _reject(request, snapshot, lines, tried, policy, suggest)
+
+
+def _needs_for(
+    request: PlacementRequest,
+    shape: tuple[int, int],
+    candidates: list[GpuLine],
+    policy: PlacementPolicy,
+) -> dict[int, _Need]:
+    tp, pp = shape
+    out: dict[int, _Need] = {}
+    for g in candidates:
+        if g.total_bytes not in out:
+            out[g.total_bytes] = _need(
+                request, tp, pp, g.total_bytes, g.name, policy.default_vllm_version
+            )
+    return out
+
+
+def _mark(
+    lines: list[GpuLine], chosen: Sequence[GpuLine], needs: Mapping[int, _Need]
+) -> list[GpuLine]:
+    picked = {g.index for g in chosen}
+    out = []
+    for g in lines:
+        if g.status != "candidate":
+            out.append(g)
+            continue
+        need = needs[g.total_bytes].max_bytes if g.total_bytes in needs else None
+        fits = need is not None and g.usable_bytes >= need
+        status = "chosen" if g.index in picked else ("fits" if fits else "too small")
+        out.append(dataclasses.replace(g, status=status, need_bytes=need))
+    return out
+
+
+def _reject(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    lines: list[GpuLine],
+    tried: list[tuple[tuple[int, int], dict[int, _Need]]],
+    policy: PlacementPolicy,
+    suggest: bool,
+) -> Decision:
+    from gatekeeper.placement_hints import rejection_reasons, suggestions
+
+    last_needs = tried[-1][1] if tried else {}
+    marked = _mark(lines, [], last_needs)
+    reasons = rejection_reasons(request, snapshot, marked, tried)
+    hints = suggestions(request, snapshot, lines, policy) if suggest else ()
+    return Decision(
+        model=request.model.name,
+        admitted=False,
+        placement=None,
+        reasons=tuple(reasons),
+        gpus=tuple(marked),
+        suggestions=tuple(hints),
+    )
