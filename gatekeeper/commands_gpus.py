@@ -94,7 +94,10 @@ def format_table(snapshot: InventorySnapshot) -> str:
         lines.append("no GPUs")
     for gpu in snapshot.gpus:
         if not gpu.healthy:
-            lines.append(f"gpu {gpu.index}: unhealthy: {gpu.error}")
+            lines.append(
+                f"gpu {gpu.index}: unhealthy: {gpu.error}; not offered for placement "
+                f"(check `nvidia-smi -q -i {gpu.index}` and the kernel log for Xid errors)"
+            )
         elif gpu.fence_reason:
             lines.append(f"gpu {gpu.index}: fenced: {gpu.fence_reason}")
     lines.extend(f"note: {n}" for n in snapshot.notes)

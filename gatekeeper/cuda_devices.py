@@ -91,6 +91,9 @@ def _match(token: str, gpus: Sequence[tuple[int, str | None]], value: str) -> in
             return found[0]
         what = "no GPU" if not found else f"{len(found)} GPUs ({_describe(found)})"
         problem = f"entry {token!r} matches {what} by UUID"
+        silent = [i for i, uuid in gpus if uuid is None]
+        if silent and not found:
+            problem += f" ({_describe(silent)} did not report a UUID: check `nvidia-smi`)"
     raise VisibleDevicesError(
         f"{where} {problem}; set it to indices or UUIDs that `gatekeeper gpus` lists "
         "(run it with CUDA_VISIBLE_DEVICES unset), or unset it to manage every GPU",
@@ -102,7 +105,7 @@ def _match(token: str, gpus: Sequence[tuple[int, str | None]], value: str) -> in
 def _describe(indices: Sequence[int]) -> str:
     if not indices:
         return "no GPUs"
-    return "GPUs " + ", ".join(str(i) for i in sorted(indices))
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in sorted(indices))
 
 
 def worker_cuda_env(indices: Sequence[int]) -> dict[str, str]:

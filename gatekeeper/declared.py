@@ -24,6 +24,7 @@ A value is read as a file when it ends in ``.json`` or contains a ``/``.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,17 +170,26 @@ def _declared_snapshot(gpus: list[GpuInfo]) -> InventorySnapshot:
 
 def _entry_gpus(entry: object, first_index: int, where: str) -> list[GpuInfo]:
     if not isinstance(entry, dict):
-        raise DeclaredNodeError(f"{where}: expected an object such as {{'name': 'L4'}}")
+        raise DeclaredNodeError(
+            f'{where}: {entry!r} is not an object; give one such as {{"name": "L4"}}',
+            field=where,
+            value=entry,
+        )
     unknown = sorted(set(entry) - _ENTRY_KEYS)
     if unknown:
         raise DeclaredNodeError(
             f"{where}: unknown key(s) {', '.join(unknown)}; "
             f"the keys are {', '.join(sorted(_ENTRY_KEYS))}",
             field=unknown[0],
+            value=entry[unknown[0]],
         )
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise DeclaredNodeError(f"{where}: 'name' is required, e.g. \"H100-80GB\"", field="name")
+        raise DeclaredNodeError(
+            f'{where}: name = {name!r}; a name is required, e.g. "H100-80GB"',
+            field="name",
+            value=name,
+        )
     total = _size(entry, "total", where) if "total" in entry else _product(name, where).total_bytes
     processes = _processes(entry.get("processes", []), where)
     count = _count(entry, where, has_processes=bool(processes) or "uuid" in entry)
@@ -198,23 +208,8 @@ def _entry_gpus(entry: object, first_index: int, where: str) -> list[GpuInfo]:
     ]
     if entry.get("healthy") is False:
         error = str(entry.get("error") or "declared unhealthy")
-        gpus = [_unhealthy(g, error) for g in gpus]
+        gpus = [replace(g, healthy=False, error=error) for g in gpus]
     return gpus
-
-
-def _unhealthy(gpu: GpuInfo, error: str) -> GpuInfo:
-    return GpuInfo(
-        index=gpu.index,
-        uuid=gpu.uuid,
-        name=gpu.name,
-        pci_bus_id=gpu.pci_bus_id,
-        total_bytes=gpu.total_bytes,
-        free_bytes=gpu.free_bytes,
-        used_bytes=gpu.used_bytes,
-        processes=gpu.processes,
-        healthy=False,
-        error=error,
-    )
 
 
 def _count(entry: dict[str, Any], where: str, *, has_processes: bool) -> int:
@@ -237,12 +232,20 @@ def _count(entry: dict[str, Any], where: str, *, has_processes: bool) -> int:
 
 def _processes(raw: object, where: str) -> tuple[GpuProcess, ...]:
     if not isinstance(raw, list):
-        raise DeclaredNodeError(f"{where}: 'processes' must be a list of {{pid, used}} objects")
+        raise DeclaredNodeError(
+            f"{where}: processes = {raw!r} must be a list of {{pid, used}} objects",
+            field="processes",
+            value=raw,
+        )
     processes = []
     for i, item in enumerate(raw):
         place = f"{where}.processes[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
-            raise DeclaredNodeError(f"{place}: needs an integer 'pid' and a 'used' size")
+            raise DeclaredNodeError(
+                f"{place}: {item!r} needs an integer 'pid' and a 'used' size",
+                field="pid",
+                value=item,
+            )
         used = _size(item, "used", place, allow_zero=True) if "used" in item else None
         processes.append(GpuProcess(pid=item["pid"], used_bytes=used))
     return tuple(processes)

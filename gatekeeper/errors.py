@@ -8,6 +8,10 @@ failed, the numbers or the value involved, and what to do next.
 - ``ServeOptionsError``: a serving option is invalid (zero size, TP that does not
   divide the heads, unknown quantization or KV dtype).
 - ``UnknownGpuError``: a GPU product name is not in the GPU table.
+- ``NvmlUnavailable``: NVML cannot be used at all (no driver or library, bindings
+  missing, or it refused to start); ``field`` is the step (``nvmlInit`` or ``pynvml``),
+  ``value`` the NVML error name or the missing module, and the message says how to
+  plan without a GPU (a declared node).
 """
 
 from __future__ import annotations

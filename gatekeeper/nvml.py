@@ -40,6 +40,10 @@ NO_GPU_HINT = (
 )
 _FALLBACK_CODES = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED")
 _VERSION_CODES = (*_FALLBACK_CODES, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+_PROCESS_CALLS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+)
 
 
 class NvmlInventory:
@@ -66,6 +70,7 @@ class NvmlInventory:
         self._clock = clock
         self._nv: Any = None
         self._names: dict[int, str] = {}
+        self._uuids: dict[int, str] = {}
         self._initialized = False
         self._lock = threading.Lock()
 
@@ -117,12 +122,14 @@ class NvmlInventory:
         try:
             self._nv.nvmlInit()
         except self._nv.NVMLError as e:
-            raise NvmlUnavailable(_unavailable_message(self._name(e), str(e))) from e
+            code = self._name(e)
+            raise NvmlUnavailable(
+                _unavailable_message(code, str(e)), field="nvmlInit", value=code
+            ) from e
         self._initialized = True
 
     def _name(self, error: BaseException) -> str:
-        value = getattr(error, "value", None)
-        return self._names.get(value, f"NVML error {value}") if isinstance(value, int) else ""
+        return _error_name(self._names, error)
 
     def _describe_failure(self, error: Exception) -> str:
         if self._nv is not None and isinstance(error, self._nv.NVMLError):
@@ -169,10 +176,14 @@ class NvmlInventory:
         return select_devices(self._tokens, identities, value=self._visible_value or "")
 
     def _uuid(self, index: int) -> str | None:
+        """The GPU's UUID, or the one it last reported when it does not answer now (a
+        lost GPU named by UUID stays managed, and is reported unhealthy)."""
         try:
-            return _text(self._nv.nvmlDeviceGetUUID(self._nv.nvmlDeviceGetHandleByIndex(index)))
+            uuid = _text(self._nv.nvmlDeviceGetUUID(self._nv.nvmlDeviceGetHandleByIndex(index)))
         except self._nv.NVMLError:
-            return None
+            return self._uuids.get(index)
+        self._uuids[index] = uuid
+        return uuid
 
     def _optional_text(self, call: str, notes: list[str]) -> str | None:
         try:
@@ -200,8 +211,7 @@ class _GpuReader:
         return getattr(self.nv, function)(*args, **kwargs)
 
     def code(self, error: BaseException) -> str:
-        value = getattr(error, "value", None)
-        return self.names.get(value, f"NVML error {value}") if isinstance(value, int) else ""
+        return _error_name(self.names, error)
 
     def read(self) -> GpuInfo:
         try:
@@ -283,25 +293,7 @@ class _GpuReader:
         return int(m.total), int(m.free), int(m.used), None
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
-        nv = self.nv
-        try:
-            try:
-                raw = self.call(
-                    "nvmlDeviceGetComputeRunningProcesses_v3",
-                    "nvmlDeviceGetComputeRunningProcesses",
-                    handle,
-                )
-            except nv.NVMLLibraryMismatchError:
-                raw = self.call(
-                    "nvmlDeviceGetComputeRunningProcesses_v2",
-                    "nvmlDeviceGetComputeRunningProcesses_v2",
-                    handle,
-                )
-        except nv.NVMLError as e:
-            if self.code(e) not in _FALLBACK_CODES:
-                raise
-            self.notes.append(f"the driver does not list GPU processes ({self.code(e)})")
-            return ()
+        raw = self._process_list(handle)
         return tuple(
             GpuProcess(
                 pid=int(p.pid),
@@ -310,6 +302,31 @@ class _GpuReader:
             for p in raw
         )
 
+    def _process_list(self, handle: Any) -> list[Any]:
+        """The compute processes by the newest call the driver has (``_v3``, then
+        ``_v2``); empty, with a note, when it lists none.
+
+        The versioned bindings, not pynvml's unversioned wrapper: nvidia-ml-py 13 turns a
+        missing ``_v3`` there into ``NVMLLibraryMismatchError``, which 12.x lacks.
+        """
+        missing: list[str] = []
+        for function in _PROCESS_CALLS:
+            if not hasattr(self.nv, function):  # nvidia-ml-py 12.x has no _v2 binding
+                missing.append(f"{function}: not in these pynvml bindings")
+                continue
+            try:
+                raw: list[Any] = self.call(function, function, handle)
+            except self.nv.NVMLError as e:
+                if self.code(e) not in _FALLBACK_CODES:
+                    raise
+                missing.append(f"{function}: {self.code(e)}")
+                continue
+            if missing:
+                self.notes.append(f"used {function} ({'; '.join(missing)})")
+            return raw
+        self.notes.append(f"the driver does not list GPU processes ({'; '.join(missing)})")
+        return []
+
 
 def _load_bindings() -> Any:
     try:
@@ -317,7 +334,9 @@ def _load_bindings() -> Any:
     except ImportError as e:
         raise NvmlUnavailable(
             "NVML is unavailable: the Python bindings (module pynvml from the nvidia-ml-py "
-            f"package) are not installed; `pip install nvidia-ml-py`. {NO_GPU_HINT}."
+            f"package) are not installed; `pip install nvidia-ml-py`. {NO_GPU_HINT}.",
+            field="pynvml",
+            value=e.name,
         ) from e
     return pynvml
 
@@ -336,6 +355,12 @@ def _unavailable_message(code: str, text: str) -> str:
     else:
         what = "the driver refused to start NVML (check `nvidia-smi`)"
     return f"NVML is unavailable: {what} [{code}: {text}]. {NO_GPU_HINT}."
+
+
+def _error_name(names: dict[int, str], error: BaseException) -> str:
+    """``NVML_ERROR_GPU_IS_LOST`` for pynvml's error with value 15."""
+    value = getattr(error, "value", None)
+    return names.get(value, f"NVML error {value}") if isinstance(value, int) else ""
 
 
 def _text(value: object) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PROC", "descendants", "pid_exists", "process_tree", "read_parent_map"]
+__all__ = ["PROC", "descendants", "parse_ppid", "pid_exists", "process_tree", "read_parent_map"]
 
 PROC = Path("/proc")
 

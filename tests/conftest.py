@@ -3,6 +3,7 @@ session with gcc, preloaded in-process, its state file per test."""
 
 from __future__ import annotations
 
+import ctypes.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,17 @@ NO_GCC = (
     "gcc is not installed, so the NVML stand-in driver (tests/nvml_stub/fake_nvml.c) "
     "cannot be built; install gcc (apt-get install gcc libc6-dev) to run these tests"
 )
+
+NO_DRIVER = "needs an NVIDIA driver (libnvidia-ml.so.1 was not found); runs on a GPU machine"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where no NVIDIA driver library is installed."""
+    if ctypes.util.find_library("nvidia-ml") is not None:
+        return
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_DRIVER))
 
 
 @pytest.fixture(scope="session")

@@ -8,22 +8,10 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.attribution import pid_namespace_note, tree_usage, worker_usage
-from gatekeeper.gpus import GpuInfo, GpuProcess, InventorySnapshot
+from gatekeeper.gpus import GpuInfo, InventorySnapshot
 from gatekeeper.proctree import descendants, parse_ppid, pid_exists, process_tree, read_parent_map
 from gatekeeper.units import GIB
-
-
-def _gpu(index: int, used: int, *processes: tuple[int, int | None]) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="H100",
-        pci_bus_id="",
-        total_bytes=80 * GIB,
-        free_bytes=80 * GIB - used,
-        used_bytes=used,
-        processes=tuple(GpuProcess(pid, b) for pid, b in processes),
-    )
+from tests.snapshots import busy_gpu
 
 
 def _snapshot(*gpus: GpuInfo, mismatch: bool = False) -> InventorySnapshot:
@@ -68,9 +56,9 @@ def test_real_proc_sees_this_process() -> None:
 
 def test_tree_usage_sums_the_tree_per_gpu_and_ignores_others() -> None:
     snapshot = _snapshot(
-        _gpu(0, 31 * GIB, (11, 30 * GIB), (10, GIB)),
-        _gpu(1, 40 * GIB, (12, 30 * GIB), (999, 10 * GIB)),
-        _gpu(2, 5 * GIB, (999, 5 * GIB)),
+        busy_gpu(0, 31 * GIB, (11, 30 * GIB), (10, GIB)),
+        busy_gpu(1, 40 * GIB, (12, 30 * GIB), (999, 10 * GIB)),
+        busy_gpu(2, 5 * GIB, (999, 5 * GIB)),
     )
     assert tree_usage(snapshot, {10, 11, 12}) == {0: 31 * GIB, 1: 30 * GIB}
     usage = worker_usage(snapshot, {10, 11, 12})
@@ -80,16 +68,16 @@ def test_tree_usage_sums_the_tree_per_gpu_and_ignores_others() -> None:
 
 
 def test_unreported_usage_counts_zero() -> None:
-    snapshot = _snapshot(_gpu(0, 8 * GIB, (11, None), (12, 2 * GIB)))
+    snapshot = _snapshot(busy_gpu(0, 8 * GIB, (11, None), (12, 2 * GIB)))
     assert tree_usage(snapshot, {11, 12}) == {0: 2 * GIB}
 
 
 def test_pid_namespace_mismatch_falls_back_to_deltas() -> None:
     """The sidecar sees host pids 5001/5002 that are not its workers' pids 10-12."""
     snapshot = _snapshot(
-        _gpu(0, 32 * GIB, (5001, 30 * GIB)),
-        _gpu(1, 30 * GIB, (5002, 30 * GIB)),
-        _gpu(2, 0),
+        busy_gpu(0, 32 * GIB, (5001, 30 * GIB)),
+        busy_gpu(1, 30 * GIB, (5002, 30 * GIB)),
+        busy_gpu(2, 0),
         mismatch=True,
     )
     usage = worker_usage(
@@ -101,20 +89,20 @@ def test_pid_namespace_mismatch_falls_back_to_deltas() -> None:
 
 
 def test_unreported_usage_falls_back_to_deltas() -> None:
-    snapshot = _snapshot(_gpu(0, 12 * GIB, (11, None)))
+    snapshot = _snapshot(busy_gpu(0, 12 * GIB, (11, None)))
     usage = worker_usage(snapshot, {11}, gpu_indices=[0], baseline_used_bytes={0: 2 * GIB})
     assert (usage.method, usage.per_gpu_bytes) == ("delta", ((0, 10 * GIB),))
 
 
 def test_no_match_in_the_same_namespace_is_nothing_yet() -> None:
-    snapshot = _snapshot(_gpu(0, 12 * GIB, (999, 12 * GIB)))
+    snapshot = _snapshot(busy_gpu(0, 12 * GIB, (999, 12 * GIB)))
     usage = worker_usage(snapshot, {10}, gpu_indices=[0], baseline_used_bytes={0: 0})
     assert (usage.method, usage.per_gpu_bytes, usage.total_bytes) == ("none", (), 0)
 
 
 def test_delta_skips_unhealthy_and_unknown_gpus() -> None:
     lost = GpuInfo(1, "GPU-1", "H100", "", 0, 0, 0, healthy=False, error="lost")
-    snapshot = _snapshot(_gpu(0, 3 * GIB), lost, mismatch=True)
+    snapshot = _snapshot(busy_gpu(0, 3 * GIB), lost, mismatch=True)
     usage = worker_usage(snapshot, {10}, gpu_indices=[0, 1, 2], baseline_used_bytes={0: 4 * GIB})
     assert usage.per_gpu_bytes == ((0, 0),)
 

@@ -58,7 +58,10 @@ def test_nvml_through_the_stand_in(
     out = capsys.readouterr().out
     assert code == 0
     assert "UNHEALTHY" in out
-    assert "gpu 1: unhealthy: NVML_ERROR_GPU_IS_LOST (GPU is lost)" in out
+    assert (
+        "gpu 1: unhealthy: NVML_ERROR_GPU_IS_LOST (GPU is lost) from "
+        "nvmlDeviceGetHandleByIndex_v2; not offered for placement (check `nvidia-smi -q -i 1`"
+    ) in out
 
 
 def test_nvml_failure_exits_1(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gatekeeper.declared import DeclaredNodeError, parse_declared_node
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.gpu_table import lookup_gpu
+from gatekeeper.gpu_table import gpu_products, lookup_gpu
 from gatekeeper.gpus import GpuProcess
 from gatekeeper.units import GIB
 
@@ -90,7 +91,7 @@ def test_bad_declared_node_names_the_value(value: str, expected: str) -> None:
     [
         ('{"gpus": []}', "needs a non-empty 'gpus' list"),
         ('{"gpus": [{"name": "L4", "usd": 1}]}', "unknown key(s) usd"),
-        ('{"gpus": [{"count": 2}]}', "'name' is required"),
+        ('{"gpus": [{"count": 2}]}', "name = None; a name is required"),
         ('{"gpus": [{"name": "NOPE"}]}', "'NOPE' in"),
         ('{"gpus": [{"name": "L4", "used": "30GiB"}]}', "does not fit total"),
         ('{"gpus": [{"name": "L4", "used": "lots"}]}', "'lots' is not a size"),
@@ -100,6 +101,8 @@ def test_bad_declared_node_names_the_value(value: str, expected: str) -> None:
             "ambiguous",
         ),
         ('{"gpus": [{"name": "L4", "processes": [{"used": 5}]}]}', "needs an integer 'pid'"),
+        ('{"gpus": ["L4"]}', "gpus[0]: 'L4' is not an object"),
+        ('{"gpus": [{"name": "L4", "processes": 3}]}', "processes = 3 must be a list"),
         ('{"gpus": [{"name": "L4", "used": 1, "processes": [{"pid": 1, "used": 5}]}]}', "fit"),
         ("[1]", "holds a JSON list"),
     ],
@@ -118,3 +121,21 @@ def test_bad_json_file_names_the_file_and_entry(
 def test_missing_file_says_it_cannot_be_read(tmp_path: Path) -> None:
     with pytest.raises(GatekeeperError, match="cannot be read"):
         parse_declared_node(str(tmp_path / "absent.json"))
+
+
+def test_every_gpu_table_figure_has_a_source_that_gives_it() -> None:
+    """Each product's total says where it comes from; a figure derived from nvidia-smi's
+    MiB total less the driver's reserved memory must agree with that arithmetic."""
+    products = gpu_products()
+    assert len({p.name for p in products}) == len(products) >= 10
+    for product in products:
+        gib = product.total_bytes / GIB
+        kind, _, detail = product.source.partition(": ")
+        assert kind in {"vllm-log", "smi-less-reserved"}, product.name
+        if kind == "vllm-log":
+            assert f"{gib:.2f}" in detail, product.name
+        else:
+            match = re.fullmatch(r"(\d+) MiB less ~(\d+\.\d+) GiB", detail)
+            assert match is not None, product.name
+            smi_mib, reserved_gib = int(match[1]), float(match[2])
+            assert abs(smi_mib / 1024 - reserved_gib - gib) < 0.011, product.name

@@ -25,6 +25,7 @@ from tests.nvml_stub import (
     H100_RESERVED_BYTES,
     H100_TOTAL_BYTES,
     NOT_SUPPORTED,
+    PYNVML_HAS_PROCESSES_V2,
     UNKNOWN,
     FakeFailure,
     FakeNvml,
@@ -189,8 +190,9 @@ def test_driver_not_loaded_then_loaded(fake_nvml: FakeNvml) -> None:
         assert not snapshot.ok
         assert "NVML_ERROR_DRIVER_NOT_LOADED" in (snapshot.error or "")
         assert "--node 2xH100-80GB" in (snapshot.error or "")
-        with pytest.raises(NvmlUnavailable, match="kernel driver is not loaded"):
+        with pytest.raises(NvmlUnavailable, match="kernel driver is not loaded") as info:
             inventory.open()
+        assert (info.value.field, info.value.value) == ("nvmlInit", "NVML_ERROR_DRIVER_NOT_LOADED")
         fake_nvml.set(gpus=[h100(0)])
         assert inventory.snapshot().ok
         assert fake_nvml.init_count() == 1
@@ -222,6 +224,7 @@ def test_memory_info_v2_to_v1_fallback(fake_nvml: FakeNvml) -> None:
     assert any("NVML_ERROR_ARGUMENT_VERSION_MISMATCH" in n for n in snapshot.notes)
 
 
+@pytest.mark.skipif(not PYNVML_HAS_PROCESSES_V2, reason="nvidia-ml-py 12.x has no _v2 binding")
 def test_process_list_v3_to_v2_fallback(fake_nvml: FakeNvml) -> None:
     fake_nvml.set(
         gpus=[h100(0, used_bytes=GIB)],
@@ -231,14 +234,22 @@ def test_process_list_v3_to_v2_fallback(fake_nvml: FakeNvml) -> None:
         ],
     )
     with NvmlInventory() as inventory:
-        gpu = inventory.snapshot().gpu(0)
+        snapshot = inventory.snapshot()
+    gpu = snapshot.gpu(0)
     assert gpu.healthy and gpu.processes == (GpuProcess(os.getpid(), GIB),)
+    assert snapshot.notes == (
+        "used nvmlDeviceGetComputeRunningProcesses_v2 "
+        "(nvmlDeviceGetComputeRunningProcesses_v3: NVML_ERROR_FUNCTION_NOT_FOUND)",
+    )
 
 
 def test_process_list_not_supported(fake_nvml: FakeNvml) -> None:
     fake_nvml.set(
         gpus=[h100(0)],
-        failures=[FakeFailure(NOT_SUPPORTED, symbol="nvmlDeviceGetComputeRunningProcesses_v3")],
+        failures=[
+            FakeFailure(NOT_SUPPORTED, symbol=f"nvmlDeviceGetComputeRunningProcesses_{v}")
+            for v in ("v3", "v2")
+        ],
     )
     with NvmlInventory() as inventory:
         snapshot = inventory.snapshot()
@@ -300,3 +311,164 @@ def test_snapshot_of_many_gpus_is_consistent(fake_nvml: FakeNvml) -> None:
         snapshot = inventory.snapshot()
     assert [g.used_bytes for g in snapshot.gpus] == [i * GIB for i in range(8)]
     assert sum(len(g.processes) for g in snapshot.gpus) == 50
+
+
+def test_cuda_visible_devices_by_uuid_keeps_a_lost_gpu(fake_nvml: FakeNvml) -> None:
+    gpus = [h100(i) for i in range(4)]
+    fake_nvml.set(gpus=gpus)
+    value = f"{h100(2).uuid},{h100(0).uuid}"
+    with NvmlInventory(visible_devices=value) as inventory:
+        assert [g.index for g in inventory.snapshot().gpus] == [0, 2]
+        fake_nvml.set(gpus=gpus, failures=[FakeFailure(GPU_IS_LOST, gpu=2)])
+        snapshot = inventory.snapshot()
+    assert snapshot.ok and [g.index for g in snapshot.gpus] == [0, 2]
+    assert snapshot.gpu(0).placeable
+    assert not snapshot.gpu(2).healthy and "GPU_IS_LOST" in (snapshot.gpu(2).error or "")
+    with NvmlInventory(visible_devices=value) as fresh:  # never saw GPU 2's UUID
+        failed = fresh.snapshot()
+    assert not failed.ok
+    assert "(GPU 2 did not report a UUID" in (failed.error or "")
+
+
+def test_older_bindings_without_library_mismatch_error(
+    fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-ml-py 12.x (allowed by the pin) has no NVMLLibraryMismatchError and an
+    undecorated unversioned process call; the versioned calls work with both."""
+    import pynvml
+
+    monkeypatch.delattr(pynvml, "NVMLLibraryMismatchError", raising=False)
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v2", raising=False)
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetComputeRunningProcesses",
+        pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
+    )
+    v3 = "nvmlDeviceGetComputeRunningProcesses_v3"
+    fake_nvml.set(
+        gpus=[h100(0, used_bytes=GIB), h100(1)],
+        processes=[FakeProcess(0, os.getpid(), GIB)],
+        failures=[
+            FakeFailure(FUNCTION_NOT_FOUND, symbol=v3, gpu=0),
+            FakeFailure(GPU_IS_LOST, symbol=v3, gpu=1),
+        ],
+    )
+    with NvmlInventory() as inventory:
+        snapshot = inventory.snapshot()
+    assert snapshot.ok
+    assert snapshot.gpu(0).healthy and snapshot.gpu(0).processes == ()
+    assert snapshot.notes == (
+        f"the driver does not list GPU processes ({v3}: NVML_ERROR_FUNCTION_NOT_FOUND; "
+        "nvmlDeviceGetComputeRunningProcesses_v2: not in these pynvml bindings)",
+    )
+    assert snapshot.gpu(1).error == f"NVML_ERROR_GPU_IS_LOST (GPU is lost) from {v3}"
+
+
+def test_missing_python_bindings_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with NvmlInventory() as inventory:
+        snapshot = inventory.snapshot()
+        with pytest.raises(NvmlUnavailable) as info:
+            inventory.open()
+    assert not snapshot.ok and snapshot.gpus == ()
+    assert "`pip install nvidia-ml-py`" in (snapshot.error or "")
+    assert "--node 2xH100-80GB" in (snapshot.error or "")
+    assert (info.value.field, info.value.value) == ("pynvml", "pynvml")
+
+
+# Every NVML entry point the inventory calls, by C symbol, and whether a failure there
+# with NOT_SUPPORTED or FUNCTION_NOT_FOUND is a fallback (the GPU stays healthy) and
+# whether the symbol is reached at all while the newer call works.
+DEVICE_CALLS = {
+    "nvmlDeviceGetHandleByIndex_v2": "fatal",
+    "nvmlDeviceGetUUID": "fatal",
+    "nvmlDeviceGetName": "fatal",
+    "nvmlDeviceGetPciInfo_v3": "fallback",
+    "nvmlDeviceGetMigMode": "fallback",
+    "nvmlDeviceGetMemoryInfo_v2": "fallback",
+    "nvmlDeviceGetMemoryInfo": "unused",
+    "nvmlDeviceGetComputeRunningProcesses_v3": "fallback",
+    "nvmlDeviceGetComputeRunningProcesses_v2": "unused",
+}
+SYSTEM_CALLS = ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetCount_v2")
+LIFECYCLE_CALLS = ("nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString")
+CODES = {GPU_IS_LOST: "GPU_IS_LOST", UNKNOWN: "UNKNOWN", 10: "TIMEOUT"}
+CODES |= {NOT_SUPPORTED: "NOT_SUPPORTED", FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND"}
+
+
+def test_the_stand_in_serves_every_entry_point_the_inventory_calls(
+    fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pynvml
+
+    looked_up: set[str] = set()
+    original = pynvml._nvmlGetFunctionPointer
+
+    def recording(name: str) -> object:
+        looked_up.add(name)
+        return original(name)
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", recording)
+    gpus = [h100(0, used_bytes=GIB), h100(1, mig=True)]
+    older = [
+        FakeFailure(FUNCTION_NOT_FOUND, symbol="nvmlDeviceGetMemoryInfo_v2"),
+        FakeFailure(FUNCTION_NOT_FOUND, symbol="nvmlDeviceGetComputeRunningProcesses_v3"),
+    ]
+    with NvmlInventory() as inventory:
+        fake_nvml.set(gpus=gpus, processes=[FakeProcess(0, os.getpid(), GIB)])
+        assert inventory.snapshot().ok
+        fake_nvml.set(gpus=gpus, failures=older)
+        assert inventory.snapshot().ok
+    expected = {*DEVICE_CALLS, *SYSTEM_CALLS, *LIFECYCLE_CALLS}
+    if not PYNVML_HAS_PROCESSES_V2:
+        expected.remove("nvmlDeviceGetComputeRunningProcesses_v2")
+    assert looked_up - {"nvmlErrorString"} == expected - {"nvmlErrorString"}
+    assert all(hasattr(fake_nvml.library, name) for name in expected)
+
+
+@pytest.mark.parametrize("code", sorted(CODES), ids=lambda c: CODES[c])
+@pytest.mark.parametrize("symbol", sorted(DEVICE_CALLS))
+def test_a_failing_device_call_affects_only_that_gpu(
+    fake_nvml: FakeNvml, symbol: str, code: int
+) -> None:
+    fake_nvml.set(
+        gpus=[h100(i) for i in range(3)],
+        processes=[FakeProcess(1, os.getpid(), 0)],
+        failures=[FakeFailure(code, symbol=symbol, gpu=1)],
+    )
+    with NvmlInventory() as inventory:
+        snapshot = inventory.snapshot()
+    assert snapshot.ok and [g.index for g in snapshot.gpus] == [0, 1, 2]
+    assert snapshot.gpu(0).placeable and snapshot.gpu(2).placeable
+    gpu = snapshot.gpu(1)
+    kind = DEVICE_CALLS[symbol]
+    if kind == "unused" or (kind == "fallback" and code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND)):
+        assert gpu.healthy, gpu.error
+    else:
+        assert not gpu.healthy and not gpu.placeable
+        assert (gpu.error or "").startswith(f"NVML_ERROR_{CODES[code]} (")
+        assert (gpu.error or "").endswith(f") from {symbol}")
+
+
+@pytest.mark.parametrize("code", sorted(CODES), ids=lambda c: CODES[c])
+@pytest.mark.parametrize("symbol", SYSTEM_CALLS)
+def test_a_failing_system_call_never_raises(fake_nvml: FakeNvml, symbol: str, code: int) -> None:
+    fake_nvml.set(gpus=[h100(0)], failures=[FakeFailure(code, symbol=symbol)])
+    with NvmlInventory() as inventory:
+        snapshot = inventory.snapshot()
+    name = f"NVML_ERROR_{CODES[code]}"
+    if symbol == "nvmlDeviceGetCount_v2":
+        assert not snapshot.ok and snapshot.gpus == ()
+        assert name in (snapshot.error or "") and "nvidia-smi" in (snapshot.error or "")
+    else:
+        assert snapshot.ok and snapshot.gpu(0).placeable
+        assert any(n.startswith(f"{symbol} failed: {name}") for n in snapshot.notes)
+
+
+def test_a_failing_shutdown_does_not_raise(fake_nvml: FakeNvml) -> None:
+    fake_nvml.set(gpus=[h100(0)], failures=[FakeFailure(UNKNOWN, symbol="nvmlShutdown")])
+    inventory = NvmlInventory()
+    assert inventory.snapshot().ok
+    inventory.close()
+    fake_nvml.set(gpus=[h100(0)])
+    assert fake_nvml.library.nvmlShutdown() == 0  # undo the init the failed shutdown left

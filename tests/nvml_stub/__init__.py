@@ -10,6 +10,8 @@ subprocess gets it through ``LD_LIBRARY_PATH`` (``subprocess_env``).
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ from gatekeeper.gpu_table import lookup_gpu
 __all__ = [
     "H100_RESERVED_BYTES",
     "H100_TOTAL_BYTES",
+    "PYNVML_HAS_PROCESSES_V2",
     "SONAME",
     "STATE_ENV",
     "FakeFailure",
@@ -43,6 +46,12 @@ H100_TOTAL_BYTES = 81559 * 1024 * 1024
 """nvidia-smi's total for an H100 80GB HBM3 (81559 MiB)."""
 H100_RESERVED_BYTES = H100_TOTAL_BYTES - lookup_gpu("H100-80GB").total_bytes
 """Driver-reserved bytes that leave the GPU table's 79.19 GiB visible to CUDA."""
+
+PYNVML_HAS_PROCESSES_V2 = importlib.util.find_spec("pynvml") is not None and hasattr(
+    importlib.import_module("pynvml"), "nvmlDeviceGetComputeRunningProcesses_v2"
+)
+"""nvidia-ml-py 13 binds ``nvmlDeviceGetComputeRunningProcesses_v2``; 12.x binds only
+``_v3``, so with it an older driver's process list cannot be read."""
 
 # NVML return codes used by the tests.
 NOT_SUPPORTED = 3

@@ -2,9 +2,9 @@
  * A stand-in for the NVIDIA driver's libnvidia-ml.so.1, for tests without a GPU.
  *
  * It implements the NVML entry points gatekeeper's inventory calls through pynvml
- * (nvidia-ml-py 13.615.71; layouts checked against its pynvml.py) and serves GPUs,
- * processes and injected errors from a state file named by $FAKE_NVML_STATE, which it
- * re-reads on every call, so a test can change the node between two calls.
+ * (nvidia-ml-py 13.615.71 and 12.535.161, whose pynvml.py layouts agree; checked) and
+ * serves GPUs, processes and injected errors from a state file named by $FAKE_NVML_STATE,
+ * which it re-reads on every call, so a test can change the node between two calls.
  *
  * Build: gcc -O2 -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
  * -DOMIT_MEMORY_V2 and -DOMIT_PROCESSES_V3 leave those symbols out (an older driver).
