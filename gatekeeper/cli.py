@@ -9,6 +9,7 @@ exit code 2 and one line that says what to do; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import load_settings
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 70
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +52,11 @@ def _add_optional_commands(subparsers: argparse._SubParsersAction[_Parser]) -> N
     """Commands added by later modules register here."""
     import importlib
 
-    for name in ("gatekeeper.commands_gpus", "gatekeeper.commands_check"):
+    for name in (
+        "gatekeeper.commands_gpus",
+        "gatekeeper.commands_check",
+        "gatekeeper.commands_serve",
+    ):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -71,6 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a bug: one line for the user, the traceback on request
+        if os.environ.get("GATEKEEPER_DEBUG"):
+            raise
+        print(
+            f"gatekeeper: internal error: {type(e).__name__}: {e} "
+            "(rerun with GATEKEEPER_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
     return code
 
 
