@@ -40,7 +40,9 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("cuda_graph", re.compile(rf"Graph capturing finished in [\d.]+ secs?, took {_NUM} GiB")),
     ("activation_peak", re.compile(rf"torch peak memory increase: {_NUM} ?GiB")),
     ("non_torch", re.compile(rf"non-torch forward increase memory: {_NUM} ?GiB")),
-    ("activation_peak", re.compile(rf"{_NUM} GiB for peak activation")),
+    ("activation_with_graphs", re.compile(rf"consumed memory .*?{_NUM} GiB for peak activation")),
+    ("activation_peak", re.compile(rf"GiB for weight, {_NUM} GiB for peak activation")),
+    ("cuda_graph_estimate", re.compile(rf"Estimated CUDA graph memory: {_NUM} GiB total")),
     ("non_torch", re.compile(rf"{_NUM} GiB for non-torch memory")),
 )
 _TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -94,10 +96,17 @@ class MemoryFigures:
     non_torch: int | None = None
     cuda_graph: int | None = None
     kv_cache_tokens: int | None = None
+    activation_with_graphs: int | None = None
+    """v0.33's summary: "peak activation" there includes the CUDA-graph estimate."""
+    cuda_graph_estimate: int | None = None
 
     def components(self) -> dict[str, int]:
         names = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
-        return {n: v for n in names if (v := getattr(self, n)) is not None}
+        out = {n: v for n in names if (v := getattr(self, n)) is not None}
+        if "activation_peak" not in out and self.activation_with_graphs is not None:
+            graphs = self.cuda_graph_estimate or 0
+            out["activation_peak"] = max(0, self.activation_with_graphs - graphs)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
