@@ -219,6 +219,7 @@ def spec_from_config(
     source: str = "",
     checkpoint: CheckpointWeights | None = None,
     declared_parameters: int | None = None,
+    reference: str = "",
 ) -> ModelSpec:
     """Build a ``ModelSpec`` from a parsed ``config.json``."""
     if not isinstance(config, Mapping):
@@ -298,6 +299,7 @@ def spec_from_config(
         checkpoint=checkpoint,
         declared_parameters=declared_parameters,
         source=source,
+        reference=reference,
     )
 
 

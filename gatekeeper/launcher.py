@@ -1,7 +1,7 @@
 """Start, watch and stop vLLM worker processes.
 
-A worker is started from an argument list (never a shell string) in its own process
-group (``start_new_session``), with ``CUDA_VISIBLE_DEVICES`` set to its GPUs, a port from
+A worker is started from an argument list (never a shell string) in its own session
+and process group (``posix_spawn`` with ``setsid``), with ``CUDA_VISIBLE_DEVICES`` set to its GPUs, a port from
 the configured range, its own temporary and cache directories, and stdout and stderr
 written straight to a log file in the state directory. Writing to a file rather than a
 pipe lets a worker outlive a sidecar restart; the log is rotated at each launch (the
@@ -12,8 +12,8 @@ Readiness follows vLLM: connections are refused while the engine loads, then
 and vLLM's own memory error (free-memory check, max_model_len check, out of memory)
 with the last log lines, or "did not become ready in T s".
 
-Exit is detected at once: an own child through its asyncio process, an adopted worker
-(after a sidecar restart) through a pidfd. Stopping sends SIGTERM to the process group,
+Exit is detected at once through a pidfd, for an own child (reaped, with its exit
+code) as for a worker adopted after a sidecar restart. Stopping sends SIGTERM to the process group,
 then SIGKILL after a grace period.
 """
 
@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ __all__ = [
     "WorkerStartError",
     "process_group_alive",
     "rotate_logs",
+    "scratch_dir",
+    "spawn",
     "worker_argv",
     "worker_environment",
 ]
@@ -73,11 +77,11 @@ def worker_argv(spec: LaunchSpec) -> list[str]:
 
 
 def worker_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
-    env = dict(base)
-    tmp = spec.work_dir / "tmp"
+    # The worker is another program with its own environment: drop the sidecar's.
+    env = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(
         {
-            "TMPDIR": str(tmp),
+            "TMPDIR": str(scratch_dir(spec.worker_id)),
             "VLLM_CACHE_ROOT": str(spec.work_dir / "cache"),
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_HOST_IP": spec.host if spec.host not in ("0.0.0.0", "::") else "127.0.0.1",
@@ -102,55 +106,42 @@ def rotate_logs(path: Path, generations: int = LOG_GENERATIONS) -> None:
 class WorkerProcess:
     """A running worker: its pid, its log, and an event set when it exits."""
 
-    def __init__(
-        self, spec: LaunchSpec, pid: int, *, process: asyncio.subprocess.Process | None
-    ) -> None:
+    def __init__(self, spec: LaunchSpec, pid: int, *, child: bool) -> None:
         self.spec = spec
         self.pid = pid
+        self.child = child
+        """True for a worker this process spawned (its exit code can be read)."""
         self.started_at = time.time()
         self.returncode: int | None = None
         self.exited = asyncio.Event()
-        self._process = process
         self._log_offset = 0
         self._startup = StartupLog()
         self._watch = asyncio.get_running_loop().create_task(self._watch_exit())
 
     @classmethod
     async def start(cls, spec: LaunchSpec, base_env: Mapping[str, str]) -> WorkerProcess:
-        for sub in ("tmp", "cache"):
-            (spec.work_dir / sub).mkdir(parents=True, exist_ok=True)
+        (spec.work_dir / "cache").mkdir(parents=True, exist_ok=True)
+        scratch_dir(spec.worker_id).mkdir(parents=True, exist_ok=True)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_logs(spec.log_path)
-        with spec.log_path.open("ab") as log:
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *worker_argv(spec),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=worker_environment(spec, base_env),
-                    cwd=str(spec.work_dir),
-                    start_new_session=True,
-                )
-            except OSError as e:
-                raise WorkerStartError(
-                    f"worker {spec.worker_id}: cannot run {spec.command[0]!r} ({e.strerror}); "
-                    "install vLLM or set GATEKEEPER_WORKER_COMMAND",
-                    field="worker_command",
-                    value=" ".join(spec.command),
-                ) from e
-        return cls(spec, process.pid, process=process)
+        try:
+            pid = spawn(worker_argv(spec), worker_environment(spec, base_env), spec.log_path)
+        except OSError as e:
+            raise WorkerStartError(
+                f"worker {spec.worker_id}: cannot run {spec.command[0]!r} ({e.strerror}); "
+                "install vLLM or set GATEKEEPER_WORKER_COMMAND",
+                field="worker_command",
+                value=" ".join(spec.command),
+            ) from e
+        return cls(spec, pid, child=True)
 
     @classmethod
     def adopt(cls, spec: LaunchSpec, pid: int) -> WorkerProcess:
         """Watch a worker an earlier sidecar started (it is not our child)."""
-        return cls(spec, pid, process=None)
+        return cls(spec, pid, child=False)
 
     async def _watch_exit(self) -> None:
-        if self._process is not None:
-            self.returncode = await self._process.wait()
-        else:
-            await _wait_pid(self.pid)
+        self.returncode = await _wait_pid(self.pid, reap=self.child)
         self.exited.set()
 
     @property
@@ -223,6 +214,7 @@ class WorkerProcess:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.exited.wait(), grace_seconds)
         await asyncio.gather(self._watch, return_exceptions=True)
+        shutil.rmtree(scratch_dir(self.spec.worker_id), ignore_errors=True)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -230,12 +222,40 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-async def _wait_pid(pid: int) -> None:
-    """Return when ``pid`` exits (a pidfd, so it needs no polling)."""
+def scratch_dir(worker_id: str) -> Path:
+    """The worker's TMPDIR: short (vLLM puts IPC sockets there, and a socket path is
+    limited to 107 bytes), derived from the worker id so an adopting sidecar finds it,
+    and removed when the worker stops."""
+    tag = "".join(c for c in worker_id if c.isalnum())[-12:]
+    return Path(tempfile.gettempdir()) / f"gk-{tag}"
+
+
+def spawn(argv: list[str], env: Mapping[str, str], log_path: Path) -> int:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
+
+    ``posix_spawn`` rather than ``subprocess``: the worker must be able to outlive this
+    process (adoption), and no Python object should own it.
+    """
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log, 1),
+            (os.POSIX_SPAWN_DUP2, log, 2),
+            (os.POSIX_SPAWN_CLOSE, log),
+        ]
+        return os.posix_spawnp(argv[0], argv, dict(env), file_actions=actions, setsid=True)
+    finally:
+        os.close(log)
+
+
+async def _wait_pid(pid: int, *, reap: bool) -> int | None:
+    """Return when ``pid`` exits (a pidfd, so no polling), with its exit code when it is
+    our child (negative: killed by that signal)."""
     try:
         fd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return
+    except OSError:
+        return None
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
@@ -246,17 +266,33 @@ async def _wait_pid(pid: int) -> None:
     loop.add_reader(fd, readable)
     try:
         await done
+        if not reap:
+            return None
+        try:
+            info = os.waitid(os.P_PIDFD, fd, os.WEXITED)
+        except ChildProcessError:
+            return None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
     finally:
         loop.remove_reader(fd)
         os.close(fd)
 
 
-def process_group_alive(pid: int) -> bool:
-    """True while any process of the group ``pid`` leads is alive."""
+def process_group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
+    """True while a live (not zombie) process belongs to process group ``pgid``."""
     try:
-        os.killpg(pid, 0)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False

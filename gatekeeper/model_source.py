@@ -38,6 +38,7 @@ def load_model_dir(directory: Path) -> ModelSpec:
         name=directory.name,
         source=f"local directory {directory}",
         checkpoint=read_checkpoint(directory),
+        reference=str(directory.resolve()),
     )
 
 

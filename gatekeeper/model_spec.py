@@ -145,6 +145,9 @@ class ModelSpec:
     checkpoint: CheckpointWeights | None = None
     declared_parameters: int | None = None
     source: str = ""
+    reference: str = ""
+    """What ``vllm serve`` is given for this model: a checkpoint directory's absolute path,
+    or the repo id (``name``) when empty."""
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -154,6 +157,10 @@ class ModelSpec:
     @property
     def value_head_dim(self) -> int:
         return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def serve_reference(self) -> str:
+        return self.reference or self.name
 
     @property
     def vision_parameters(self) -> int:

@@ -357,7 +357,7 @@ def _placement(
         gpu_uuids=tuple(g.uuid for g in chosen),
         promise_bytes=promise,
         flags=flags,
-        args=launch_args(request.model.name, flags, request.options),
+        args=launch_args(request.model.serve_reference, flags, request.options),
         estimate=e,
         kv_cache_bytes=kv,
     )

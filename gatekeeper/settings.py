@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,11 +21,28 @@ from pydantic_settings import (
 
 from gatekeeper.errors import GatekeeperError
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["ModelEntry", "Settings", "SettingsError", "load_settings"]
 
 
 class SettingsError(GatekeeperError):
     """The settings could not be read: which field, from which source, and why."""
+
+
+class ModelEntry(BaseModel):
+    """A model the sidecar may serve, with its serving options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    """The name clients send in the ``model`` field (``--served-model-name``)."""
+    model: str = Field(min_length=1)
+    """Catalog name, local checkpoint directory or hub repo id."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """``vllm serve`` options under ``ServeOptions``' names (max_model_len, kv_cache_dtype …)."""
+    min_sequences: int = Field(default=1, gt=0)
+    min_kv_tokens: int | None = Field(default=None, gt=0)
+    preload: bool = False
+    """Deploy when the sidecar starts instead of on the first request."""
 
 
 class Settings(BaseSettings):
@@ -67,6 +84,68 @@ class Settings(BaseSettings):
 
     allowed_gpus: list[str] | None = None
     """GPU indices or UUIDs gatekeeper may place on; unset = every healthy GPU."""
+
+    host: str = "127.0.0.1"
+    """Address the sidecar listens on (loopback unless told otherwise)."""
+
+    port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the OpenAI-compatible proxy, the admin API and /metrics."""
+
+    admin_token: str | None = None
+    """Bearer token of the admin API; without one the admin API is off."""
+
+    models: list[ModelEntry] = Field(default_factory=list)
+    """Models the sidecar may serve, with their options."""
+
+    allowed_models: list[str] = Field(default_factory=list)
+    """Further model references (fnmatch patterns, e.g. ``meta-llama/*``) that may be
+    deployed with default options; a worker is never launched for anything else."""
+
+    worker_command: list[str] = Field(default_factory=lambda: ["vllm", "serve"])
+    """The worker program and its first arguments; the model and flags follow."""
+
+    worker_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for workers (HF_HOME, HF_TOKEN, VLLM_* …)."""
+
+    worker_host: str = "127.0.0.1"
+    """Address workers listen on."""
+
+    worker_port_min: int = Field(default=18000, gt=0, le=65535)
+    worker_port_max: int = Field(default=18999, gt=0, le=65535)
+    """Range of ports for workers."""
+
+    startup_timeout_seconds: float = Field(default=900.0, gt=0)
+    """How long a worker may take to answer /health 200."""
+
+    stop_grace_seconds: float = Field(default=30.0, ge=0)
+    """Time between SIGTERM and SIGKILL when stopping a worker."""
+
+    drain_seconds: float = Field(default=30.0, ge=0)
+    """How long an undeploy waits for in-flight requests to finish."""
+
+    restart_policy: Literal["never", "on-failure"] = "on-failure"
+    """Restart a worker that exits unexpectedly."""
+
+    restart_limit: int = Field(default=3, ge=0)
+    """Restarts allowed per deployment before it stays failed."""
+
+    restart_backoff_seconds: float = Field(default=5.0, ge=0)
+    """Wait before the first restart; doubled at each further one."""
+
+    on_demand: bool = True
+    """Launch an allowed model when a request names it and no worker serves it."""
+
+    request_wait_seconds: float = Field(default=60.0, ge=0)
+    """How long a request waits for an on-demand or loading worker before 503."""
+
+    idle_eviction: bool = False
+    """Stop the least recently used idle workers when a new model needs their room."""
+
+    idle_seconds: float = Field(default=300.0, ge=0)
+    """A worker counts as idle after this long without requests."""
+
+    stop_workers_on_exit: bool = False
+    """Stop workers when the sidecar exits; off: they run on and are adopted next start."""
 
     config_file: Path | None = None
     """Optional TOML file with the same keys (read before environment variables are applied)."""

@@ -203,3 +203,20 @@ def test_bad_request_with_fixed_tp_is_an_error():
             PlacementRequest(LLAMA8, ServeOptions(tensor_parallel_size=3), auto_parallel=False),
             node("4xH100-80GB"),
         )
+
+
+def test_a_local_checkpoint_is_launched_by_its_path(tmp_path):
+    import json
+
+    from gatekeeper.model_source import load_model_dir
+
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
+    }  # fmt: skip
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(config))
+    spec = load_model_dir(tmp_path / "tiny")
+    d = decide(PlacementRequest(spec, ServeOptions(max_model_len=256)), node("1xL4"))
+    assert d.placement is not None and d.placement.args[0] == str((tmp_path / "tiny").resolve())

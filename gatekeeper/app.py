@@ -1,0 +1,147 @@
+"""The sidecar: ``build_app(settings, inventory, ledger, …) -> Starlette``.
+
+Dependencies come in as arguments (the GPU inventory, the ledger, the base environment
+of workers, how a model reference becomes a ``ModelSpec``); nothing reads globals. The
+app serves the OpenAI-compatible proxy (``/v1/…``), the admin API (``/admin/…``),
+``/healthz`` and ``/openapi.json``. On start it adopts the workers an earlier sidecar
+left running and launches the models marked ``preload``; on stop it leaves workers
+running to be adopted (or stops them, by setting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gatekeeper import __version__
+from gatekeeper.admin_api import AdminApi
+from gatekeeper.commands_check import policy_from_settings
+from gatekeeper.deployments import DeploymentManager, ManagerConfig
+from gatekeeper.gpus import GpuInventory
+from gatekeeper.ledger import Ledger
+from gatekeeper.model_registry import ModelRegistry
+from gatekeeper.model_source import resolve_model
+from gatekeeper.model_spec import ModelSpec
+from gatekeeper.openapi import openapi_schema
+from gatekeeper.proxy import Proxy, upstream_client
+from gatekeeper.rehearsal import RehearsalInventory
+from gatekeeper.routing import ModelRouter, RouterConfig
+from gatekeeper.settings import ModelEntry, Settings
+
+__all__ = ["build_app", "manager_config"]
+
+
+def manager_config(settings: Settings) -> ManagerConfig:
+    return ManagerConfig(
+        state_dir=settings.state_dir.expanduser(),
+        worker_command=tuple(settings.worker_command),
+        worker_env=dict(settings.worker_env),
+        worker_host=settings.worker_host,
+        port_min=settings.worker_port_min,
+        port_max=settings.worker_port_max,
+        startup_timeout_seconds=settings.startup_timeout_seconds,
+        stop_grace_seconds=settings.stop_grace_seconds,
+        drain_seconds=settings.drain_seconds,
+        restart_policy=settings.restart_policy,
+        restart_limit=settings.restart_limit,
+        restart_backoff_seconds=settings.restart_backoff_seconds,
+        policy=policy_from_settings(settings),
+    )
+
+
+def build_app(
+    settings: Settings,
+    inventory: GpuInventory,
+    ledger: Ledger,
+    *,
+    rehearsal: bool = False,
+    base_env: Mapping[str, str] | None = None,
+    resolve_spec: Callable[[str], ModelSpec] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> Starlette:
+    """The sidecar's ASGI app, wired from its dependencies."""
+    client = client or httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
+    """For the sidecar's own calls (worker health); the proxy has its own pool."""
+    upstream = upstream_client()
+    resolve = resolve_spec or partial(
+        resolve_model,
+        allow_network=settings.allow_network,
+        hf_endpoint=settings.hf_endpoint,
+        timeout_seconds=settings.hub_timeout_seconds,
+    )
+    holder: dict[str, DeploymentManager] = {}
+    if rehearsal:
+        inventory = RehearsalInventory(inventory, lambda: _held(holder["manager"]))
+    manager = DeploymentManager(
+        manager_config(settings),
+        inventory,
+        ledger,
+        client,
+        base_env=dict(base_env) if base_env is not None else None,
+    )
+    holder["manager"] = manager
+    registry = ModelRegistry.create(settings.models, settings.allowed_models, resolve)
+    router = ModelRouter(
+        manager,
+        registry,
+        RouterConfig(
+            on_demand=settings.on_demand,
+            request_wait_seconds=settings.request_wait_seconds,
+            idle_eviction=settings.idle_eviction,
+            idle_seconds=settings.idle_seconds,
+        ),
+    )
+    proxy = Proxy(router, upstream)
+    manager.in_flight = proxy.outstanding
+    admin = AdminApi(manager, registry, settings.admin_token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await manager.adopt(lambda model: registry.request(ModelEntry(name=model, model=model)))
+        for entry in settings.models:
+            if entry.preload and not manager.by_name(entry.name):
+                await manager.deploy(entry.name, registry.request(entry))
+        try:
+            yield
+        finally:
+            await manager.close(stop_workers=settings.stop_workers_on_exit)
+            await client.aclose()
+            await upstream.aclose()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__, "rehearsal": rehearsal})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_schema(__version__))
+
+    routes = [
+        *proxy.routes(),
+        *admin.routes(),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.manager = manager
+    app.state.router = router
+    app.state.proxy = proxy
+    return app
+
+
+def _held(manager: DeploymentManager) -> dict[str, int]:
+    """Bytes each GPU gives to ready workers, from their admission decisions."""
+    held: dict[str, int] = {}
+    for d in manager.deployments.values():
+        if d.state != "ready":
+            continue
+        placement: dict[str, Any] = d.decision_json.get("placement") or {}
+        for uuid, promise in zip(d.gpu_uuids, placement.get("promise_bytes") or [], strict=False):
+            held[uuid] = held.get(uuid, 0) + int(promise)
+    return held

@@ -1,0 +1,525 @@
+"""Deployments: admit, launch, supervise, stop and adopt vLLM workers.
+
+One ``DeploymentManager`` per sidecar, on its event loop. A deployment goes
+``admitted -> launching -> loading -> ready``, or ends ``failed`` or ``stopped``:
+
+- **deploy**: an admission (placement + reservation in one ledger transaction), then a
+  worker launched with the decision's arguments on the chosen GPUs; readiness is awaited
+  in the background. When ready, the reservation is marked ready (NVML's figure takes
+  over) and vLLM's own memory figures are read from the log.
+- **supervise**: the worker's exit is seen at once; the reservation is released and the
+  worker restarted per the restart policy, with a fresh admission.
+- **stop**: drain in-flight requests (bounded), SIGTERM the process group, SIGKILL after
+  the grace period, release the reservation.
+- **adopt**: each deployment is recorded in ``state_dir/deployments/ID.json``; a new
+  sidecar adopts the workers whose reservations are live, whose process group is alive
+  and whose ``/health`` answers, and releases the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from gatekeeper.admission import admit
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus import GpuInventory, InventorySnapshot
+from gatekeeper.launcher import LaunchSpec, WorkerProcess, WorkerStartError, process_group_alive
+from gatekeeper.ledger import Ledger
+from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.vllm_log import MemoryFigures
+
+__all__ = [
+    "Deployment",
+    "DeploymentError",
+    "DeploymentManager",
+    "DeploymentRecord",
+    "ManagerConfig",
+    "State",
+    "free_port",
+    "resolve_request",
+]
+
+State = Literal["admitted", "launching", "loading", "ready", "failed", "stopping", "stopped"]
+
+
+class DeploymentError(GatekeeperError):
+    """A deployment request cannot be carried out (conflict, unknown id, not allowed)."""
+
+    def __init__(
+        self, message: str, *, status: int, field: str | None = None, value: object = None
+    ) -> None:
+        super().__init__(message, field=field, value=value)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRecord:
+    """What survives a sidecar restart (``state_dir/deployments/ID.json``)."""
+
+    id: str
+    name: str
+    model: str
+    args: list[str]
+    host: str
+    port: int
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+    pid: int | None
+    log_path: str
+    work_dir: str
+    created_at: float
+
+
+@dataclass(slots=True)
+class Deployment:
+    """A deployment's live state (mutated only on the manager's event loop)."""
+
+    id: str
+    name: str
+    request: PlacementRequest
+    decision_json: dict[str, Any]
+    """The admission decision as recorded (with the prediction)."""
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    args: tuple[str, ...]
+    state: State = "admitted"
+    worker: WorkerProcess | None = None
+    port: int = 0
+    error: str | None = None
+    restarts: int = 0
+    created_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    last_used: float = field(default_factory=time.time)
+    actual: MemoryFigures = field(default_factory=MemoryFigures)
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)
+    supervisor: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+    @property
+    def model(self) -> str:
+        return self.request.model.name
+
+    @property
+    def predicted(self) -> dict[str, Any]:
+        placement = self.decision_json.get("placement") or {}
+        return dict(placement.get("predicted") or {})
+
+    def use_decision(self, decision: Decision) -> None:
+        p = decision.placement
+        assert p is not None
+        self.decision_json = decision.to_json()
+        self.gpu_indices, self.gpu_uuids, self.args = p.gpu_indices, p.gpu_uuids, p.args
+
+    def summary(self, in_flight: int = 0) -> dict[str, Any]:
+        w = self.worker
+        return {
+            "id": self.id,
+            "name": self.name,
+            "model": self.model,
+            "state": self.state,
+            "phase": w.startup().phase if w is not None and self.state == "loading" else None,
+            "error": self.error,
+            "gpus": list(self.gpu_indices),
+            "port": self.port,
+            "pid": w.pid if w is not None else None,
+            "restarts": self.restarts,
+            "uptime_seconds": round(time.time() - self.ready_at, 1) if self.ready_at else None,
+            "in_flight": in_flight,
+            "last_used": self.last_used,
+            "vllm_args": list(self.args),
+            "predicted": self.predicted,
+            "actual": self.actual.components()
+            | (
+                {"kv_cache_tokens": self.actual.kv_cache_tokens}
+                if self.actual.kv_cache_tokens
+                else {}
+            ),
+            "log_path": str(w.spec.log_path) if w is not None else None,
+        }
+
+
+def free_port(host: str, low: int, high: int, taken: set[int]) -> int:
+    """The first port in [low, high] not used by a deployment and free to bind."""
+    for port in range(low, high + 1):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise DeploymentError(
+        f"worker ports: none free in {low}-{high}; widen GATEKEEPER_WORKER_PORT_MIN/MAX",
+        status=503,
+        field="worker_port_min",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """The plain values the manager needs from the settings."""
+
+    state_dir: Path
+    worker_command: tuple[str, ...]
+    worker_env: dict[str, str]
+    worker_host: str
+    port_min: int
+    port_max: int
+    startup_timeout_seconds: float
+    stop_grace_seconds: float
+    drain_seconds: float
+    restart_policy: Literal["never", "on-failure"]
+    restart_limit: int
+    restart_backoff_seconds: float
+    policy: PlacementPolicy
+
+
+class DeploymentManager:
+    """Owns every deployment of this sidecar."""
+
+    def __init__(
+        self,
+        config: ManagerConfig,
+        inventory: GpuInventory,
+        ledger: Ledger,
+        client: httpx.AsyncClient,
+        *,
+        base_env: dict[str, str] | None = None,
+        on_change: Callable[[Deployment], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.ledger = ledger
+        self.client = client
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.deployments: dict[str, Deployment] = {}
+        self.on_change = on_change or (lambda d: None)
+        self.in_flight: Callable[[str], int] = lambda deployment_id: 0
+        """Requests the proxy has in flight to a deployment (set by the app)."""
+        self.records_dir = config.state_dir / "deployments"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = asyncio.Lock()
+
+    # -- queries ------------------------------------------------------------------------
+
+    def by_name(self, name: str) -> list[Deployment]:
+        return [
+            d for d in self.deployments.values() if d.name == name and d.state not in ("stopped",)
+        ]
+
+    def get(self, deployment_id: str) -> Deployment:
+        d = self.deployments.get(deployment_id)
+        if d is None:
+            raise DeploymentError(
+                f"deployment {deployment_id!r} does not exist; list them with GET /admin/deployments",
+                status=404,
+                field="id",
+                value=deployment_id,
+            )
+        return d
+
+    async def snapshot(self) -> InventorySnapshot:
+        return await asyncio.to_thread(self.inventory.snapshot)
+
+    # -- deploy -------------------------------------------------------------------------
+
+    async def deploy(
+        self, name: str, request: PlacementRequest
+    ) -> tuple[Decision, Deployment | None]:
+        """Admit and launch; returns the decision and, when admitted, the deployment."""
+        async with self._lock:
+            live = [d for d in self.by_name(name) if d.state != "failed"]
+            if live:
+                raise DeploymentError(
+                    f"model name {name!r} is already deployed as {live[0].id} ({live[0].state}); "
+                    "undeploy it first or choose another name",
+                    status=409,
+                    field="name",
+                    value=name,
+                )
+            deployment_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
+            decision = await self._admit(deployment_id, request)
+            if not decision.admitted:
+                return decision, None
+            p = decision.placement
+            assert p is not None
+            d = Deployment(
+                id=deployment_id,
+                name=name,
+                request=request,
+                decision_json=decision.to_json(),
+                gpu_indices=p.gpu_indices,
+                gpu_uuids=p.gpu_uuids,
+                args=p.args,
+            )
+            self.deployments[d.id] = d
+        d.supervisor = asyncio.get_running_loop().create_task(self._run(d))
+        return decision, d
+
+    async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+        snapshot = await self.snapshot()
+        return await asyncio.to_thread(
+            admit,
+            self.ledger,
+            request,
+            snapshot,
+            deployment_id=deployment_id,
+            policy=self.config.policy,
+            ttl_seconds=self.config.startup_timeout_seconds + 60,
+        )
+
+    async def _run(self, d: Deployment) -> None:
+        """Launch, wait for readiness, watch the worker, restart per policy."""
+        while True:
+            ok = await self._launch_once(d)
+            if ok:
+                assert d.worker is not None
+                await d.worker.exited.wait()
+                if d.stopping:
+                    return
+                d.error = f"worker exited with code {d.worker.returncode} while serving"
+            await self._fail(d)
+            if not await self._should_restart(d):
+                return
+
+    async def _launch_once(self, d: Deployment) -> bool:
+        taken = {x.port for x in self.deployments.values() if x.state not in ("stopped", "failed")}
+        try:
+            d.port = free_port(
+                self.config.worker_host, self.config.port_min, self.config.port_max, taken
+            )
+            spec = self._spec(d)
+            self._set(d, "launching")
+            d.worker = await WorkerProcess.start(spec, self.base_env)
+            await asyncio.to_thread(self.ledger.set_pid, d.id, d.worker.pid)
+            self._write_record(d)
+            self._set(d, "loading")
+            log = await d.worker.wait_ready(self.client, self.config.startup_timeout_seconds)
+        except (WorkerStartError, DeploymentError, GatekeeperError) as e:
+            d.error = str(e)
+            return False
+        d.actual = log.memory
+        await asyncio.to_thread(self.ledger.mark_ready, d.id)
+        d.ready_at = time.time()
+        d.error = None
+        self._set(d, "ready")
+        d.ready_event.set()
+        return True
+
+    def _spec(self, d: Deployment) -> LaunchSpec:
+        args = (*d.args, "--served-model-name", d.name)
+        return LaunchSpec(
+            worker_id=d.id,
+            command=self.config.worker_command,
+            args=args,
+            host=self.config.worker_host,
+            port=d.port,
+            gpu_indices=d.gpu_indices,
+            log_path=self.config.state_dir / "logs" / f"{d.id}.log",
+            work_dir=self.config.state_dir / "work" / d.id,
+            env=self.config.worker_env,
+        )
+
+    async def _fail(self, d: Deployment) -> None:
+        if d.worker is not None:
+            await d.worker.stop(self.config.stop_grace_seconds)
+        await asyncio.to_thread(self.ledger.release, d.id)
+        d.ready_event.clear()
+        self._set(d, "failed")
+
+    async def _should_restart(self, d: Deployment) -> bool:
+        c = self.config
+        if d.stopping or c.restart_policy == "never" or d.restarts >= c.restart_limit:
+            return False
+        await asyncio.sleep(c.restart_backoff_seconds * (2**d.restarts))
+        if d.stopping:
+            return False
+        d.restarts += 1
+        decision = await self._admit(d.id, d.request)
+        if not decision.admitted:
+            d.error = "restart not admitted: " + "; ".join(decision.reasons[:2])
+            return False
+        d.use_decision(decision)
+        return True
+
+    # -- stop ---------------------------------------------------------------------------
+
+    async def undeploy(self, deployment_id: str) -> Deployment:
+        """Drain (bounded), stop the worker, release the reservation."""
+        d = self.get(deployment_id)
+        if d.stopping or d.state == "stopped":
+            return d
+        d.stopping = True
+        self._set(d, "stopping")
+        deadline = time.monotonic() + self.config.drain_seconds
+        while self.in_flight(d.id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if d.worker is not None:
+            await d.worker.stop(self.config.stop_grace_seconds)
+        if d.supervisor is not None:
+            d.supervisor.cancel()
+            await asyncio.gather(d.supervisor, return_exceptions=True)
+        await asyncio.to_thread(self.ledger.release, d.id)
+        d.ready_event.clear()
+        self._set(d, "stopped")
+        with contextlib.suppress(FileNotFoundError):
+            (self.records_dir / f"{d.id}.json").unlink()
+        return d
+
+    async def close(self, *, stop_workers: bool) -> None:
+        """Sidecar shutdown: stop the workers, or leave them running to be adopted."""
+        for d in list(self.deployments.values()):
+            if stop_workers:
+                await self.undeploy(d.id)
+            elif d.supervisor is not None:
+                d.supervisor.cancel()
+                await asyncio.gather(d.supervisor, return_exceptions=True)
+
+    # -- records and adoption -----------------------------------------------------------
+
+    def _write_record(self, d: Deployment) -> None:
+        assert d.worker is not None
+        spec = d.worker.spec
+        record = DeploymentRecord(
+            id=d.id,
+            name=d.name,
+            model=d.model,
+            args=list(spec.args),
+            host=spec.host,
+            port=spec.port,
+            gpu_indices=list(d.gpu_indices),
+            gpu_uuids=list(d.gpu_uuids),
+            pid=d.worker.pid,
+            log_path=str(spec.log_path),
+            work_dir=str(spec.work_dir),
+            created_at=d.created_at,
+        )
+        path = self.records_dir / f"{d.id}.json"
+        tmp = path.with_suffix(".tmp")
+        request = {
+            "options": asdict(d.request.options),
+            "min_sequences": d.request.min_sequences,
+            "min_kv_tokens": d.request.min_kv_tokens,
+            "auto_parallel": d.request.auto_parallel,
+        }
+        payload = {"record": asdict(record), "request": request, "decision": d.decision_json}
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
+    async def adopt(self, resolve: Callable[[str], PlacementRequest]) -> list[str]:
+        """Adopt the workers an earlier sidecar left running; release the rest.
+
+        A worker is adopted when its reservation is still live in the ledger, its
+        process group is alive and its ``/health`` answers 200. ``resolve`` rebuilds a
+        deployment's request from its recorded model and options.
+        """
+        live = {r.deployment_id for r in await asyncio.to_thread(self.ledger.live)}
+        adopted = []
+        for path in sorted(self.records_dir.glob("*.json")):
+            d = await self._adopt_one(path, live, resolve)
+            if d is not None:
+                adopted.append(d.id)
+        return adopted
+
+    async def _adopt_one(
+        self, path: Path, live: set[str], resolve: Callable[[str], PlacementRequest]
+    ) -> Deployment | None:
+        try:
+            data = json.loads(path.read_text())
+            record = DeploymentRecord(**data["record"])
+            request = resolve_request(resolve(record.model), data["request"])
+        except (OSError, ValueError, KeyError, TypeError, GatekeeperError):
+            path.unlink(missing_ok=True)
+            return None
+        spec = LaunchSpec(
+            worker_id=record.id,
+            command=self.config.worker_command,
+            args=tuple(record.args),
+            host=record.host,
+            port=record.port,
+            gpu_indices=tuple(record.gpu_indices),
+            log_path=Path(record.log_path),
+            work_dir=Path(record.work_dir),
+            env=self.config.worker_env,
+        )
+        healthy = record.pid is not None and process_group_alive(record.pid)
+        if healthy:
+            healthy = await self._health(record.host, record.port)
+        if record.id not in live or not healthy or record.pid is None:
+            if record.pid is not None and process_group_alive(record.pid):
+                stale = WorkerProcess.adopt(spec, record.pid)
+                await stale.stop(self.config.stop_grace_seconds)
+            await asyncio.to_thread(self.ledger.release, record.id)
+            path.unlink(missing_ok=True)
+            return None
+        d = Deployment(
+            id=record.id,
+            name=record.name,
+            request=request,
+            decision_json=data.get("decision") or {},
+            gpu_indices=tuple(record.gpu_indices),
+            gpu_uuids=tuple(record.gpu_uuids),
+            args=tuple(a for a in record.args),
+            port=record.port,
+            created_at=record.created_at,
+            ready_at=time.time(),
+        )
+        d.worker = WorkerProcess.adopt(spec, record.pid)
+        d.actual = d.worker.startup().memory
+        self.deployments[d.id] = d
+        self._set(d, "ready")
+        d.ready_event.set()
+        d.supervisor = asyncio.get_running_loop().create_task(self._watch_adopted(d))
+        return d
+
+    async def _watch_adopted(self, d: Deployment) -> None:
+        assert d.worker is not None
+        await d.worker.exited.wait()
+        if d.stopping:
+            return
+        d.error = "adopted worker exited"
+        await self._fail(d)
+        if await self._should_restart(d):
+            await self._run(d)
+
+    async def _health(self, host: str, port: int) -> bool:
+        try:
+            response = await self.client.get(f"http://{host}:{port}/health", timeout=5.0)
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    def _set(self, d: Deployment, state: State) -> None:
+        d.state = state
+        self.on_change(d)
+
+
+def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> PlacementRequest:
+    """A recorded request (options as a dict) rebuilt on a freshly resolved model."""
+    from gatekeeper.serve_options import ServeOptions
+
+    return PlacementRequest(
+        model=base.model,
+        options=ServeOptions(**recorded["options"]),
+        auto_parallel=bool(recorded.get("auto_parallel", True)),
+        min_kv_tokens=recorded.get("min_kv_tokens"),
+        min_sequences=int(recorded.get("min_sequences", 1)),
+    )
+
+
+def _slug(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() else "-" for c in name.lower().split("/")[-1])
+    return cleaned.strip("-")[:40] or "model"

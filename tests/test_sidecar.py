@@ -1,0 +1,180 @@
+"""The sidecar end to end: admin API, launch, readiness, proxy, crash, restart,
+adoption, eviction — against the simulator worker, with the openai client as caller."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gatekeeper.launcher import process_group_alive
+from tests.sidecar_harness import TOKEN, running_sidecar, settings_for
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def deploy(sidecar, model: str = "tiny", **body) -> Any:
+    r = sidecar.admin.post("/admin/deployments", json={"model": model, **body})
+    assert r.status_code == 201, r.text
+    return r.json()["deployment"]
+
+
+def test_deploy_chat_stream_and_undeploy(tmp_path: Path):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        d = deploy(sc)
+        assert d["state"] in ("launching", "loading", "admitted")
+        ready = sc.wait_state(d["id"], ("ready",))
+        assert ready["actual"]["weights"] > 0 and ready["predicted"]["weights_bytes"] > 0
+        assert "--served-model-name" not in ready["vllm_args"]  # added at launch
+        c = client(sc.url)
+        answer = c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello world"}], max_tokens=4
+        )
+        assert answer.choices[0].message.content
+        chunks = list(
+            c.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+                stream=True,
+            )
+        )
+        assert any(ch.choices and ch.choices[0].delta.content for ch in chunks)
+        models = {m.id: m for m in c.models.list().data}
+        assert "tiny" in models
+        listed = sc.admin.get("/admin/deployments").json()["deployments"]
+        assert [x["id"] for x in listed] == [d["id"]]
+        pid = ready["pid"]
+        stopped = sc.admin.delete(f"/admin/deployments/{d['id']}").json()
+        assert stopped["state"] == "stopped"
+        assert not process_group_alive(pid)
+        assert not list((tmp_path / "deployments").glob("*.json"))
+
+
+def test_admin_api_needs_the_token(tmp_path: Path):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        assert httpx.get(f"{sc.url}/admin/deployments").status_code == 401
+        bad = httpx.get(f"{sc.url}/admin/deployments", headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and "token" in bad.json()["error"]["message"]
+    with running_sidecar(settings_for(tmp_path / "off", admin_token=None)) as sc:
+        r = httpx.get(f"{sc.url}/admin/deployments", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 403 and "GATEKEEPER_ADMIN_TOKEN" in r.json()["error"]["message"]
+
+
+def test_rejections_and_bad_requests(tmp_path: Path):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        big = sc.admin.post(
+            "/admin/deployments", json={"model": "meta-llama/Llama-3.1-405B-Instruct"}
+        )
+        assert big.status_code == 507
+        assert big.json()["decision"]["reasons"] and big.json()["decision"]["suggestions"]
+        assert (
+            sc.admin.post(
+                "/admin/deployments", json={"model": "mistralai/Mixtral-8x7B-Instruct-v0.1"}
+            ).status_code
+            == 403
+        )
+        assert sc.admin.post("/admin/deployments", content=b"{not json").status_code == 400
+        assert (
+            sc.admin.post(
+                "/admin/deployments", json={"model": "tiny", "options": {"max_model_len": -5}}
+            ).status_code
+            == 400
+        )
+        assert (
+            sc.admin.post(
+                "/admin/deployments", json={"model": "tiny", "options": {"warp": 9}}
+            ).status_code
+            == 400
+        )
+        assert sc.admin.get("/admin/deployments/nope").status_code == 404
+        assert sc.admin.get("/admin/gpus").json()["gpus"][0]["reserved_by_gatekeeper_bytes"] == 0
+        with pytest.raises(openai.NotFoundError):
+            client(sc.url).chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "x"}]
+            )
+        assert sc.admin.get("/admin/deployments").json()["deployments"] == []
+
+
+def test_on_demand_launch_answers_the_first_request(tmp_path: Path):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        answer = client(sc.url).completions.create(model="tiny", prompt="one two", max_tokens=2)
+        assert answer.choices[0].text
+        (d,) = sc.admin.get("/admin/deployments").json()["deployments"]
+        assert d["state"] == "ready" and d["name"] == "tiny"
+
+
+def test_start_up_failure_reports_vllms_reason(tmp_path: Path):
+    settings = settings_for(tmp_path, restart_policy="never")
+    settings.worker_env["GATEKEEPER_SIM_FAIL"] = "max-model-len"
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        failed = sc.wait_state(d["id"], ("failed",))
+        assert "max_model_len check" in failed["error"] and "exited with code 1" in failed["error"]
+        assert sc.admin.get("/admin/gpus").json()["gpus"][0]["reserved_by_gatekeeper_bytes"] == 0
+
+
+def test_a_crashed_worker_is_restarted(tmp_path: Path):
+    settings = settings_for(tmp_path, restart_limit=2)
+    settings.worker_env["GATEKEEPER_SIM_FAIL"] = "crash-after-requests:1"
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        sc.wait_state(d["id"], ("ready",))
+        with pytest.raises(openai.APIError):
+            client(sc.url).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "a b c d"}], max_tokens=8
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            now = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+            if now["restarts"] >= 1 and now["state"] == "ready":
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+
+
+def test_workers_survive_a_sidecar_restart_and_are_adopted(tmp_path: Path):
+    settings = settings_for(tmp_path)
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        pid = sc.wait_state(d["id"], ("ready",))["pid"]
+    assert process_group_alive(pid)
+    with running_sidecar(settings) as sc:
+        adopted = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+        assert adopted["state"] == "ready" and adopted["pid"] == pid
+        assert client(sc.url).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1
+        )
+        sc.admin.delete(f"/admin/deployments/{d['id']}")
+    assert not process_group_alive(pid)
+
+
+def test_idle_worker_is_evicted_for_a_model_that_needs_the_room(tmp_path: Path):
+    settings = settings_for(tmp_path, gpus="1xH100-80GB", idle_eviction=True, idle_seconds=0.0)
+    with running_sidecar(settings) as sc:
+        first = deploy(sc)
+        sc.wait_state(first["id"], ("ready",))
+        answer = client(sc.url).chat.completions.create(
+            model="Qwen/Qwen2.5-7B-Instruct",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=1,
+        )
+        assert answer.choices
+        states = {
+            x["name"]: x["state"] for x in sc.admin.get("/admin/deployments").json()["deployments"]
+        }
+        assert states == {"tiny": "stopped", "Qwen/Qwen2.5-7B-Instruct": "ready"}
+
+
+def test_the_sidecar_binds_loopback_by_default():
+    from gatekeeper.settings import Settings
+
+    assert Settings().host == "127.0.0.1"
+    assert os.environ.get("GATEKEEPER_HOST") is None
