@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 from typing import Any
 
+import anyio
 import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,10 +25,19 @@ from starlette.routing import Route
 
 from gatekeeper import __version__
 from gatekeeper.admin_api import AdminApi
+from gatekeeper.calibration import Calibrator
 from gatekeeper.commands_check import policy_from_settings
-from gatekeeper.deployments import DeploymentManager, ManagerConfig
+from gatekeeper.deployments import DeploymentManager, ManagerConfig, worker_view
 from gatekeeper.gpus import GpuInventory
-from gatekeeper.ledger import Ledger
+from gatekeeper.ledger import Ledger, promised_bytes
+from gatekeeper.metrics import (
+    CachedInventory,
+    CalibrationCollector,
+    GpuCollector,
+    SidecarMetrics,
+    WorkerCollector,
+    policy_margin,
+)
 from gatekeeper.model_registry import ModelRegistry
 from gatekeeper.model_source import resolve_model
 from gatekeeper.model_spec import ModelSpec
@@ -80,12 +91,26 @@ def build_app(
     holder: dict[str, DeploymentManager] = {}
     if rehearsal:
         inventory = RehearsalInventory(inventory, lambda: _held(holder["manager"]))
+    registry_metrics = CollectorRegistry()
+    calibrator = Calibrator.in_state_dir(
+        settings.state_dir.expanduser(), enabled=settings.calibration
+    )
+    metrics = SidecarMetrics(
+        registry_metrics,
+        known_models=lambda: (
+            {e.name for e in settings.models}
+            | {d.name for d in list(holder["manager"].deployments.values())}
+        ),
+        outstanding=lambda: len(ledger.outstanding()),
+    )
     manager = DeploymentManager(
         manager_config(settings),
         inventory,
         ledger,
         client,
         base_env=dict(base_env) if base_env is not None else None,
+        metrics=metrics,
+        calibrator=calibrator,
     )
     holder["manager"] = manager
     registry = ModelRegistry.create(settings.models, settings.allowed_models, resolve)
@@ -99,9 +124,26 @@ def build_app(
             idle_seconds=settings.idle_seconds,
         ),
     )
-    proxy = Proxy(router, upstream)
+    proxy = Proxy(router, upstream, metrics=metrics)
     manager.in_flight = proxy.outstanding
     admin = AdminApi(manager, registry, settings.admin_token)
+    scrape_inventory = CachedInventory(inventory)
+    GpuCollector(
+        scrape_inventory,
+        lambda: promised_bytes(ledger.outstanding()),
+        policy_margin(policy_from_settings(settings)),
+        registry=registry_metrics,
+    )
+    WorkerCollector(
+        lambda: [worker_view(d) for d in list(manager.deployments.values())],
+        scrape_inventory,
+        registry=registry_metrics,
+    )
+    CalibrationCollector(calibrator.metric_items, registry=registry_metrics)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        body = await anyio.to_thread.run_sync(generate_latest, registry_metrics)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -126,12 +168,14 @@ def build_app(
         *proxy.routes(),
         *admin.routes(),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.manager = manager
     app.state.router = router
     app.state.proxy = proxy
+    app.state.metrics_registry = registry_metrics
     return app
 
 

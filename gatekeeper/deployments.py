@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -33,12 +34,15 @@ from typing import Any, Literal
 import httpx
 
 from gatekeeper.admission import admit
+from gatekeeper.calibration import Calibrator
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.event_metrics import SidecarMetrics
 from gatekeeper.gpus import GpuInventory, InventorySnapshot
 from gatekeeper.launcher import LaunchSpec, WorkerProcess, WorkerStartError, process_group_alive
 from gatekeeper.ledger import Ledger
 from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.vllm_log import MemoryFigures
+from gatekeeper.worker_metrics import WorkerView, actual_components, predicted_components
 
 __all__ = [
     "Deployment",
@@ -49,6 +53,7 @@ __all__ = [
     "State",
     "free_port",
     "resolve_request",
+    "worker_view",
 ]
 
 State = Literal["admitted", "launching", "loading", "ready", "failed", "stopping", "stopped"]
@@ -199,7 +204,11 @@ class DeploymentManager:
         *,
         base_env: dict[str, str] | None = None,
         on_change: Callable[[Deployment], None] | None = None,
+        metrics: SidecarMetrics | None = None,
+        calibrator: Calibrator | None = None,
     ) -> None:
+        self.metrics = metrics
+        self.calibrator = calibrator
         self.config = config
         self.inventory = inventory
         self.ledger = ledger
@@ -236,13 +245,22 @@ class DeploymentManager:
 
     # -- deploy -------------------------------------------------------------------------
 
+    def _calibrated(self, request: PlacementRequest) -> PlacementRequest:
+        if self.calibrator is None:
+            return request
+        factors = self.calibrator.factors(request.model.model_type)
+        return dataclasses.replace(request, corrections=factors)
+
     async def deploy(
         self, name: str, request: PlacementRequest
     ) -> tuple[Decision, Deployment | None]:
         """Admit and launch; returns the decision and, when admitted, the deployment."""
+        request = self._calibrated(request)
         async with self._lock:
             live = [d for d in self.by_name(name) if d.state != "failed"]
             if live:
+                if self.metrics is not None:
+                    self.metrics.admission("conflict")
                 raise DeploymentError(
                     f"model name {name!r} is already deployed as {live[0].id} ({live[0].state}); "
                     "undeploy it first or choose another name",
@@ -252,6 +270,8 @@ class DeploymentManager:
                 )
             deployment_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
             decision = await self._admit(deployment_id, request)
+            if self.metrics is not None:
+                self.metrics.decision(decision)
             if not decision.admitted:
                 return decision, None
             p = decision.placement
@@ -302,6 +322,7 @@ class DeploymentManager:
                 self.config.worker_host, self.config.port_min, self.config.port_max, taken
             )
             spec = self._spec(d)
+            started = time.monotonic()
             self._set(d, "launching")
             d.worker = await WorkerProcess.start(spec, self.base_env)
             await asyncio.to_thread(self.ledger.set_pid, d.id, d.worker.pid)
@@ -317,7 +338,21 @@ class DeploymentManager:
         d.error = None
         self._set(d, "ready")
         d.ready_event.set()
+        await self._observe_ready(d, time.monotonic() - started)
         return True
+
+    async def _observe_ready(self, d: Deployment, launch_seconds: float) -> None:
+        view = worker_view(d)
+        if self.metrics is not None:
+            self.metrics.worker_ready(view, launch_seconds)
+        if self.calibrator is not None:
+            await asyncio.to_thread(
+                self.calibrator.record_worker,
+                view.family,
+                {str(k): v for k, v in view.predicted.items()},
+                {str(k): v for k, v in view.actual.items()},
+                view.applied_factors,
+            )
 
     def _spec(self, d: Deployment) -> LaunchSpec:
         args = (*d.args, "--served-model-name", d.name)
@@ -348,7 +383,10 @@ class DeploymentManager:
         if d.stopping:
             return False
         d.restarts += 1
+        d.request = self._calibrated(d.request)
         decision = await self._admit(d.id, d.request)
+        if self.metrics is not None:
+            self.metrics.decision(decision)
         if not decision.admitted:
             d.error = "restart not admitted: " + "; ".join(decision.reasons[:2])
             return False
@@ -505,6 +543,24 @@ class DeploymentManager:
     def _set(self, d: Deployment, state: State) -> None:
         d.state = state
         self.on_change(d)
+
+
+def worker_view(d: Deployment) -> WorkerView:
+    """What the metrics need of a deployment."""
+    placement = d.decision_json.get("placement") or {}
+    return WorkerView(
+        worker=d.id,
+        model=d.name,
+        state=d.state,
+        gpu_indices=tuple(d.gpu_indices),
+        predicted=predicted_components(placement.get("predicted") or {}),
+        predicted_total_bytes=tuple(int(b) for b in placement.get("promise_bytes") or ()),
+        actual=actual_components(d.actual.components()),
+        pid=d.worker.pid if d.worker is not None else None,
+        restarts=d.restarts,
+        family=d.request.model.model_type,
+        applied_factors=dict(d.request.corrections),
+    )
 
 
 def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> PlacementRequest:

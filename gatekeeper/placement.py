@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gatekeeper.calibration import scale_estimate
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus import GpuInfo, InventorySnapshot
@@ -77,6 +78,9 @@ class PlacementRequest:
     min_kv_tokens: int | None = None
     min_sequences: int = 1
     """Concurrent sequences of max_model_len the KV cache must hold (vLLM's minimum is 1)."""
+    corrections: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Calibration factors per component (weights, activation, non_torch, cuda_graph)
+    learned from earlier workers of the same family (``gatekeeper.calibration``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,8 @@ def _need(
         request.options, tensor_parallel_size=tp, pipeline_parallel_size=pp
     )
     e = _estimate(request.model, options, total, name, version)
+    if request.corrections:
+        e = scale_estimate(e, request.corrections)
     kv = _kv_target(e, request)
     pairs = [_stage_need(e, s, kv) for s in e.stages]
     return _Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))

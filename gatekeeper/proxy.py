@@ -192,23 +192,13 @@ class Proxy:
         self._outstanding: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
-        post = ["POST"]
-        return [
-            Route(
-                "/v1/chat/completions",
-                _Forward(self, "/v1/chat/completions", ChatCompletionRequest),
-                methods=post,
-            ),
-            Route(
-                "/v1/completions",
-                _Forward(self, "/v1/completions", CompletionRequest),
-                methods=post,
-            ),
-            Route(
-                "/v1/embeddings", _Forward(self, "/v1/embeddings", EmbeddingRequest), methods=post
-            ),
-            Route("/v1/models", self.list_models, methods=["GET"]),
+        kinds = [
+            ("/v1/chat/completions", ChatCompletionRequest),
+            ("/v1/completions", CompletionRequest),
+            ("/v1/embeddings", EmbeddingRequest),
         ]
+        posts = [Route(path, _Forward(self, path, kind), methods=["POST"]) for path, kind in kinds]
+        return [*posts, Route("/v1/models", self.list_models, methods=["GET"])]
 
     def outstanding(self, worker_id: str) -> int:
         """Requests in flight to ``worker_id`` through this proxy (a drain waits for 0)."""

@@ -144,6 +144,11 @@ class Settings(BaseSettings):
     idle_seconds: float = Field(default=300.0, ge=0)
     """A worker counts as idle after this long without requests."""
 
+    calibration: bool = True
+    """Correct each admission's predicted bytes per model family and component by what
+    earlier workers of that family used (learned when they reach ready, bounded to
+    0.8-1.25x, kept in state_dir/calibration.json). Off: predictions are used as they are."""
+
     stop_workers_on_exit: bool = False
     """Stop workers when the sidecar exits; off: they run on and are adopted next start."""
 

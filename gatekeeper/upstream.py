@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -305,8 +305,8 @@ class UpstreamClient(httpx.AsyncClient):
     """The sidecar's one HTTP client: httpx for everything else, and an ``Upstream`` pool
     (``.pool``) that the proxy forwards through. ``aclose()`` closes both."""
 
-    def __init__(self, *, connect_timeout_seconds: float = 5.0, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, connect_timeout_seconds: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.pool = Upstream(connect_timeout_seconds=connect_timeout_seconds)
 
     async def aclose(self) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from tests.nvml_stub import STATE_ENV, FakeNvml, build_stub, preload
 
+pytest_plugins = ["tests.golden_option"]
+
 NO_GCC = (
     "gcc is not installed, so the NVML stand-in driver (tests/nvml_stub/fake_nvml.c) "
     "cannot be built; install gcc (apt-get install gcc libc6-dev) to run these tests"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -182,6 +183,13 @@ def serve_in_thread(app: ASGIApp, **options: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10.0)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float) -> None:

@@ -16,7 +16,12 @@ MODULES = [
     "gatekeeper.serve_options", "gatekeeper.settings", "gatekeeper.simple_method",
     "gatekeeper.units", "gatekeeper.weights", "gatekeeper.placement", "gatekeeper.placement_hints",
     "gatekeeper.vllm_flags", "gatekeeper.plan", "gatekeeper.admission", "gatekeeper.ledger",
-    "gatekeeper.ledger_view", "gatekeeper.cli_options", "gatekeeper.vision",
+    "gatekeeper.ledger_view", "gatekeeper.cli_options", "gatekeeper.vision", "gatekeeper.metrics",
+    "gatekeeper.worker_metrics", "gatekeeper.event_metrics", "gatekeeper.calibration",
+    "gatekeeper.launcher", "gatekeeper.vllm_log", "gatekeeper.deployments", "gatekeeper.routing",
+    "gatekeeper.admin_api", "gatekeeper.app", "gatekeeper.proxy", "gatekeeper.model_registry",
+    "gatekeeper.rehearsal", "gatekeeper.upstream", "gatekeeper.relay", "gatekeeper.openai_errors",
+    "gatekeeper.simulator", "gatekeeper.simulator_http", "gatekeeper.simulator_nvml",
     # GPU inventory (#3)
     "gatekeeper.attribution", "gatekeeper.commands_gpus", "gatekeeper.cuda_devices",
     "gatekeeper.declared", "gatekeeper.gpus", "gatekeeper.nvml", "gatekeeper.proctree",
