@@ -30,7 +30,7 @@ def value(all_samples, name: str, **labels: str) -> float:
         v for (n, ls), v in all_samples.items() if n == name and set(labels.items()) <= set(ls)
     ]
     assert matches, f"no {name} {labels}"
-    return sum(matches)
+    return float(sum(matches))
 
 
 def ready_worker(sc) -> Any:
