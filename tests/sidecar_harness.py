@@ -18,7 +18,7 @@ import uvicorn
 
 from gatekeeper.app import build_app
 from gatekeeper.declared import parse_declared_node
-from gatekeeper.gpus import StaticInventory
+from gatekeeper.gpus import GpuInventory, StaticInventory
 from gatekeeper.ledger import Ledger, ledger_path
 from gatekeeper.settings import ModelEntry, Settings
 
@@ -85,12 +85,15 @@ class Sidecar:
 
 
 @contextlib.contextmanager
-def running_sidecar(settings: Settings) -> Iterator[Sidecar]:
+def running_sidecar(settings: Settings, inventory: GpuInventory | None = None) -> Iterator[Sidecar]:
+    """The sidecar on a declared node (a rehearsal), or on ``inventory`` (NVML)."""
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path(state))
-    inventory = StaticInventory(parse_declared_node(settings.gpus))
-    app = build_app(settings, inventory, ledger, rehearsal=True)
+    declared = inventory is None
+    if inventory is None:
+        inventory = StaticInventory(parse_declared_node(settings.gpus))
+    app = build_app(settings, inventory, ledger, rehearsal=declared)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -11,9 +11,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gatekeeper.nvml import NvmlInventory
 from gatekeeper.units import GIB
+from tests.nvml_stub import FakeNvml, h100
 from tests.prometheus_server import MISSING, SKIP_REASON, query, run_prometheus
-from tests.promql_sources import alert_expressions, dashboard_expressions
+from tests.promql_sources import alert_expressions, dashboard_expressions, metric_names
 from tests.sidecar_harness import running_sidecar, settings_for
 
 
@@ -70,16 +72,35 @@ def test_metrics_report_gpus_workers_admissions_and_traffic(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)
-def test_real_prometheus_runs_every_dashboard_and_alert_expression_on_the_sidecar(tmp_path: Path):
-    with running_sidecar(settings_for(tmp_path / "state")) as sc:
-        ready_worker(sc)
-        target = sc.url.removeprefix("http://")
+def test_real_prometheus_runs_every_dashboard_and_alert_expression_on_the_sidecar(
+    tmp_path: Path, fake_nvml: FakeNvml
+):
+    """Stand-in driver, stand-in worker (claiming its memory in the driver), a real
+    Prometheus: every dashboard and alert expression parses and returns series."""
+    fake_nvml.set([h100(0), h100(1)])
+    settings = settings_for(tmp_path / "state", gpus="nvml", restart_limit=1)
+    settings.worker_env["GATEKEEPER_SIM_NVML_STATE"] = str(fake_nvml.state_path)
+    settings.worker_env["GATEKEEPER_SIM_ACTIVATION_BYTES"] = str(4 * GIB)  # a wrong prediction
+    with NvmlInventory() as inventory, running_sidecar(settings, inventory) as sc:
+        d = ready_worker(sc)
+        c = openai.OpenAI(base_url=f"{sc.url}/v1", api_key="x", max_retries=0)
+        c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        sc.admin.post("/admin/deployments", json={"model": "meta-llama/Llama-3.1-405B-Instruct"})
+        m = samples(httpx.get(f"{sc.url}/metrics").text)
+        assert value(m, "gatekeeper_worker_actual_bytes", worker=d["id"]) > 0  # NVML, process tree
         (tmp_path / "prom").mkdir()
-        with run_prometheus([target], tmp_path / "prom") as prom:
-            for where, expr in dashboard_expressions() + alert_expressions():
-                assert isinstance(query(prom, expr), list), where  # raises on a PromQL error
-            assert query(prom, 'gatekeeper_gpu_headroom_bytes{gpu="0"}'), "no headroom series"
-            assert query(prom, "gatekeeper_worker_predicted_total_bytes"), "no worker series"
+        with run_prometheus([sc.url.removeprefix("http://")], tmp_path / "prom") as prom:
+            empty = [where for where, expr in dashboard_expressions() if not query(prom, expr)]
+            for where, expr in alert_expressions():
+                fired = query(prom, expr)  # parses (raises otherwise); fires only on trouble
+                missing = [name for name in metric_names(expr) if not query(prom, name)]
+                assert not missing, f"{where}: no series for {missing}"
+                if "PredictionError" in where:
+                    assert fired, "the wrong activation prediction should trip the error alert"
+        sc.admin.delete(f"/admin/deployments/{d['id']}")
+    assert empty == [], f"expressions without series: {empty}"
 
 
 def test_calibration_makes_the_second_launch_of_a_family_closer(tmp_path: Path):
