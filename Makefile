@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/estimator_accuracy.py
 	$(BIN)/python bench/snapshot_latency.py
 	$(BIN)/python bench/placement.py
+	$(BIN)/python -m bench.metrics_scrape
+	$(BIN)/python -m bench.proxy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
