@@ -28,7 +28,7 @@ from gatekeeper.metrics import (
 )
 from gatekeeper.placement import PlacementPolicy
 from gatekeeper.units import GIB
-from gatekeeper.worker_metrics import WorkerView
+from gatekeeper.worker_metrics import Component, WorkerView
 
 GPUS, WORKERS = 8, 50
 
@@ -49,7 +49,7 @@ def node() -> StaticInventory:
 def views() -> list[WorkerView]:
     out = []
     for i in range(WORKERS):
-        components = {
+        components: dict[Component, int] = {
             "weights": 15 * GIB,
             "kv_cache": 50 * GIB,
             "activation": 2 * GIB,
