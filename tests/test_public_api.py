@@ -20,7 +20,7 @@ MODULES = [
     "gatekeeper.worker_metrics", "gatekeeper.event_metrics", "gatekeeper.calibration",
     "gatekeeper.launcher", "gatekeeper.vllm_log", "gatekeeper.deployments", "gatekeeper.routing",
     "gatekeeper.admin_api", "gatekeeper.app", "gatekeeper.proxy", "gatekeeper.model_registry",
-    "gatekeeper.rehearsal", "gatekeeper.deployment", "gatekeeper.upstream", "gatekeeper.relay", "gatekeeper.openai_errors",
+    "gatekeeper.rehearsal", "gatekeeper.deployment", "gatekeeper.placement_types", "gatekeeper.upstream", "gatekeeper.relay", "gatekeeper.openai_errors",
     "gatekeeper.simulator", "gatekeeper.simulator_http", "gatekeeper.simulator_nvml",
     # GPU inventory (#3)
     "gatekeeper.attribution", "gatekeeper.commands_gpus", "gatekeeper.cuda_devices",
