@@ -23,6 +23,7 @@ vllm-cpu:
 	bash scripts/vllm-cpu-env.sh
 
 test: $(STAMP)
+	bash scripts/test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
