@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from functools import partial
 from typing import Any
 
 import anyio
@@ -27,6 +26,7 @@ from gatekeeper import __version__
 from gatekeeper.admin_api import AdminApi
 from gatekeeper.calibration import Calibrator
 from gatekeeper.commands_check import policy_from_settings
+from gatekeeper.commands_webhook import webhook_from_settings
 from gatekeeper.deployments import DeploymentManager, ManagerConfig, worker_view
 from gatekeeper.gpus import GpuInventory
 from gatekeeper.ledger import Ledger, promised_bytes
@@ -39,13 +39,12 @@ from gatekeeper.metrics import (
     policy_margin,
 )
 from gatekeeper.model_registry import ModelRegistry
-from gatekeeper.model_source import resolve_model
 from gatekeeper.model_spec import ModelSpec
 from gatekeeper.openapi import openapi_schema
 from gatekeeper.proxy import Proxy, upstream_client
 from gatekeeper.rehearsal import RehearsalInventory
 from gatekeeper.routing import ModelRouter, RouterConfig
-from gatekeeper.settings import ModelEntry, Settings
+from gatekeeper.settings import ModelEntry, Settings, model_resolver
 
 __all__ = ["build_app", "manager_config"]
 
@@ -83,12 +82,7 @@ def build_app(
     client = client or httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
     """For the sidecar's own calls (worker health); the proxy has its own pool."""
     upstream = upstream_client()
-    resolve = resolve_spec or partial(
-        resolve_model,
-        allow_network=settings.allow_network,
-        hf_endpoint=settings.hf_endpoint,
-        timeout_seconds=settings.hub_timeout_seconds,
-    )
+    resolve = resolve_spec or model_resolver(settings)
     holder: dict[str, DeploymentManager] = {}
     if rehearsal:
         inventory = RehearsalInventory(inventory, lambda: _held(holder["manager"]))
@@ -171,6 +165,7 @@ def build_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.manager = manager

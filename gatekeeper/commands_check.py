@@ -13,11 +13,10 @@ from gatekeeper.cli_options import add_serving_flags, options_from_args, positiv
 from gatekeeper.commands_gpus import read_snapshot
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus import InventorySnapshot
-from gatekeeper.model_source import resolve_model
 from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest, decide
 from gatekeeper.placement_render import render_decision
 from gatekeeper.plan import load_plan, run_plan
-from gatekeeper.settings import Settings
+from gatekeeper.settings import Settings, model_resolver
 
 __all__ = ["add_parser", "policy_from_settings"]
 
@@ -83,12 +82,7 @@ def _outstanding(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
-    spec = resolve_model(
-        args.model,
-        allow_network=settings.allow_network,
-        hf_endpoint=settings.hf_endpoint,
-        timeout_seconds=settings.hub_timeout_seconds,
-    )
+    spec = model_resolver(settings)(args.model)
     request = PlacementRequest(
         model=spec,
         options=options_from_args(args),
@@ -114,6 +108,6 @@ def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
     plan = load_plan(args.file)
     source = args.node or plan.node or settings.gpus
     snapshot = _snapshot(source)
-    result = run_plan(plan, snapshot, policy_from_settings(settings), settings)
+    result = run_plan(plan, snapshot, policy_from_settings(settings), model_resolver(settings))
     print(json.dumps(result.to_json(), indent=2) if args.json else result.render())
     return 0 if all(d.admitted for d in result.decisions) else 1

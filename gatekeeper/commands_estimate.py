@@ -11,10 +11,9 @@ from gatekeeper.cli_options import add_serving_flags, options_from_args
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate import Estimate, GpuTarget, estimate
 from gatekeeper.gpu_table import lookup_gpu
-from gatekeeper.model_source import resolve_model
 from gatekeeper.model_spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.serve_options import ServeOptions
-from gatekeeper.settings import Settings
+from gatekeeper.settings import Settings, model_resolver
 from gatekeeper.simple_method import simple_estimate
 from gatekeeper.units import format_gib, gib, parse_size
 from gatekeeper.weights import parameter_count
@@ -56,12 +55,7 @@ def _gpu(args: argparse.Namespace) -> GpuTarget:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     options = options_from_args(args)
     gpu = _gpu(args)
-    spec = resolve_model(
-        args.model,
-        allow_network=settings.allow_network,
-        hf_endpoint=settings.hf_endpoint,
-        timeout_seconds=settings.hub_timeout_seconds,
-    )
+    spec = model_resolver(settings)(args.model)
     result = estimate(spec, options, gpu, default_version=settings.default_vllm_version)
     if args.method == "simple":
         payload = _simple_json(spec, result, options)

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus import InventorySnapshot
-from gatekeeper.model_source import resolve_model
+from gatekeeper.model_spec import ModelSpec
 from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest, decide, gpu_lines
 from gatekeeper.placement_render import LEGEND, render_bar
 from gatekeeper.serve_options import ServeOptions
-from gatekeeper.settings import Settings
 from gatekeeper.units import format_gib
 
 __all__ = ["Plan", "PlanError", "PlanResult", "PlannedDeployment", "load_plan", "run_plan"]
@@ -180,18 +179,17 @@ class PlanResult:
 
 
 def run_plan(
-    plan: Plan, snapshot: InventorySnapshot, policy: PlacementPolicy, settings: Settings
+    plan: Plan,
+    snapshot: InventorySnapshot,
+    policy: PlacementPolicy,
+    resolve: Callable[[str], ModelSpec],
 ) -> PlanResult:
+    """Admit the plan's deployments in order; ``resolve`` turns a reference into a spec."""
     planned: dict[str, int] = {}
     workers: dict[str, int] = {}
     decisions = []
     for dep in plan.deployments:
-        spec = resolve_model(
-            dep.model,
-            allow_network=settings.allow_network,
-            hf_endpoint=settings.hf_endpoint,
-            timeout_seconds=settings.hub_timeout_seconds,
-        )
+        spec = resolve(dep.model)
         request = PlacementRequest(
             spec, dep.options, dep.auto_parallel, dep.min_kv_tokens, dep.min_sequences
         )

@@ -8,8 +8,10 @@ receives plain values.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
@@ -21,7 +23,10 @@ from pydantic_settings import (
 
 from gatekeeper.errors import GatekeeperError
 
-__all__ = ["ModelEntry", "Settings", "SettingsError", "load_settings"]
+if TYPE_CHECKING:
+    from gatekeeper.model_spec import ModelSpec
+
+__all__ = ["ModelEntry", "Settings", "SettingsError", "load_settings", "model_resolver"]
 
 
 class SettingsError(GatekeeperError):
@@ -152,6 +157,17 @@ class Settings(BaseSettings):
     stop_workers_on_exit: bool = False
     """Stop workers when the sidecar exits; off: they run on and are adopted next start."""
 
+    webhook_default_gpu: str | None = None
+    """GPU the admission webhook assumes for a workload that names none (no
+    ``gatekeeper.io/gpu-memory`` annotation, no ``nvidia.com/gpu.product`` node selector
+    or required node affinity): a GPU from the table (``H100-80GB``) or the memory it
+    reports (``79.19GiB``). Unset: such workloads are allowed with a warning."""
+
+    webhook_unknown_model: Literal["warn", "deny"] = "warn"
+    """What the admission webhook does with a vLLM workload whose model is neither in the
+    catalog nor reachable (a path inside the container, a private repo, the hub off):
+    ``warn`` allows it with a warning, ``deny`` rejects it."""
+
     config_file: Path | None = None
     """Optional TOML file with the same keys (read before environment variables are applied)."""
 
@@ -175,6 +191,18 @@ class Settings(BaseSettings):
         if toml_path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_path)))
         return tuple(sources)
+
+
+def model_resolver(settings: Settings) -> Callable[[str], ModelSpec]:
+    """``resolve_model`` with the settings' hub access (network, endpoint, timeout)."""
+    from gatekeeper.model_source import resolve_model
+
+    return partial(
+        resolve_model,
+        allow_network=settings.allow_network,
+        hf_endpoint=settings.hf_endpoint,
+        timeout_seconds=settings.hub_timeout_seconds,
+    )
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
