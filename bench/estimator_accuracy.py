@@ -72,6 +72,8 @@ def record_options(r: dict[str, Any]) -> ServeOptions:
         gpu_memory_utilization=r.get("gpu_memory_utilization"),
         enforce_eager=bool(r.get("enforce_eager")),
         vllm_version=record_version(r),
+        # Notebook logs come from vLLM's LLM class in a process that already used CUDA.
+        embedded=r.get("source_kind") == "notebook_log",
     )
 
 

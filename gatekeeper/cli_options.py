@@ -43,6 +43,11 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=positive_int("--block-size"))
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--vllm-version", default=None, help="accounting to follow (default: settings)")
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="vLLM's LLM class inside a process that already used CUDA (a notebook)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -66,4 +71,5 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         enforce_eager=args.enforce_eager,
         block_size=args.block_size,
         vllm_version=args.vllm_version,
+        embedded=args.embedded,
     )

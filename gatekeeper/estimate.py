@@ -197,6 +197,7 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
         max_model_len=length,
         max_num_seqs=opts.max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
+        llm_class=opts.embedded,
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
@@ -211,7 +212,7 @@ def _stage(p: _Plan, k: int, layers: range, weights: int, last: bool) -> StageEs
     encoder = encoder_peak_bytes(p.acc, p.spec, p.shape, p.dtype_bytes) if k == 0 else 0
     activation = max(forward, sampler, encoder)
     graphs = cuda_graph_bytes(p.acc, p.spec, layers, p.tp, p.shape, p.opts.enforce_eager)
-    non_torch = non_torch_bytes(p.acc, p.tp, p.pp)
+    non_torch = non_torch_bytes(p.acc, p.tp, p.pp, embedded=p.opts.embedded)
     budget = math.ceil(p.utilization * p.gpu.total_bytes)
     in_budget = graphs if p.acc.cuda_graphs_in_budget else 0
     if p.opts.kv_cache_memory_bytes is not None:

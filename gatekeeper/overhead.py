@@ -64,8 +64,10 @@ def batch_defaults(
     max_model_len: int,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
+    llm_class: bool = False,
 ) -> BatchShape:
-    """vLLM's defaults for ``max_num_seqs`` and ``max_num_batched_tokens`` (``vllm serve``)."""
+    """vLLM's defaults for ``max_num_seqs`` and ``max_num_batched_tokens``: ``vllm serve``'s,
+    or the ``LLM`` class's (``llm_class``), which batch twice to four times as many tokens."""
     chunked = acc.chunked_prefill == "always" or (
         acc.chunked_prefill == "long" and max_model_len > LONG_CONTEXT
     )
@@ -74,9 +76,11 @@ def batch_defaults(
         if total_bytes >= 160 * GIB:
             seqs, tokens = 1024, 16384
         elif total_bytes >= 70 * GIB and not is_a100:
-            seqs, tokens = 1024, 8192
+            seqs, tokens = 1024, 16384 if llm_class else 8192
         else:
-            seqs, tokens = 256, 2048
+            seqs, tokens = 256, 8192 if llm_class else 2048
+    elif acc.batch_defaults == "v1-flat":
+        seqs, tokens = 256, 8192 if llm_class else 2048
     else:
         seqs, tokens = 256, 2048
     seqs = max_num_seqs or seqs
@@ -145,14 +149,24 @@ CUSTOM_ALLREDUCE_SIZES = frozenset({2, 4, 6, 8})
 """World sizes vLLM's custom all-reduce supports (one node); other TP sizes use NCCL alone."""
 
 
-def non_torch_bytes(acc: Accounting, tp: int, pp: int) -> int:
+EMBEDDED_NON_TORCH_BYTES = 10 * MIB
+"""An engine embedded in a process that already used CUDA (a notebook, a trainer): the
+CUDA context, cuBLAS workspaces and most kernel modules exist before vLLM's init
+snapshot, so only a few lazily loaded kernels grow during the profile (vLLM 0.7-0.8
+printed 0.01 GiB in such notebooks)."""
+
+
+def non_torch_bytes(acc: Accounting, tp: int, pp: int, *, embedded: bool = False) -> int:
     """Non-torch memory that grows after vLLM's init snapshot, inside the budget.
 
     Under TP the communication buffers (custom all-reduce, NCCL symmetric memory) add
     ``non_torch_tp_bytes`` on the world sizes custom all-reduce supports; larger,
     multi-node groups fall back to NCCL's ring buffers only.
     """
-    base = acc.non_torch_pp_bytes if pp > 1 else acc.non_torch_bytes
+    if embedded:
+        base = EMBEDDED_NON_TORCH_BYTES
+    else:
+        base = acc.non_torch_pp_bytes if pp > 1 else acc.non_torch_bytes
     return base + (acc.non_torch_tp_bytes if tp in CUSTOM_ALLREDUCE_SIZES else 0)
 
 

@@ -39,6 +39,10 @@ class ServeOptions:
     enforce_eager: bool = False
     block_size: int | None = None
     vllm_version: str | None = None
+    embedded: bool = False
+    """The engine runs as vLLM's ``LLM`` class inside a process that already used CUDA (a
+    notebook, a trainer) rather than as ``vllm serve``: the LLM class's batch defaults,
+    and almost no non-torch growth after vLLM's init snapshot."""
 
     def __post_init__(self) -> None:
         for flag, value in (

@@ -269,3 +269,11 @@ def test_custom_all_reduce_buffers_only_on_supported_world_sizes():
     }
     assert nt[2] == nt[8] > nt[1]
     assert nt[16] == nt[1]  # beyond one node: NCCL ring buffers only
+
+
+def test_an_embedded_engine_has_almost_no_non_torch_growth_and_llm_class_batches():
+    spec = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    served = estimate(spec, ServeOptions(vllm_version="0.19.0"), H100)
+    embedded = estimate(spec, ServeOptions(vllm_version="0.19.0", embedded=True), H100)
+    assert embedded.worst.non_torch_bytes == 10 * MIB < served.worst.non_torch_bytes
+    assert served.max_num_batched_tokens == 8192 and embedded.max_num_batched_tokens == 16384
