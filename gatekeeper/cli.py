@@ -56,6 +56,7 @@ def _add_optional_commands(subparsers: argparse._SubParsersAction[_Parser]) -> N
         "gatekeeper.commands_gpus",
         "gatekeeper.commands_check",
         "gatekeeper.commands_serve",
+        "gatekeeper.commands_webhook",
     ):
         try:
             module = importlib.import_module(name)

@@ -58,7 +58,8 @@ class VllmCommand:
     model: str | None
     """The model reference, or None when it cannot be read (``model_from`` says why)."""
     model_from: str
-    """Where the model came from: ``command line``, ``--model``, ``env VLLM_MODEL`` …"""
+    """Where the model came from: ``command line``, ``--model``, ``env VLLM_MODEL`` …
+    (empty when there is none)."""
     options: ServeOptions
     data_parallel_size: int = 1
     max_model_len_auto: bool = False
@@ -173,6 +174,7 @@ def _from_script(script: str, env: Mapping[str, str]) -> list[str] | None:
 
 _FLAG_NAMES = {
     "model": "model",
+    "config": "config",
     "max-model-len": "max_model_len",
     "tensor-parallel-size": "tensor_parallel_size",
     "tp": "tensor_parallel_size",
@@ -235,6 +237,11 @@ def _parse_arguments(tokens: Sequence[str], env: Mapping[str, str]) -> VllmComma
             converted = _convert(key, raw, problems)
             if converted is not None:
                 fields[key] = converted
+    if "config" in values:
+        problems.append(
+            f"--config {values['config']!r}: flags in a config file cannot be read at admission; "
+            "only the command line is checked"
+        )
     dp = fields.pop("data_parallel_size", 1)
     for name, key in _BOOLEAN.items():
         flag = _enforce(values, name, problems)
@@ -254,7 +261,7 @@ def _model(
     for name in MODEL_ENV_VARS:
         if env.get(name):
             return env[name], f"env {name}"
-    return None, "neither the command line nor VLLM_MODEL, MODEL or MODEL_NAME"
+    return None, ""
 
 
 def _enforce(values: Mapping[str, str], name: str, problems: list[str]) -> bool | None:
@@ -309,7 +316,7 @@ def _convert(key: str, raw: str, problems: list[str]) -> Any:
     parse, accepted = _CONVERTERS[key]
     try:
         return parse(raw)
-    except ValueError:
+    except (ValueError, OverflowError):
         flag = key.replace("_", "-")
         problems.append(f"--{flag} {raw!r} cannot be read; vLLM takes {accepted}")
         return None

@@ -20,6 +20,8 @@ MODULES = [
     "gatekeeper.worker_metrics", "gatekeeper.event_metrics", "gatekeeper.calibration",
     "gatekeeper.launcher", "gatekeeper.vllm_log", "gatekeeper.deployments", "gatekeeper.routing",
     "gatekeeper.admin_api", "gatekeeper.app", "gatekeeper.proxy", "gatekeeper.model_registry",
+    "gatekeeper.webhook", "gatekeeper.admission_review", "gatekeeper.webhook_fit",
+    "gatekeeper.k8s_workloads", "gatekeeper.vllm_command",
     "gatekeeper.rehearsal", "gatekeeper.deployment", "gatekeeper.placement_types", "gatekeeper.upstream", "gatekeeper.relay", "gatekeeper.openai_errors",
     "gatekeeper.simulator", "gatekeeper.simulator_http", "gatekeeper.simulator_nvml",
     # GPU inventory (#3)
