@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from gatekeeper.declared import parse_declared_node
@@ -51,10 +52,16 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     source = args.node or settings.gpus
     snapshot = read_snapshot(source, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    from gatekeeper.ledger_view import ledger_usage
+
+    reserved = ledger_usage(settings.state_dir.expanduser())[0] if args.node is None else {}
     if args.json:
-        print(json.dumps(snapshot.to_dict(), indent=2))
+        data = snapshot.to_dict()
+        for gpu in data.get("gpus", []):
+            gpu["reserved_by_gatekeeper_bytes"] = reserved.get(gpu.get("uuid", ""), 0)
+        print(json.dumps(data, indent=2))
     elif snapshot.ok:
-        print(format_table(snapshot))
+        print(format_table(snapshot, reserved))
     if not snapshot.ok:
         print(f"gatekeeper: error: {snapshot.error}", file=sys.stderr)
         return EXIT_FAILED
@@ -73,20 +80,32 @@ def read_snapshot(source: str, *, visible_devices: str | None) -> InventorySnaps
     return StaticInventory(parse_declared_node(source)).snapshot()
 
 
-def format_table(snapshot: InventorySnapshot) -> str:
+def format_table(snapshot: InventorySnapshot, reserved: Mapping[str, int] | None = None) -> str:
     """The snapshot for people: a header line, one row per GPU, then details and notes.
 
     Sizes are GiB (2^30 bytes); DRIVER RSVD is memory the driver keeps for itself, so
-    TOTAL less DRIVER RSVD is the total vLLM sees.
+    TOTAL less DRIVER RSVD is the total vLLM sees; GK RSVD is what gatekeeper has promised
+    to workers still starting (the reservations ledger).
     """
     lines = [_header(snapshot)]
     if snapshot.gpus:
-        header = ("GPU", "NAME", "TOTAL", "DRIVER RSVD", "USED", "FREE", "HEALTH", "PROCESSES")
-        rows = [header, *(_row(g) for g in snapshot.gpus)]
+        header = (
+            "GPU",
+            "NAME",
+            "TOTAL",
+            "DRIVER RSVD",
+            "USED",
+            "FREE",
+            "GK RSVD",
+            "HEALTH",
+            "PROCESSES",
+        )
+        promised = reserved or {}
+        rows = [header, *(_row(g, promised.get(g.uuid, 0)) for g in snapshot.gpus)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         for row in rows:
             cells = [
-                cell.rjust(width) if 2 <= i <= 5 else cell.ljust(width)
+                cell.rjust(width) if 2 <= i <= 6 else cell.ljust(width)
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             ]
             lines.append("  ".join(cells).rstrip())
@@ -118,7 +137,7 @@ def _header(snapshot: InventorySnapshot) -> str:
     return ", ".join(parts)
 
 
-def _row(gpu: GpuInfo) -> tuple[str, ...]:
+def _row(gpu: GpuInfo, promised: int = 0) -> tuple[str, ...]:
     if gpu.healthy:
         health = "fenced" if gpu.fence_reason else "ok"
         reserved = gpu.driver_reserved_bytes
@@ -127,10 +146,11 @@ def _row(gpu: GpuInfo) -> tuple[str, ...]:
             "n/a" if reserved is None else format_gib(reserved),
             format_gib(gpu.used_bytes),
             format_gib(gpu.free_bytes),
+            format_gib(promised),
         )
     else:
         health = "UNHEALTHY"
-        sizes = ("-", "-", "-", "-")
+        sizes = ("-", "-", "-", "-", "-")
     processes = ", ".join(
         f"{p.pid} ({'n/a' if p.used_bytes is None else format_gib(p.used_bytes)})"
         for p in gpu.processes

@@ -34,7 +34,7 @@ def test_declared_node_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert out[0] == "source: declared, 2 GPUs"
     assert out[2].split() == [
-        "0", "H100-80GB", "79.19", "GiB", "n/a", "0.00", "GiB", "79.19", "GiB", "ok", "-"
+        "0", "H100-80GB", "79.19", "GiB", "n/a", "0.00", "GiB", "79.19", "GiB", "0.00", "GiB", "ok", "-"
     ]  # fmt: skip
 
 
@@ -93,3 +93,21 @@ def test_format_table_shows_unreported_usage() -> None:
     gpu = GpuInfo(0, "u", "L4", "", 10, 5, 5, processes=(GpuProcess(9, None),))
     table = commands_gpus.format_table(InventorySnapshot(gpus=(gpu,), ok=True))
     assert "9 (n/a)" in table
+
+
+def test_gatekeepers_reservations_show_in_the_table(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gatekeeper.ledger import Ledger, Promise, ledger_path
+
+    with Ledger(ledger_path(tmp_path)) as ledger:
+        ledger.admit(
+            "d1",
+            "m",
+            lambda outstanding: (None, (Promise("DECLARED-1", 3 * 2**30),)),
+            ttl_seconds=600,
+        )
+    settings = Settings(gpus="2xH100-80GB", state_dir=tmp_path)
+    assert commands_gpus.run(_args(), settings) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[3].split()[9:11] == ["3.00", "GiB"]

@@ -56,7 +56,7 @@ def test_table(nvml_stub_lib: Path, state: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("source: nvml, driver 550.54.15, NVML 12.550.54.15, 3 GPUs")
     assert lines[1].split() == [
-        "GPU", "NAME", "TOTAL", "DRIVER", "RSVD", "USED", "FREE", "HEALTH", "PROCESSES"
+        "GPU", "NAME", "TOTAL", "DRIVER", "RSVD", "USED", "FREE", "GK", "RSVD", "HEALTH", "PROCESSES"
     ]  # fmt: skip
     assert "79.65 GiB" in lines[2] and "30.00 GiB" in lines[2] and "4194000 (30.00 GiB)" in lines[2]
     assert lines[4].split()[-2:] == ["fenced", "-"]
