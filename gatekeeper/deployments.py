@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import time
 import uuid
@@ -63,6 +64,8 @@ __all__ = [
     "resolve_request",
     "worker_view",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class DeploymentManager:
@@ -175,7 +178,19 @@ class DeploymentManager:
         )
 
     async def _run(self, d: Deployment) -> None:
-        """Launch, wait for readiness, watch the worker, restart per policy."""
+        """Launch, wait for readiness, watch the worker, restart per policy.
+
+        An unexpected error never ends the task silently with the worker running and
+        its reservation held: it is logged, the worker stopped and the reservation
+        released."""
+        try:
+            await self._supervise(d)
+        except Exception as e:
+            logger.exception("deployment %s: supervisor failed", d.id)
+            d.error = f"supervisor failed: {type(e).__name__}: {e}"
+            await self._fail(d)
+
+    async def _supervise(self, d: Deployment) -> None:
         while True:
             ok = await self._launch_once(d)
             if ok:
@@ -205,13 +220,20 @@ class DeploymentManager:
         except (WorkerStartError, DeploymentError, GatekeeperError) as e:
             d.error = str(e)
             return False
+        except Exception as e:  # e.g. OSError writing the record: the worker must not leak
+            logger.exception("deployment %s: launch failed", d.id)
+            d.error = f"launch failed: {type(e).__name__}: {e}"
+            return False
         d.actual = log.memory
         await asyncio.to_thread(self.ledger.mark_ready, d.id)
         d.ready_at = time.time()
         d.error = None
         self._set(d, "ready")
         d.ready_event.set()
-        await self._observe_ready(d, time.monotonic() - started)
+        try:
+            await self._observe_ready(d, time.monotonic() - started)
+        except Exception:  # metrics or calibration must not end the supervision
+            logger.exception("deployment %s: recording the ready worker failed", d.id)
         return True
 
     async def _observe_ready(self, d: Deployment, launch_seconds: float) -> None:
@@ -283,6 +305,9 @@ class DeploymentManager:
         if d.supervisor is not None:
             d.supervisor.cancel()
             await asyncio.gather(d.supervisor, return_exceptions=True)
+        if d.worker is not None and d.worker.alive:
+            # A restart may have launched a new worker while the old one was stopped.
+            await d.worker.stop(self.config.stop_grace_seconds)
         await asyncio.to_thread(self.ledger.release, d.id)
         d.ready_event.clear()
         self._set(d, "stopped")
@@ -402,8 +427,15 @@ class DeploymentManager:
         if d.stopping:
             return
         d.error = "adopted worker exited"
-        await self._fail(d)
-        if await self._should_restart(d):
+        try:
+            await self._fail(d)
+            restart = await self._should_restart(d)
+        except Exception as e:
+            logger.exception("deployment %s: supervisor failed", d.id)
+            d.error = f"supervisor failed: {type(e).__name__}: {e}"
+            await self._fail(d)
+            return
+        if restart:
             await self._run(d)
 
     async def _health(self, host: str, port: int) -> bool:

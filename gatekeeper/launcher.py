@@ -209,8 +209,10 @@ class WorkerProcess:
             _signal_group(self.pid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.exited.wait(), grace_seconds)
-        # Children (engine core, TP workers) may outlive the leader: kill the group.
-        _signal_group(self.pid, signal.SIGKILL)
+        # Children (engine core, TP workers) may outlive the leader: kill what is left of
+        # the group (checked first, so a reused group id is never signalled).
+        if process_group_alive(self.pid):
+            _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.exited.wait(), grace_seconds)
         await asyncio.gather(self._watch, return_exceptions=True)

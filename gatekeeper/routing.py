@@ -117,6 +117,8 @@ class ModelRouter:
                 ):
                     decision, _ = await self.manager.deploy(entry.name, request)
             except DeploymentError as e:
+                if e.status == 409:  # deployed meanwhile (admin API): route to it
+                    return
                 raise RouteError(
                     e.status, str(e), type="ServiceUnavailableError", retry_after=5
                 ) from e

@@ -55,6 +55,7 @@ def settings_for(state_dir: Path, **overrides: Any) -> Settings:
         "drain_seconds": 2.0,
         "restart_backoff_seconds": 0.2,
         "request_wait_seconds": 20.0,
+        "stop_workers_on_exit": True,
         "worker_env": {
             "GATEKEEPER_SIM_STARTUP_SECONDS": "0.3",
             "GATEKEEPER_SIM_TOKEN_SECONDS": "0.01",

@@ -141,7 +141,7 @@ def test_a_crashed_worker_is_restarted(tmp_path: Path):
 
 
 def test_workers_survive_a_sidecar_restart_and_are_adopted(tmp_path: Path):
-    settings = settings_for(tmp_path)
+    settings = settings_for(tmp_path, stop_workers_on_exit=False)
     with running_sidecar(settings) as sc:
         d = deploy(sc)
         pid = sc.wait_state(d["id"], ("ready",))["pid"]
