@@ -225,6 +225,8 @@ class DeploymentManager:
             d.error = f"launch failed: {type(e).__name__}: {e}"
             return False
         d.actual = log.memory
+        if d.stopping:  # undeployed while loading: never announce it ready
+            return True
         await asyncio.to_thread(self.ledger.mark_ready, d.id)
         d.ready_at = time.time()
         d.error = None
