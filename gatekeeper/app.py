@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 import anyio
 import httpx
@@ -181,7 +180,6 @@ def _held(manager: DeploymentManager) -> dict[str, int]:
     for d in manager.deployments.values():
         if d.state != "ready":
             continue
-        placement: dict[str, Any] = d.decision_json.get("placement") or {}
-        for uuid, promise in zip(d.gpu_uuids, placement.get("promise_bytes") or [], strict=False):
-            held[uuid] = held.get(uuid, 0) + int(promise)
+        for uuid, promise in zip(d.gpu_uuids, d.promise_bytes, strict=False):
+            held[uuid] = held.get(uuid, 0) + promise
     return held

@@ -186,17 +186,15 @@ def _call(method: str, url: str, headers: dict[str, str], **kw: Any) -> httpx.Re
 
 
 def _fail(response: httpx.Response) -> int:
+    """One line with the sidecar's error, then a rejection's reasons and suggestions."""
     try:
-        error = response.json().get("error", {})
-        message = error.get("message") or response.text
+        body = response.json()
     except ValueError:
-        message = response.text
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    message = (body.get("error") or {}).get("message") or response.text
     print(f"gatekeeper: error: {response.status_code}: {message}", file=sys.stderr)
-    decision = (
-        response.json().get("decision")
-        if response.headers.get("content-type", "").startswith("application/json")
-        else None
-    )
+    decision = body.get("decision")
     if decision:
         for line in decision.get("reasons", [])[1:]:
             print(f"  - {line}", file=sys.stderr)

@@ -95,6 +95,12 @@ class Deployment:
         placement = self.decision_json.get("placement") or {}
         return dict(placement.get("predicted") or {})
 
+    @property
+    def promise_bytes(self) -> tuple[int, ...]:
+        """Bytes the admission promised on each GPU, in ``gpu_indices`` order."""
+        placement = self.decision_json.get("placement") or {}
+        return tuple(int(b) for b in placement.get("promise_bytes") or ())
+
     def use_decision(self, decision: Decision) -> None:
         p = decision.placement
         assert p is not None
@@ -182,9 +188,8 @@ def simulated_env(d: Deployment) -> dict[str, str]:
     ``worker_env`` still overrides it, to rehearse a wrong prediction)."""
     predicted = d.predicted
     env = {var: str(int(predicted[key])) for key, var in _SIMULATED.items() if predicted.get(key)}
-    promise = (d.decision_json.get("placement") or {}).get("promise_bytes") or []
-    if promise:
-        env["GATEKEEPER_SIM_ACTUAL_BYTES"] = str(int(promise[0]))
+    if d.promise_bytes:
+        env["GATEKEEPER_SIM_ACTUAL_BYTES"] = str(d.promise_bytes[0])
     return env
 
 
@@ -197,7 +202,7 @@ def worker_view(d: Deployment) -> WorkerView:
         state=d.state,
         gpu_indices=tuple(d.gpu_indices),
         predicted=predicted_components(placement.get("predicted") or {}),
-        predicted_total_bytes=tuple(int(b) for b in placement.get("promise_bytes") or ()),
+        predicted_total_bytes=d.promise_bytes,
         actual=actual_components(d.actual.components()),
         pid=d.worker.pid if d.worker is not None else None,
         restarts=d.restarts,

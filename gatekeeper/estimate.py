@@ -109,6 +109,9 @@ class Estimate:
     fits: bool
     reasons: tuple[str, ...]
     warnings: tuple[str, ...] = field(default=())
+    length_beyond_model: bool = False
+    """max_model_len exceeds the model's derived maximum: vLLM refuses it whatever the
+    memory (the one refusal no KV budget can fix)."""
 
     @property
     def worst(self) -> StageEstimate:
@@ -316,9 +319,14 @@ def estimate(
         max_concurrency=max(0.0, concurrency),
         max_model_len_fit=max(0, fit_len),
         fits=not reasons,
+        length_beyond_model=_length_beyond_model(p),
         reasons=tuple(reasons),
         warnings=tuple(warnings),
     )
+
+
+def _length_beyond_model(p: _Plan) -> bool:
+    return bool(p.opts.max_model_len) and p.max_model_len > p.spec.max_position_embeddings
 
 
 def _verdict(
@@ -329,7 +337,7 @@ def _verdict(
     warnings: list[str] = []
     total, budget = p.gpu.total_bytes, worst.budget_bytes
     free = p.gpu.free_bytes
-    if p.opts.max_model_len and p.max_model_len > p.spec.max_position_embeddings:
+    if _length_beyond_model(p):
         reasons.append(
             f"max_model_len {p.max_model_len} is greater than the model's derived maximum "
             f"{p.spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"

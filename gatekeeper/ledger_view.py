@@ -16,9 +16,7 @@ def ledger_usage(state_dir: Path) -> tuple[dict[str, int], dict[str, int]]:
     if not path.is_file():
         return {}, {}
 
-    workers: dict[str, int] = {}
+    from gatekeeper.admission import workers_per_gpu
+
     with Ledger(path) as ledger:
-        reserved = dict(promised_bytes(ledger.outstanding()))
-        for r in ledger.live():
-            workers[r.gpu_uuid] = workers.get(r.gpu_uuid, 0) + 1
-    return reserved, workers
+        return dict(promised_bytes(ledger.outstanding())), workers_per_gpu(ledger.live())

@@ -109,22 +109,27 @@ def _need(
     return _Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))
 
 
-_CACHE: dict[tuple[Any, ...], Estimate] = {}
+_CACHE: dict[tuple[Any, ...], tuple[ModelSpec, Estimate]] = {}
+"""Estimates by (spec object, options, GPU, version). The spec is kept with its estimate
+and compared by identity, so a recycled ``id`` can never return another spec's estimate
+(hashing a spec whose checkpoint lists thousands of tensors on every decision would cost
+more than the estimate)."""
 
 
 def _estimate(
     spec: ModelSpec, options: ServeOptions, total: int, name: str, version: str
 ) -> Estimate:
-    key = (id(spec), spec.name, options, total, name, version)
+    key = (id(spec), options, total, name, version)
     cached = _CACHE.get(key)
-    if cached is None:
-        if len(_CACHE) > 4096:
-            _CACHE.clear()
-        cached = estimate(
-            spec, options, GpuTarget(total_bytes=total, name=name), default_version=version
-        )
-        _CACHE[key] = cached
-    return cached
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    result = estimate(
+        spec, options, GpuTarget(total_bytes=total, name=name), default_version=version
+    )
+    _CACHE[key] = (spec, result)
+    return result
 
 
 def gpu_lines(
@@ -215,16 +220,10 @@ def _try_shape(
             needs[g.total_bytes] = _need(
                 request, tp, pp, g.total_bytes, g.name, policy.default_vllm_version
             )
-    if any(not n.estimate.fits and not _only_kv_reasons(n.estimate) for n in needs.values()):
+    if any(n.estimate.length_beyond_model for n in needs.values()):
         return None
     chosen = _group(candidates, tp * pp, {t: n.max_bytes for t, n in needs.items()})
     return (chosen, needs) if chosen else None
-
-
-def _only_kv_reasons(e: Estimate) -> bool:
-    """The estimate's own verdict used the default budget; placement sizes KV itself, so
-    only a refusal that no budget can fix (max_model_len beyond the model's) counts."""
-    return not any("derived maximum" in r for r in e.reasons)
 
 
 def _placement(

@@ -45,7 +45,8 @@ def rejection_reasons(
     for (tp, pp), needs in tried:
         need = needs[max(needs)]  # on the largest GPU product
         reasons.append(_need_line(name, tp, pp, need))
-        reasons += [r for r in need.estimate.reasons if "derived maximum" in r]
+        if need.estimate.length_beyond_model:
+            reasons += [r for r in need.estimate.reasons if r.startswith("max_model_len")]
     reasons += [g.text() for g in lines]
     return reasons
 

@@ -149,7 +149,7 @@ class ModelRouter:
             return False
         snapshot = await self.manager.snapshot()
         reserved = promised_bytes(await asyncio.to_thread(self.manager.ledger.outstanding))
-        policy = dataclasses.replace(self.manager.config.policy)
+        policy = self.manager.config.policy
         for k in range(1, len(idle) + 1):
             victims = idle[:k]
             if decide(
@@ -196,11 +196,8 @@ def _freed(snapshot: InventorySnapshot, victims: list[Deployment]) -> InventoryS
     """The snapshot as it would be with the victims' workers stopped."""
     freed: dict[int, int] = {}
     for d in victims:
-        placement = d.decision_json.get("placement") or {}
-        for index, promise in zip(
-            d.gpu_indices, placement.get("promise_bytes") or [], strict=False
-        ):
-            freed[index] = freed.get(index, 0) + int(promise)
+        for index, promise in zip(d.gpu_indices, d.promise_bytes, strict=False):
+            freed[index] = freed.get(index, 0) + promise
     gpus = tuple(
         dataclasses.replace(
             g, free_bytes=min(g.visible_total_bytes, g.free_bytes + freed.get(g.index, 0))

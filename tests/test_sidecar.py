@@ -3,7 +3,10 @@ adoption, eviction — against the simulator worker, with the openai client as c
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import openai
 import pytest
 
 from gatekeeper.launcher import process_group_alive
-from tests.sidecar_harness import TOKEN, running_sidecar, settings_for
+from tests.sidecar_harness import TOKEN, free_port_block, running_sidecar, settings_for
 
 
 def client(url: str) -> openai.OpenAI:
@@ -173,8 +176,31 @@ def test_idle_worker_is_evicted_for_a_model_that_needs_the_room(tmp_path: Path):
         assert states == {"tiny": "stopped", "Qwen/Qwen2.5-7B-Instruct": "ready"}
 
 
-def test_the_sidecar_binds_loopback_by_default():
-    from gatekeeper.settings import Settings
-
-    assert Settings().host == "127.0.0.1"
-    assert os.environ.get("GATEKEEPER_HOST") is None
+def test_gatekeeper_serve_binds_loopback_by_default(tmp_path: Path):
+    """The real command, with no host configured, listens on 127.0.0.1 only."""
+    port = free_port_block(1)
+    env = {k: v for k, v in os.environ.items() if k != "GATEKEEPER_HOST"}
+    env |= {"GATEKEEPER_STATE_DIR": str(tmp_path), "GATEKEEPER_PORT": str(port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper", "serve", "--rehearsal"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "the sidecar did not start"
+            time.sleep(0.1)
+        listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        local = [line.split()[1] for line in listening if line.split()[3] == "0A"]
+        assert f"0100007F:{port:04X}" in local  # 127.0.0.1:port
+        assert f"00000000:{port:04X}" not in local  # not 0.0.0.0:port
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"on http://127.0.0.1:{port}" in out and "REHEARSAL" in out
