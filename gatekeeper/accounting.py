@@ -27,7 +27,13 @@ from typing import Literal
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.units import GIB
 
-__all__ = ["ACCOUNTINGS", "Accounting", "accounting_for", "parse_vllm_version"]
+__all__ = [
+    "ACCOUNTINGS",
+    "Accounting",
+    "accounting_by_name",
+    "accounting_for",
+    "parse_vllm_version",
+]
 
 Version = tuple[int, int, int]
 
@@ -166,6 +172,11 @@ def parse_vllm_version(text: str) -> tuple[Version, bool]:
     major, minor, patch = match.group(1), match.group(2), match.group(3) or "0"
     forced_v0 = bool(re.search(r"(?<![\w.])v0(?![\w.])", text.lower()))
     return (int(major), int(minor), int(patch)), forced_v0
+
+
+def accounting_by_name(name: str) -> Accounting:
+    """The accounting an ``Estimate`` names."""
+    return next(a for a in ACCOUNTINGS if a.name == name)
 
 
 def accounting_for(text: str) -> Accounting:

@@ -10,6 +10,7 @@ running to be adopted (or stops them, by setting).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 
@@ -45,7 +46,10 @@ from gatekeeper.rehearsal import RehearsalInventory
 from gatekeeper.routing import ModelRouter, RouterConfig
 from gatekeeper.settings import ModelEntry, Settings, model_resolver
 
-__all__ = ["build_app", "manager_config"]
+__all__ = ["RELEASED_KEEP_SECONDS", "build_app", "manager_config"]
+
+RELEASED_KEEP_SECONDS = 7 * 24 * 3600.0
+"""Released reservations are kept a week (for inspection), then pruned at start-up."""
 
 
 def manager_config(settings: Settings) -> ManagerConfig:
@@ -141,6 +145,7 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(ledger.prune, RELEASED_KEEP_SECONDS)
         await manager.adopt(lambda model: registry.request(ModelEntry(name=model, model=model)))
         for entry in settings.models:
             if entry.preload and not manager.by_name(entry.name):

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from gatekeeper.accounting import accounting_by_name
 from gatekeeper.catalog import catalog_entries
 from gatekeeper.cli_options import add_serving_flags, options_from_args
 from gatekeeper.errors import ServeOptionsError
@@ -117,7 +118,8 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         f"{e.model} on a {gib(e.gpu_total_bytes):.2f} GiB GPU, TP={e.tensor_parallel_size} "
         f"PP={e.pipeline_parallel_size}, {e.dtype}, KV {e.kv_cache_dtype}"
         + (f", {e.quantization}" if e.quantization else ""),
-        f"vLLM {e.vllm_version} accounting ({e.accounting}); per GPU ({rank}most loaded rank)",
+        f"vLLM {e.vllm_version} accounting ({e.accounting}: "
+        f"{accounting_by_name(e.accounting).description}); per GPU ({rank}most loaded rank)",
         f"  max_model_len {e.max_model_len}, max_num_seqs {e.max_num_seqs}, "
         f"max_num_batched_tokens {e.max_num_batched_tokens}, "
         f"gpu_memory_utilization {e.gpu_memory_utilization}",

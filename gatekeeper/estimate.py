@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gatekeeper.accounting import Accounting, accounting_for
+from gatekeeper.accounting import Accounting, accounting_by_name, accounting_for
 from gatekeeper.kv_cache import KvLayout, kv_layout
 from gatekeeper.model_spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.overhead import (
@@ -125,6 +125,7 @@ class Estimate:
             "method": self.method,
             "vllm_version": self.vllm_version,
             "accounting": self.accounting,
+            "accounting_description": accounting_by_name(self.accounting).description,
             "weights_bytes": w.weights_bytes,
             "non_torch_bytes": w.non_torch_bytes,
             "activation_peak_bytes": w.activation_peak_bytes,

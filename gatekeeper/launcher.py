@@ -111,7 +111,6 @@ class WorkerProcess:
         self.pid = pid
         self.child = child
         """True for a worker this process spawned (its exit code can be read)."""
-        self.started_at = time.time()
         self.returncode: int | None = None
         self.exited = asyncio.Event()
         self._log_offset = 0

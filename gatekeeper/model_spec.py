@@ -165,7 +165,3 @@ class ModelSpec:
     @property
     def vision_parameters(self) -> int:
         return self.vision.parameters if self.vision is not None else 0
-
-    @property
-    def kv_layer_count(self) -> int:
-        return sum(1 for kind in self.layer_attention if kind != "none")

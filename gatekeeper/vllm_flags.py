@@ -20,8 +20,7 @@ from gatekeeper.serve_options import ServeOptions
 
 __all__ = ["LaunchFlags", "ceil_fraction", "floor_fraction", "launch_args"]
 
-FRACTION_DIGITS = 4
-_SCALE = 10_000
+_SCALE = 10_000  # fractions carry 4 decimals, as the flags print them
 
 
 def floor_fraction(numerator: int, denominator: int) -> float:

@@ -57,9 +57,10 @@ def test_check_without_gpus_says_how_to_plan_instead(tmp_path):
         },
         cwd=ROOT,
     )
-    assert env_out.returncode in (1, 2)
-    assert "Traceback" not in env_out.stderr
-    assert "--node" in env_out.stderr or "declared" in env_out.stderr
+    assert env_out.returncode == 2
+    assert "Traceback" not in env_out.stderr and len(env_out.stderr.strip().splitlines()) == 1
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in env_out.stderr
+    assert "pass --node 2xH100-80GB" in env_out.stderr
 
 
 def test_the_example_plan_runs():

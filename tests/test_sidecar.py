@@ -204,3 +204,16 @@ def test_gatekeeper_serve_binds_loopback_by_default(tmp_path: Path):
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert f"on http://127.0.0.1:{port}" in out and "REHEARSAL" in out
+
+
+def test_old_released_reservations_are_pruned_at_start(tmp_path: Path):
+    from gatekeeper.ledger import Ledger, Promise, ledger_path
+
+    week_ago = time.time() - 8 * 24 * 3600
+    with Ledger(ledger_path(tmp_path), clock=lambda: week_ago) as ledger:
+        ledger.admit("old", "m", lambda _: (None, (Promise("DECLARED-0", 1),)), ttl_seconds=60)
+        ledger.release("old")
+    with running_sidecar(settings_for(tmp_path)):
+        pass
+    with Ledger(ledger_path(tmp_path)) as ledger:
+        assert ledger.by_deployment("old") == ()
