@@ -118,6 +118,31 @@ class Estimate:
         """The most loaded rank: the stage with the fewest KV blocks."""
         return min(self.stages, key=lambda s: (s.num_blocks, s.kv_cache_bytes))
 
+    def kv_bytes_for(self, sequences: int = 1, tokens: int | None = None) -> int:
+        """KV bytes that hold ``sequences`` requests of max_model_len (or ``tokens``
+        tokens, whichever is more) plus vLLM's null block: ``sequences=1`` is the least
+        vLLM accepts."""
+        if not self.kv_block_bytes:
+            return 0
+        blocks = self.blocks_per_request * sequences
+        if tokens:
+            per_token = self.blocks_per_request / self.max_model_len
+            blocks = max(blocks, -(-int(per_token * tokens * 1000) // 1000))
+        return self.kv_block_bytes * (blocks + 1)
+
+    def rank_bytes(self, stage: StageEstimate, kv_bytes: int) -> tuple[int, int]:
+        """(bytes the rank holds, bytes inside vLLM's budget) with ``kv_bytes`` of KV cache:
+        the CUDA context (and NCCL under TP) sit outside the budget, and so do CUDA graphs
+        before vLLM 0.21."""
+        in_budget = stage.weights_bytes + stage.non_torch_bytes + stage.activation_peak_bytes
+        in_budget += kv_bytes
+        outside = pre_init_bytes(self.tensor_parallel_size)
+        if self.cuda_graphs_in_budget:
+            in_budget += stage.cuda_graph_bytes
+        else:
+            outside += stage.cuda_graph_bytes
+        return outside + in_budget, in_budget
+
     def to_json(self) -> dict[str, Any]:
         w = self.worst
         return {

@@ -30,7 +30,7 @@ from typing import Any
 
 from gatekeeper.calibration import scale_estimate
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.estimate import Estimate, GpuTarget, estimate
 from gatekeeper.gpus import GpuInfo, InventorySnapshot
 from gatekeeper.model_spec import ModelSpec
 from gatekeeper.overhead import pre_init_bytes
@@ -74,27 +74,6 @@ class _Need:
         return max(self.per_stage)
 
 
-def _kv_target(e: Estimate, request: PlacementRequest) -> int:
-    if not e.kv_block_bytes:
-        return 0
-    blocks = e.blocks_per_request * request.min_sequences
-    if request.min_kv_tokens:
-        ratio = request.min_kv_tokens / e.max_model_len
-        blocks = max(blocks, -(-int(e.blocks_per_request * ratio * 1000) // 1000))
-    return e.kv_block_bytes * (blocks + 1)
-
-
-def _stage_need(e: Estimate, s: StageEstimate, kv: int) -> tuple[int, int]:
-    """(bytes the rank holds, bytes inside vLLM's budget)."""
-    in_budget = s.weights_bytes + s.non_torch_bytes + s.activation_peak_bytes + kv
-    outside = pre_init_bytes(e.tensor_parallel_size)
-    if e.cuda_graphs_in_budget:
-        in_budget += s.cuda_graph_bytes
-    else:
-        outside += s.cuda_graph_bytes
-    return outside + in_budget, in_budget
-
-
 def _need(
     request: PlacementRequest, tp: int, pp: int, total: int, name: str, version: str
 ) -> _Need:
@@ -104,8 +83,8 @@ def _need(
     e = _estimate(request.model, options, total, name, version)
     if request.corrections:
         e = scale_estimate(e, request.corrections)
-    kv = _kv_target(e, request)
-    pairs = [_stage_need(e, s, kv) for s in e.stages]
+    kv = e.kv_bytes_for(request.min_sequences, request.min_kv_tokens)
+    pairs = [e.rank_bytes(s, kv) for s in e.stages]
     return _Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))
 
 

@@ -152,9 +152,8 @@ def _evaluate(spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: Fi
         default_version=policy.default_vllm_version,
     )
     w = e.worst
-    kv_min = e.kv_block_bytes * (e.blocks_per_request + 1) if e.kv_block_bytes else 0
-    graphs = w.cuda_graph_bytes if e.cuda_graphs_in_budget else 0
-    need = w.weights_bytes + w.non_torch_bytes + w.activation_peak_bytes + graphs + kv_min
+    kv_min = e.kv_bytes_for()
+    need = e.rank_bytes(w, kv_min)[1]
     if options.kv_cache_memory_bytes is not None:
         slack = gpu.total_bytes - w.nvml_bytes
     else:
