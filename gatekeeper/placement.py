@@ -164,26 +164,24 @@ def _shapes(
 
 
 def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> list[GpuLine] | None:
-    """The best-fitting ``size`` GPUs among ``candidates`` (same product preferred)."""
-    fitting = [g for g in candidates if g.usable_bytes >= needs[g.total_bytes]]
-    best: list[GpuLine] | None = None
-    best_key: tuple[int, int, int] | None = None
-    products = {g.name for g in fitting}
-    pools = [[g for g in fitting if g.name == p] for p in sorted(products)] or [fitting]
-    if size > 1:
-        pools.append(fitting)
-    for mixed, pool in enumerate(pools):
-        if len(pool) < size:
-            continue
-        ranked = sorted(
-            pool, key=lambda g: (g.usable_bytes - needs[g.total_bytes], g.workers, g.index)
-        )
-        chosen = ranked[:size]
-        leftover = sum(g.usable_bytes - needs[g.total_bytes] for g in chosen)
-        key = (int(mixed == len(pools) - 1 and size > 1), leftover, sum(g.workers for g in chosen))
-        if best_key is None or key < best_key:
-            best, best_key = chosen, key
-    return best
+    """The best-fitting ``size`` GPUs among ``candidates``: from one product when any
+    product has enough, else mixed; within that, the least usable memory left over, then
+    the fewest workers."""
+
+    def room(g: GpuLine) -> int:
+        return g.usable_bytes - needs[g.total_bytes]
+
+    fitting = [g for g in candidates if room(g) >= 0]
+    groups = [
+        sorted(same, key=lambda g: (room(g), g.workers, g.index))[:size]
+        for product in sorted({g.name for g in fitting})
+        if len(same := [g for g in fitting if g.name == product]) >= size
+    ]
+    if not groups and size > 1 and len(fitting) >= size:
+        groups = [sorted(fitting, key=lambda g: (room(g), g.workers, g.index))[:size]]
+    if not groups:
+        return None
+    return min(groups, key=lambda chosen: (sum(map(room, chosen)), sum(g.workers for g in chosen)))
 
 
 def _try_shape(
