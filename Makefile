@@ -27,6 +27,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs tests bench
 	$(BIN)/pytest
 

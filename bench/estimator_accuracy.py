@@ -1,7 +1,7 @@
 """Score the estimator against real figures vLLM printed (shared/calibration).
 
 For every record of ``vllm_observations.jsonl`` it rebuilds the serving options, runs
-``gatekeeper.estimate`` with the record's vLLM version, and compares each component
+``gatekeeper.estimate.vllm_method`` with the record's vLLM version, and compares each component
 with what vLLM logged. It prints the mean absolute % error per component and per source
 group next to the seed's rule (``M = P x Q/8 x 1.2``) on the same rows, and the
 start/no-start verdict accuracy.
@@ -23,15 +23,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.catalog import find_in_catalog
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate import Estimate, GpuTarget, estimate
-from gatekeeper.hf_config import spec_from_config
-from gatekeeper.model_spec import ModelSpec
-from gatekeeper.serve_options import ServeOptions
-from gatekeeper.simple_method import simple_estimate
+from gatekeeper.estimate import (
+    Estimate,
+    GpuTarget,
+    ServeOptions,
+    estimate,
+    parameter_count,
+    simple_estimate,
+)
+from gatekeeper.models import ModelSpec, find_in_catalog, spec_from_config
 from gatekeeper.units import GIB
-from gatekeeper.weights import parameter_count
 
 DEFAULT_DATA = (
     Path(__file__).resolve().parents[1].parent / "shared/calibration/vllm_observations.jsonl"

@@ -34,11 +34,15 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gatekeeper.attribution import tree_usage, worker_usage
-from gatekeeper.cuda_devices import worker_cuda_env
-from gatekeeper.gpus import GpuInfo, InventorySnapshot
-from gatekeeper.nvml import NvmlInventory
-from gatekeeper.proctree import process_tree
+from gatekeeper.gpus import (
+    GpuInfo,
+    InventorySnapshot,
+    NvmlInventory,
+    process_tree,
+    tree_usage,
+    worker_cuda_env,
+    worker_usage,
+)
 from gatekeeper.units import GIB, MIB, format_gib
 
 CHILD_CODE = r"""

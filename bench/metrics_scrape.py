@@ -17,18 +17,17 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gatekeeper.declared import parse_declared_node
-from gatekeeper.gpus import GpuProcess, StaticInventory
+from gatekeeper.gpus import CachedInventory, GpuProcess, StaticInventory, parse_declared_node
 from gatekeeper.metrics import (
-    CachedInventory,
+    Component,
     GpuCollector,
     SidecarMetrics,
     WorkerCollector,
+    WorkerView,
     policy_margin,
 )
 from gatekeeper.placement import PlacementPolicy
 from gatekeeper.units import GIB
-from gatekeeper.worker_metrics import Component, WorkerView
 
 GPUS, WORKERS = 8, 50
 

@@ -1,6 +1,6 @@
 """What the OpenAI proxy adds, next to vllm-router, on loopback.
 
-Starts three processes: the fake vLLM worker (``tests.fake_upstream``), gatekeeper's
+Starts three processes: the fake vLLM worker (``tests.support.fake_upstream``), gatekeeper's
 proxy in front of it (``python -m bench.proxy serve``, uvicorn with the same defaults as
 the sidecar) and ``vllm-router --policy round_robin`` with the worker as its one static
 backend. Then, with the targets interleaved round by round, it measures for each target
@@ -53,7 +53,8 @@ def serve(port: int, upstream: str) -> None:
     import uvicorn
     from starlette.applications import Starlette
 
-    from gatekeeper.proxy import Endpoint, Proxy, upstream_client
+    from gatekeeper.proxy.serving import Endpoint, Proxy
+    from gatekeeper.proxy.upstream import upstream_client
 
     class OneWorker:
         def __init__(self) -> None:
@@ -313,7 +314,7 @@ def main() -> None:
     with ExitStack() as stack:
         stack.enter_context(
             process(
-                [py, "-m", "tests.fake_upstream", "--port", str(ports["worker"])],
+                [py, "-m", "tests.support.fake_upstream", "--port", str(ports["worker"])],
                 ports["worker"],
                 "/health",
             )

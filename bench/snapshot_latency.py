@@ -1,6 +1,6 @@
 """Snapshot latency of ``NvmlInventory`` on the NVML stand-in: 8 GPUs, 50 processes.
 
-Builds the stand-in (tests/nvml_stub/fake_nvml.c) with gcc into a temporary
+Builds the stand-in (gatekeeper/gpus/stand_in/fake_nvml.c) with gcc into a temporary
 directory, loads it in this process, takes warm-up snapshots, then times ``--runs``
 snapshots and prints the median, the 90th percentile and the extremes.
 
@@ -25,10 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gatekeeper.nvml import NvmlInventory  # noqa: E402
-from gatekeeper.proctree import read_parent_map  # noqa: E402
+from gatekeeper.gpus import NvmlInventory, read_parent_map  # noqa: E402
+from gatekeeper.gpus.stand_in import STATE_ENV, FakeProcess, build_stub, h100, write_state  # noqa: E402
 from gatekeeper.units import GIB  # noqa: E402
-from tests.nvml_stub import STATE_ENV, FakeProcess, build_stub, h100, write_state  # noqa: E402
 
 GPUS = 8
 PROCESSES = 50

@@ -1,5 +1,5 @@
 """``python -m gatekeeper`` runs the command-line interface."""
 
-from gatekeeper.cli import main
+from gatekeeper.cli.main import main
 
 raise SystemExit(main())

@@ -16,6 +16,15 @@ failed, the numbers or the value involved, and what to do next.
 
 from __future__ import annotations
 
+__all__ = [
+    "GatekeeperError",
+    "HubError",
+    "ModelSpecError",
+    "NvmlUnavailable",
+    "ServeOptionsError",
+    "UnknownGpuError",
+]
+
 
 class GatekeeperError(Exception):
     """Base of every error gatekeeper raises on purpose."""

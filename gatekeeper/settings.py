@@ -1,8 +1,12 @@
 """gatekeeper's settings: one class, read from ``GATEKEEPER_*`` environment variables
 and an optional TOML file (``GATEKEEPER_CONFIG`` or ``--config``).
 
-Only the entry points (``cli``, later ``app``) construct ``Settings``; everything else
-receives plain values.
+Only the entry points (``gatekeeper.cli``, and ``gatekeeper.sidecar.app`` for what the
+sidecar reads at start) construct or read ``Settings``; everything else receives plain
+values. The helpers below are the one place settings become those values:
+``placement_policy`` (placement, the webhook and the metrics' margin),
+``model_resolver`` (how model references are resolved) and ``gpu_source`` (the driver
+or a declared node).
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ from pydantic_settings import (
 )
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.gpus.source import GpuSource, parse_gpu_source
+from gatekeeper.placement.types import PlacementPolicy
 
 if TYPE_CHECKING:
-    from gatekeeper.model_spec import ModelSpec
+    from gatekeeper.models.spec import ModelSpec
 
-__all__ = ["ModelEntry", "Settings", "SettingsError", "load_settings", "model_resolver"]
+__all__ = [
+    "ModelEntry",
+    "Settings",
+    "SettingsError",
+    "gpu_source",
+    "load_settings",
+    "model_resolver",
+    "placement_policy",
+]
 
 
 class SettingsError(GatekeeperError):
@@ -69,7 +84,7 @@ class Settings(BaseSettings):
     hub_timeout_seconds: float = Field(default=10.0, gt=0)
     """Time limit for each hub request."""
 
-    default_vllm_version: str = "0.33.0"
+    default_vllm_version: str = DEFAULT_VLLM_VERSION
     """The vLLM version whose memory accounting the estimator follows when a request
     does not name one."""
 
@@ -193,9 +208,27 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+def placement_policy(settings: Settings) -> PlacementPolicy:
+    """The placement rules the settings give (also the webhook's margin and version)."""
+    return PlacementPolicy(
+        margin_bytes=settings.safety_margin_bytes,
+        margin_fraction=settings.safety_margin_fraction,
+        allowed_gpus=frozenset(settings.allowed_gpus) if settings.allowed_gpus else None,
+        share_gpus=settings.share_gpus,
+        allow_pipeline=settings.allow_pipeline,
+        default_vllm_version=settings.default_vllm_version,
+    )
+
+
+def gpu_source(settings: Settings, node: str | None = None) -> GpuSource:
+    """The GPUs to place on: ``node`` (the CLI's ``--node``) when given, else the
+    ``gpus`` setting; raises ``GatekeeperError`` for a bad declared node."""
+    return parse_gpu_source(node or settings.gpus)
+
+
 def model_resolver(settings: Settings) -> Callable[[str], ModelSpec]:
     """``resolve_model`` with the settings' hub access (network, endpoint, timeout)."""
-    from gatekeeper.model_source import resolve_model
+    from gatekeeper.models.source import resolve_model
 
     return partial(
         resolve_model,

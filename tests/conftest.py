@@ -1,4 +1,4 @@
-"""Shared fixtures. The NVML stand-in driver (``tests/nvml_stub``): built once per
+"""Shared fixtures. The NVML stand-in driver (``gatekeeper/gpus/stand_in``): built once per
 session with gcc, preloaded in-process, its state file per test."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.nvml_stub import STATE_ENV, FakeNvml, build_stub, preload
+from gatekeeper.gpus.stand_in import STATE_ENV, FakeNvml, build_stub, preload
 
-pytest_plugins = ["tests.golden_option"]
+pytest_plugins = ["tests.support.golden_option"]
 
 NO_GCC = (
-    "gcc is not installed, so the NVML stand-in driver (tests/nvml_stub/fake_nvml.c) "
+    "gcc is not installed, so the NVML stand-in driver (gatekeeper/gpus/stand_in/fake_nvml.c) "
     "cannot be built; install gcc (apt-get install gcc libc6-dev) to run these tests"
 )
 

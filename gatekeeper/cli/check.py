@@ -1,0 +1,98 @@
+"""``gatekeeper check`` (one request against the node) and ``gatekeeper plan`` (a file
+of deployments admitted in order: capacity planning)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gatekeeper.cli.options import add_serving_flags, options_from_args, positive_int
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.decide import decide
+from gatekeeper.placement.plan import load_plan, run_plan
+from gatekeeper.placement.render import render_decision
+from gatekeeper.placement.types import Decision, PlacementRequest, auto_parallel
+from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
+from gatekeeper.sidecar.ledger import ledger_usage
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: Any) -> None:
+    c = subparsers.add_parser(
+        "check",
+        help="decide whether a model fits this node, where, and with which flags",
+        description="Admission decision for one deployment (nothing is launched or reserved).",
+    )
+    c.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
+    add_serving_flags(c)
+    _add_request_flags(c)
+    c.set_defaults(func=run_check)
+    p = subparsers.add_parser(
+        "plan",
+        help="admit a file of deployments in order and show the node's headroom",
+        description="Capacity planning: FILE (TOML or YAML) lists deployments.",
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument(
+        "--node", default=None, help="declared node (default: the file's, else settings)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_plan_command)
+
+
+def _add_request_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--node", default=None, help="declared node such as 2xH100-80GB (default: live GPUs)"
+    )
+    c.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
+    c.add_argument("--min-sequences", type=positive_int("--min-sequences"), default=1)
+    c.add_argument("--json", action="store_true")
+
+
+def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
+    source = gpu_source(settings, node)
+    snapshot = source.snapshot(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not snapshot.ok:
+        raise GatekeeperError(
+            f"gpus: cannot read the GPUs ({snapshot.error}); "
+            "pass --node 2xH100-80GB (or set GATEKEEPER_GPUS) to plan for a declared node"
+        )
+    return snapshot
+
+
+def run_check(args: argparse.Namespace, settings: Settings) -> int:
+    spec = model_resolver(settings)(args.model)
+    request = PlacementRequest(
+        model=spec,
+        options=options_from_args(args),
+        auto_parallel=auto_parallel(
+            name for name, value in vars(args).items() if value is not None
+        ),
+        min_kv_tokens=args.min_kv_tokens,
+        min_sequences=args.min_sequences,
+    )
+    live = args.node is None
+    snapshot = _snapshot(settings, args.node)
+    reserved, workers = ledger_usage(settings.state_dir.expanduser()) if live else ({}, {})
+    decision = decide(
+        request, snapshot, reserved=reserved, workers=workers, policy=placement_policy(settings)
+    )
+    _print(decision, args.json)
+    return 0 if decision.admitted else 1
+
+
+def _print(decision: Decision, as_json: bool) -> None:
+    print(json.dumps(decision.to_json(), indent=2) if as_json else render_decision(decision))
+
+
+def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
+    plan = load_plan(args.file)
+    snapshot = _snapshot(settings, args.node or plan.node)
+    result = run_plan(plan, snapshot, placement_policy(settings), model_resolver(settings))
+    print(json.dumps(result.to_json(), indent=2) if args.json else result.render())
+    return 0 if all(d.admitted for d in result.decisions) else 1

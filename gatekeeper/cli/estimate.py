@@ -1,0 +1,163 @@
+"""``gatekeeper estimate`` and ``gatekeeper models``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gatekeeper.cli.options import add_serving_flags, options_from_args
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.accounting import accounting_by_name
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.simple_method import simple_estimate
+from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimate.weights import parameter_count
+from gatekeeper.gpus.products import lookup_gpu
+from gatekeeper.models.catalog import catalog_entries
+from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
+from gatekeeper.settings import Settings, model_resolver
+from gatekeeper.units import format_gib, gib, parse_size
+
+__all__ = ["add_parser"]
+
+DEFAULT_GPU = "H100-80GB"
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "estimate",
+        help="estimate a model's per-GPU memory under vLLM",
+        description="Estimate per-GPU memory as vLLM accounts it, and whether it would start.",
+    )
+    p.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
+    add_serving_flags(p)
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
+    gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
+    p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+    m = subparsers.add_parser("models", help="list the embedded catalog")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=run_models)
+
+
+def _gpu(args: argparse.Namespace) -> GpuTarget:
+    if args.gpu_memory:
+        try:
+            return GpuTarget(total_bytes=parse_size(args.gpu_memory, field="--gpu-memory"))
+        except ValueError as e:
+            raise ServeOptionsError(str(e), field="gpu_memory", value=args.gpu_memory) from e
+    product = lookup_gpu(args.gpu or DEFAULT_GPU)
+    return GpuTarget(total_bytes=product.total_bytes, name=product.name)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    options = options_from_args(args)
+    gpu = _gpu(args)
+    spec = model_resolver(settings)(args.model)
+    result = estimate(spec, options, gpu, default_version=settings.default_vllm_version)
+    if args.method == "simple":
+        payload = _simple_json(spec, result, options)
+        print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))
+        return 0
+    print(json.dumps(result.to_json(), indent=2) if args.json else render(result, spec))
+    return 0
+
+
+def _simple_json(spec: ModelSpec, result: Estimate, options: ServeOptions) -> dict[str, Any]:
+    bits = result_bits(spec, result)
+    simple = simple_estimate(parameter_count(spec), bits)
+    per_gpu = simple.total_bytes // (options.tensor_parallel_size * options.pipeline_parallel_size)
+    fits = per_gpu <= result.gpu_total_bytes
+    return {
+        "model": spec.name,
+        "method": "simple",
+        "vllm_version": result.vllm_version,
+        "parameters": simple.parameters,
+        "bits": bits,
+        "weights_bytes": simple.weights_bytes,
+        "total_bytes": simple.total_bytes,
+        "non_torch_bytes": 0,
+        "activation_peak_bytes": simple.total_bytes - simple.weights_bytes,
+        "cuda_graph_bytes": 0,
+        "kv_cache_bytes": 0,
+        "kv_cache_tokens": 0,
+        "max_concurrency": 0.0,
+        "fits": fits,
+        "reasons": []
+        if fits
+        else [
+            f"P x Q/8 x 1.2 = {format_gib(per_gpu)} per GPU exceeds {format_gib(result.gpu_total_bytes)}"
+        ],
+        "max_model_len": result.max_model_len,
+    }
+
+
+def result_bits(spec: ModelSpec, result: Estimate) -> int:
+    quant = spec.quantization
+    return quant.weight_bits if quant is not None else DTYPE_BYTES[result.dtype] * 8
+
+
+def _render_simple(payload: dict[str, Any]) -> str:
+    return (
+        f"{payload['model']}: simple method M = P x Q/8 x 1.2\n"
+        f"  P = {payload['parameters']:,} parameters, Q = {payload['bits']} bits\n"
+        f"  weights {format_gib(payload['weights_bytes'])}, total {format_gib(payload['total_bytes'])}"
+    )
+
+
+def render(e: Estimate, spec: ModelSpec) -> str:
+    """The human table: components in GiB, the verdict, the largest max_model_len."""
+    w = e.worst
+    rank = (
+        f"stage {w.stage} of {e.pipeline_parallel_size}, " if e.pipeline_parallel_size > 1 else ""
+    )
+    lines = [
+        f"{e.model} on a {gib(e.gpu_total_bytes):.2f} GiB GPU, TP={e.tensor_parallel_size} "
+        f"PP={e.pipeline_parallel_size}, {e.dtype}, KV {e.kv_cache_dtype}"
+        + (f", {e.quantization}" if e.quantization else ""),
+        f"vLLM {e.vllm_version} accounting ({e.accounting}: "
+        f"{accounting_by_name(e.accounting).description}); per GPU ({rank}most loaded rank)",
+        f"  max_model_len {e.max_model_len}, max_num_seqs {e.max_num_seqs}, "
+        f"max_num_batched_tokens {e.max_num_batched_tokens}, "
+        f"gpu_memory_utilization {e.gpu_memory_utilization}",
+        "",
+        f"  {'component':<28}{'GiB':>10}",
+    ]
+    rows = [
+        ("weights", w.weights_bytes),
+        ("non-torch", w.non_torch_bytes),
+        ("activation peak", w.activation_peak_bytes),
+        ("CUDA graphs", w.cuda_graph_bytes),
+        ("KV cache", w.kv_cache_bytes),
+        ("budget (utilization x total)", w.budget_bytes),
+        ("NVML total for the worker", w.nvml_bytes),
+    ]
+    lines += [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
+    lines += [
+        "",
+        f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
+        f"max concurrency {e.max_concurrency:.2f}x at {e.max_model_len} tokens",
+        f"  weights from: {e.weights_source}",
+        f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
+    ]
+    lines += [f"    - {r}" for r in e.reasons]
+    lines += [f"    ! {m}" for m in e.warnings]
+    lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
+    return "\n".join(lines)
+
+
+def run_models(args: argparse.Namespace, settings: Settings) -> int:
+    entries = catalog_entries()
+    if args.json:
+        print(
+            json.dumps(
+                [{"repo_id": e.repo_id, "aliases": list(e.aliases)} for e in entries], indent=2
+            )
+        )
+        return 0
+    for e in entries:
+        print(f"{e.repo_id:<55} {', '.join(e.aliases)}")
+    return 0

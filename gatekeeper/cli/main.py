@@ -1,0 +1,76 @@
+"""The ``gatekeeper`` command line.
+
+Each subcommand lives in its own module of ``gatekeeper.cli`` exposing
+``add_parser(subparsers)``; the parser it adds sets ``run(args, settings) -> int`` as
+its ``func``. Errors raised on purpose (``GatekeeperError``) end the command with
+exit code 2 and one line that says what to do; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from gatekeeper._version import __version__
+from gatekeeper.cli import check, estimate, gpus, serve, webhook
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.settings import load_settings
+
+__all__ = ["EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error prints one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"gatekeeper: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gatekeeper",
+        description="Admission control for vLLM: decide before launch whether a model fits.",
+    )
+    parser.add_argument("--version", action="version", version=f"gatekeeper {__version__}")
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML settings file (GATEKEEPER_* keys)"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    for command in (estimate, gpus, check, serve, webhook):
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        code: int = args.func(args, settings)
+    except GatekeeperError as e:
+        print(f"gatekeeper: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: one line for the user, the traceback on request
+        if os.environ.get("GATEKEEPER_DEBUG"):
+            raise
+        print(
+            f"gatekeeper: internal error: {type(e).__name__}: {e} "
+            "(rerun with GATEKEEPER_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The estimate (pure): ``ModelSpec`` + ``ServeOptions`` + ``GpuTarget`` -> ``Estimate``.
+
+Per-GPU bytes of a vLLM worker as vLLM itself accounts them, release by release
+(``accounting``): weights (``weights``), the KV cache and its layout (``kv_cache``),
+the activation peak, non-torch memory and CUDA graphs (``overhead``), put together by
+``vllm_method.estimate``. ``simple_method`` keeps the seed's rule of thumb for
+comparison; ``options`` holds the serving options; ``calibration`` is the pure half of
+the sidecar's learned corrections (factors and ``scale_estimate``).
+
+May import: ``gatekeeper.models`` (``spec`` and what it needs), ``gatekeeper.errors``,
+``gatekeeper.units``, the standard library. No I/O: no files, sockets, threads, clocks
+or drivers (an import-linter contract keeps it so).
+"""
+
+from gatekeeper.estimate.accounting import (
+    ACCOUNTINGS,
+    DEFAULT_VLLM_VERSION,
+    Accounting,
+    accounting_for,
+    parse_vllm_version,
+)
+from gatekeeper.estimate.calibration import CalibrationTable, Factor, scale_estimate
+from gatekeeper.estimate.kv_cache import KvGroup, KvLayout, kv_layout
+from gatekeeper.estimate.options import KV_DTYPES, ServeOptions
+from gatekeeper.estimate.simple_method import SimpleEstimate, simple_estimate
+from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.estimate.weights import WeightPlan, parameter_count, weight_plan
+
+__all__ = [
+    "ACCOUNTINGS",
+    "DEFAULT_VLLM_VERSION",
+    "KV_DTYPES",
+    "Accounting",
+    "CalibrationTable",
+    "Estimate",
+    "Factor",
+    "GpuTarget",
+    "KvGroup",
+    "KvLayout",
+    "ServeOptions",
+    "SimpleEstimate",
+    "StageEstimate",
+    "WeightPlan",
+    "accounting_for",
+    "estimate",
+    "kv_layout",
+    "parameter_count",
+    "parse_vllm_version",
+    "scale_estimate",
+    "simple_estimate",
+    "weight_plan",
+]

@@ -1,0 +1,139 @@
+"""KV cache layout, capacity and vLLM's max_model_len check, per GPU rank.
+
+Page size per layer and token (``v1/kv_cache_interface.py``):
+
+- full / sliding / chunked attention: ``kv_heads_rank * (head_dim + v_head_dim) * b_kv``
+  with ``kv_heads_rank = max(1, kv_heads // tp)`` (heads replicate past ``tp = kv_heads``);
+- MLA: ``(kv_lora_rank + qk_rope_head_dim) * b_kv`` on every rank (not divided by TP);
+  ``fp8_ds_mla`` packs a token into 656 bytes. vLLM V0 aligned each MLA entry to 256 bytes.
+
+Layers are grouped as vLLM's hybrid allocator does: identical layers form one group;
+full and sliding-window layers with equal page sizes are bucketed and split into
+groups of ``g`` layers, all groups sharing one pool of blocks. Then
+``bytes_per_block = g * page * block_size``, ``num_blocks = floor(KV / bytes_per_block)``,
+and one request of length L needs ``cdiv(L, bs)`` blocks per full group and
+``cdiv(min(W - 1 + in_flight, L), bs) + 1`` per sliding group. vLLM refuses to start when
+``bytes_per_block * blocks_per_request(L) > KV - bytes_per_block``.
+
+Worked example: Llama-3.1-8B, bf16 KV, TP=1, bs=16: 32 layers x 2 x 8 x 128 x 2 B =
+131,072 B/token, 2 MiB/block; 58.11 GiB of KV -> 29,751 blocks -> 476,016 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatekeeper.estimate.options import KvDtype
+from gatekeeper.models.spec import AttentionKind, ModelSpec
+from gatekeeper.units import cdiv, round_up
+
+__all__ = ["KvGroup", "KvLayout", "kv_layout", "page_bytes_per_token"]
+
+FP8_DS_MLA_BYTES = 656
+
+
+@dataclass(frozen=True, slots=True)
+class KvGroup:
+    kind: AttentionKind
+    window: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """How one rank's KV cache is cut into blocks."""
+
+    block_size: int
+    layers_per_group: int
+    page_bytes_per_token: int
+    """Bytes one token takes in one layer."""
+    groups: tuple[KvGroup, ...]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.layers_per_group * self.page_bytes_per_token * self.block_size
+
+    @property
+    def bytes_per_token_all_layers(self) -> int:
+        """Bytes one token takes across the rank's layers, if every layer kept it."""
+        return self.layers_per_group * len(self.groups) * self.page_bytes_per_token
+
+    def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
+        total = 0
+        bs = self.block_size
+        for group in self.groups:
+            if group.kind == "sliding" and group.window:
+                total += cdiv(min(group.window - 1 + in_flight_tokens, length), bs) + 1
+            elif group.kind == "chunked" and group.window:
+                total += cdiv(min(group.window + in_flight_tokens, length), bs)
+            else:
+                total += cdiv(length, bs)
+        return total
+
+    def num_blocks(self, kv_bytes: int) -> int:
+        return max(0, kv_bytes // self.bytes_per_block) if self.groups else 0
+
+    def fits(self, kv_bytes: int, length: int, in_flight_tokens: int) -> bool:
+        check = kv_bytes - self.bytes_per_block
+        return self.bytes_per_block * self.blocks_per_request(length, in_flight_tokens) <= check
+
+    def max_length(self, kv_bytes: int, limit: int, in_flight_tokens: int) -> int:
+        """Largest length in [0, limit] whose request fits (vLLM's binary search)."""
+        if not self.groups:
+            return limit
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.fits(kv_bytes, mid, in_flight_tokens):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def page_bytes_per_token(spec: ModelSpec, tp: int, kv: KvDtype, *, mla_align: int = 0) -> int:
+    """Bytes of KV one token takes in one attention layer on one rank."""
+    if spec.mla is not None:
+        if kv.name == "fp8_ds_mla":
+            return FP8_DS_MLA_BYTES
+        width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+        raw = width * kv.numerator // kv.denominator + kv.per_head_extra_bytes
+        return round_up(raw, mla_align) if mla_align else raw
+    heads = max(1, spec.num_kv_heads // tp)
+    width = spec.head_dim + spec.value_head_dim
+    return heads * (width * kv.numerator // kv.denominator + kv.per_head_extra_bytes)
+
+
+def _group_size(bucket_sizes: list[int]) -> int:
+    smallest, largest = min(bucket_sizes), max(bucket_sizes)
+    return largest if largest < 1.5 * smallest else smallest
+
+
+def kv_layout(
+    spec: ModelSpec,
+    layers: range,
+    *,
+    tp: int,
+    kv: KvDtype,
+    block_size: int,
+    hybrid: bool,
+    mla_align: int = 0,
+) -> KvLayout:
+    """Group the attention layers of one pipeline stage the way vLLM does."""
+    page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
+    kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
+    if not kinds:
+        return KvLayout(block_size, 0, page, ())
+    windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
+    distinct = sorted(set(kinds))
+    # vLLM turns the hybrid allocator off for chunked-local attention.
+    if len(distinct) > 1 and (not hybrid or "chunked" in distinct):
+        return KvLayout(block_size, len(kinds), page, (KvGroup("full", None),))
+    if len(distinct) == 1:
+        kind = distinct[0]
+        return KvLayout(block_size, len(kinds), page, (KvGroup(kind, windows.get(kind)),))
+    buckets = {kind: kinds.count(kind) for kind in distinct}
+    g = _group_size(list(buckets.values()))
+    groups = tuple(
+        KvGroup(kind, windows.get(kind)) for kind, n in buckets.items() for _ in range(cdiv(n, g))
+    )
+    return KvLayout(block_size, g, page, groups)

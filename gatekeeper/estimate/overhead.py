@@ -1,0 +1,203 @@
+"""The non-weight, non-KV memory of a vLLM worker: activation peak, non-torch, CUDA graphs.
+
+Activation peak (vLLM's profile run, per rank)::
+
+    forward  = B_tok * b * (3*I_rank + 3*H)                      dense MLP layers
+             + B_tok * b * (topk * (3*I_expert_rank + H) + 3*H)  MoE layers (fused_moe caches)
+    sampler  = min(S, B_tok) * V_pad * (b + sampler_extra_bytes)  last pipeline stage only
+    peak     = max(forward, sampler)
+
+Llama-3.1-8B, v0.19 (S=1024, B_tok=8192, V=128256, bf16): sampler = 1024 * 128256 *
+15.4 B = 1.89 GiB, the figure vLLM printed; forward = 8192 * 2 * (3*14336 + 3*4096) =
+0.84 GiB.
+
+CUDA graphs (V1, FULL_AND_PIECEWISE up to ``cap = min(2*S, 512, B_tok)`` tokens): a
+fixed ~0.35 GiB plus, per layer, ``cap * 2 B * (1.75*H + (q+k+v)_rank + H/tp)`` of
+piecewise outputs kept in the pool, plus ``cap * 2 B * topk * (3*I_expert_rank + H)``
+for MoE layers. Calibrated on vLLM 0.19's "Graph capturing finished … took X GiB"
+lines (Llama-3.1-8B 0.91 GiB, PP halves the layers to 0.65 GiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatekeeper.estimate.accounting import Accounting
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.units import GIB, MIB, cdiv, round_up
+
+__all__ = [
+    "BatchShape",
+    "batch_defaults",
+    "cuda_graph_bytes",
+    "encoder_peak_bytes",
+    "forward_peak_bytes",
+    "non_torch_bytes",
+    "pre_init_bytes",
+    "sampler_peak_bytes",
+]
+
+LONG_CONTEXT = 32768
+FUSED_MOE_CHUNK = 32768
+CUDA_CONTEXT_BYTES = 512 * MIB
+"""CUDA context and handles created before vLLM's init snapshot (0.51 GiB measured on
+an H100 by v0.19: 'Free memory on device (78.68/79.19 GiB)')."""
+TP_PRE_INIT_BYTES = 1 * GIB
+"""NCCL communicators and custom all-reduce buffers made before the init snapshot under
+TP (77.66 GiB free at TP=2 on the same H100)."""
+V0_CUDA_GRAPH_BYTES = round(0.25 * GIB)
+V1_CUDA_GRAPH_BASE = round(0.35 * GIB)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    chunked_prefill: bool
+
+
+def batch_defaults(
+    acc: Accounting,
+    *,
+    total_bytes: int,
+    gpu_name: str | None,
+    max_model_len: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    llm_class: bool = False,
+) -> BatchShape:
+    """vLLM's defaults for ``max_num_seqs`` and ``max_num_batched_tokens``: ``vllm serve``'s,
+    or the ``LLM`` class's (``llm_class``), which batch twice to four times as many tokens."""
+    chunked = acc.chunked_prefill == "always" or (
+        acc.chunked_prefill == "long" and max_model_len > LONG_CONTEXT
+    )
+    if acc.batch_defaults == "v1-by-gpu":
+        is_a100 = gpu_name is not None and "a100" in gpu_name.lower()
+        if total_bytes >= 160 * GIB:
+            seqs, tokens = 1024, 16384
+        elif total_bytes >= 70 * GIB and not is_a100:
+            seqs, tokens = 1024, 16384 if llm_class else 8192
+        else:
+            seqs, tokens = 256, 8192 if llm_class else 2048
+    elif acc.batch_defaults == "v1-flat":
+        seqs, tokens = 256, 8192 if llm_class else 2048
+    else:
+        seqs, tokens = 256, 2048
+    seqs = max_num_seqs or seqs
+    if max_num_batched_tokens:
+        tokens = max_num_batched_tokens
+    elif not chunked:
+        tokens = max(max_model_len, tokens)
+    tokens = min(seqs * max_model_len, tokens)
+    return BatchShape(min(seqs, tokens), tokens, chunked)
+
+
+def forward_peak_bytes(spec: ModelSpec, layers: range, tokens: int, tp: int, act_bytes: int) -> int:
+    """Peak transient activations of one forward over ``tokens`` tokens."""
+    h = spec.hidden_size
+    peak = 0
+    for i in layers:
+        if spec.moe is not None and spec.layer_moe[i]:
+            moe = spec.moe
+            n = cdiv(moe.expert_intermediate_size, tp)
+            chunk = min(tokens, FUSED_MOE_CHUNK)
+            per_token = moe.experts_per_token * (3 * n + h)
+            layer = chunk * per_token + tokens * 3 * h
+            if moe.shared_intermediate_size:
+                layer += tokens * 3 * cdiv(moe.shared_intermediate_size, tp)
+        else:
+            layer = tokens * (3 * cdiv(spec.intermediate_size, tp) + 3 * h)
+        peak = max(peak, layer)
+    return peak * act_bytes
+
+
+def encoder_peak_bytes(acc: Accounting, spec: ModelSpec, shape: BatchShape, act_bytes: int) -> int:
+    """The multimodal profile: the vision encoder over the largest items that fit.
+
+    Items: V0 gives each of ``max_num_seqs`` dummy sequences one image when the features
+    go to cross-attention (Mllama), else as many as ``max_num_batched_tokens`` holds; V1
+    fills an encoder cache of ``max(max_num_batched_tokens, tokens_per_item)`` tokens.
+    Peak = patches x b x (MLP width + 3h) for a ViT block, plus the encoder features
+    (``patches x output_dim``) and the projected embeddings (``tokens x H``) held at once.
+    """
+    v = spec.vision
+    if v is None:
+        return 0
+    if acc.engine == "v0":
+        fit = (
+            shape.max_num_seqs
+            if v.cross_attention
+            else shape.max_num_batched_tokens // v.tokens_per_item
+        )
+        items = max(1, min(shape.max_num_seqs, fit))
+    else:
+        items = max(1, max(shape.max_num_batched_tokens, v.tokens_per_item) // v.tokens_per_item)
+    patches, tokens = items * v.patches_per_item, items * v.tokens_per_item
+    # Encoder activations are gathered across TP ranks, so they are not divided by TP.
+    mlp = (3 if v.gated else 2) * v.intermediate_size
+    block = patches * (mlp + 3 * v.hidden_size)
+    return (block + patches * v.output_dim + tokens * spec.hidden_size) * act_bytes
+
+
+def sampler_peak_bytes(acc: Accounting, spec: ModelSpec, requests: int, logits_bytes: int) -> int:
+    """The dummy sampler run over ``requests`` rows of the padded vocabulary."""
+    vocab = round_up(spec.vocab_size, 64)
+    return round(requests * vocab * (logits_bytes + acc.sampler_extra_bytes))
+
+
+CUSTOM_ALLREDUCE_SIZES = frozenset({2, 4, 6, 8})
+"""World sizes vLLM's custom all-reduce supports (one node); other TP sizes use NCCL alone."""
+
+
+EMBEDDED_NON_TORCH_BYTES = 10 * MIB
+"""An engine embedded in a process that already used CUDA (a notebook, a trainer): the
+CUDA context, cuBLAS workspaces and most kernel modules exist before vLLM's init
+snapshot, so only a few lazily loaded kernels grow during the profile (vLLM 0.7-0.8
+printed 0.01 GiB in such notebooks)."""
+
+
+def non_torch_bytes(acc: Accounting, tp: int, pp: int, *, embedded: bool = False) -> int:
+    """Non-torch memory that grows after vLLM's init snapshot, inside the budget.
+
+    Under TP the communication buffers (custom all-reduce, NCCL symmetric memory) add
+    ``non_torch_tp_bytes`` on the world sizes custom all-reduce supports; larger,
+    multi-node groups fall back to NCCL's ring buffers only.
+    """
+    if embedded:
+        base = EMBEDDED_NON_TORCH_BYTES
+    else:
+        base = acc.non_torch_pp_bytes if pp > 1 else acc.non_torch_bytes
+    return base + (acc.non_torch_tp_bytes if tp in CUSTOM_ALLREDUCE_SIZES else 0)
+
+
+def pre_init_bytes(tp: int) -> int:
+    """Memory a worker holds outside vLLM's budget (CUDA context, NCCL under TP)."""
+    return CUDA_CONTEXT_BYTES + (TP_PRE_INIT_BYTES if tp > 1 else 0)
+
+
+def cuda_graph_bytes(
+    acc: Accounting, spec: ModelSpec, layers: range, tp: int, shape: BatchShape, eager: bool
+) -> int:
+    """CUDA-graph pool memory (0 with --enforce-eager)."""
+    if eager:
+        return 0
+    if acc.engine == "v0":
+        return V0_CUDA_GRAPH_BYTES
+    cap = min(2 * shape.max_num_seqs, 512, shape.max_num_batched_tokens)
+    h = spec.hidden_size
+    if spec.mla is not None:
+        qkv = cdiv(spec.num_attention_heads, tp) * (
+            spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim
+        )
+        qkv += spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    else:
+        kv = max(1, spec.num_kv_heads // tp)
+        qkv = (cdiv(spec.num_attention_heads, tp) * spec.head_dim) + 2 * kv * spec.head_dim
+    total = V1_CUDA_GRAPH_BASE
+    for i in layers:
+        per_token = 1.75 * h + qkv + h / tp
+        if spec.moe is not None and spec.layer_moe[i]:
+            n = cdiv(spec.moe.expert_intermediate_size, tp)
+            per_token += spec.moe.experts_per_token * (3 * n + h)
+        total += round(cap * 2 * per_token)
+    return total

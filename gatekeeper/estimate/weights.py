@@ -1,0 +1,305 @@
+"""Weight bytes per GPU rank, sharded the way vLLM shards them.
+
+Per rank: ``W = column/row-parallel linear shards + vocab shard of the embedding
+(+ lm_head when untied) + replicated small parameters + buffers``.
+
+- QKV: ``(q_heads/tp + 2*max(1, kv_heads/tp)) * head_dim`` output rows per rank, so KV
+  heads replicate (and cost extra) when ``kv_heads < tp``.
+- Embedding and lm_head: ``round_up(vocab, 64) / tp`` rows. Tied embeddings share one
+  tensor. PP: the embedding lives on the first stage, lm_head on the last.
+- MoE: every rank holds all experts with the intermediate split by TP; the router is
+  replicated.
+- MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated; vLLM also keeps
+  dequantized ``W_UK_T``/``W_UV`` copies of ``kv_b_proj`` in the model dtype.
+- Buffers: the rotary cos/sin cache, ``positions x rotary_dim`` in the model dtype
+  (Llama 3.1: 131072 x 128 x 2 B = 32 MiB, which is why vLLM reports 14.99 GiB for
+  8.03e9 parameters = 14.96 GiB).
+
+Worked example: Llama-3.1-8B, bf16, TP=1: 8,030,261,248 params x 2 B + 32 MiB =
+16,093,642,752 B = 14.99 GiB; TP=2: 7.51 GiB per rank.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gatekeeper.models.quantization import QuantSpec
+from gatekeeper.models.spec import CheckpointWeights, ModelSpec
+from gatekeeper.units import cdiv, round_up
+
+__all__ = ["VOCAB_PADDING", "WeightPlan", "parameter_count", "pp_partition", "weight_plan"]
+
+VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True, slots=True)
+class WeightPlan:
+    """Weight bytes per pipeline stage (identical across the TP ranks of a stage)."""
+
+    stage_bytes: tuple[int, ...]
+    source: str
+
+    @property
+    def max_bytes(self) -> int:
+        return max(self.stage_bytes)
+
+
+def pp_partition(num_layers: int, pp: int) -> list[range]:
+    """vLLM's ``get_pp_indices``: an even split, the remainder added to the stages
+    from the second-to-last backwards."""
+    sizes = [num_layers // pp] * pp
+    for i in range(num_layers % pp):
+        sizes[(pp - 2 - i) % pp] += 1
+    out, start = [], 0
+    for size in sizes:
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    spec: ModelSpec
+    tp: int
+    dtype_bytes: int
+    quant: QuantSpec | None
+
+    def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
+        q = self.quant
+        if q is None or not quantizable or q.experts_only or q.skips(name):
+            return in_f * out_f * self.dtype_bytes
+        return q.linear_bytes(in_f, out_f, self.dtype_bytes)
+
+    def vec(self, numel: int) -> int:
+        return numel * self.dtype_bytes
+
+
+def _attention_bytes(c: _Ctx, i: int) -> int:
+    s, tp, p = c.spec, c.tp, f"model.layers.{i}.self_attn"
+    h = s.hidden_size
+    if s.mla is not None:
+        return _mla_bytes(c, i)
+    q_rank = cdiv(s.num_attention_heads, tp) * s.head_dim
+    kv_heads = max(1, s.num_kv_heads // tp)
+    k_rank = kv_heads * s.head_dim
+    v_rank = kv_heads * s.value_head_dim
+    o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
+    total = (
+        c.linear(f"{p}.q_proj", h, q_rank)
+        + c.linear(f"{p}.k_proj", h, k_rank)
+        + c.linear(f"{p}.v_proj", h, v_rank)
+        + c.linear(f"{p}.o_proj", o_in, h)
+    )
+    if s.attention_bias:
+        total += c.vec(q_rank + k_rank + v_rank)
+    if s.output_bias:
+        total += c.vec(h)
+    if s.qk_norm:
+        total += c.vec(2 * s.head_dim)
+    if s.attention_sinks:
+        total += cdiv(s.num_attention_heads, tp) * 4
+    return total
+
+
+def _mla_bytes(c: _Ctx, i: int) -> int:
+    s, tp, p = c.spec, c.tp, f"model.layers.{i}.self_attn"
+    m = s.mla
+    assert m is not None
+    h = s.hidden_size
+    heads = cdiv(s.num_attention_heads, tp)
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        total = c.linear(f"{p}.q_a_proj", h, m.q_lora_rank) + c.vec(m.q_lora_rank)
+        total += c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
+    else:
+        total = c.linear(f"{p}.q_proj", h, heads * qk)
+    total += c.linear(f"{p}.kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim)
+    total += c.vec(m.kv_lora_rank)
+    total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
+    total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
+    # W_UK_T and W_UV: dequantized copies of kv_b_proj kept by vLLM's MLA backends.
+    total += heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
+    return total
+
+
+def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
+    h = c.spec.hidden_size
+    inter_rank = cdiv(inter, c.tp)
+    if gated:
+        total = c.linear(f"{prefix}.gate_proj", h, inter_rank) + c.linear(
+            f"{prefix}.up_proj", h, inter_rank
+        )
+    else:
+        total = c.linear(f"{prefix}.fc1", h, inter_rank)
+    total += c.linear(f"{prefix}.down_proj", inter_rank, h)
+    if bias:
+        total += c.vec(inter_rank * (2 if gated else 1) + h)
+    return total
+
+
+def _moe_bytes(c: _Ctx, i: int) -> int:
+    s, moe, p = c.spec, c.spec.moe, f"model.layers.{i}.mlp"
+    assert moe is not None
+    h = s.hidden_size
+    total = h * moe.num_experts * c.dtype_bytes + (c.vec(moe.num_experts) if moe.router_bias else 0)
+    inter = cdiv(moe.expert_intermediate_size, c.tp)
+    q = c.quant
+    if q is not None and not q.skips(f"{p}.experts"):
+        inter = q.expert_intermediate(inter)
+        per_expert = 2 * q.linear_bytes(h, inter, c.dtype_bytes) + q.linear_bytes(
+            inter, h, c.dtype_bytes
+        )
+    else:
+        per_expert = 3 * h * inter * c.dtype_bytes
+    if moe.expert_bias:
+        per_expert += c.vec(2 * inter + h)
+    total += moe.num_experts * per_expert
+    if moe.shared_intermediate_size:
+        total += _mlp_bytes(
+            c, i, f"{p}.shared_experts", moe.shared_intermediate_size, gated=True, bias=False
+        )
+        total += h * c.dtype_bytes if moe.shared_expert_gate else 0
+    return total
+
+
+def _layer_bytes(c: _Ctx, i: int) -> int:
+    s = c.spec
+    total = _attention_bytes(c, i) + c.vec(s.norms_per_layer * s.hidden_size)
+    if s.moe is not None and s.layer_moe[i]:
+        return total + _moe_bytes(c, i)
+    return total + _mlp_bytes(
+        c, i, f"model.layers.{i}.mlp", s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
+    )
+
+
+def _vocab_rows(spec: ModelSpec, tp: int) -> int:
+    return round_up(spec.vocab_size, VOCAB_PADDING) // tp
+
+
+def _lm_head_bytes(c: _Ctx) -> int:
+    rows = _vocab_rows(c.spec, c.tp)
+    q = c.quant
+    if q is not None and q.lm_head and not q.experts_only:
+        return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
+    return rows * c.spec.hidden_size * c.dtype_bytes
+
+
+def _rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
+    return spec.rope_caches * spec.rope_cache_positions * spec.rotary_dim * dtype_bytes
+
+
+def _stage_bytes(c: _Ctx, layers: range, *, first: bool, last: bool) -> int:
+    s = c.spec
+    total = sum(_layer_bytes(c, i) for i in layers)
+    if first:
+        total += _vocab_rows(s, c.tp) * s.hidden_size * c.dtype_bytes
+        total += s.learned_position_embeddings * s.hidden_size * c.dtype_bytes
+        total += cdiv(s.vision_parameters, c.tp) * c.dtype_bytes
+    if last:
+        total += c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))
+        if not s.tie_word_embeddings or not first:
+            total += _lm_head_bytes(c)
+    return total + _rope_cache_bytes(s, c.dtype_bytes)
+
+
+def weight_plan(
+    spec: ModelSpec, *, tp: int, pp: int, dtype_bytes: int, quant: QuantSpec | None
+) -> WeightPlan:
+    """Bytes of weights on each pipeline stage's ranks."""
+    ctx = _Ctx(spec, tp, dtype_bytes, quant)
+    stages = pp_partition(spec.num_layers, pp)
+    arch = tuple(
+        _stage_bytes(ctx, layers, first=k == 0, last=k == pp - 1) for k, layers in enumerate(stages)
+    )
+    ckpt = spec.checkpoint
+    if ckpt is None or (quant is not None and quant.source == "runtime"):
+        return WeightPlan(arch, "architecture (config.json)")
+    if ckpt.tensors:
+        return WeightPlan(_from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant), ckpt.source)
+    # Only the index's total_size: scale the architecture's split to the exact total.
+    base = _Ctx(spec, 1, spec.dtype_bytes, spec.quantization)
+    arch_total = _stage_bytes(base, range(spec.num_layers), first=True, last=True)
+    extras = _rope_cache_bytes(spec, spec.dtype_bytes)
+    factor = (ckpt.total_bytes + extras) / arch_total if arch_total else 1.0
+    return WeightPlan(tuple(round(b * factor) for b in arch), ckpt.source)
+
+
+_LAYER_RE = re.compile(r"(?:layers|h|blocks)\.(\d+)\.")
+_FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "mlp.gate.weight", "router", "norm", "sinks")
+
+
+def _tensor_rank_bytes(spec: ModelSpec, name: str, num_bytes: int, tp: int) -> int:
+    if len(name) and any(key in name for key in _REPLICATED):
+        return num_bytes
+    if spec.mla is None and (".k_proj." in name or ".v_proj." in name):
+        kv_rank = max(1, spec.num_kv_heads // tp)
+        return num_bytes * kv_rank // spec.num_kv_heads
+    if "embed_tokens" in name or "lm_head" in name or "wte" in name:
+        padded = round_up(spec.vocab_size, VOCAB_PADDING)
+        return num_bytes * padded // spec.vocab_size // tp
+    return cdiv(num_bytes, tp)
+
+
+def _from_tensors(
+    spec: ModelSpec,
+    ckpt: CheckpointWeights,
+    tp: int,
+    stages: list[range],
+    dtype_bytes: int,
+    quant: QuantSpec | None,
+) -> tuple[int, ...]:
+    stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
+    totals = [0] * len(stages)
+    has_lm_head = any("lm_head" in t.name for t in ckpt.tensors)
+    for t in ckpt.tensors:
+        num_bytes = t.num_bytes
+        if t.dtype in _FLOAT_BYTES:
+            num_bytes = num_bytes * dtype_bytes // _FLOAT_BYTES[t.dtype]
+        if (
+            quant is not None
+            and quant.moe_intermediate_multiple > 1
+            and ".experts." in t.name
+            and spec.moe
+        ):
+            inter = spec.moe.expert_intermediate_size
+            num_bytes = num_bytes * quant.expert_intermediate(inter) // inter
+        match = _LAYER_RE.search(t.name)
+        if match:
+            stage = stage_of.get(int(match.group(1)), 0)
+        else:
+            stage = (
+                len(stages) - 1 if ("lm_head" in t.name or t.name.endswith("norm.weight")) else 0
+            )
+        totals[stage] += _tensor_rank_bytes(spec, t.name, num_bytes, tp)
+    if spec.tie_word_embeddings and not has_lm_head and len(stages) > 1:
+        totals[-1] += (
+            round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
+        )
+    extras = _rope_cache_bytes(spec, dtype_bytes)
+    if spec.mla is not None:
+        m, heads = spec.mla, cdiv(spec.num_attention_heads, tp)
+        per_layer = heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * dtype_bytes
+        for k, layers in enumerate(stages):
+            totals[k] += per_layer * len(layers)
+    return tuple(b + extras for b in totals)
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Parameters of the model: the published count when known, else from the architecture
+    (unquantized, unsharded, without buffers)."""
+    if spec.declared_parameters:
+        return spec.declared_parameters
+    ctx = _Ctx(spec, 1, 1, None)
+    total = _stage_bytes(ctx, range(spec.num_layers), first=True, last=True)
+    total -= _rope_cache_bytes(spec, 1)
+    if spec.mla is not None:
+        m = spec.mla
+        total -= (
+            spec.num_layers
+            * spec.num_attention_heads
+            * m.kv_lora_rank
+            * (m.qk_nope_head_dim + m.v_head_dim)
+        )
+    return total

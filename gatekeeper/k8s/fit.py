@@ -1,0 +1,299 @@
+"""Whether one vLLM container fits the GPU it will land on, in words an operator can act on.
+
+Pure: a ``ModelSpec``, the container's ``VllmCommand``, the GPUs it requests and the GPU
+it will run on in; a ``Finding`` (allow, warn or deny, with its message) out. The
+estimator judges the flags as given, the way vLLM will at start-up (its budget is
+``gpu_memory_utilization x total``)::
+
+    need  = weights + non-torch + activation peak [+ CUDA graphs, vLLM 0.21+]
+            + the KV cache of one request of max_model_len (vLLM's minimum)
+    slack = budget - need        (total - what the worker holds, with --kv-cache-memory-bytes)
+    deny  when vLLM would refuse to start; warn when slack < margin + fraction x total
+
+A denial names what the model needs per GPU, what the GPU has and what would fit
+instead, from the menu the sidecar also uses (``gatekeeper.placement.nearby``): a larger
+``--tensor-parallel-size``, the longest ``--max-model-len``, an fp8
+KV cache, online fp8 weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from gatekeeper.errors import GatekeeperError, ServeOptionsError, UnknownGpuError
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.gpus.products import lookup_gpu
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.nearby import (
+    MIN_SUGGESTED_LEN,
+    larger_tp_sizes,
+    lighter_variants,
+)
+from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.units import format_gib, parse_size
+from gatekeeper.vllm.command import VllmCommand
+
+__all__ = [
+    "Finding",
+    "GpuChoice",
+    "Outcome",
+    "gpu_count_finding",
+    "gpu_from_value",
+    "judge",
+    "suggestions",
+]
+
+Outcome = Literal["allow", "warn", "deny"]
+_MAX_GPU_BYTES = 16 * 2**40
+"""Larger than any GPU's memory: a bigger size is a typo."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuChoice:
+    """The GPU a workload will land on: total bytes as vLLM sees them, and where from."""
+
+    total_bytes: int
+    name: str | None
+    origin: str
+
+    @property
+    def label(self) -> str:
+        return self.name or f"a {format_gib(self.total_bytes)} GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    outcome: Outcome
+    message: str | None = None
+
+
+def gpu_from_value(value: str, origin: str) -> GpuChoice:
+    """A size (``79.19GiB``) or a GPU product (``H100-80GB``, ``NVIDIA-H100-80GB-HBM3``).
+
+    Raises ``GatekeeperError`` naming the value and both accepted forms.
+    """
+    try:
+        size = parse_size(value, field=origin)
+    except (ValueError, OverflowError):
+        pass
+    else:
+        if size <= _MAX_GPU_BYTES:
+            return GpuChoice(size, None, origin)
+    try:
+        product = lookup_gpu(value)
+    except UnknownGpuError as e:
+        raise GatekeeperError(
+            f"{origin}: {value!r} is neither a size (79.19GiB) nor a GPU in gatekeeper's "
+            "table (H100-80GB, NVIDIA-L4 …); give the memory the GPU reports, e.g. 79.19GiB",
+            field=origin,
+            value=value,
+        ) from e
+    return GpuChoice(product.total_bytes, product.name, origin)
+
+
+def gpu_count_finding(
+    who: str, command: VllmCommand, gpus: int | None, *, multi_node: bool = False
+) -> Finding | None:
+    """Deny TP above the pod's ``nvidia.com/gpu``; warn when TP x PP x DP exceeds it,
+    unless the pods form a multi-node group (a LeaderWorkerSet's Ray cluster). Without
+    an ``nvidia.com/gpu`` request the GPUs may come another way (a DRA claim, a runtime
+    class): warn when vLLM needs more than one."""
+    o = command.options
+    tp = o.tensor_parallel_size
+    world = tp * o.pipeline_parallel_size * command.data_parallel_size
+    if gpus is None:
+        if world == 1:
+            return None
+        return Finding(
+            "warn",
+            f"{who}: vLLM needs {world} GPUs (TP x PP x DP) but the pod requests no "
+            f"nvidia.com/gpu; set resources.limits nvidia.com/gpu: {world} unless a DRA claim "
+            "provides them",
+        )
+    if tp > gpus:
+        return Finding(
+            "deny",
+            f"{who}: --tensor-parallel-size {tp} needs {tp} GPUs in the pod but it requests "
+            f"{gpus} nvidia.com/gpu; set resources.limits nvidia.com/gpu: {max(world, tp)} "
+            f"or lower --tensor-parallel-size to {max(gpus, 1)}",
+        )
+    if world > gpus and not multi_node:
+        return Finding(
+            "warn",
+            f"{who}: TP x PP x DP = {world} GPUs but the pod requests {gpus} nvidia.com/gpu; "
+            "vLLM starts only if a Ray cluster provides the rest",
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Eval:
+    e: Estimate
+    need_bytes: int
+    kv_min_bytes: int
+    slack_bytes: int
+    margin_bytes: int
+
+
+def _evaluate(
+    spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy
+) -> _Eval:
+    e = estimate(
+        spec,
+        options,
+        GpuTarget(total_bytes=gpu.total_bytes, name=gpu.name),
+        default_version=policy.default_vllm_version,
+    )
+    w = e.worst
+    kv_min = e.kv_bytes_for()
+    need = e.rank_bytes(w, kv_min)[1]
+    if options.kv_cache_memory_bytes is not None:
+        slack = gpu.total_bytes - w.nvml_bytes
+    else:
+        slack = w.budget_bytes - need
+    margin = policy.margin_for(gpu.total_bytes)
+    return _Eval(e, need, kv_min, slack, margin)
+
+
+def judge(
+    who: str,
+    spec: ModelSpec,
+    command: VllmCommand,
+    gpu: GpuChoice,
+    policy: PlacementPolicy,
+    *,
+    multi_node: bool = False,
+) -> list[Finding]:
+    """The findings for one container whose model and GPU are known; ``multi_node``: the
+    pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods."""
+    options = command.options
+    try:
+        ev = _evaluate(spec, options, gpu, policy)
+    except ServeOptionsError as e:
+        vllm_refuses = e.field in ("tensor_parallel_size", "pipeline_parallel_size")
+        return [Finding("deny" if vllm_refuses else "warn", f"{who}: {e}")]
+    findings = [Finding("warn", f"{who}: {w}") for w in ev.e.warnings]
+    if command.max_model_len_auto and ev.e.max_model_len_fit > 0 and not ev.e.fits:
+        length = dataclasses.replace(options, max_model_len=ev.e.max_model_len_fit)
+        ev = _evaluate(spec, length, gpu, policy)
+    if not ev.e.fits:
+        fixes = suggestions(spec, command, gpu, policy, ev, multi_node=multi_node)
+        return [*findings, Finding("deny", _denial(who, spec, gpu, ev, fixes))]
+    if ev.slack_bytes < ev.margin_bytes:
+        shorter = _margin_length(spec, options, gpu, policy, ev)
+        hint = f"lower --max-model-len to {shorter}" if shorter else "lower --max-model-len"
+        findings.append(
+            Finding(
+                "warn",
+                f"{who}: {spec.name} fits on {gpu.label} with "
+                f"{format_gib(ev.slack_bytes)} to spare, under the {format_gib(ev.margin_bytes)} "
+                f"safety margin; {hint} or use --kv-cache-dtype fp8",
+            )
+        )
+    return findings or [Finding("allow")]
+
+
+def _denial(who: str, spec: ModelSpec, gpu: GpuChoice, ev: _Eval, fixes: list[str]) -> str:
+    e, w = ev.e, ev.e.worst
+    shape = f"TP={e.tensor_parallel_size}" + (
+        f" PP={e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
+    )
+    graphs = f", CUDA graphs {format_gib(w.cuda_graph_bytes)}" if e.cuda_graphs_in_budget else ""
+    would = (
+        "Would fit: " + "; or ".join(fixes)
+        if fixes
+        else "Nothing nearby fits: pin a larger GPU (nodeSelector nvidia.com/gpu.product) "
+        "or use more GPUs with --tensor-parallel-size"
+    )
+    return (
+        f"{who}: {spec.name} does not fit on {gpu.label} ({gpu.origin}): at {shape} it needs "
+        f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}, KV cache "
+        f"{format_gib(ev.kv_min_bytes)} for one request of --max-model-len {e.max_model_len}, "
+        f"activation {format_gib(w.activation_peak_bytes)}, non-torch "
+        f"{format_gib(w.non_torch_bytes)}{graphs}) but the GPU has "
+        f"{format_gib(gpu.total_bytes)}, of which vLLM may use {format_gib(w.budget_bytes)} at "
+        f"--gpu-memory-utilization {e.gpu_memory_utilization}. vLLM would refuse: "
+        f"{'; '.join(e.reasons)}. {would}."
+    )
+
+
+def _margin_length(
+    spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy, ev: _Eval
+) -> int | None:
+    """The longest max_model_len that fits with the safety margin left in vLLM's budget."""
+    if options.kv_cache_memory_bytes is not None:
+        return None
+    u = ev.e.gpu_memory_utilization - ev.margin_bytes / gpu.total_bytes
+    if u <= 0:
+        return None
+    try:
+        fit = _evaluate(
+            spec, dataclasses.replace(options, gpu_memory_utilization=u), gpu, policy
+        ).e.max_model_len_fit
+    except GatekeeperError:
+        return None
+    return fit if MIN_SUGGESTED_LEN <= fit < ev.e.max_model_len else None
+
+
+def _fits(spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy) -> bool:
+    try:
+        return _evaluate(spec, options, gpu, policy).e.fits
+    except GatekeeperError:
+        return False
+
+
+def suggestions(
+    spec: ModelSpec,
+    command: VllmCommand,
+    gpu: GpuChoice,
+    policy: PlacementPolicy,
+    ev: _Eval,
+    *,
+    multi_node: bool = False,
+) -> list[str]:
+    """Nearby flags that fit: TP (PP across a multi-node group), max model len, fp8 KV
+    cache, online fp8 weights."""
+    options = command.options
+    out = _parallel(spec, command, gpu, policy, ev.e.max_model_len, multi_node)
+    length = _margin_length(spec, options, gpu, policy, ev) or ev.e.max_model_len_fit
+    if MIN_SUGGESTED_LEN <= length < ev.e.max_model_len:
+        out.append(f"--max-model-len {length}")
+    for v in lighter_variants(spec, options, policy.default_vllm_version):
+        if _fits(spec, dataclasses.replace(options, **v.changes), gpu, policy):
+            out.append(v.flag)
+    return out
+
+
+def _parallel(
+    spec: ModelSpec,
+    command: VllmCommand,
+    gpu: GpuChoice,
+    policy: PlacementPolicy,
+    length: int,
+    multi_node: bool,
+) -> list[str]:
+    """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
+    smaller one that fits with a shorter max_model_len."""
+    o, out = command.options, list[str]()
+    tp, pp, dp = o.tensor_parallel_size, o.pipeline_parallel_size, command.data_parallel_size
+    if multi_node:
+        sizes = [(tp, p, f"--pipeline-parallel-size {p} ({tp * p * dp} GPUs in the group)")
+                 for p in larger_tp_sizes(pp)]  # fmt: skip
+    else:
+        sizes = [(t, pp, f"--tensor-parallel-size {t} with nvidia.com/gpu: {t * pp * dp}")
+                 for t in larger_tp_sizes(tp)]  # fmt: skip
+    for t, p, text in sizes:
+        changed = dataclasses.replace(o, tensor_parallel_size=t, pipeline_parallel_size=p)
+        try:
+            ev = _evaluate(spec, changed, gpu, policy)
+        except GatekeeperError:
+            continue
+        if ev.e.fits:
+            return [*out, text]
+        fit = ev.e.max_model_len_fit
+        if not out and MIN_SUGGESTED_LEN <= fit < length:
+            out.append(f"{text} and --max-model-len {fit}")
+    return out

@@ -1,0 +1,131 @@
+"""The webhook served: built from the settings, as a Starlette app of its own with a
+certificate that is reloaded when cert-manager renews it.
+
+``webhook_from_settings`` is what the sidecar mounts at ``POST /k8s/validate``;
+``build_webhook_app`` is the standalone server ``gatekeeper webhook`` runs over TLS
+(``POST /k8s/validate``, ``GET /healthz``, ``GET /metrics``). ``CertReloader`` checks the
+certificate and key files every few seconds and loads them into the live TLS context
+when they change, so new connections get the new certificate without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gatekeeper._version import __version__
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.k8s.fit import gpu_from_value
+from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.settings import Settings, model_resolver, placement_policy
+
+__all__ = ["CertReloader", "build_webhook_app", "check_tls", "webhook_from_settings"]
+
+
+def webhook_from_settings(
+    settings: Settings,
+    resolve: Callable[[str], ModelSpec] | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+) -> AdmissionWebhook:
+    """The webhook configured by ``settings``; raises ``GatekeeperError`` when
+    ``webhook_default_gpu`` is neither a size nor a known GPU."""
+    default = settings.webhook_default_gpu
+    config = WebhookConfig(
+        fit=placement_policy(settings),
+        default_gpu=gpu_from_value(default, "setting webhook_default_gpu") if default else None,
+        unknown_model=settings.webhook_unknown_model,
+    )
+    resolve = resolve or model_resolver(settings)
+    metrics = WebhookMetrics(registry) if registry is not None else None
+    return AdmissionWebhook(config, resolve, metrics=metrics)
+
+
+class CertReloader:
+    """Loads the certificate and key into a server's SSL context again when the files
+    change (a Secret volume swaps them through a symlink)."""
+
+    def __init__(self, cert: Path, key: Path, interval_seconds: float = 60.0) -> None:
+        self.cert, self.key = cert, key
+        self.interval_seconds = interval_seconds
+        self.context: ssl.SSLContext | None = None
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for path in (self.cert, self.key):
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((0, 0, 0))
+        return tuple(out)
+
+    def check(self) -> bool:
+        """Reload when the files changed; True when a new certificate was loaded."""
+        stamp = self._stamp()
+        if stamp == self._seen or self.context is None:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError):  # half-written: keep the old one, try again later
+            return False
+        self._seen = stamp
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_seconds)
+            self.check()
+
+
+def build_webhook_app(
+    webhook: AdmissionWebhook, registry: CollectorRegistry, reloader: CertReloader | None = None
+) -> Starlette:
+    """The standalone webhook's ASGI app."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(reloader.run()) if reloader is not None else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    routes = [
+        Route("/k8s/validate", webhook.endpoint, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def check_tls(cert: Path, key: Path) -> None:
+    """Raise ``GatekeeperError`` unless ``cert`` and ``key`` load as a TLS pair."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise GatekeeperError(
+            f"webhook: cannot load the certificate {cert} with the key {key} ({e}); give a PEM "
+            "certificate and its private key (cert-manager's tls.crt and tls.key)",
+            field="cert",
+            value=str(cert),
+        ) from e

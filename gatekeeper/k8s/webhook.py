@@ -1,0 +1,336 @@
+"""The validating admission webhook: an ``AdmissionReview`` in, a ``WebhookDecision``, an
+``AdmissionReview`` response out.
+
+``POST /k8s/validate`` takes ``admission.k8s.io/v1`` reviews of Pods, Deployments,
+StatefulSets, ReplicaSets, Jobs, CronJobs and LeaderWorkerSets. For every container that
+runs vLLM (``gatekeeper.vllm.command``) it checks the GPUs requested against
+``--tensor-parallel-size`` and, with the estimator, whether the model fits the GPU the pod
+will land on (``gatekeeper.k8s.fit``). The GPU comes from, in order: the annotation
+``gatekeeper.io/gpu-memory`` (a size or a product), the ``nvidia.com/gpu.product`` node
+selector or required node affinity (through the GPU table; the smallest when several),
+the configured default. Outcomes:
+
+- denied (``allowed: false``, ``status.code`` 403, ``status.message`` says what the model
+  needs per GPU, what the GPU has and what would fit);
+- allowed with ``warnings`` when it fits with less than the safety margin or when
+  gatekeeper cannot tell (unknown model, unknown GPU, unreadable flags);
+- allowed, saying so, when the template is annotated ``gatekeeper.io/skip: "true"``;
+- allowed silently when nothing runs vLLM, for deletes, sub-resources, objects being
+  deleted and updates that leave the pod templates unchanged.
+
+A body that is not an ``admission.k8s.io/v1`` AdmissionReview gets HTTP 400 with a
+Kubernetes ``Status`` whose message says what is wrong; never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gatekeeper.errors import GatekeeperError, HubError
+from gatekeeper.k8s.fit import (
+    Finding,
+    GpuChoice,
+    gpu_count_finding,
+    gpu_from_value,
+    judge,
+)
+from gatekeeper.k8s.review import (
+    AdmissionRequest,
+    AdmissionReview,
+    parse_review,
+    review_response,
+    status_body,
+)
+from gatekeeper.k8s.workloads import (
+    GPU_MEMORY_ANNOTATION,
+    SKIP_ANNOTATION,
+    ContainerRequest,
+    PodTemplate,
+    gpu_product_constraint,
+    pod_templates,
+    vllm_containers,
+)
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.vllm.command import MODEL_ENV_VARS
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "AdmissionWebhook",
+    "WebhookConfig",
+    "WebhookDecision",
+    "WebhookMetrics",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 2**20
+"""Largest review accepted (objects are at most ~1.5 MiB in etcd; a review holds two)."""
+Outcome = Literal["allowed", "warned", "denied", "skipped", "ignored", "malformed"]
+OUTCOMES: tuple[Outcome, ...] = ("allowed", "warned", "denied", "skipped", "ignored", "malformed")
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Plain values from the settings."""
+
+    fit: PlacementPolicy = field(default_factory=PlacementPolicy)
+    """The safety margin and default vLLM release (placement's own rules)."""
+    default_gpu: GpuChoice | None = None
+    """Assumed when a workload names no GPU; None: such workloads are warned about."""
+    unknown_model: Literal["warn", "deny"] = "warn"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDecision:
+    allowed: bool
+    outcome: Outcome
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+class WebhookMetrics:
+    """``gatekeeper_webhook_reviews_total{outcome}`` and the review duration histogram."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.reviews = Counter(
+            "gatekeeper_webhook_reviews",
+            "Admission reviews by outcome: allowed, warned, denied, skipped, ignored, malformed.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in OUTCOMES:
+            self.reviews.labels(outcome)
+        self.duration = Histogram(
+            "gatekeeper_webhook_review_duration_seconds",
+            "Seconds to answer one admission review.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=registry,
+        )
+
+
+class AdmissionWebhook:
+    """Reviews in, decisions out. ``resolve`` turns a model reference into a ``ModelSpec``
+    (``resolve_model`` with the settings' hub options) and may raise ``GatekeeperError``."""
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        resolve: Callable[[str], ModelSpec],
+        *,
+        metrics: WebhookMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self._resolve = resolve
+        self._specs: dict[str, ModelSpec] = {}
+        self.metrics = metrics
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    async def endpoint(self, request: Request) -> Response:
+        """``POST /k8s/validate``: the review is decided in a worker thread (a hub lookup
+        may block)."""
+        start = time.perf_counter()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                self._count("malformed", start)
+                return JSONResponse(
+                    status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413
+                )
+            chunks.append(chunk)
+        status, payload, outcome = await anyio.to_thread.run_sync(self.answer, b"".join(chunks))
+        self._count(outcome, start)
+        return JSONResponse(payload, status_code=status)
+
+    def _count(self, outcome: Outcome, start: float) -> None:
+        if self.metrics is not None:
+            self.metrics.reviews.labels(outcome).inc()
+            self.metrics.duration.observe(time.perf_counter() - start)
+
+    def answer(self, body: bytes) -> tuple[int, dict[str, Any], Outcome]:
+        """HTTP status, JSON body and outcome for a request body."""
+        review = parse_review(body)
+        if not isinstance(review, AdmissionReview):
+            return review[0], review[1], "malformed"
+        try:
+            decision = self.decide(review.request)
+        except Exception as e:  # a bug: admit, say so, and keep the cluster working
+            logger.exception("webhook: internal error on review %s", review.request.uid)
+            decision = WebhookDecision(
+                True,
+                "warned",
+                warnings=(f"gatekeeper: internal error ({type(e).__name__}); allowed unchecked",),
+            )
+        answer = review_response(review, decision.allowed, decision.message, decision.warnings)
+        return 200, answer, decision.outcome
+
+    # -- decision --------------------------------------------------------------------
+
+    def decide(self, request: AdmissionRequest) -> WebhookDecision:
+        """Allow, warn or deny one admission request."""
+        kind, obj = request.kind.kind, request.object
+        if request.operation not in ("CREATE", "UPDATE") or request.sub_resource or obj is None:
+            return WebhookDecision(True, "ignored")
+        templates = pod_templates(kind, obj)
+        metadata = obj.get("metadata")
+        if not templates or (isinstance(metadata, dict) and metadata.get("deletionTimestamp")):
+            return WebhookDecision(True, "ignored")
+        old = request.old_object
+        if (
+            request.operation == "UPDATE"
+            and old is not None
+            and pod_templates(kind, old) == templates
+        ):
+            return WebhookDecision(True, "ignored")
+        where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
+        findings: list[Finding] = []
+        skipped = [t for t in templates if _skipped(t)]
+        if skipped == templates:
+            return _combine([], [where])
+        for template in templates:
+            part = f" ({template.path.rsplit('.', 1)[-1]})" if kind == "LeaderWorkerSet" else ""
+            if template in skipped:
+                findings.append(Finding("warn", _skip_text(f"{where}{part}")))
+                continue
+            for container in vllm_containers(template):
+                who = f"container {container.name!r} of {where}{part}"
+                findings += self._container(who, template, container, kind == "LeaderWorkerSet")
+        return _combine(findings, [])
+
+    def _container(
+        self, who: str, template: PodTemplate, container: ContainerRequest, multi_node: bool
+    ) -> list[Finding]:
+        command = container.command
+        count = gpu_count_finding(who, command, container.gpus, multi_node=multi_node)
+        findings = [count] if count is not None else []
+        if count is not None and count.outcome == "deny":
+            return findings
+        if command.problems:
+            text = "; ".join(command.problems)
+            findings.append(Finding("warn", f"{who}: {text}; checked with vLLM's default instead"))
+        spec = self._spec(who, command.model)
+        gpu = self._gpu(who, template)
+        for part in (spec, gpu):
+            if isinstance(part, list):
+                findings += part
+        if isinstance(spec, ModelSpec) and isinstance(gpu, tuple):
+            findings += gpu[1]
+            findings += judge(who, spec, command, gpu[0], self.config.fit, multi_node=multi_node)
+        return findings
+
+    def _spec(self, who: str, model: str | None) -> ModelSpec | list[Finding]:
+        if model is None:
+            return [
+                Finding(
+                    "warn",
+                    f"{who}: cannot tell whether it fits: no model on the command line nor in a "
+                    f"literal {', '.join(MODEL_ENV_VARS)} (valueFrom cannot be read at admission)",
+                )
+            ]
+        cached = self._specs.get(model)
+        if cached is not None:
+            return cached
+        try:
+            spec = self._resolve(model)
+        except GatekeeperError as e:
+            outcome = self.config.unknown_model
+            verb = "denied (webhook_unknown_model=deny)" if outcome == "deny" else "not checked"
+            why = f"the hub lookup failed: {e}" if isinstance(e, HubError) else "not in the catalog"
+            return [
+                Finding(
+                    outcome,
+                    f"{who}: model {model!r} is unknown to gatekeeper ({why}), so it is {verb}; "
+                    "check the name, or set GATEKEEPER_ALLOW_NETWORK=true to look it up on the hub",
+                )
+            ]
+        if len(self._specs) >= 256:
+            self._specs.clear()
+        self._specs[model] = spec
+        return spec
+
+    def _gpu(
+        self, who: str, template: PodTemplate
+    ) -> tuple[GpuChoice, list[Finding]] | list[Finding]:
+        annotated = template.annotations.get(GPU_MEMORY_ANNOTATION)
+        if annotated is not None:
+            try:
+                return gpu_from_value(annotated, f"annotation {GPU_MEMORY_ANNOTATION}"), []
+            except GatekeeperError as e:
+                return [Finding("deny", f"{who}: {e}")]
+        products, where = gpu_product_constraint(template.spec)
+        known: list[GpuChoice] = []
+        unknown: list[str] = []
+        for product in products:
+            try:
+                known.append(gpu_from_value(product, f"{where}={product}"))
+            except GatekeeperError:
+                unknown.append(product)
+        notes = [
+            Finding(
+                "warn",
+                f"{who}: cannot tell whether it fits on {p!r} ({where}): not in gatekeeper's GPU "
+                f"table; annotate the pod template {GPU_MEMORY_ANNOTATION}: <memory, e.g. 79.19GiB>",
+            )
+            for p in unknown
+        ]
+        if known:
+            return min(known, key=lambda g: g.total_bytes), notes
+        if notes:
+            return notes
+        if self.config.default_gpu is not None:
+            return self.config.default_gpu, []
+        return [
+            Finding(
+                "warn",
+                f"{who}: cannot tell whether it fits: no GPU named; set nodeSelector "
+                f"nvidia.com/gpu.product, annotate {GPU_MEMORY_ANNOTATION}, or set "
+                "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
+            )
+        ]
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def _name(obj: Mapping[str, Any], request: AdmissionRequest) -> str:
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    for key, suffix in (("name", ""), ("generateName", "*")):
+        value = metadata.get(key)
+        if isinstance(value, str) and value:
+            return value + suffix
+    return request.name or "(unnamed)"
+
+
+def _skipped(template: PodTemplate) -> bool:
+    return template.annotations.get(SKIP_ANNOTATION, "").strip().lower() == "true"
+
+
+def _skip_text(where: str) -> str:
+    return f"{where}: {SKIP_ANNOTATION} is true, so gatekeeper skipped its GPU memory check"
+
+
+def _combine(findings: list[Finding], skipped: list[str]) -> WebhookDecision:
+    denials = [f.message for f in findings if f.outcome == "deny" and f.message]
+    warnings = [f.message for f in findings if f.outcome == "warn" and f.message]
+    warnings += [_skip_text(where) for where in skipped]
+    unique = tuple(dict.fromkeys(warnings))
+    if denials:
+        return WebhookDecision(False, "denied", "\n".join(denials), unique)
+    if skipped and not findings:
+        return WebhookDecision(True, "skipped", warnings=unique)
+    return WebhookDecision(True, "warned" if unique else "allowed", warnings=unique)

@@ -1,0 +1,192 @@
+"""Find the pod templates of a Kubernetes object, the vLLM containers in them, the GPUs
+they request and the GPU product they are pinned to.
+
+Pure and total: any JSON value in, never an exception out (a field of the wrong type
+counts as absent). Pod templates by kind:
+
+=================  ==========================================================
+Pod                the object itself
+Deployment, StatefulSet, ReplicaSet, ReplicationController, DaemonSet, Job
+                   ``spec.template``
+CronJob            ``spec.jobTemplate.spec.template``
+LeaderWorkerSet    ``spec.leaderWorkerTemplate.leaderTemplate`` and ``.workerTemplate``
+=================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+
+__all__ = [
+    "GPU_MEMORY_ANNOTATION",
+    "GPU_PRODUCT_LABEL",
+    "GPU_RESOURCE",
+    "SKIP_ANNOTATION",
+    "ContainerRequest",
+    "PodTemplate",
+    "gpu_product_constraint",
+    "pod_templates",
+    "vllm_containers",
+]
+
+GPU_MEMORY_ANNOTATION = "gatekeeper.io/gpu-memory"
+SKIP_ANNOTATION = "gatekeeper.io/skip"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The node label GPU Feature Discovery sets, e.g. ``NVIDIA-H100-80GB-HBM3``."""
+GPU_RESOURCE = "nvidia.com/gpu"
+
+_TEMPLATE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": (("spec", "template"),),
+    "StatefulSet": (("spec", "template"),),
+    "ReplicaSet": (("spec", "template"),),
+    "ReplicationController": (("spec", "template"),),
+    "DaemonSet": (("spec", "template"),),
+    "Job": (("spec", "template"),),
+    "CronJob": (("spec", "jobTemplate", "spec", "template"),),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PodTemplate:
+    """One pod template: where it is in the object, its annotations and its pod spec."""
+
+    path: str
+    """``spec.template``, ``spec.leaderWorkerTemplate.workerTemplate`` … (empty for a Pod)."""
+    annotations: Mapping[str, str]
+    """The template's annotations over the object's own (the template's win)."""
+    spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """A container that runs vLLM: what it serves and the GPUs it requests."""
+
+    name: str
+    path: str
+    """``spec.template.spec.containers[0]`` …"""
+    command: VllmCommand
+    gpus: int | None
+    """``resources.limits["nvidia.com/gpu"]`` (else requests); None when absent."""
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _seq(value: object) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def _strings(value: object) -> list[str]:
+    return [v if isinstance(v, str) else str(v) for v in _seq(value) if v is not None]
+
+
+def _dig(obj: object, path: Sequence[str]) -> object:
+    for key in path:
+        obj = _map(obj).get(key)
+    return obj
+
+
+def _annotations(metadata: object) -> dict[str, str]:
+    raw = _map(_map(metadata).get("annotations"))
+    return {str(k): str(v) for k, v in raw.items() if isinstance(v, str | int | float | bool)}
+
+
+def pod_templates(kind: str, obj: object) -> list[PodTemplate]:
+    """The pod templates of an object of ``kind``; empty for kinds without one."""
+    top = _annotations(_map(obj).get("metadata"))
+    if kind == "Pod":
+        return [PodTemplate("", top, _map(_map(obj).get("spec")))]
+    paths: tuple[tuple[str, ...], ...] = _TEMPLATE_PATHS.get(kind, ())
+    if kind == "LeaderWorkerSet":
+        lws = ("spec", "leaderWorkerTemplate")
+        paths = ((*lws, "leaderTemplate"), (*lws, "workerTemplate"))
+    out = []
+    for path in paths:
+        template = _dig(obj, path)
+        if isinstance(template, Mapping):
+            annotations = {**top, **_annotations(template.get("metadata"))}
+            out.append(PodTemplate(".".join(path), annotations, _map(template.get("spec"))))
+    return out
+
+
+def _env(container: Mapping[str, Any]) -> dict[str, str]:
+    """Literal ``env`` values (``valueFrom`` cannot be read at admission)."""
+    env: dict[str, str] = {}
+    for item in _seq(container.get("env")):
+        item = _map(item)
+        name, value = item.get("name"), item.get("value")
+        if isinstance(name, str) and isinstance(value, str | int | float):
+            env[name] = str(value)
+    return env
+
+
+def _gpus(container: Mapping[str, Any]) -> int | None:
+    resources = _map(container.get("resources"))
+    for section in ("limits", "requests"):
+        value = _map(resources.get(section)).get(GPU_RESOURCE)
+        if value is None:
+            continue
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            return None
+    return None
+
+
+def vllm_containers(template: PodTemplate) -> list[ContainerRequest]:
+    """The containers of ``template`` that run vLLM (init containers are not looked at)."""
+    prefix = f"{template.path}.spec" if template.path else "spec"
+    out = []
+    for i, raw in enumerate(_seq(template.spec.get("containers"))):
+        container = _map(raw)
+        image = container.get("image")
+        command = parse_vllm_command(
+            _strings(container.get("command")),
+            _strings(container.get("args")),
+            image if isinstance(image, str) else "",
+            _env(container),
+        )
+        if command is None:
+            continue
+        name = container.get("name")
+        out.append(
+            ContainerRequest(
+                name=name if isinstance(name, str) else f"#{i}",
+                path=f"{prefix}.containers[{i}]",
+                command=command,
+                gpus=_gpus(container),
+            )
+        )
+    return out
+
+
+def gpu_product_constraint(spec: Mapping[str, Any]) -> tuple[list[str], str]:
+    """The GPU products a pod may land on, and where that was read.
+
+    From ``nodeSelector`` first, else from the required node affinity's ``In``
+    expressions on ``nvidia.com/gpu.product`` (every term: the pod may land on any).
+    Empty when the pod is not pinned to a product.
+    """
+    selected = _map(spec.get("nodeSelector")).get(GPU_PRODUCT_LABEL)
+    if isinstance(selected, str) and selected.strip():
+        return [selected.strip()], f"nodeSelector {GPU_PRODUCT_LABEL}"
+    required = _dig(
+        spec, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    values: list[str] = []
+    for term in _seq(_map(required).get("nodeSelectorTerms")):
+        found = [
+            _strings(e.get("values"))
+            for e in map(_map, _seq(_map(term).get("matchExpressions")))
+            if e.get("key") == GPU_PRODUCT_LABEL and e.get("operator") == "In"
+        ]
+        if not found:  # terms are ORed: this one lets the pod land on any GPU
+            return [], f"required node affinity on {GPU_PRODUCT_LABEL}"
+        allowed = set.intersection(*(set(f) for f in found))
+        values += [v for v in found[0] if v in allowed and v not in values]
+    return values, f"required node affinity on {GPU_PRODUCT_LABEL}"

@@ -1,0 +1,60 @@
+"""gatekeeper's Prometheus metrics: the collectors read at scrape time and the sidecar's
+event metrics.
+
+Names follow Prometheus' conventions: the ``gatekeeper_`` prefix, base units (bytes,
+seconds), ``_total`` on counters, ``_ratio`` on ratios, and ``gatekeeper_build_info``.
+
+- ``GpuCollector(inventory, reserved, margin)`` reads the GPUs **at scrape time**, as
+  ``prometheus_client``'s ``ProcessCollector`` reads ``/proc``: per GPU (labels ``gpu``,
+  ``uuid``, ``name``) total, used, free, reserved-by-gatekeeper and headroom bytes, and
+  ``gatekeeper_gpu_healthy``. It always yields its own health series first
+  (``gatekeeper_gpu_collect_success``, ``…_duration_seconds``, ``…_errors_total``): a
+  failed snapshot, or an exception from the inventory or the reservations, never
+  breaks the scrape. Headroom is ``free - reserved - margin`` (what placement could
+  still promise; it can be negative), for placeable GPUs only; an unhealthy GPU has
+  only ``gatekeeper_gpu_healthy 0``.
+- ``WorkerCollector`` and ``WorkerView`` (``workers``): predicted versus actual memory
+  per worker.
+- ``CalibrationCollector(factors)``: ``gatekeeper_calibration_factor_ratio``.
+- ``SidecarMetrics(registry)`` (``events``):
+  instrumentation objects for events: admissions by outcome and reason, reservations
+  outstanding, launch durations, proxied requests and their latency (it is the
+  proxy's ``ProxyMetrics``), and the prediction error histogram observed once per
+  worker when it becomes ready.
+
+**Cardinality** is bounded by construction: ``gpu``/``uuid``/``name`` by the node's
+GPUs; ``reason``/``outcome``/``component``/``state`` are closed sets; ``model`` on the
+proxy's series is a configured model or ``other`` (a client can send any name);
+``code`` is an HTTP status; ``family`` is a configured model's ``model_type``.
+
+May import: ``gatekeeper.placement`` (decisions and the policy's margin),
+``gatekeeper.gpus``, ``gatekeeper.units``, ``prometheus_client``.
+"""
+
+from gatekeeper.metrics.events import SidecarMetrics, decision_reason, status_reason
+from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.workers import (
+    COMPONENTS,
+    WORKER_STATES,
+    Component,
+    WorkerCollector,
+    WorkerView,
+    actual_components,
+    predicted_components,
+)
+
+__all__ = [
+    "COMPONENTS",
+    "WORKER_STATES",
+    "CalibrationCollector",
+    "Component",
+    "GpuCollector",
+    "SidecarMetrics",
+    "WorkerCollector",
+    "WorkerView",
+    "actual_components",
+    "decision_reason",
+    "policy_margin",
+    "predicted_components",
+    "status_reason",
+]

@@ -1,0 +1,50 @@
+"""Model facts in, ``ModelSpec`` out: what the estimator needs to know of a model.
+
+Sources, in the order ``resolve_model`` tries them: a local checkpoint directory
+(``config.json`` through ``hf_config``, exact weight bytes from the safetensors headers
+through ``safetensors``), the embedded catalog (``catalog``), and, only when allowed,
+the Hugging Face hub (``hub``: config and safetensors metadata, never weights).
+``spec`` holds the data (pure); ``quantization`` and ``vision`` read those parts of a
+config.
+
+May import: ``gatekeeper.errors``, ``gatekeeper.units``, and the standard library
+(``hub`` alone also ``huggingface_hub``). Nothing of the other wings.
+"""
+
+from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog
+from gatekeeper.models.hf_config import spec_from_config
+from gatekeeper.models.quantization import QuantSpec, quant_from_config, quant_from_flag
+from gatekeeper.models.safetensors import read_checkpoint, read_header
+from gatekeeper.models.source import load_model_dir, resolve_model
+from gatekeeper.models.spec import (
+    DTYPE_BYTES,
+    AttentionKind,
+    CheckpointTensor,
+    CheckpointWeights,
+    MlaSpec,
+    ModelSpec,
+    MoeSpec,
+    VisionSpec,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "AttentionKind",
+    "CatalogEntry",
+    "CheckpointTensor",
+    "CheckpointWeights",
+    "MlaSpec",
+    "ModelSpec",
+    "MoeSpec",
+    "QuantSpec",
+    "VisionSpec",
+    "catalog_entries",
+    "find_in_catalog",
+    "load_model_dir",
+    "quant_from_config",
+    "quant_from_flag",
+    "read_checkpoint",
+    "read_header",
+    "resolve_model",
+    "spec_from_config",
+]

@@ -1,0 +1,306 @@
+"""Turn a Hugging Face ``config.json`` (already parsed) into a ``ModelSpec``.
+
+Pure: no file or network access. Multimodal configs nest the language model in
+``text_config``; the vision tower's parameters are counted from ``vision_config``.
+A missing or invalid field raises ``ModelSpecError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gatekeeper.errors import ModelSpecError
+from gatekeeper.models.quantization import QuantSpec, quant_from_config
+from gatekeeper.models.spec import (
+    DTYPE_BYTES,
+    AttentionKind,
+    CheckpointWeights,
+    MlaSpec,
+    ModelSpec,
+    MoeSpec,
+)
+from gatekeeper.models.vision import vision_spec
+
+__all__ = ["spec_from_config"]
+
+_DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+_BIASED_QKV = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "opt", "gpt_oss"})
+_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
+_TIED_BY_DEFAULT = frozenset({"opt", "gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom"})
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"})
+
+
+def _get(cfg: Mapping[str, Any], name: str, *keys: str, required: bool = True) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    if required:
+        raise ModelSpecError(
+            f"{name}: config.json has none of {', '.join(keys)}; this field is needed to size "
+            "the model. Give a complete config.json or a model from the catalog "
+            "(gatekeeper estimate --list-models)",
+            field=keys[0],
+        )
+    return None
+
+
+def _positive(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or isinstance(value, bool):
+        raise ModelSpecError(
+            f"{name}: config.json says {value!r}; it must be a positive integer. "
+            "Fix the config or use a catalog model",
+            field=name,
+            value=value,
+        )
+    return number
+
+
+def _dtype(top: Mapping[str, Any], text: Mapping[str, Any]) -> str:
+    raw = top.get("torch_dtype") or top.get("dtype") or text.get("torch_dtype") or "bfloat16"
+    dtype = _DTYPE_ALIASES.get(str(raw).removeprefix("torch.").lower())
+    if dtype is None:
+        raise ModelSpecError(
+            f"torch_dtype: config.json says {raw!r}; expected one of bfloat16, float16, float32",
+            field="torch_dtype",
+            value=raw,
+        )
+    return dtype
+
+
+def _layer_attention(
+    cfg: Mapping[str, Any], layers: int, max_pos: int
+) -> tuple[AttentionKind, ...]:
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        mapping: dict[str, AttentionKind] = {
+            "full_attention": "full",
+            "sliding_attention": "sliding",
+            "chunked_attention": "chunked",
+        }
+        return tuple(mapping.get(str(t), "none") for t in types)
+    model_type = str(cfg.get("model_type", ""))
+    window = cfg.get("sliding_window")
+    if cfg.get("attention_chunk_size") and cfg.get("no_rope_layers"):
+        flags = cfg["no_rope_layers"]
+        return tuple("chunked" if flags[i] else "full" for i in range(layers))
+    if model_type == "gemma2" and window:
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
+    if model_type in ("gemma3", "gemma3_text") and window:
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
+    uses_window = cfg.get("use_sliding_window", True) is not False
+    if window and uses_window and int(window) < max_pos:
+        return tuple("sliding" for _ in range(layers))
+    return tuple("full" for _ in range(layers))
+
+
+def _moe(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[bool, ...]]:
+    experts = _get(
+        cfg, "experts", "num_local_experts", "num_experts", "n_routed_experts", required=False
+    )
+    if not experts:
+        return None, tuple(False for _ in range(layers))
+    per_token = _positive(
+        "num_experts_per_tok",
+        _get(cfg, "experts per token", "num_experts_per_tok", "experts_per_token"),
+    )
+    inter = _positive(
+        "moe_intermediate_size",
+        _get(cfg, "expert size", "moe_intermediate_size", "intermediate_size"),
+    )
+    shared = int(cfg.get("n_shared_experts") or 0) * inter
+    shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
+    model_type = str(cfg.get("model_type", ""))
+    if model_type.startswith("llama4"):
+        shared = inter
+    moe = MoeSpec(
+        num_experts=_positive("num_experts", experts),
+        experts_per_token=per_token,
+        expert_intermediate_size=inter,
+        shared_intermediate_size=shared,
+        shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
+        expert_bias=model_type == "gpt_oss",
+        router_bias=model_type == "gpt_oss",
+    )
+    return moe, tuple(_is_moe_layer(cfg, i) for i in range(layers))
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
+        first = int(cfg.get("first_k_dense_replace") or 0)
+        return i >= first and i % int(cfg.get("moe_layer_freq") or 1) == 0
+    if "interleave_moe_layer_step" in cfg:
+        return (i + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
+    if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+    return True
+
+
+def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
+    if not cfg.get("kv_lora_rank"):
+        return None
+    return MlaSpec(
+        kv_lora_rank=_positive("kv_lora_rank", cfg["kv_lora_rank"]),
+        q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+        qk_nope_head_dim=_positive("qk_nope_head_dim", cfg.get("qk_nope_head_dim")),
+        qk_rope_head_dim=_positive("qk_rope_head_dim", cfg.get("qk_rope_head_dim")),
+        v_head_dim=_positive("v_head_dim", cfg.get("v_head_dim")),
+    )
+
+
+def _rope(
+    cfg: Mapping[str, Any], head_dim: int, mla: MlaSpec | None, max_pos: int
+) -> tuple[int, int, int]:
+    """(rotary_dim, cache positions, number of caches) of the rotary cos/sin cache."""
+    if str(cfg.get("model_type", "")) == "opt":
+        return 0, 0, 0
+    rotary = (
+        mla.qk_rope_head_dim
+        if mla
+        else int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0))
+    )
+    scaling = cfg.get("rope_scaling") or {}
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "")
+    if kind in ("yarn", "deepseek_yarn"):
+        original = int(scaling.get("original_max_position_embeddings") or max_pos)
+        return rotary, int(original * float(scaling.get("factor") or 1.0)), 1
+    if kind == "longrope":
+        original = int(
+            cfg.get("original_max_position_embeddings")
+            or scaling.get("original_max_position_embeddings")
+            or max_pos
+        )
+        return rotary, original + max_pos, 1
+    return rotary, max_pos, 1
+
+
+def _tied(top: Mapping[str, Any], text: Mapping[str, Any], model_type: str) -> bool:
+    """``tie_word_embeddings``, or the default of the model's transformers config class."""
+    for cfg in (top, text):
+        if cfg.get("tie_word_embeddings") is not None:
+            return bool(cfg["tie_word_embeddings"])
+    return model_type in _TIED_BY_DEFAULT
+
+
+def _quant(top: Mapping[str, Any], text: Mapping[str, Any]) -> QuantSpec | None:
+    raw = top.get("quantization_config") or text.get("quantization_config")
+    if not raw:
+        return None
+    try:
+        return quant_from_config(raw)
+    except ValueError as e:
+        raise ModelSpecError(
+            f"quantization_config: {e}. Size it with an unquantized config and --quantization, "
+            "or open an issue with the config",
+            field="quantization_config",
+            value=raw.get("quant_method"),
+        ) from e
+
+
+def spec_from_config(
+    config: Mapping[str, Any],
+    *,
+    name: str,
+    source: str = "",
+    checkpoint: CheckpointWeights | None = None,
+    declared_parameters: int | None = None,
+    reference: str = "",
+) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed ``config.json``."""
+    if not isinstance(config, Mapping):
+        raise ModelSpecError(f"config.json of {name}: expected a JSON object", field="config")
+    text: Mapping[str, Any] = config.get("text_config") or config
+    layers = _positive(
+        "num_hidden_layers", _get(text, "layers", "num_hidden_layers", "n_layer", "num_layers")
+    )
+    hidden = _positive("hidden_size", _get(text, "hidden_size", "hidden_size", "n_embd", "d_model"))
+    heads = _positive(
+        "num_attention_heads", _get(text, "attention heads", "num_attention_heads", "n_head")
+    )
+    kv_heads = _positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
+    head_dim = _positive("head_dim", text.get("head_dim") or hidden // heads)
+    max_pos = _positive(
+        "max_position_embeddings",
+        _get(
+            text,
+            "max_position_embeddings",
+            "max_position_embeddings",
+            "n_positions",
+            "max_seq_len",
+            "seq_length",
+        ),
+    )
+    mla = _mla(text)
+    moe, layer_moe = _moe(text, layers)
+    rotary, rope_positions, rope_caches = _rope(text, head_dim, mla, max_pos)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    dense_inter = (
+        text.get("intermediate_size_mlp") or text.get("intermediate_size") or text.get("ffn_dim")
+    )
+    if dense_inter is None and moe is None:
+        dense_inter = _get(text, "intermediate_size", "intermediate_size", "ffn_dim", "n_inner")
+    architecture = (config.get("architectures") or [model_type or "unknown"])[0]
+    return ModelSpec(
+        name=name,
+        architecture=str(architecture),
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=1 if mla else kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(dense_inter or 0),
+        vocab_size=_positive(
+            "vocab_size",
+            _get(text, "vocab_size", "vocab_size")
+            if "vocab_size" in text
+            else config.get("vocab_size"),
+        ),
+        max_position_embeddings=max_pos,
+        torch_dtype=_dtype(config, text),
+        tie_word_embeddings=_tied(config, text, model_type),
+        layer_attention=_layer_attention(text, layers, max_pos),
+        layer_moe=layer_moe,
+        sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,
+        attention_chunk_size=int(text["attention_chunk_size"])
+        if text.get("attention_chunk_size")
+        else None,
+        mla=mla,
+        moe=moe,
+        quantization=_quant(config, text),
+        gated_mlp=model_type not in ("opt", "gpt2", "gpt_bigcode", "falcon"),
+        attention_bias=bool(text.get("attention_bias")) or model_type in _BIASED_QKV,
+        output_bias=model_type in ("opt", "gpt_oss")
+        or bool(text.get("attention_bias") and model_type != "llama"),
+        mlp_bias=bool(text.get("mlp_bias")) or model_type == "opt",
+        qk_norm=model_type in _QK_NORM,
+        attention_sinks=model_type == "gpt_oss",
+        norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
+        rotary_dim=rotary,
+        rope_cache_positions=rope_positions,
+        rope_caches=rope_caches,
+        learned_position_embeddings=max_pos + 2 if model_type == "opt" else 0,
+        vision=vision_spec(config.get("vision_config"), config, hidden),
+        checkpoint=checkpoint,
+        declared_parameters=declared_parameters,
+        source=source,
+        reference=reference,
+    )
+
+
+assert set(_DTYPE_ALIASES.values()) <= set(DTYPE_BYTES)

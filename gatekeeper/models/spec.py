@@ -1,0 +1,167 @@
+"""Architecture facts of a model: what the estimator needs, nothing it does not.
+
+A ``ModelSpec`` is built from a Hugging Face ``config.json`` (``hf_config``), from the
+embedded catalog (``catalog``) or from the hub (``hub``); it is pure data. Layers are
+described one by one (``layer_attention``, ``layer_moe``) because models mix full and
+sliding-window attention, dense and MoE MLPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gatekeeper.models.quantization import QuantSpec
+
+__all__ = [
+    "DTYPE_BYTES",
+    "AttentionKind",
+    "CheckpointTensor",
+    "CheckpointWeights",
+    "MlaSpec",
+    "ModelSpec",
+    "MoeSpec",
+    "VisionSpec",
+]
+
+AttentionKind = Literal["full", "sliding", "chunked", "none"]
+"""Per-layer attention: full causal, sliding window, chunked local (Llama 4), or none
+(layers that keep no per-token KV cache)."""
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek V2/V3): one compressed KV "head" per token."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Mixture of experts: routed experts, optional shared experts, a router."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int = 0
+    """Total intermediate width of the always-on shared expert(s), 0 when none."""
+    shared_expert_gate: bool = False
+    expert_bias: bool = False
+    router_bias: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VisionSpec:
+    """A multimodal model's vision tower and the largest item vLLM profiles with."""
+
+    parameters: int
+    """Parameters of the tower and its projector (sharded by TP, on PP stage 0)."""
+    hidden_size: int
+    intermediate_size: int
+    gated: bool
+    patches_per_item: int
+    """Patches the encoder runs for the largest image the processor accepts."""
+    tokens_per_item: int
+    """Tokens the language model receives for that image."""
+    output_dim: int
+    """Width of the encoder features handed to the projector."""
+    cross_attention: bool = False
+    """The features feed cross-attention layers (Mllama) instead of the context."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTensor:
+    """One tensor as a safetensors header describes it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    num_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWeights:
+    """What the checkpoint files say about the weights.
+
+    ``tensors`` is filled from safetensors headers (exact); when only
+    ``model.safetensors.index.json`` is at hand, ``total_bytes`` alone is known.
+    """
+
+    total_bytes: int
+    tensors: tuple[CheckpointTensor, ...] = ()
+    source: str = ""
+
+    def bytes_by_dtype(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.dtype] = out.get(t.dtype, 0) + t.num_bytes
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything about a model that decides its memory under vLLM."""
+
+    name: str
+    architecture: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    torch_dtype: str
+    tie_word_embeddings: bool = False
+    v_head_dim: int | None = None
+    layer_attention: tuple[AttentionKind, ...] = ()
+    layer_moe: tuple[bool, ...] = ()
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    mla: MlaSpec | None = None
+    moe: MoeSpec | None = None
+    quantization: QuantSpec | None = None
+    gated_mlp: bool = True
+    attention_bias: bool = False
+    output_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    norms_per_layer: int = 2
+    rotary_dim: int = 0
+    rope_cache_positions: int = 0
+    rope_caches: int = 1
+    learned_position_embeddings: int = 0
+    """Rows of a learned absolute position table (OPT, GPT-2), 0 for rotary models."""
+    vision: VisionSpec | None = None
+    checkpoint: CheckpointWeights | None = None
+    declared_parameters: int | None = None
+    source: str = ""
+    reference: str = ""
+    """What ``vllm serve`` is given for this model: a checkpoint directory's absolute path,
+    or the repo id (``name``) when empty."""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.torch_dtype]
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def serve_reference(self) -> str:
+        return self.reference or self.name
+
+    @property
+    def vision_parameters(self) -> int:
+        return self.vision.parameters if self.vision is not None else 0

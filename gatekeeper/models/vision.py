@@ -1,0 +1,96 @@
+"""The vision tower of a multimodal model: its parameters and the shape of the
+multimodal profile vLLM runs at start-up.
+
+Parameters follow the common ViT layout: per block ``4h^2 + 4h`` for attention (with
+biases), ``2hi`` (or ``3hi`` for gated MLPs) for the MLP and four norm vectors; a patch
+embedding of ``channels x patch^2 x temporal x h``; and a projector into the language
+model (a 2-layer merger over ``merge^2`` patches when the config has
+``out_hidden_size``, else one ``vision_output_dim x text_hidden`` matrix).
+
+The profile size per item is the largest image the processor accepts:
+
+- Qwen2/2.5-VL: ``max_pixels`` 12,845,056 -> 65,536 patches of 14x14, 16,384 tokens
+  after the 2x2 merge;
+- Mllama: ``max_num_tiles`` tiles of ``(560/14)^2 + 1`` patches, fed to cross-attention;
+- Gemma 3: ``(896/14)^2`` = 4,096 patches pooled to ``mm_tokens_per_image`` (256) tokens;
+- Llama 4: 16 tiles plus a global view of ``(336/14)^2`` patches, pixel-shuffled by
+  ``pixel_shuffle_ratio^2``;
+- otherwise ``(image_size/patch)^2`` patches, one token each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gatekeeper.models.spec import VisionSpec
+
+__all__ = ["vision_spec"]
+
+_GATED_ACTS = frozenset({"silu", "swiglu"})
+QWEN_VL_MAX_PIXELS = 12_845_056
+LLAMA4_MAX_TILES = 16
+
+
+def vision_spec(
+    vision: Mapping[str, Any] | None, top: Mapping[str, Any], text_hidden: int
+) -> VisionSpec | None:
+    """The vision tower described by ``vision_config`` (None when absent)."""
+    if not vision:
+        return None
+    h = int(vision.get("hidden_size") or vision.get("embed_dim") or 0)
+    if h <= 0:
+        return None
+    i = int(vision.get("intermediate_size") or 4 * h)
+    gated = str(vision.get("hidden_act", "")) in _GATED_ACTS
+    blocks = int(vision.get("depth") or vision.get("num_hidden_layers") or 0)
+    blocks += int(vision.get("num_global_layers") or 0)
+    per_block = 4 * h * h + 4 * h + (3 if gated else 2) * h * i + i + h + 4 * h
+    patch = int(vision.get("patch_size") or 14)
+    channels = int(vision.get("num_channels") or vision.get("in_chans") or 3)
+    temporal = int(vision.get("temporal_patch_size") or 1)
+    parameters = blocks * per_block + channels * patch * patch * temporal * h
+    parameters += _projector(vision, h, text_hidden)
+    patches, tokens, cross = _profile_item(vision, top, patch)
+    return VisionSpec(
+        parameters=parameters,
+        hidden_size=h,
+        intermediate_size=i,
+        gated=gated,
+        patches_per_item=patches,
+        tokens_per_item=tokens,
+        output_dim=int(vision.get("vision_output_dim") or h),
+        cross_attention=cross,
+    )
+
+
+def _profile_item(
+    vision: Mapping[str, Any], top: Mapping[str, Any], patch: int
+) -> tuple[int, int, bool]:
+    """(encoder patches, language-model tokens, cross-attention) of the largest image."""
+    model_type = str(top.get("model_type", ""))
+    side = int(vision.get("image_size") or 0) // patch
+    if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni"):
+        merge = int(vision.get("spatial_merge_size") or 2)
+        patches = QWEN_VL_MAX_PIXELS // (patch * patch)
+        return patches, patches // (merge * merge), False
+    if model_type == "mllama":
+        patches = int(vision.get("max_num_tiles") or 4) * (side * side + 1)
+        return patches, patches, True
+    if model_type.startswith("llama4"):
+        patches = (LLAMA4_MAX_TILES + 1) * side * side
+        ratio = float(vision.get("pixel_shuffle_ratio") or 1.0)
+        return patches, int(patches * ratio * ratio), False
+    patches = side * side if side else 1024
+    tokens = int(top.get("mm_tokens_per_image") or patches)
+    return patches, tokens, False
+
+
+def _projector(vision: Mapping[str, Any], h: int, text_hidden: int) -> int:
+    if vision.get("out_hidden_size"):
+        merge = int(vision.get("spatial_merge_size") or 2)
+        wide = h * merge * merge
+        return wide * wide + wide * int(vision["out_hidden_size"])
+    if vision.get("vision_output_dim"):
+        return int(vision["vision_output_dim"]) * text_hidden
+    return h * text_hidden

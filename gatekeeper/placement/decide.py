@@ -1,0 +1,91 @@
+"""The decision: search, then, on a rejection, the reasons and what would fit.
+
+Pure: ``decide`` runs ``search`` (``gatekeeper.placement.search``) and returns a
+``Decision``: admitted, with the placement and every GPU's line marked (chosen, fits,
+too small, or why it was passed over); or rejected, with a reason per shape tried and
+per GPU, and the nearest configurations that would fit (``gatekeeper.placement.hints``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.hints import rejection_reasons, suggestions
+from gatekeeper.placement.search import EstimateCache, Need, SearchResult, search
+from gatekeeper.placement.types import Decision, GpuLine, PlacementPolicy, PlacementRequest
+
+__all__ = ["decide", "mark_lines"]
+
+
+def decide(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    *,
+    reserved: Mapping[str, int] | None = None,
+    workers: Mapping[str, int] | None = None,
+    policy: PlacementPolicy | None = None,
+    suggest: bool = True,
+    cache: EstimateCache | None = None,
+) -> Decision:
+    """Admit ``request`` on the best-fitting GPUs of ``snapshot``, or reject it with reasons.
+
+    ``reserved`` maps GPU UUIDs to bytes promised to workers still starting; ``workers``
+    maps GPU UUIDs to the number of gatekeeper workers they host. ``suggest=False``
+    leaves out the nearby configurations (each costs a search). ``cache`` keeps
+    estimates across decisions.
+    """
+    policy = policy or PlacementPolicy()
+    cache = cache if cache is not None else EstimateCache()
+    found = search(
+        request, snapshot, reserved=reserved, workers=workers, policy=policy, cache=cache
+    )
+    if found.placement is not None:
+        return Decision(
+            model=request.model.name,
+            admitted=True,
+            placement=found.placement,
+            reasons=(),
+            gpus=tuple(mark_lines(found.lines, found.chosen, found.needs)),
+        )
+    return _reject(request, snapshot, found, policy, suggest, cache)
+
+
+def mark_lines(
+    lines: Iterable[GpuLine], chosen: Iterable[GpuLine], needs: Mapping[int, Need]
+) -> list[GpuLine]:
+    """Candidate lines marked chosen, fits or too small against ``needs``."""
+    picked = {g.index for g in chosen}
+    out = []
+    for g in lines:
+        if g.status != "candidate":
+            out.append(g)
+            continue
+        need = needs[g.total_bytes].max_bytes if g.total_bytes in needs else None
+        fits = need is not None and g.usable_bytes >= need
+        status = "chosen" if g.index in picked else ("fits" if fits else "too small")
+        out.append(dataclasses.replace(g, status=status, need_bytes=need))
+    return out
+
+
+def _reject(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    found: SearchResult,
+    policy: PlacementPolicy,
+    suggest: bool,
+    cache: EstimateCache,
+) -> Decision:
+    last_needs = found.tried[-1][1] if found.tried else {}
+    marked = mark_lines(found.lines, (), last_needs)
+    reasons = rejection_reasons(request, snapshot, marked, found.tried)
+    hints = suggestions(request, snapshot, list(found.lines), policy, cache) if suggest else ()
+    return Decision(
+        model=request.model.name,
+        admitted=False,
+        placement=None,
+        reasons=tuple(reasons),
+        gpus=tuple(marked),
+        suggestions=tuple(hints),
+    )

@@ -1,0 +1,197 @@
+"""Why a request was rejected, and the nearest configurations that would fit.
+
+Every rejection names the model, what it needs per GPU, what each GPU has usable and
+why it was passed over, then tries the menu of ``gatekeeper.placement.nearby`` in
+order: the largest ``max_model_len`` that fits, an fp8 KV cache, online fp8 weights, a
+larger tensor-parallel group; and, when none of those fits, whether the model fits on
+this node once its GPUs are idle, or not at all. Each variant is probed with
+``search``, never with ``decide``: a probe needs no reasons of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.nearby import lighter_variants, longest_length
+from gatekeeper.placement.search import EstimateCache, Need, Shape, search
+from gatekeeper.placement.types import (
+    GpuLine,
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+    Suggestion,
+)
+from gatekeeper.units import format_gib
+
+__all__ = ["rejection_reasons", "suggestions"]
+
+
+def rejection_reasons(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    lines: Sequence[GpuLine],
+    tried: Sequence[tuple[Shape, Mapping[int, Need]]],
+) -> list[str]:
+    name = request.model.name
+    if not snapshot.ok:
+        return [f"{name}: the GPU snapshot failed ({snapshot.error}); nothing can be placed"]
+    reasons: list[str] = []
+    if not any(g.status in ("too small", "candidate") for g in lines):
+        reasons.append(f"{name}: no GPU on this node can take work")
+    for (tp, pp), needs in tried:
+        need = needs[max(needs)]  # on the largest GPU product
+        reasons.append(_need_line(name, tp, pp, need))
+        if need.estimate.length_beyond_model:
+            reasons += [r for r in need.estimate.reasons if r.startswith("max_model_len")]
+    reasons += [g.text() for g in lines]
+    return reasons
+
+
+def _need_line(name: str, tp: int, pp: int, need: Need) -> str:
+    e = need.estimate
+    w = e.worst
+    shape = f"TP={tp}" + (f" PP={pp}" if pp > 1 else "")
+    return (
+        f"{name} at {shape} needs {format_gib(need.max_bytes)} per GPU "
+        f"({e.gpu_total_bytes / 2**30:.2f} GiB GPUs): weights {format_gib(w.weights_bytes)}, "
+        f"KV cache {format_gib(need.kv_bytes)} for max_model_len {e.max_model_len}, "
+        f"activation {format_gib(w.activation_peak_bytes)}, non-torch {format_gib(w.non_torch_bytes)}, "
+        f"CUDA graphs {format_gib(w.cuda_graph_bytes)}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """The rejected request's situation, to try variants of it against."""
+
+    request: PlacementRequest
+    snapshot: InventorySnapshot
+    policy: PlacementPolicy
+    reserved: dict[str, int]
+    workers: dict[str, int]
+    cache: EstimateCache
+
+    def placed(self, **changes: Any) -> Placement | None:
+        """Where the request with ``changes`` would go, if anywhere."""
+        try:
+            return search(
+                dataclasses.replace(self.request, **changes),
+                self.snapshot,
+                reserved=self.reserved,
+                workers=self.workers,
+                policy=self.policy,
+                cache=self.cache,
+            ).placement
+        except GatekeeperError:
+            return None
+
+
+def _where(p: Placement) -> str:
+    gpus = ", ".join(str(i) for i in p.gpu_indices)
+    return f"GPU {gpus}" if len(p.gpu_indices) == 1 else f"GPUs {gpus}"
+
+
+def suggestions(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    lines: Sequence[GpuLine],
+    policy: PlacementPolicy,
+    cache: EstimateCache | None = None,
+) -> list[Suggestion]:
+    probe = _Probe(
+        request,
+        snapshot,
+        policy,
+        reserved={g.uuid: g.reserved_bytes for g in lines if g.reserved_bytes},
+        workers={g.uuid: g.workers for g in lines if g.workers},
+        cache=cache if cache is not None else EstimateCache(),
+    )
+    found = [_shorter(probe), *_lighter(probe), _parallel(probe)]
+    out = [s for s in found if s is not None]
+    return out or [_idle(probe, lines)]
+
+
+def _shorter(probe: _Probe) -> Suggestion | None:
+    options = probe.request.options
+    length = options.max_model_len or probe.request.model.max_position_embeddings
+    best = longest_length(
+        lambda n: probe.placed(options=dataclasses.replace(options, max_model_len=n)), length
+    )
+    if best is None:
+        return None
+    n, p = best
+    return Suggestion(
+        "max_model_len",
+        f"max_model_len {n} (now {length}) fits on {_where(p)}",
+        {"max_model_len": n},
+    )
+
+
+def _lighter(probe: _Probe) -> list[Suggestion]:
+    request, options = probe.request, probe.request.options
+    out = []
+    for v in lighter_variants(request.model, options, probe.policy.default_vllm_version):
+        p = probe.placed(options=dataclasses.replace(options, **v.changes))
+        if p is not None:
+            out.append(Suggestion(v.kind, f"{v.option} fits on {_where(p)}", dict(v.changes)))
+    return out
+
+
+def _parallel(probe: _Probe) -> Suggestion | None:
+    if probe.request.auto_parallel:
+        return None
+    p = probe.placed(auto_parallel=True)
+    if p is None:
+        return None
+    f = p.flags
+    text = f"tensor_parallel_size {f.tensor_parallel_size}" + (
+        f" with pipeline_parallel_size {f.pipeline_parallel_size}"
+        if f.pipeline_parallel_size > 1
+        else ""
+    )
+    return Suggestion(
+        "parallelism",
+        f"{text} fits on {_where(p)}",
+        {
+            "tensor_parallel_size": f.tensor_parallel_size,
+            "pipeline_parallel_size": f.pipeline_parallel_size,
+        },
+    )
+
+
+def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> Suggestion:
+    request, snapshot = probe.request, probe.snapshot
+    idle = dataclasses.replace(
+        snapshot,
+        gpus=tuple(
+            dataclasses.replace(g, free_bytes=g.visible_total_bytes, processes=())
+            for g in snapshot.gpus
+        ),
+    )
+    open_policy = dataclasses.replace(
+        probe.policy, share_gpus=True, allow_pipeline=True, allowed_gpus=None
+    )
+    try:
+        p = search(
+            dataclasses.replace(request, auto_parallel=True),
+            idle,
+            policy=open_policy,
+            cache=probe.cache,
+        ).placement
+    except GatekeeperError:
+        p = None
+    if p is not None:
+        held = sum(g.total_bytes - g.free_bytes for g in lines)
+        return Suggestion(
+            "wait",
+            f"it would fit on {_where(p)} of this node once they are idle ({format_gib(held)} is held by other processes now)",
+        )
+    return Suggestion(
+        "none",
+        f"nothing fits on this node: even idle, its {len(lines)} GPU(s) cannot hold {request.model.name} with these options",
+    )

@@ -1,0 +1,100 @@
+"""The nearby configurations: what to try when a request does not fit as asked.
+
+One menu, shared by the sidecar's rejections (``gatekeeper.placement.hints``) and the
+webhook's denials (``gatekeeper.k8s.fit``), so both suggest the same things in the same
+order: a larger tensor-parallel size (from the sizes placement searches), the longest
+``max_model_len`` that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when
+the cache is 16-bit, and online fp8 weights when the model is not quantized (the flag
+vLLM's release spells it with). Pure: the callers decide what "fits" means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from gatekeeper.estimate.accounting import accounting_for
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.search import TP_SIZES
+
+__all__ = [
+    "MIN_SUGGESTED_LEN",
+    "Variant",
+    "larger_tp_sizes",
+    "lighter_variants",
+    "longest_length",
+    "online_fp8_flag",
+]
+
+MIN_SUGGESTED_LEN = 256
+"""A shorter ``max_model_len`` is not worth suggesting."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One change to the serving options, with its names for people."""
+
+    kind: Literal["kv_cache_dtype", "quantization"]
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    """``ServeOptions`` fields to replace."""
+    option: str = ""
+    """As an option: ``kv_cache_dtype fp8``."""
+    flag: str = ""
+    """As a ``vllm serve`` flag: ``--kv-cache-dtype fp8``."""
+
+
+def online_fp8_flag(vllm_version: str) -> str:
+    """``--quantization`` for online fp8 weights: ``fp8_per_tensor`` from vLLM 0.33."""
+    return "fp8_per_tensor" if accounting_for(vllm_version).since >= (0, 33, 0) else "fp8"
+
+
+def lighter_variants(
+    spec: ModelSpec, options: ServeOptions, default_vllm_version: str
+) -> list[Variant]:
+    """An fp8 KV cache (when it is ``auto``), then online fp8 weights (when neither the
+    checkpoint nor the options quantize)."""
+    out = []
+    if options.kv_cache_dtype == "auto":
+        out.append(
+            Variant(
+                "kv_cache_dtype",
+                {"kv_cache_dtype": "fp8"},
+                "kv_cache_dtype fp8",
+                "--kv-cache-dtype fp8",
+            )
+        )
+    if spec.quantization is None and options.quantization is None:
+        flag = online_fp8_flag(options.vllm_version or default_vllm_version)
+        out.append(
+            Variant(
+                "quantization",
+                {"quantization": flag},
+                f"quantization {flag} (online fp8 weights)",
+                f"--quantization {flag} (online fp8 weights)",
+            )
+        )
+    return out
+
+
+def larger_tp_sizes(current: int) -> tuple[int, ...]:
+    """The tensor-parallel sizes above ``current``, smallest first."""
+    return tuple(t for t in TP_SIZES if t > current)
+
+
+def longest_length(probe: Callable[[int], T | None], now: int) -> tuple[int, T] | None:
+    """The longest ``max_model_len`` below ``now`` (and at least ``MIN_SUGGESTED_LEN``)
+    for which ``probe`` finds something, with what it found; binary search, so ``probe``
+    must find something for every length below one that it finds something for."""
+    lo, hi, best = MIN_SUGGESTED_LEN, now - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = probe(mid)
+        if found is not None:
+            best, lo = (mid, found), mid + 1
+        else:
+            hi = mid - 1
+    return best

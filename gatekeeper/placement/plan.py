@@ -1,0 +1,205 @@
+"""Capacity plans: a file of deployments admitted in order on one node.
+
+A plan file is TOML or YAML::
+
+    node = "8xH100-80GB"            # optional: --node or settings otherwise
+    [[deployments]]
+    name = "chat"                   # optional
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    max_model_len = 16384           # any vllm serve option, under ServeOptions' names
+    kv_cache_dtype = "fp8"
+    min_sequences = 8               # KV for 8 concurrent sequences of max_model_len
+    min_kv_tokens = 200000          # or a token count
+
+Each admitted deployment's promise is taken from the GPUs it lands on before the next
+one is decided, as the reservations ledger does for live admissions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.decide import decide
+from gatekeeper.placement.render import LEGEND, render_bar
+from gatekeeper.placement.search import EstimateCache, gpu_lines
+from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, auto_parallel
+from gatekeeper.units import format_gib
+
+__all__ = ["Plan", "PlanError", "PlanResult", "PlannedDeployment", "load_plan", "run_plan"]
+
+_OPTION_FIELDS = {f.name for f in dataclasses.fields(ServeOptions)}
+_REQUEST_FIELDS = {"model", "name", "min_kv_tokens", "min_sequences"}
+
+
+class PlanError(GatekeeperError):
+    """A plan file cannot be read: which file, which entry, which key, and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedDeployment:
+    name: str
+    model: str
+    options: ServeOptions
+    auto_parallel: bool
+    min_kv_tokens: int | None
+    min_sequences: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    path: Path
+    node: str | None
+    deployments: tuple[PlannedDeployment, ...]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlanError(f"plan: cannot read {path} ({e.strerror}); give a TOML or YAML file") from e
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as e:
+        raise PlanError(
+            f"plan: {path} is not valid {path.suffix.lstrip('.') or 'TOML'} ({e})"
+        ) from e
+    except Exception as e:  # yaml.YAMLError without importing yaml at module level
+        raise PlanError(f"plan: {path} is not valid YAML ({e})") from e
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("deployments"), list)
+        or not data["deployments"]
+    ):
+        raise PlanError(
+            f"plan: {path} needs a non-empty 'deployments' list (see docs/placement.md)"
+        )
+    return data
+
+
+def _deployment(path: Path, i: int, entry: object) -> PlannedDeployment:
+    where = f"plan {path}: deployments[{i}]"
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("model"), str):
+        raise PlanError(f"{where}: needs a 'model' (a catalog name, directory or hub repo id)")
+    unknown = set(entry) - _OPTION_FIELDS - _REQUEST_FIELDS
+    if unknown:
+        known = ", ".join(sorted(_OPTION_FIELDS | _REQUEST_FIELDS))
+        raise PlanError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known keys: {known}"
+        )
+    options = {k: v for k, v in entry.items() if k in _OPTION_FIELDS}
+    try:
+        serve = ServeOptions(**options)
+    except (TypeError, GatekeeperError) as e:
+        raise PlanError(f"{where}: {e}") from e
+    sequences = entry.get("min_sequences", 1)
+    tokens = entry.get("min_kv_tokens")
+    for key, value in (("min_sequences", sequences), ("min_kv_tokens", tokens)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value <= 0
+        ):
+            raise PlanError(f"{where}: {key} = {value!r} must be a positive integer")
+    return PlannedDeployment(
+        name=str(entry.get("name") or f"{i}:{entry['model']}"),
+        model=entry["model"],
+        options=serve,
+        auto_parallel=auto_parallel(entry),
+        min_kv_tokens=tokens,
+        min_sequences=sequences,
+    )
+
+
+def load_plan(path: Path) -> Plan:
+    data = _read(path)
+    node = data.get("node")
+    if node is not None and not isinstance(node, str):
+        raise PlanError(f"plan {path}: 'node' must be a string such as 8xH100-80GB or a JSON path")
+    if node and not Path(node).is_absolute() and (path.parent / node).is_file():
+        node = str(path.parent / node)
+    return Plan(
+        path, node, tuple(_deployment(path, i, e) for i, e in enumerate(data["deployments"]))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    names: tuple[str, ...]
+    decisions: tuple[Decision, ...]
+    final: InventorySnapshot
+    planned: Mapping[str, int]
+    policy: PlacementPolicy
+
+    def render(self) -> str:
+        out = []
+        for name, d in zip(self.names, self.decisions, strict=True):
+            if d.admitted and d.placement is not None:
+                gpus = ",".join(str(i) for i in d.placement.gpu_indices)
+                out.append(
+                    f"ADMITTED {name} on GPU {gpus}: vllm serve {' '.join(d.placement.args)}"
+                )
+            else:
+                headline = next((r for r in reversed(d.reasons) if " at TP=" in r), None)
+                out.append(f"REJECTED {name}: {headline or (d.reasons[0] if d.reasons else '?')}")
+                out += [f"    * {s.text}" for s in d.suggestions]
+        out.append("")
+        out.append("headroom after the plan (r = planned workers):")
+        for line in gpu_lines(self.final, self.planned, {}, self.policy):
+            out.append(f"{render_bar(line)}  {format_gib(line.usable_bytes)} usable")
+        out.append(LEGEND)
+        return "\n".join(out)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "deployments": [
+                {"name": n, **d.to_json()} for n, d in zip(self.names, self.decisions, strict=True)
+            ],
+            "headroom": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "usable_bytes": g.usable_bytes,
+                    "planned_bytes": g.reserved_bytes,
+                    "total_bytes": g.total_bytes,
+                }
+                for g in gpu_lines(self.final, self.planned, {}, self.policy)
+            ],
+        }
+
+
+def run_plan(
+    plan: Plan,
+    snapshot: InventorySnapshot,
+    policy: PlacementPolicy,
+    resolve: Callable[[str], ModelSpec],
+) -> PlanResult:
+    """Admit the plan's deployments in order; ``resolve`` turns a reference into a spec."""
+    planned: dict[str, int] = {}
+    workers: dict[str, int] = {}
+    decisions = []
+    cache = EstimateCache()
+    for dep in plan.deployments:
+        spec = resolve(dep.model)
+        request = PlacementRequest(
+            spec, dep.options, dep.auto_parallel, dep.min_kv_tokens, dep.min_sequences
+        )
+        d = decide(request, snapshot, reserved=planned, workers=workers, policy=policy, cache=cache)
+        for uuid, num_bytes in d.promises():
+            planned[uuid] = planned.get(uuid, 0) + num_bytes
+            workers[uuid] = workers.get(uuid, 0) + 1
+        decisions.append(d)
+    names = tuple(d.name for d in plan.deployments)
+    return PlanResult(names, tuple(decisions), snapshot, dict(planned), policy)

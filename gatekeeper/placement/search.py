@@ -1,0 +1,312 @@
+"""The search: which GPUs a request fits on, and the flags to launch it with.
+
+Pure: a request, a node snapshot, the bytes already promised to workers still starting,
+and a policy in; a ``SearchResult`` out (the GPU lines, and a ``Placement`` or the shapes
+tried). ``decide`` turns it into a ``Decision``; ``hints`` probes variants with it.
+
+    usable(GPU) = NVML free - outstanding reservations - policy.margin_for(total)
+    need(rank)  = CUDA context (+ NCCL under TP) + weights + non-torch + activation peak
+                  + CUDA graphs + the KV cache the request asks for
+                  (default: vLLM's minimum, one sequence of max_model_len plus the null block)
+
+One GPU first (best fit: the least usable memory left over), then the smallest
+tensor-parallel group (TP must divide the heads; GPUs of one product preferred) whose
+every member fits the per-rank need, then pipeline parallelism when the policy allows
+it. Ties go to GPUs hosting fewer workers.
+
+Worked example: Llama-3.1-8B, bf16, max_model_len 8192, on an idle H100 (79.19 GiB,
+margin 0.5 GiB + 2%): usable 77.1 GiB; need = 0.5 context + 14.99 weights + 0.25
+non-torch + 1.88 activation + 0.88 graphs + 1.0 KV = 19.5 GiB -> GPU 0 with
+``--gpu-memory-utilization 0.9555`` when alone, or ``--kv-cache-memory-bytes`` when the
+GPU is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.calibration import scale_estimate
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.overhead import pre_init_bytes
+from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.types import (
+    GpuLine,
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+)
+from gatekeeper.vllm.launch import LaunchFlags, ceil_fraction, floor_fraction, launch_args
+
+__all__ = [
+    "PP_SIZES",
+    "TP_SIZES",
+    "EstimateCache",
+    "Need",
+    "SearchResult",
+    "gpu_lines",
+    "search",
+]
+
+TP_SIZES = (1, 2, 4, 8, 16)
+"""Tensor-parallel sizes tried, smallest first (the larger ones only on nodes with that
+many GPUs; the webhook suggests from the same list)."""
+PP_SIZES = (2, 4)
+
+Shape = tuple[int, int]
+"""(tensor-parallel size, pipeline-parallel size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """Per-rank bytes of one (TP, PP) shape on one GPU product."""
+
+    estimate: Estimate
+    per_stage: tuple[int, ...]
+    kv_bytes: int
+    static_in_budget: tuple[int, ...]
+
+    @property
+    def max_bytes(self) -> int:
+        return max(self.per_stage)
+
+
+class EstimateCache:
+    """Estimates by (spec object, options, GPU, version), held by the caller (the
+    sidecar's admission keeps one for its lifetime; a single decision needs none).
+
+    The spec is kept with its estimate and compared by identity, so a recycled ``id``
+    can never return another spec's estimate (hashing a spec whose checkpoint lists
+    thousands of tensors on every decision would cost more than the estimate).
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._entries: dict[tuple[Any, ...], tuple[ModelSpec, Estimate]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def estimate(
+        self, spec: ModelSpec, options: ServeOptions, total: int, name: str, version: str
+    ) -> Estimate:
+        key = (id(spec), options, total, name, version)
+        cached = self._entries.get(key)
+        if cached is not None and cached[0] is spec:
+            return cached[1]
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        result = estimate(
+            spec, options, GpuTarget(total_bytes=total, name=name), default_version=version
+        )
+        self._entries[key] = (spec, result)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """What the search saw and found: every GPU's line, then either the placement (and
+    the needs of its shape per GPU product) or the shapes tried with their needs."""
+
+    lines: tuple[GpuLine, ...]
+    placement: Placement | None = None
+    chosen: tuple[GpuLine, ...] = ()
+    needs: Mapping[int, Need] = field(default_factory=dict)
+    tried: tuple[tuple[Shape, Mapping[int, Need]], ...] = ()
+
+
+def gpu_lines(
+    snapshot: InventorySnapshot,
+    reserved: Mapping[str, int],
+    workers: Mapping[str, int],
+    policy: PlacementPolicy,
+) -> list[GpuLine]:
+    """Each GPU's usable memory and whether it is a candidate under ``policy``."""
+    lines = []
+    for gpu in snapshot.gpus:
+        total = gpu.visible_total_bytes
+        lines.append(
+            GpuLine(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                total_bytes=total,
+                free_bytes=gpu.free_bytes,
+                reserved_bytes=reserved.get(gpu.uuid, 0),
+                margin_bytes=policy.margin_for(total),
+                workers=workers.get(gpu.uuid, 0),
+                status=_status(gpu, workers.get(gpu.uuid, 0), policy),
+            )
+        )
+    return lines
+
+
+def _status(gpu: GpuInfo, workers: int, policy: PlacementPolicy) -> str:
+    if not gpu.healthy:
+        return f"unhealthy ({gpu.error})"
+    if gpu.fence_reason:
+        return f"fenced ({gpu.fence_reason})"
+    allowed = policy.allowed_gpus
+    if allowed is not None and str(gpu.index) not in allowed and gpu.uuid not in allowed:
+        return "not allowed by the policy"
+    if workers and not policy.share_gpus:
+        return "in use by another gatekeeper worker (sharing is off)"
+    return "candidate"
+
+
+def _shapes(request: PlacementRequest, policy: PlacementPolicy, gpu_count: int) -> list[Shape]:
+    o = request.options
+    if not request.auto_parallel:
+        return [(o.tensor_parallel_size, o.pipeline_parallel_size)]
+    shapes = [(tp, 1) for tp in TP_SIZES if tp <= gpu_count]
+    if policy.allow_pipeline:
+        shapes += [(tp, pp) for pp in PP_SIZES for tp in TP_SIZES if tp * pp <= gpu_count]
+    return shapes
+
+
+def _needs(
+    request: PlacementRequest,
+    shape: Shape,
+    candidates: list[GpuLine],
+    policy: PlacementPolicy,
+    cache: EstimateCache,
+) -> dict[int, Need]:
+    """The need of ``shape`` on each GPU product (by total bytes) among ``candidates``."""
+    tp, pp = shape
+    options = dataclasses.replace(
+        request.options, tensor_parallel_size=tp, pipeline_parallel_size=pp
+    )
+    out: dict[int, Need] = {}
+    for g in candidates:
+        if g.total_bytes in out:
+            continue
+        e = cache.estimate(
+            request.model, options, g.total_bytes, g.name, policy.default_vllm_version
+        )
+        if request.corrections:
+            e = scale_estimate(e, request.corrections)
+        kv = e.kv_bytes_for(request.min_sequences, request.min_kv_tokens)
+        pairs = [e.rank_bytes(s, kv) for s in e.stages]
+        out[g.total_bytes] = Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))
+    return out
+
+
+def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> list[GpuLine] | None:
+    """The best-fitting ``size`` GPUs among ``candidates``: from one product when any
+    product has enough, else mixed; within that, the least usable memory left over, then
+    the fewest workers."""
+
+    def room(g: GpuLine) -> int:
+        return g.usable_bytes - needs[g.total_bytes]
+
+    fitting = [g for g in candidates if room(g) >= 0]
+    groups = [
+        sorted(same, key=lambda g: (room(g), g.workers, g.index))[:size]
+        for product in sorted({g.name for g in fitting})
+        if len(same := [g for g in fitting if g.name == product]) >= size
+    ]
+    if not groups and size > 1 and len(fitting) >= size:
+        groups = [sorted(fitting, key=lambda g: (room(g), g.workers, g.index))[:size]]
+    if not groups:
+        return None
+    return min(groups, key=lambda chosen: (sum(map(room, chosen)), sum(g.workers for g in chosen)))
+
+
+def _placement(
+    request: PlacementRequest,
+    chosen: list[GpuLine],
+    needs: Mapping[int, Need],
+    policy: PlacementPolicy,
+) -> Placement:
+    first = needs[chosen[0].total_bytes]
+    e = first.estimate
+    if policy.share_gpus:
+        in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
+        totals = min(g.total_bytes for g in chosen)
+        utilization = ceil_fraction(in_budget, totals)
+        kv_budget: int | None = first.kv_bytes
+        promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
+    else:
+        context = pre_init_bytes(e.tensor_parallel_size)
+        outside = max(n.max_bytes - max(n.static_in_budget) - context for n in needs.values())
+        utilization = min(
+            floor_fraction(g.usable_bytes - context - outside, g.total_bytes) for g in chosen
+        )
+        kv_budget = None
+        promise = tuple(context + outside + int(utilization * g.total_bytes) + 1 for g in chosen)
+    flags = LaunchFlags(
+        max_model_len=e.max_model_len,
+        tensor_parallel_size=e.tensor_parallel_size,
+        pipeline_parallel_size=e.pipeline_parallel_size,
+        gpu_memory_utilization=utilization,
+        kv_cache_memory_bytes=kv_budget,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+    )
+    kv = first.kv_bytes if kv_budget is not None else _kv_in(chosen, needs, utilization)
+    return Placement(
+        gpu_indices=tuple(g.index for g in chosen),
+        gpu_uuids=tuple(g.uuid for g in chosen),
+        promise_bytes=promise,
+        flags=flags,
+        args=launch_args(request.model.serve_reference, flags, request.options),
+        estimate=e,
+        kv_cache_bytes=kv,
+    )
+
+
+def _kv_in(chosen: list[GpuLine], needs: Mapping[int, Need], utilization: float) -> int:
+    """KV bytes a utilization-sized worker gets: its budget less what is not KV."""
+    return min(
+        int(utilization * g.total_bytes)
+        - (max(needs[g.total_bytes].static_in_budget) - needs[g.total_bytes].kv_bytes)
+        for g in chosen
+    )
+
+
+def search(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    *,
+    reserved: Mapping[str, int] | None = None,
+    workers: Mapping[str, int] | None = None,
+    policy: PlacementPolicy | None = None,
+    cache: EstimateCache | None = None,
+) -> SearchResult:
+    """The best-fitting placement of ``request`` on ``snapshot``, or the shapes tried.
+
+    ``reserved`` maps GPU UUIDs to bytes promised to workers still starting; ``workers``
+    maps GPU UUIDs to the number of gatekeeper workers they host. A shape the options
+    cannot take (TP not dividing the heads) is skipped while searching, and raises
+    ``ServeOptionsError`` when the request fixed it.
+    """
+    policy = policy or PlacementPolicy()
+    cache = cache if cache is not None else EstimateCache()
+    lines = gpu_lines(snapshot, reserved or {}, workers or {}, policy)
+    candidates = [g for g in lines if g.status == "candidate"]
+    tried: list[tuple[Shape, Mapping[int, Need]]] = []
+    for shape in _shapes(request, policy, len(candidates)):
+        try:
+            needs = _needs(request, shape, candidates, policy, cache)
+        except ServeOptionsError:
+            if not request.auto_parallel:
+                raise
+            continue
+        beyond = any(n.estimate.length_beyond_model for n in needs.values())
+        sizes = {t: n.max_bytes for t, n in needs.items()}
+        chosen = None if beyond else _group(candidates, shape[0] * shape[1], sizes)
+        if chosen is None:
+            tried.append((shape, needs))
+            continue
+        return SearchResult(
+            lines=tuple(lines),
+            placement=_placement(request, chosen, needs, policy),
+            chosen=tuple(chosen),
+            needs=needs,
+        )
+    return SearchResult(lines=tuple(lines), tried=tuple(tried))

@@ -1,0 +1,236 @@
+"""The data of a placement: the policy, the request, and the decision with its GPU
+lines, placement and suggestions, and the decision's machine-readable form (bytes as
+integers). ``gatekeeper.placement.decide`` makes decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.vllm_method import Estimate
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.units import MIB, format_gib
+from gatekeeper.vllm.launch import LaunchFlags
+
+__all__ = [
+    "Decision",
+    "GpuLine",
+    "Placement",
+    "PlacementPolicy",
+    "PlacementRequest",
+    "Prediction",
+    "Suggestion",
+    "auto_parallel",
+    "decision_to_json",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """The operator's rules for placing workers."""
+
+    margin_bytes: int = 512 * MIB
+    margin_fraction: float = 0.02
+    allowed_gpus: frozenset[str] | None = None
+    """GPU indices (as strings) or UUIDs gatekeeper may use; None = all."""
+    share_gpus: bool = False
+    """Several workers on one GPU, each with a byte budget (--kv-cache-memory-bytes)."""
+    allow_pipeline: bool = False
+    default_vllm_version: str = DEFAULT_VLLM_VERSION
+    """The release whose accounting applies when the options name none."""
+
+    def margin_for(self, total_bytes: int) -> int:
+        """The safety margin kept free on a GPU of ``total_bytes``: the fixed bytes plus
+        the fraction of the total. The one margin rule of placement, the webhook and the
+        headroom metrics."""
+        return self.margin_bytes + int(self.margin_fraction * total_bytes)
+
+
+def auto_parallel(given: Iterable[str]) -> bool:
+    """Whether placement searches TP (and PP) sizes: only when the request ``given``
+    (the option names the operator set) fixes neither."""
+    return not {"tensor_parallel_size", "pipeline_parallel_size"} & set(given)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    """A model and how to serve it."""
+
+    model: ModelSpec
+    options: ServeOptions
+    auto_parallel: bool = True
+    """Search TP (and PP) sizes; False keeps the options' sizes as given."""
+    min_kv_tokens: int | None = None
+    min_sequences: int = 1
+    """Concurrent sequences of max_model_len the KV cache must hold (vLLM's minimum is 1)."""
+    corrections: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Calibration factors per component (weights, activation, non_torch, cuda_graph)
+    learned from earlier workers of the same family (``gatekeeper.estimate.calibration``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLine:
+    """One GPU as the decision saw it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    reserved_bytes: int
+    margin_bytes: int
+    workers: int
+    status: str
+    """chosen, fits, too small, unhealthy, fenced, not allowed or in use."""
+    need_bytes: int | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(0, self.free_bytes - self.reserved_bytes - self.margin_bytes)
+
+    def text(self) -> str:
+        head = (
+            f"GPU {self.index} ({self.name}): {format_gib(self.usable_bytes)} usable "
+            f"(free {format_gib(self.free_bytes)} - reserved {format_gib(self.reserved_bytes)} "
+            f"- margin {format_gib(self.margin_bytes)})"
+        )
+        if self.status == "too small" and self.need_bytes is not None:
+            short = self.need_bytes - self.usable_bytes
+            return f"{head}; needs {format_gib(self.need_bytes)}, short by {format_gib(short)}"
+        return f"{head}; {self.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The per-GPU bytes a placement was sized by (its worst pipeline stage), by component."""
+
+    weights_bytes: int = 0
+    non_torch_bytes: int = 0
+    activation_peak_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    kv_cache_bytes: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Prediction:
+        """The prediction a decision's JSON recorded (``placement.predicted``); a missing
+        or non-integer figure reads as 0."""
+        return cls(
+            **{
+                f.name: value
+                for f in dataclasses.fields(cls)
+                if isinstance(value := data.get(f.name), int) and not isinstance(value, bool)
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the worker goes and how it is launched."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    promise_bytes: tuple[int, ...]
+    """Bytes promised on each chosen GPU until the worker is ready."""
+    flags: LaunchFlags
+    args: tuple[str, ...]
+    estimate: Estimate
+    kv_cache_bytes: int
+
+    @property
+    def prediction(self) -> Prediction:
+        w = self.estimate.worst
+        return Prediction(
+            weights_bytes=w.weights_bytes,
+            non_torch_bytes=w.non_torch_bytes,
+            activation_peak_bytes=w.activation_peak_bytes,
+            cuda_graph_bytes=w.cuda_graph_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """A nearby configuration that would fit here and now (or the lack of one)."""
+
+    kind: str
+    text: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    model: str
+    admitted: bool
+    placement: Placement | None
+    reasons: tuple[str, ...]
+    gpus: tuple[GpuLine, ...]
+    suggestions: tuple[Suggestion, ...] = ()
+
+    def promises(self) -> tuple[tuple[str, int], ...]:
+        """(GPU UUID, bytes) to reserve; empty when rejected."""
+        if self.placement is None:
+            return ()
+        return tuple(zip(self.placement.gpu_uuids, self.placement.promise_bytes, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable form (bytes as integers), as the API and records show it."""
+        return decision_to_json(self)
+
+
+def _gpu_json(g: GpuLine) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "total_bytes": g.total_bytes,
+        "free_bytes": g.free_bytes,
+        "reserved_bytes": g.reserved_bytes,
+        "margin_bytes": g.margin_bytes,
+        "usable_bytes": g.usable_bytes,
+        "workers": g.workers,
+        "need_bytes": g.need_bytes,
+        "status": g.status,
+        "text": g.text(),
+    }
+
+
+def _placement_json(p: Placement) -> dict[str, Any]:
+    f = p.flags
+    return {
+        "gpu_indices": list(p.gpu_indices),
+        "gpu_uuids": list(p.gpu_uuids),
+        "promise_bytes": list(p.promise_bytes),
+        "vllm_args": list(p.args),
+        "flags": {
+            "max_model_len": f.max_model_len,
+            "tensor_parallel_size": f.tensor_parallel_size,
+            "pipeline_parallel_size": f.pipeline_parallel_size,
+            "gpu_memory_utilization": f.gpu_memory_utilization,
+            "kv_cache_memory_bytes": f.kv_cache_memory_bytes,
+            "max_num_seqs": f.max_num_seqs,
+            "max_num_batched_tokens": f.max_num_batched_tokens,
+        },
+        "predicted": p.prediction.to_json(),
+        "vllm_version": p.estimate.vllm_version,
+        "accounting": p.estimate.accounting,
+    }
+
+
+def decision_to_json(d: Decision) -> dict[str, Any]:
+    return {
+        "model": d.model,
+        "admitted": d.admitted,
+        "placement": _placement_json(d.placement) if d.placement is not None else None,
+        "reasons": list(d.reasons),
+        "gpus": [_gpu_json(g) for g in d.gpus],
+        "suggestions": [
+            {"kind": s.kind, "text": s.text, "options": dict(s.options)} for s in d.suggestions
+        ],
+    }

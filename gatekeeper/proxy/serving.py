@@ -1,0 +1,379 @@
+"""The OpenAI-compatible proxy: route each request by its ``model`` to a ready worker.
+
+``Proxy(resolver, client).routes()`` gives the Starlette routes the sidecar mounts:
+``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``GET /v1/models``.
+
+- **Routing.** The body is parsed once; its ``model`` goes to the ``Resolver``, which
+  answers with the ready workers serving it (launching one on demand if it may) or raises
+  ``RouteError``. The worker with the fewest requests in flight through this proxy wins
+  (ties: the resolver's order); one that refuses the connection is skipped for the next.
+  The body is forwarded byte for byte, and re-serialised only when the client used an
+  alias (its ``model`` becomes the worker's served name).
+- **Streaming.** With ``"stream": true`` the worker's server-sent events are relayed
+  chunk by chunk as they arrive; nothing is buffered.
+- **Cancellation.** When the client goes away the connection to the worker is closed,
+  so the worker sees the disconnect and aborts the generation (vLLM does), streaming or
+  not.
+- **Errors** in OpenAI's shape (``protocol``): 400 for a body that is not a JSON
+  object with a string ``model``, 413 over ``max_body_bytes``, the resolver's 404, 503
+  (with ``Retry-After``), 507 or 409, and 502 when the worker refuses the connection or
+  fails mid-request; a stream that has started ends with a ``data: {"error": ...}``
+  event. The worker's own answers, 4xx included, pass through as they are.
+- After each request ``Resolver.report(endpoint, outcome)`` and
+  ``ProxyMetrics.observe(model, status, seconds)`` are called once; a request the client
+  abandoned is observed with status 499.
+
+The hot path is lean because the targets are vllm-router's (``bench/proxy.py``): the
+request is parsed once, the answer never, and requests go through the lean keep-alive
+pool of the ``UpstreamClient`` that ``upstream_client()`` makes (``gatekeeper.proxy.upstream``);
+a plain ``httpx.AsyncClient`` also works, at about twice the CPU per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gatekeeper.proxy.protocol import bad_request, error_response, too_large, upstream_failed
+from gatekeeper.proxy.relay import DisconnectWatch, Outcome, StreamRelay, WholeAnswer
+from gatekeeper.proxy.upstream import (
+    Answer,
+    UpstreamConnectError,
+    UpstreamError,
+    pool_for,
+)
+
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "Endpoint",
+    "NoMetrics",
+    "Proxy",
+    "ProxyMetrics",
+    "Resolver",
+    "RouteError",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+CLIENT_CLOSED = 499
+"""Status observed for a request the client abandoned (nginx's convention)."""
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) and those the HTTP layers set themselves.
+_HOP_BY_HOP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+_SKIP_REQUEST = frozenset(
+    {*_HOP_BY_HOP, b"host", b"content-length", b"proxy-connection", b"proxy-authorization"}
+)
+_SKIP_RESPONSE = frozenset({*_HOP_BY_HOP, b"content-length", b"date", b"server"})
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A ready worker serving a model."""
+
+    worker_id: str
+    base_url: str
+    """``http://host:port``, without a trailing slash: ``http://127.0.0.1:8101``."""
+    served_name: str
+    """The model name the worker serves; a request naming an alias is rewritten to it."""
+
+
+class RouteError(Exception):
+    """The resolver has no worker for this request; becomes an OpenAI error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str | None = None,
+        param: str | None = "model",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+
+class Resolver(Protocol):
+    """What the proxy needs from the sidecar: workers per model, and how requests went."""
+
+    async def endpoints(self, model: str) -> list[Endpoint]:
+        """Ready workers for ``model``; may launch one and wait (bounded). Raises
+        ``RouteError``: 404 unknown model, 503 loading or full (``retry_after``), 507 or
+        409 when it cannot be admitted (the message carries the reasons)."""
+        ...
+
+    def models(self) -> list[dict[str, Any]]:
+        """The ``data`` entries of ``GET /v1/models``."""
+        ...
+
+    def report(self, endpoint: Endpoint, outcome: str) -> None:
+        """Called once per request sent to ``endpoint``, with an ``Outcome``."""
+        ...
+
+
+class ProxyMetrics(Protocol):
+    """Where the proxy records each request (the sidecar wires it to Prometheus)."""
+
+    def observe(self, model: str, status: int, seconds: float) -> None: ...
+
+
+class NoMetrics:
+    """Records nothing."""
+
+    def observe(self, model: str, status: int, seconds: float) -> None:
+        return None
+
+
+class OpenAIRequest(BaseModel):
+    """The fields the proxy reads; every other field goes to the worker unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    stream: bool | None = None
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """``POST /v1/chat/completions``."""
+
+
+class CompletionRequest(OpenAIRequest):
+    """``POST /v1/completions``."""
+
+
+class EmbeddingRequest(OpenAIRequest):
+    """``POST /v1/embeddings``."""
+
+
+class _Failed(Exception):
+    """An error response to send instead of forwarding."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class Proxy:
+    """The OpenAI routes, forwarding to workers through the client's pool (``pool_for``)."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        client: httpx.AsyncClient,
+        *,
+        metrics: ProxyMetrics | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self._resolver = resolver
+        self._upstream = pool_for(client)
+        self._metrics: ProxyMetrics = metrics if metrics is not None else NoMetrics()
+        self._max_body_bytes = max_body_bytes
+        self._outstanding: dict[str, int] = {}
+
+    def routes(self) -> list[Route]:
+        kinds = [
+            ("/v1/chat/completions", ChatCompletionRequest),
+            ("/v1/completions", CompletionRequest),
+            ("/v1/embeddings", EmbeddingRequest),
+        ]
+        posts = [Route(path, _Forward(self, path, kind), methods=["POST"]) for path, kind in kinds]
+        return [*posts, Route("/v1/models", self.list_models, methods=["GET"])]
+
+    def outstanding(self, worker_id: str) -> int:
+        """Requests in flight to ``worker_id`` through this proxy (a drain waits for 0)."""
+        return self._outstanding.get(worker_id, 0)
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self._resolver.models()})
+
+    async def forward(
+        self, scope: Scope, receive: Receive, path: str, kind: type[OpenAIRequest]
+    ) -> ASGIApp:
+        """The answer to one OpenAI POST: an error, the worker's answer, or its stream."""
+        start = time.perf_counter()
+        model = "-"
+        try:
+            body = await self._read_body(scope, receive)
+            parsed = _parse(body, kind)
+            model = parsed.model
+            candidates = await self._candidates(model)
+        except _Failed as failed:
+            self._metrics.observe(model, failed.response.status_code, time.perf_counter() - start)
+            return failed.response
+        headers = [(k, v) for k, v in scope["headers"] if k not in _SKIP_REQUEST]
+        for endpoint in candidates:
+            payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
+            call = _Call(self, endpoint, model, start)
+            response = await call.send(path, payload, headers, receive, parsed.stream)
+            if response is not None:
+                return response
+        message = (
+            f"The worker {endpoint.worker_id} for {model!r} refused the connection "
+            f"({endpoint.base_url}). It may have exited; retry, and see the worker's log."
+        )
+        self._metrics.observe(model, 502, time.perf_counter() - start)
+        return error_response(502, message, type="upstream_error", param=None, code=502)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self._max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > limit:
+                    raise _Failed(too_large(limit))
+                break
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Failed(Response(status_code=CLIENT_CLOSED))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _Failed(too_large(limit))
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _candidates(self, model: str) -> list[Endpoint]:
+        try:
+            endpoints = await self._resolver.endpoints(model)
+        except RouteError as e:
+            raise _Failed(
+                error_response(
+                    e.status,
+                    e.message,
+                    type=e.type,
+                    param=e.param,
+                    code=e.code,
+                    retry_after=e.retry_after,
+                )
+            ) from e
+        if not endpoints:
+            message = f"No worker serving {model!r} is ready. Retry in a moment."
+            raise _Failed(error_response(503, message, type="service_unavailable", retry_after=1.0))
+        if len(endpoints) == 1:
+            return endpoints
+        # Least outstanding first; sorted() is stable, so ties keep the resolver's order.
+        return sorted(endpoints, key=lambda e: self._outstanding.get(e.worker_id, 0))
+
+
+def _parse(body: bytes, kind: type[OpenAIRequest]) -> OpenAIRequest:
+    try:
+        parsed = kind.model_validate_json(body)
+    except ValidationError as e:
+        raise _Failed(bad_request(e)) from e
+    if parsed.model_extra and logger.isEnabledFor(logging.DEBUG):
+        logger.debug("Fields passed to the worker unchecked: %s", sorted(parsed.model_extra))
+    return parsed
+
+
+def _rewrite(parsed: OpenAIRequest, endpoint: Endpoint) -> bytes:
+    """The body with the alias replaced by the worker's served name."""
+    renamed = parsed.model_copy(update={"model": endpoint.served_name})
+    return renamed.model_dump_json(exclude_unset=True).encode()
+
+
+def _response_headers(upstream: Answer) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in upstream.headers if k not in _SKIP_RESPONSE]
+
+
+class _Forward:
+    """One OpenAI POST route, as a bare ASGI app (no ``Request`` on the hot path)."""
+
+    __slots__ = ("_kind", "_path", "_proxy")
+
+    def __init__(self, proxy: Proxy, path: str, kind: type[OpenAIRequest]) -> None:
+        self._proxy = proxy
+        self._path = path
+        self._kind = kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._proxy.forward(scope, receive, self._path, self._kind)
+        await response(scope, receive, send)
+
+
+class _Call:
+    """One try at one worker, and the single report at its end."""
+
+    __slots__ = ("_endpoint", "_model", "_proxy", "_start", "_status")
+
+    def __init__(self, proxy: Proxy, endpoint: Endpoint, model: str, start: float) -> None:
+        self._proxy = proxy
+        self._endpoint = endpoint
+        self._model = model
+        self._start = start
+        self._status = CLIENT_CLOSED
+
+    def _finish(self, outcome: Outcome) -> None:
+        proxy, worker_id = self._proxy, self._endpoint.worker_id
+        left = proxy._outstanding[worker_id] - 1
+        if left:
+            proxy._outstanding[worker_id] = left
+        else:
+            del proxy._outstanding[worker_id]
+        proxy._resolver.report(self._endpoint, outcome)
+        if outcome != "connect_error":
+            status = CLIENT_CLOSED if outcome == "cancelled" else self._status
+            proxy._metrics.observe(self._model, status, time.perf_counter() - self._start)
+
+    async def send(
+        self,
+        path: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        stream: bool | None,
+    ) -> ASGIApp | None:
+        """The response for the client; None when the worker refused the connection."""
+        proxy, endpoint = self._proxy, self._endpoint
+        proxy._outstanding[endpoint.worker_id] = proxy._outstanding.get(endpoint.worker_id, 0) + 1
+        watch = DisconnectWatch(receive)
+        answer: Answer | None = None
+        try:
+            answer = await proxy._upstream.request(endpoint.base_url, path, body, headers)
+            self._status = answer.status
+            if stream and answer.status == 200:
+                content_type = answer.header(b"content-type") or b""
+                if content_type.startswith(b"text/event-stream"):
+                    headers = _response_headers(answer)
+                    relay, answer = StreamRelay(answer, headers, self._finish), None
+                    return relay
+            content = await answer.read()
+        except UpstreamConnectError:
+            self._finish("connect_error")
+            return None
+        except UpstreamError as e:
+            self._status = 502
+            self._finish("upstream_error")
+            return upstream_failed(endpoint.worker_id, e)
+        except asyncio.CancelledError:
+            self._finish("cancelled")
+            watch.absorb()
+            return Response(status_code=CLIENT_CLOSED)
+        finally:
+            watch.stop()
+            if answer is not None:
+                await answer.aclose()
+        self._finish("upstream_error" if answer.status >= 500 else "ok")
+        length = (b"content-length", str(len(content)).encode())
+        return WholeAnswer(answer.status, [*_response_headers(answer), length], content)

@@ -1,0 +1,39 @@
+"""The running service: ``gatekeeper serve``.
+
+``app.build_app(settings, inventory, ledger, ...)`` assembles it: the OpenAI proxy
+(``gatekeeper.proxy``) with the ``router`` as its resolver, the ``admin_api`` (with its
+``openapi`` schema), ``/metrics`` and the webhook. The ``manager`` admits
+(``admission``: placement and reservation in one ``ledger`` transaction), launches
+(``launcher``), supervises, restarts, stops and adopts ``deployment``s of the models the
+``registry`` allows; the ``calibrator`` learns corrections from ready workers;
+``rehearsal`` is the one module that knows the simulator's protocol.
+
+May import every wing below it: ``k8s``, ``metrics``, ``settings``, ``placement``,
+``vllm``, ``estimate``, ``models``, ``gpus``, ``proxy``, ``simulator`` (``rehearsal``
+only), ``errors``, ``units``. Nothing of ``gatekeeper.cli``.
+"""
+
+from gatekeeper.sidecar.app import build_app
+from gatekeeper.sidecar.calibrator import Calibrator
+from gatekeeper.sidecar.deployment import Deployment, DeploymentError, ManagerConfig
+from gatekeeper.sidecar.ledger import Ledger, LedgerError, ledger_path, ledger_usage
+from gatekeeper.sidecar.manager import DeploymentManager
+from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
+from gatekeeper.sidecar.rehearsal import SIMULATOR, RehearsalInventory
+
+__all__ = [
+    "SIMULATOR",
+    "Calibrator",
+    "Deployment",
+    "DeploymentError",
+    "DeploymentManager",
+    "Ledger",
+    "LedgerError",
+    "ManagerConfig",
+    "ModelNotAllowed",
+    "ModelRegistry",
+    "RehearsalInventory",
+    "build_app",
+    "ledger_path",
+    "ledger_usage",
+]

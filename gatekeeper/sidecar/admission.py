@@ -1,0 +1,71 @@
+"""Admission: a placement decision and its reservation, written in one transaction.
+
+The GPU snapshot is read before the transaction (NVML calls do not belong inside it);
+inside, the ledger hands the outstanding promises to the pure ``placement.decide``,
+and an admitted decision's promises are written before the transaction commits. Two
+admissions, from threads or from processes, can therefore never promise the same
+bytes. Suggestions for a rejection are worked out after the transaction.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.decide import decide
+from gatekeeper.placement.search import EstimateCache
+from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.sidecar.ledger import (
+    Ledger,
+    Promise,
+    Reservation,
+    promised_bytes,
+    workers_per_gpu,
+)
+
+__all__ = ["admit"]
+
+
+def admit(
+    ledger: Ledger,
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    *,
+    deployment_id: str,
+    policy: PlacementPolicy,
+    ttl_seconds: float,
+    cache: EstimateCache | None = None,
+) -> Decision:
+    """Decide and reserve atomically; a rejection comes back with its suggestions.
+    ``cache`` keeps estimates across admissions."""
+    workers = workers_per_gpu(ledger.live())
+
+    def decide_locked(outstanding: tuple[Reservation, ...]) -> tuple[Decision, tuple[Promise, ...]]:
+        d = decide(
+            request,
+            snapshot,
+            reserved=promised_bytes(outstanding),
+            workers=workers,
+            policy=policy,
+            suggest=False,
+            cache=cache,
+        )
+        return d, tuple(Promise(gpu, num_bytes) for gpu, num_bytes in d.promises())
+
+    decision = ledger.admit(
+        deployment_id,
+        request.model.name,
+        decide_locked,
+        ttl_seconds=ttl_seconds,
+        payload=lambda d: json.dumps(d.to_json()),
+    )
+    if decision.admitted:
+        return decision
+    return decide(
+        request,
+        snapshot,
+        reserved=promised_bytes(ledger.outstanding()),
+        workers=workers,
+        policy=policy,
+        cache=cache,
+    )

@@ -1,0 +1,187 @@
+"""The sidecar: ``build_app(settings, inventory, ledger, …) -> Starlette``.
+
+Dependencies come in as arguments (the GPU inventory, the ledger, the base environment
+of workers, how a model reference becomes a ``ModelSpec``); nothing reads globals. The
+app serves the OpenAI-compatible proxy (``/v1/…``), the admin API (``/admin/…``),
+``/healthz`` and ``/openapi.json``. On start it adopts the workers an earlier sidecar
+left running and launches the models marked ``preload``; on stop it leaves workers
+running to be adopted (or stops them, by setting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import anyio
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gatekeeper._version import __version__
+from gatekeeper.gpus.cached import CachedInventory
+from gatekeeper.gpus.inventory import GpuInventory
+from gatekeeper.k8s.server import webhook_from_settings
+from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.workers import WorkerCollector
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.proxy.serving import Proxy
+from gatekeeper.proxy.upstream import upstream_client
+from gatekeeper.settings import ModelEntry, Settings, model_resolver, placement_policy
+from gatekeeper.sidecar.admin_api import AdminApi
+from gatekeeper.sidecar.calibrator import Calibrator
+from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
+from gatekeeper.sidecar.ledger import Ledger, promised_bytes
+from gatekeeper.sidecar.manager import DeploymentManager
+from gatekeeper.sidecar.openapi import openapi_schema
+from gatekeeper.sidecar.registry import ModelRegistry
+from gatekeeper.sidecar.rehearsal import RehearsalInventory, is_simulator
+from gatekeeper.sidecar.router import ModelRouter, RouterConfig
+
+__all__ = ["RELEASED_KEEP_SECONDS", "build_app", "manager_config"]
+
+RELEASED_KEEP_SECONDS = 7 * 24 * 3600.0
+"""Released reservations are kept a week (for inspection), then pruned at start-up."""
+
+
+def manager_config(settings: Settings) -> ManagerConfig:
+    return ManagerConfig(
+        state_dir=settings.state_dir.expanduser(),
+        worker_command=tuple(settings.worker_command),
+        worker_env=dict(settings.worker_env),
+        worker_host=settings.worker_host,
+        port_min=settings.worker_port_min,
+        port_max=settings.worker_port_max,
+        startup_timeout_seconds=settings.startup_timeout_seconds,
+        stop_grace_seconds=settings.stop_grace_seconds,
+        drain_seconds=settings.drain_seconds,
+        restart_policy=settings.restart_policy,
+        restart_limit=settings.restart_limit,
+        restart_backoff_seconds=settings.restart_backoff_seconds,
+        policy=placement_policy(settings),
+        rehearsal=is_simulator(settings.worker_command),
+    )
+
+
+def build_app(
+    settings: Settings,
+    inventory: GpuInventory,
+    ledger: Ledger,
+    *,
+    rehearsal: bool = False,
+    base_env: Mapping[str, str] | None = None,
+    resolve_spec: Callable[[str], ModelSpec] | None = None,
+    client: httpx.AsyncClient | None = None,
+) -> Starlette:
+    """The sidecar's ASGI app, wired from its dependencies."""
+    client = client or httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
+    """For the sidecar's own calls (worker health); the proxy has its own pool."""
+    upstream = upstream_client()
+    resolve = resolve_spec or model_resolver(settings)
+    holder: dict[str, DeploymentManager] = {}
+    if rehearsal:
+        inventory = RehearsalInventory(inventory, lambda: _held(holder["manager"]))
+    registry_metrics = CollectorRegistry()
+    calibrator = Calibrator.in_state_dir(
+        settings.state_dir.expanduser(), enabled=settings.calibration
+    )
+    metrics = SidecarMetrics(
+        registry_metrics,
+        known_models=lambda: (
+            {e.name for e in settings.models}
+            | {d.name for d in list(holder["manager"].deployments.values())}
+        ),
+        outstanding=lambda: len(ledger.outstanding()),
+    )
+    manager = DeploymentManager(
+        manager_config(settings),
+        inventory,
+        ledger,
+        client,
+        base_env=dict(base_env) if base_env is not None else None,
+        metrics=metrics,
+        calibrator=calibrator,
+    )
+    holder["manager"] = manager
+    registry = ModelRegistry.create(settings.models, settings.allowed_models, resolve)
+    router = ModelRouter(
+        manager,
+        registry,
+        RouterConfig(
+            on_demand=settings.on_demand,
+            request_wait_seconds=settings.request_wait_seconds,
+            idle_eviction=settings.idle_eviction,
+            idle_seconds=settings.idle_seconds,
+        ),
+    )
+    proxy = Proxy(router, upstream, metrics=metrics)
+    manager.in_flight = proxy.outstanding
+    admin = AdminApi(manager, registry, settings.admin_token)
+    scrape_inventory = CachedInventory(inventory)
+    GpuCollector(
+        scrape_inventory,
+        lambda: promised_bytes(ledger.outstanding()),
+        policy_margin(placement_policy(settings)),
+        registry=registry_metrics,
+    )
+    WorkerCollector(
+        lambda: [worker_view(d) for d in list(manager.deployments.values())],
+        scrape_inventory,
+        registry=registry_metrics,
+    )
+    CalibrationCollector(calibrator.metric_items, registry=registry_metrics)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        body = await anyio.to_thread.run_sync(generate_latest, registry_metrics)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(ledger.prune, RELEASED_KEEP_SECONDS)
+        await manager.adopt(lambda model: registry.request(ModelEntry(name=model, model=model)))
+        for entry in settings.models:
+            if entry.preload and not manager.by_name(entry.name):
+                await manager.deploy(entry.name, registry.request(entry))
+        try:
+            yield
+        finally:
+            await manager.close(stop_workers=settings.stop_workers_on_exit)
+            await client.aclose()
+            await upstream.aclose()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__, "rehearsal": rehearsal})
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_schema(__version__))
+
+    routes = [
+        *proxy.routes(),
+        *admin.routes(),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.manager = manager
+    app.state.router = router
+    app.state.proxy = proxy
+    app.state.metrics_registry = registry_metrics
+    return app
+
+
+def _held(manager: DeploymentManager) -> dict[str, int]:
+    """Bytes each GPU gives to ready workers, from their admission decisions."""
+    held: dict[str, int] = {}
+    for d in manager.deployments.values():
+        if d.state != "ready":
+            continue
+        for uuid, promise in zip(d.gpu_uuids, d.promise_bytes, strict=False):
+            held[uuid] = held.get(uuid, 0) + promise
+    return held

@@ -1,0 +1,231 @@
+"""A deployment's data: its live state, what survives a restart, and the plain view the
+metrics need. The ``DeploymentManager`` (``gatekeeper.sidecar.manager``) owns the
+lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
+from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
+from gatekeeper.sidecar.launcher import WorkerProcess
+from gatekeeper.vllm.log import MemoryFigures
+
+__all__ = [
+    "Deployment",
+    "DeploymentError",
+    "DeploymentRecord",
+    "ManagerConfig",
+    "State",
+    "free_port",
+    "resolve_request",
+    "slug",
+    "worker_view",
+]
+
+State = Literal["admitted", "launching", "loading", "ready", "failed", "stopping", "stopped"]
+
+
+class DeploymentError(GatekeeperError):
+    """A deployment request cannot be carried out (conflict, unknown id, not allowed)."""
+
+    def __init__(
+        self, message: str, *, status: int, field: str | None = None, value: object = None
+    ) -> None:
+        super().__init__(message, field=field, value=value)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRecord:
+    """What survives a sidecar restart (``state_dir/deployments/ID.json``)."""
+
+    id: str
+    name: str
+    model: str
+    args: list[str]
+    host: str
+    port: int
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+    pid: int | None
+    log_path: str
+    work_dir: str
+    created_at: float
+
+
+@dataclass(slots=True)
+class Deployment:
+    """A deployment's live state (mutated only on the manager's event loop)."""
+
+    id: str
+    name: str
+    request: PlacementRequest
+    decision: Decision | None
+    """This sidecar's admission of the worker; ``None`` for a worker adopted from an
+    earlier sidecar, whose admission survives only in its record."""
+    prediction: Prediction
+    """The per-GPU bytes the admission sized the worker by."""
+    promise_bytes: tuple[int, ...]
+    """Bytes the admission promised on each GPU, in ``gpu_indices`` order."""
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    args: tuple[str, ...]
+    recorded_decision: dict[str, Any] | None = None
+    """An adopted worker's decision as its record holds it (written back unchanged)."""
+    state: State = "admitted"
+    worker: WorkerProcess | None = None
+    port: int = 0
+    error: str | None = None
+    restarts: int = 0
+    created_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    last_used: float = field(default_factory=time.time)
+    actual: MemoryFigures = field(default_factory=MemoryFigures)
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)
+    supervisor: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+    @property
+    def model(self) -> str:
+        return self.request.model.name
+
+    @classmethod
+    def admitted(
+        cls, deployment_id: str, name: str, request: PlacementRequest, decision: Decision
+    ) -> Deployment:
+        """A new deployment from an admitting decision."""
+        p = decision.placement
+        assert p is not None
+        return cls(
+            id=deployment_id,
+            name=name,
+            request=request,
+            decision=decision,
+            prediction=p.prediction,
+            promise_bytes=p.promise_bytes,
+            gpu_indices=p.gpu_indices,
+            gpu_uuids=p.gpu_uuids,
+            args=p.args,
+        )
+
+    def use_decision(self, decision: Decision) -> None:
+        """Run with a new admission (a restart's)."""
+        p = decision.placement
+        assert p is not None
+        self.decision, self.prediction, self.promise_bytes = decision, p.prediction, p.promise_bytes
+        self.gpu_indices, self.gpu_uuids, self.args = p.gpu_indices, p.gpu_uuids, p.args
+        self.recorded_decision = None
+
+    def decision_record(self) -> dict[str, Any]:
+        """The admission decision for the deployment's record (its JSON form)."""
+        if self.decision is not None:
+            return self.decision.to_json()
+        return dict(self.recorded_decision or {})
+
+    def summary(self, in_flight: int = 0) -> dict[str, Any]:
+        w = self.worker
+        return {
+            "id": self.id,
+            "name": self.name,
+            "model": self.model,
+            "state": self.state,
+            "phase": w.startup().phase if w is not None and self.state == "loading" else None,
+            "error": self.error,
+            "gpus": list(self.gpu_indices),
+            "port": self.port,
+            "pid": w.pid if w is not None else None,
+            "restarts": self.restarts,
+            "uptime_seconds": round(time.time() - self.ready_at, 1) if self.ready_at else None,
+            "in_flight": in_flight,
+            "last_used": self.last_used,
+            "vllm_args": list(self.args),
+            "predicted": self.prediction.to_json(),
+            "actual": self.actual.components()
+            | (
+                {"kv_cache_tokens": self.actual.kv_cache_tokens}
+                if self.actual.kv_cache_tokens
+                else {}
+            ),
+            "log_path": str(w.spec.log_path) if w is not None else None,
+        }
+
+
+def free_port(host: str, low: int, high: int, taken: set[int]) -> int:
+    """The first port in [low, high] not used by a deployment and free to bind."""
+    for port in range(low, high + 1):
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise DeploymentError(
+        f"worker ports: none free in {low}-{high}; widen GATEKEEPER_WORKER_PORT_MIN/MAX",
+        status=503,
+        field="worker_port_min",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    """The plain values the manager needs from the settings."""
+
+    state_dir: Path
+    worker_command: tuple[str, ...]
+    worker_env: dict[str, str]
+    worker_host: str
+    port_min: int
+    port_max: int
+    startup_timeout_seconds: float
+    stop_grace_seconds: float
+    drain_seconds: float
+    restart_policy: Literal["never", "on-failure"]
+    restart_limit: int
+    restart_backoff_seconds: float
+    policy: PlacementPolicy
+    rehearsal: bool = False
+    """Workers are the simulator: tell it the predicted figures to report."""
+
+
+def worker_view(d: Deployment) -> WorkerView:
+    """What the metrics need of a deployment."""
+    return WorkerView(
+        worker=d.id,
+        model=d.name,
+        state=d.state,
+        gpu_indices=tuple(d.gpu_indices),
+        predicted=predicted_components(d.prediction.to_json()),
+        predicted_total_bytes=d.promise_bytes,
+        actual=actual_components(d.actual.components()),
+        pid=d.worker.pid if d.worker is not None else None,
+        restarts=d.restarts,
+        family=d.request.model.model_type,
+        applied_factors=dict(d.request.corrections),
+    )
+
+
+def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> PlacementRequest:
+    """A recorded request (options as a dict) rebuilt on a freshly resolved model."""
+    from gatekeeper.estimate.options import ServeOptions
+
+    return PlacementRequest(
+        model=base.model,
+        options=ServeOptions(**recorded["options"]),
+        auto_parallel=bool(recorded.get("auto_parallel", True)),
+        min_kv_tokens=recorded.get("min_kv_tokens"),
+        min_sequences=int(recorded.get("min_sequences", 1)),
+    )
+
+
+def slug(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() else "-" for c in name.lower().split("/")[-1])
+    return cleaned.strip("-")[:40] or "model"

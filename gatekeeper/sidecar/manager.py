@@ -1,0 +1,453 @@
+"""Deployments: admit, launch, supervise, stop and adopt vLLM workers.
+
+One ``DeploymentManager`` per sidecar, on its event loop. A deployment goes
+``admitted -> launching -> loading -> ready``, or ends ``failed`` or ``stopped``:
+
+- **deploy**: an admission (placement + reservation in one ledger transaction), then a
+  worker launched with the decision's arguments on the chosen GPUs; readiness is awaited
+  in the background. When ready, the reservation is marked ready (NVML's figure takes
+  over) and vLLM's own memory figures are read from the log.
+- **supervise**: the worker's exit is seen at once; the reservation is released and the
+  worker restarted per the restart policy, with a fresh admission.
+- **stop**: drain in-flight requests (bounded), SIGTERM the process group, SIGKILL after
+  the grace period, release the reservation.
+- **adopt**: each deployment is recorded in ``state_dir/deployments/ID.json``; a new
+  sidecar adopts the workers whose reservations are live, whose process group is alive
+  and whose ``/health`` answers, and releases the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
+from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.placement.search import EstimateCache
+from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
+from gatekeeper.sidecar.admission import admit
+from gatekeeper.sidecar.calibrator import Calibrator
+from gatekeeper.sidecar.deployment import (
+    Deployment,
+    DeploymentError,
+    DeploymentRecord,
+    ManagerConfig,
+    State,
+    free_port,
+    resolve_request,
+    slug,
+    worker_view,
+)
+from gatekeeper.sidecar.launcher import (
+    LaunchSpec,
+    WorkerProcess,
+    WorkerStartError,
+    process_group_alive,
+)
+from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.rehearsal import simulator_env
+
+__all__ = [
+    "DeploymentManager",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class DeploymentManager:
+    """Owns every deployment of this sidecar."""
+
+    def __init__(
+        self,
+        config: ManagerConfig,
+        inventory: GpuInventory,
+        ledger: Ledger,
+        client: httpx.AsyncClient,
+        *,
+        base_env: dict[str, str] | None = None,
+        on_change: Callable[[Deployment], None] | None = None,
+        metrics: SidecarMetrics | None = None,
+        calibrator: Calibrator | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.calibrator = calibrator
+        self.config = config
+        self.inventory = inventory
+        self.ledger = ledger
+        self.client = client
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.deployments: dict[str, Deployment] = {}
+        self.on_change = on_change or (lambda d: None)
+        self.in_flight: Callable[[str], int] = lambda deployment_id: 0
+        """Requests the proxy has in flight to a deployment (set by the app)."""
+        self.records_dir = config.state_dir / "deployments"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.estimates = EstimateCache()
+        """Estimates kept across admissions (the same model is placed again and again)."""
+        self._lock = asyncio.Lock()
+
+    # -- queries ------------------------------------------------------------------------
+
+    def by_name(self, name: str) -> list[Deployment]:
+        return [
+            d for d in self.deployments.values() if d.name == name and d.state not in ("stopped",)
+        ]
+
+    def get(self, deployment_id: str) -> Deployment:
+        d = self.deployments.get(deployment_id)
+        if d is None:
+            raise DeploymentError(
+                f"deployment {deployment_id!r} does not exist; list them with GET /admin/deployments",
+                status=404,
+                field="id",
+                value=deployment_id,
+            )
+        return d
+
+    async def snapshot(self) -> InventorySnapshot:
+        return await asyncio.to_thread(self.inventory.snapshot)
+
+    # -- deploy -------------------------------------------------------------------------
+
+    def _calibrated(self, request: PlacementRequest) -> PlacementRequest:
+        if self.calibrator is None:
+            return request
+        factors = self.calibrator.factors(request.model.model_type)
+        return dataclasses.replace(request, corrections=factors)
+
+    async def deploy(
+        self, name: str, request: PlacementRequest
+    ) -> tuple[Decision, Deployment | None]:
+        """Admit and launch; returns the decision and, when admitted, the deployment."""
+        request = self._calibrated(request)
+        async with self._lock:
+            live = [d for d in self.by_name(name) if d.state != "failed"]
+            if live:
+                if self.metrics is not None:
+                    self.metrics.admission("conflict")
+                raise DeploymentError(
+                    f"model name {name!r} is already deployed as {live[0].id} ({live[0].state}); "
+                    "undeploy it first or choose another name",
+                    status=409,
+                    field="name",
+                    value=name,
+                )
+            deployment_id = f"{slug(name)}-{uuid.uuid4().hex[:8]}"
+            decision = await self._admit(deployment_id, request)
+            if self.metrics is not None:
+                self.metrics.decision(decision)
+            if not decision.admitted:
+                return decision, None
+            d = Deployment.admitted(deployment_id, name, request, decision)
+            self.deployments[d.id] = d
+        d.supervisor = asyncio.get_running_loop().create_task(self._run(d))
+        return decision, d
+
+    async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+        snapshot = await self.snapshot()
+        return await asyncio.to_thread(
+            admit,
+            self.ledger,
+            request,
+            snapshot,
+            deployment_id=deployment_id,
+            policy=self.config.policy,
+            ttl_seconds=self.config.startup_timeout_seconds + 60,
+            cache=self.estimates,
+        )
+
+    async def _run(self, d: Deployment) -> None:
+        """Launch, wait for readiness, watch the worker, restart per policy.
+
+        An unexpected error never ends the task silently with the worker running and
+        its reservation held: it is logged, the worker stopped and the reservation
+        released."""
+        try:
+            await self._supervise(d)
+        except Exception as e:
+            logger.exception("deployment %s: supervisor failed", d.id)
+            d.error = f"supervisor failed: {type(e).__name__}: {e}"
+            await self._fail(d)
+
+    async def _supervise(self, d: Deployment) -> None:
+        while True:
+            ok = await self._launch_once(d)
+            if ok:
+                assert d.worker is not None
+                await d.worker.exited.wait()
+                if d.stopping:
+                    return
+                d.error = f"worker exited with code {d.worker.returncode} while serving"
+            await self._fail(d)
+            if not await self._should_restart(d):
+                return
+
+    async def _launch_once(self, d: Deployment) -> bool:
+        taken = {x.port for x in self.deployments.values() if x.state not in ("stopped", "failed")}
+        try:
+            d.port = free_port(
+                self.config.worker_host, self.config.port_min, self.config.port_max, taken
+            )
+            spec = self._spec(d)
+            started = time.monotonic()
+            self._set(d, "launching")
+            d.worker = await WorkerProcess.start(spec, self.base_env)
+            await asyncio.to_thread(self.ledger.set_pid, d.id, d.worker.pid)
+            self._write_record(d)
+            self._set(d, "loading")
+            log = await d.worker.wait_ready(self.client, self.config.startup_timeout_seconds)
+        except (WorkerStartError, DeploymentError, GatekeeperError) as e:
+            d.error = str(e)
+            return False
+        except Exception as e:  # e.g. OSError writing the record: the worker must not leak
+            logger.exception("deployment %s: launch failed", d.id)
+            d.error = f"launch failed: {type(e).__name__}: {e}"
+            return False
+        d.actual = log.memory
+        if d.stopping:  # undeployed while loading: never announce it ready
+            return True
+        await asyncio.to_thread(self.ledger.mark_ready, d.id)
+        d.ready_at = time.time()
+        d.error = None
+        self._set(d, "ready")
+        d.ready_event.set()
+        try:
+            await self._observe_ready(d, time.monotonic() - started)
+        except Exception:  # metrics or calibration must not end the supervision
+            logger.exception("deployment %s: recording the ready worker failed", d.id)
+        return True
+
+    async def _observe_ready(self, d: Deployment, launch_seconds: float) -> None:
+        view = worker_view(d)
+        if self.metrics is not None:
+            self.metrics.worker_ready(view, launch_seconds)
+        if self.calibrator is not None:
+            await asyncio.to_thread(
+                self.calibrator.record_worker,
+                view.family,
+                {str(k): v for k, v in view.predicted.items()},
+                {str(k): v for k, v in view.actual.items()},
+                view.applied_factors,
+            )
+
+    def _spec(self, d: Deployment) -> LaunchSpec:
+        args = (*d.args, "--served-model-name", d.name)
+        return LaunchSpec(
+            worker_id=d.id,
+            command=self.config.worker_command,
+            args=args,
+            host=self.config.worker_host,
+            port=d.port,
+            gpu_indices=d.gpu_indices,
+            log_path=self.config.state_dir / "logs" / f"{d.id}.log",
+            work_dir=self.config.state_dir / "work" / d.id,
+            env={
+                **(simulator_env(d.prediction, d.promise_bytes) if self.config.rehearsal else {}),
+                **self.config.worker_env,
+            },
+        )
+
+    async def _fail(self, d: Deployment) -> None:
+        if d.worker is not None:
+            await d.worker.stop(self.config.stop_grace_seconds)
+        await asyncio.to_thread(self.ledger.release, d.id)
+        d.ready_event.clear()
+        self._set(d, "failed")
+
+    async def _should_restart(self, d: Deployment) -> bool:
+        c = self.config
+        if d.stopping or c.restart_policy == "never" or d.restarts >= c.restart_limit:
+            return False
+        await asyncio.sleep(c.restart_backoff_seconds * (2**d.restarts))
+        if d.stopping:
+            return False
+        d.restarts += 1
+        d.request = self._calibrated(d.request)
+        decision = await self._admit(d.id, d.request)
+        if self.metrics is not None:
+            self.metrics.decision(decision)
+        if not decision.admitted:
+            d.error = "restart not admitted: " + "; ".join(decision.reasons[:2])
+            return False
+        d.use_decision(decision)
+        return True
+
+    # -- stop ---------------------------------------------------------------------------
+
+    async def undeploy(self, deployment_id: str) -> Deployment:
+        """Drain (bounded), stop the worker, release the reservation."""
+        d = self.get(deployment_id)
+        if d.stopping or d.state == "stopped":
+            return d
+        d.stopping = True
+        self._set(d, "stopping")
+        deadline = time.monotonic() + self.config.drain_seconds
+        while self.in_flight(d.id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if d.worker is not None:
+            await d.worker.stop(self.config.stop_grace_seconds)
+        if d.supervisor is not None:
+            d.supervisor.cancel()
+            await asyncio.gather(d.supervisor, return_exceptions=True)
+        if d.worker is not None and d.worker.alive:
+            # A restart may have launched a new worker while the old one was stopped.
+            await d.worker.stop(self.config.stop_grace_seconds)
+        await asyncio.to_thread(self.ledger.release, d.id)
+        d.ready_event.clear()
+        self._set(d, "stopped")
+        with contextlib.suppress(FileNotFoundError):
+            (self.records_dir / f"{d.id}.json").unlink()
+        return d
+
+    async def close(self, *, stop_workers: bool) -> None:
+        """Sidecar shutdown: stop the workers, or leave them running to be adopted."""
+        for d in list(self.deployments.values()):
+            if stop_workers:
+                await self.undeploy(d.id)
+            elif d.supervisor is not None:
+                d.supervisor.cancel()
+                await asyncio.gather(d.supervisor, return_exceptions=True)
+
+    # -- records and adoption -----------------------------------------------------------
+
+    def _write_record(self, d: Deployment) -> None:
+        assert d.worker is not None
+        spec = d.worker.spec
+        record = DeploymentRecord(
+            id=d.id,
+            name=d.name,
+            model=d.model,
+            args=list(spec.args),
+            host=spec.host,
+            port=spec.port,
+            gpu_indices=list(d.gpu_indices),
+            gpu_uuids=list(d.gpu_uuids),
+            pid=d.worker.pid,
+            log_path=str(spec.log_path),
+            work_dir=str(spec.work_dir),
+            created_at=d.created_at,
+        )
+        path = self.records_dir / f"{d.id}.json"
+        tmp = path.with_suffix(".tmp")
+        request = {
+            "options": asdict(d.request.options),
+            "min_sequences": d.request.min_sequences,
+            "min_kv_tokens": d.request.min_kv_tokens,
+            "auto_parallel": d.request.auto_parallel,
+        }
+        payload = {"record": asdict(record), "request": request, "decision": d.decision_record()}
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
+    async def adopt(self, resolve: Callable[[str], PlacementRequest]) -> list[str]:
+        """Adopt the workers an earlier sidecar left running; release the rest.
+
+        A worker is adopted when its reservation is still live in the ledger, its
+        process group is alive and its ``/health`` answers 200. ``resolve`` rebuilds a
+        deployment's request from its recorded model and options.
+        """
+        live = {r.deployment_id for r in await asyncio.to_thread(self.ledger.live)}
+        adopted = []
+        for path in sorted(self.records_dir.glob("*.json")):
+            d = await self._adopt_one(path, live, resolve)
+            if d is not None:
+                adopted.append(d.id)
+        return adopted
+
+    async def _adopt_one(
+        self, path: Path, live: set[str], resolve: Callable[[str], PlacementRequest]
+    ) -> Deployment | None:
+        try:
+            data = json.loads(path.read_text())
+            record = DeploymentRecord(**data["record"])
+            request = resolve_request(resolve(record.model), data["request"])
+            recorded = dict(data.get("decision") or {})
+            placement = dict(recorded.get("placement") or {})
+            prediction = Prediction.from_json(dict(placement.get("predicted") or {}))
+            promise = tuple(int(b) for b in placement.get("promise_bytes") or ())
+        except (OSError, ValueError, KeyError, TypeError, GatekeeperError):
+            path.unlink(missing_ok=True)
+            return None
+        spec = LaunchSpec(
+            worker_id=record.id,
+            command=self.config.worker_command,
+            args=tuple(record.args),
+            host=record.host,
+            port=record.port,
+            gpu_indices=tuple(record.gpu_indices),
+            log_path=Path(record.log_path),
+            work_dir=Path(record.work_dir),
+            env=self.config.worker_env,
+        )
+        healthy = record.pid is not None and process_group_alive(record.pid)
+        if healthy:
+            healthy = await self._health(record.host, record.port)
+        if record.id not in live or not healthy or record.pid is None:
+            if record.pid is not None and process_group_alive(record.pid):
+                stale = WorkerProcess.adopt(spec, record.pid)
+                await stale.stop(self.config.stop_grace_seconds)
+            await asyncio.to_thread(self.ledger.release, record.id)
+            path.unlink(missing_ok=True)
+            return None
+        d = Deployment(
+            id=record.id,
+            name=record.name,
+            request=request,
+            decision=None,
+            prediction=prediction,
+            promise_bytes=promise,
+            recorded_decision=recorded,
+            gpu_indices=tuple(record.gpu_indices),
+            gpu_uuids=tuple(record.gpu_uuids),
+            args=tuple(a for a in record.args),
+            port=record.port,
+            created_at=record.created_at,
+            ready_at=time.time(),
+        )
+        d.worker = WorkerProcess.adopt(spec, record.pid)
+        d.actual = d.worker.startup().memory
+        self.deployments[d.id] = d
+        self._set(d, "ready")
+        d.ready_event.set()
+        d.supervisor = asyncio.get_running_loop().create_task(self._watch_adopted(d))
+        return d
+
+    async def _watch_adopted(self, d: Deployment) -> None:
+        assert d.worker is not None
+        await d.worker.exited.wait()
+        if d.stopping:
+            return
+        d.error = "adopted worker exited"
+        try:
+            await self._fail(d)
+            restart = await self._should_restart(d)
+        except Exception as e:
+            logger.exception("deployment %s: supervisor failed", d.id)
+            d.error = f"supervisor failed: {type(e).__name__}: {e}"
+            await self._fail(d)
+            return
+        if restart:
+            await self._run(d)
+
+    async def _health(self, host: str, port: int) -> bool:
+        try:
+            response = await self.client.get(f"http://{host}:{port}/health", timeout=5.0)
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    def _set(self, d: Deployment, state: State) -> None:
+        d.state = state
+        self.on_change(d)

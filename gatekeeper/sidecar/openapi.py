@@ -1,0 +1,127 @@
+"""The OpenAPI schema of the sidecar's admin API and proxy (served at /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gatekeeper.sidecar.admin_api import DeployBody
+
+__all__ = ["openapi_schema"]
+
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {k: {"type": ["string", "null"]} for k in ("message", "type", "field")},
+        }
+    },
+}
+
+
+def _op(
+    summary: str, responses: dict[str, str], body: bool = False, secured: bool = True
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "responses": {
+            code: {
+                "description": text,
+                "content": {
+                    "application/json": {"schema": _ERROR if code >= "400" else {"type": "object"}}
+                },
+            }
+            for code, text in responses.items()
+        },
+    }
+    if body:
+        op["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/DeployBody"}}
+            },
+        }
+    if secured:
+        op["security"] = [{"bearer": []}]
+    return op
+
+
+def openapi_schema(version: str) -> dict[str, Any]:
+    admin_errors = {"401": "no or wrong bearer token", "403": "admin API off, or model not allowed"}
+    openai = {
+        "200": "the worker's answer (SSE when stream is true)",
+        "400": "malformed request",
+        "404": "unknown model",
+        "502": "the worker failed",
+        "503": "loading or over capacity (Retry-After)",
+        "507": "the model does not fit",
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "gatekeeper",
+            "version": version,
+            "description": "Admission control for vLLM: admin API and OpenAI-compatible proxy.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"DeployBody": DeployBody.model_json_schema()},
+        },
+        "paths": {
+            "/admin/deployments": {
+                "post": _op(
+                    "Admit and launch a worker",
+                    {
+                        "201": "admitted: placement, flags, prediction",
+                        "400": "bad body",
+                        "409": "name already deployed",
+                        "507": "does not fit: reasons and suggestions",
+                        **admin_errors,
+                    },
+                    body=True,
+                ),
+                "get": _op(
+                    "List deployments with state, GPUs, predicted and actual memory",
+                    {"200": "deployments", **admin_errors},
+                ),
+            },
+            "/admin/deployments/{id}": {
+                "get": _op(
+                    "One deployment", {"200": "the deployment", "404": "unknown id", **admin_errors}
+                ),
+                "delete": _op(
+                    "Drain, then stop a deployment",
+                    {"200": "stopped", "404": "unknown id", **admin_errors},
+                ),
+            },
+            "/admin/deployments/{id}/log": {
+                "get": _op(
+                    "The worker's log from a byte offset, with its start-up phase",
+                    {"200": "lines and the next offset", **admin_errors},
+                )
+            },
+            "/admin/gpus": {
+                "get": _op(
+                    "The GPU snapshot with gatekeeper's reservations",
+                    {"200": "snapshot", **admin_errors},
+                )
+            },
+            "/v1/chat/completions": {
+                "post": _op("OpenAI chat completions, routed by model", openai, secured=False)
+            },
+            "/v1/completions": {
+                "post": _op("OpenAI completions, routed by model", openai, secured=False)
+            },
+            "/v1/embeddings": {
+                "post": _op("OpenAI embeddings, routed by model", openai, secured=False)
+            },
+            "/v1/models": {
+                "get": _op(
+                    "Served models and allowed models not running",
+                    {"200": "model list"},
+                    secured=False,
+                )
+            },
+            "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
+        },
+    }

@@ -1,0 +1,86 @@
+"""The gatekeeper simulator: a stand-in for ``vllm serve`` in rehearsals and tests.
+
+It is **not vLLM** and loads no model: it accepts ``vllm serve``'s memory and serving
+flags, prints vLLM 0.33's start-up log lines with made-up but consistent memory
+figures, refuses connections while "loading", then serves vLLM's HTTP surface with
+deterministic text (``gatekeeper.simulator.http``), and can hold memory in the
+stand-in NVML driver (``gatekeeper.simulator.nvml_claims``). Its first log line and
+``/version`` say "gatekeeper simulator, not vLLM".
+
+Command line, as ``vllm serve`` (exit 2 and a message on stderr for an unknown flag)::
+
+    python -m gatekeeper.simulator [serve] MODEL [--host H] [--port P]
+        [--served-model-name NAME ...] [--max-model-len N] [--tensor-parallel-size N]
+        [--pipeline-parallel-size N] [--data-parallel-size N]
+        [--gpu-memory-utilization U] [--kv-cache-memory-bytes N] [--max-num-seqs N]
+        [--max-num-batched-tokens N] [--dtype D] [--quantization Q] [--kv-cache-dtype D]
+        [--block-size N] [--enforce-eager] [--trust-remote-code] [--download-dir DIR]
+        [--load-format F] [--seed N] [--enable-prefix-caching]
+
+Sizes take vLLM's human-readable forms (``32k`` = 32000, ``32K`` = 32768, ``20G``).
+Without ``--max-model-len`` the simulator uses 8192 (vLLM derives it from the model's
+config); ``--data-parallel-size``, ``--dtype``, ``--quantization`` and the like are
+accepted and shown in ``non-default args`` but change nothing else.
+
+Start-up log on stdout, one flushed line each, in vLLM's format
+``(APIServer|EngineCore|Worker_TP<k> pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] text``
+and order: the simulator banner (WARNING), ``non-default args: {...}``, ``Using max
+model len N``, ``Model loading took X GiB memory and S seconds``, ``Available KV cache
+memory: X GiB`` (or, with ``--kv-cache-memory-bytes``, ``Initial free memory X GiB,
+reserved Y GiB memory for KV Cache ...``), ``GPU KV cache size: N tokens, Maximum
+concurrency for L tokens per request: C.CCx``, ``Graph capturing finished in N secs,
+took X GiB`` (not with ``--enforce-eager``), ``Free memory on device (F/T GiB) on
+startup. ...`` (not with a KV byte budget), ``init engine (profile, create kv cache,
+warmup model) took S s``, ``Starting vLLM server on http://HOST:PORT``, then uvicorn's
+lines. Worker lines repeat per rank when TP x PP > 1.
+
+Environment (sizes in bytes, or with a unit such as ``20GiB``):
+
+- ``GATEKEEPER_SIM_STARTUP_SECONDS`` (0.5): time from start to serving; the port is
+  bound at once but listens only then, so connections are refused until ready.
+- ``GATEKEEPER_SIM_TOKEN_SECONDS`` (0.005): delay before each generated token.
+- ``GATEKEEPER_SIM_FAIL``: ``free-memory``, ``max-model-len``, ``oom-load`` or
+  ``oom-sampler`` print vLLM's error text for that failure at the step where vLLM
+  raises it and exit 1; ``crash-after-requests:N`` makes the N-th chat or completion
+  request kill the process with SIGKILL after half its tokens (exit status -9, "137"
+  in a shell); ``hang`` accepts connections once ready and never answers;
+  ``die-after-ready:S`` logs vLLM's engine-death error and exits 1 S seconds after ready.
+- ``GATEKEEPER_SIM_GPU_TOTAL_BYTES``: the GPU's total (80 GiB; with an NVML state file,
+  that GPU's total minus its reserved memory).
+- ``GATEKEEPER_SIM_ACTUAL_BYTES``: bytes held per GPU (default ``gpu_memory_utilization
+  x total``, or ``--kv-cache-memory-bytes`` + 2 GiB).
+- ``GATEKEEPER_SIM_WEIGHTS_BYTES``, ``_KV_BYTES``, ``_ACTIVATION_BYTES``,
+  ``_NON_TORCH_BYTES``, ``_CUDA_GRAPH_BYTES``: the per-GPU figures the log reports;
+  unset ones are split from the actual bytes (weights 40%, non-torch 2%, activation
+  3%, CUDA graphs 1% or 0 with ``--enforce-eager``, KV cache the rest; with
+  ``--kv-cache-memory-bytes`` the KV cache is that and the rest is split 70/10/15/5).
+- ``GATEKEEPER_SIM_KV_BYTES_PER_TOKEN``: KV bytes per token per GPU for the token
+  count (128 KiB / (TP x PP)); when set, vLLM's fit check runs for real.
+- ``GATEKEEPER_SIM_NVML_STATE``: the stand-in NVML driver's state file. When set, the
+  simulator checks vLLM's start-up condition (free >= ceil(u x total), else the
+  free-memory error; free >= actual bytes, else CUDA out of memory) and holds the
+  actual bytes on the first TP x PP GPUs of ``CUDA_VISIBLE_DEVICES`` (NVML indices or
+  UUIDs; all GPUs when unset): 90% under its own pid, 10% under its child's. The
+  claims go on SIGTERM, SIGINT, normal exit and start-up failure; after a SIGKILL the
+  child releases them, as a driver frees a dead process's memory.
+
+The child process (``python -m gatekeeper.simulator.nvml_claims``, vLLM's "engine core")
+runs in every mode and exits with the simulator. SIGTERM or SIGINT stops the
+simulator within about a second (exit 0).
+
+Modules: ``cli`` (the flags), ``env`` (the ``GATEKEEPER_SIM_*`` variables), ``process``
+(start-up, log, signals), ``http`` (vLLM's HTTP surface), ``memory`` (the figures and
+vLLM's start-up failures), ``nvml_claims`` (memory held in the stand-in NVML driver).
+
+It stands apart from the estimator: it imports nothing of ``gatekeeper.estimate``,
+``placement``, ``vllm`` or ``sidecar``, so that a rehearsal cannot agree with the
+prediction by sharing its code (an import-linter contract keeps it so). Only
+``gatekeeper.sidecar.rehearsal`` imports it, for the protocol in ``env``.
+
+The face imports only ``env``: the engine-core child (``nvml_claims``) starts without
+loading the HTTP stack. ``python -m gatekeeper.simulator`` runs ``cli.main``.
+"""
+
+from gatekeeper.simulator.env import SimEnv
+
+__all__ = ["SimEnv"]

@@ -1,0 +1,102 @@
+"""The simulator's behaviour, read from ``GATEKEEPER_SIM_*`` environment variables.
+
+These variables are the simulator's protocol with whoever launches it (the sidecar's
+rehearsal, the tests); ``gatekeeper.simulator`` documents each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gatekeeper.units import parse_size
+
+__all__ = [
+    "ACTUAL_BYTES_VAR",
+    "COMPONENT_VARS",
+    "FAIL_MODES",
+    "PREFIX_ENV",
+    "TIMED_MODES",
+    "SimEnv",
+]
+
+FAIL_MODES = ("free-memory", "max-model-len", "oom-load", "oom-sampler", "hang")
+TIMED_MODES = ("crash-after-requests", "die-after-ready")
+PREFIX_ENV = "GATEKEEPER_SIM_"
+COMPONENT_VARS = {
+    "weights": PREFIX_ENV + "WEIGHTS_BYTES",
+    "kv": PREFIX_ENV + "KV_BYTES",
+    "activation": PREFIX_ENV + "ACTIVATION_BYTES",
+    "non_torch": PREFIX_ENV + "NON_TORCH_BYTES",
+    "cuda_graph": PREFIX_ENV + "CUDA_GRAPH_BYTES",
+}
+"""The per-GPU figures the simulator's log reports, by component."""
+ACTUAL_BYTES_VAR = PREFIX_ENV + "ACTUAL_BYTES"
+"""The bytes the simulator holds per GPU."""
+
+
+def _size_env(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(PREFIX_ENV + name)
+    if not text:
+        return None
+    return 0 if text.strip() == "0" else parse_size(text, field=PREFIX_ENV + name)
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(PREFIX_ENV + name)
+    try:
+        return default if not text else float(text)
+    except ValueError as e:
+        raise ValueError(f"{PREFIX_ENV}{name}={text!r} is not a number of seconds") from e
+
+
+@dataclass(frozen=True, slots=True)
+class SimEnv:
+    """The simulator's behaviour, from ``GATEKEEPER_SIM_*`` variables (module docstring)."""
+
+    startup_seconds: float = 0.5
+    token_seconds: float = 0.005
+    fail: str | None = None
+    crash_after_requests: int | None = None
+    die_after_ready_seconds: float | None = None
+    gpu_total_bytes: int | None = None
+    actual_bytes: int | None = None
+    components: tuple[tuple[str, int], ...] = ()
+    kv_bytes_per_token: int | None = None
+    nvml_state: Path | None = None
+    visible_devices: str | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SimEnv:
+        """Read the environment; ``ValueError`` names the bad variable."""
+        fail = environ.get(PREFIX_ENV + "FAIL") or None
+        mode, _, value = (fail or "").partition(":")
+        if fail is not None and fail not in FAIL_MODES and mode not in TIMED_MODES:
+            raise ValueError(
+                f"{PREFIX_ENV}FAIL={fail!r} is not one of {', '.join(FAIL_MODES)}, "
+                "crash-after-requests:N, die-after-ready:S"
+            )
+        try:
+            crash = int(value) if mode == "crash-after-requests" else None
+            die = float(value) if mode == "die-after-ready" else None
+        except ValueError as e:
+            raise ValueError(f"{PREFIX_ENV}FAIL={fail!r}: {e}") from e
+        components = (
+            (name, _size_env(environ, var.removeprefix(PREFIX_ENV)))
+            for name, var in COMPONENT_VARS.items()
+        )
+        state = environ.get(PREFIX_ENV + "NVML_STATE")
+        return cls(
+            startup_seconds=_float_env(environ, "STARTUP_SECONDS", 0.5),
+            token_seconds=_float_env(environ, "TOKEN_SECONDS", 0.005),
+            fail=None if crash is not None or die is not None else fail,
+            crash_after_requests=crash,
+            die_after_ready_seconds=die,
+            gpu_total_bytes=_size_env(environ, "GPU_TOTAL_BYTES"),
+            actual_bytes=_size_env(environ, "ACTUAL_BYTES"),
+            components=tuple((n, b) for n, b in components if b is not None),
+            kv_bytes_per_token=_size_env(environ, "KV_BYTES_PER_TOKEN"),
+            nvml_state=Path(state) if state else None,
+            visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        )

@@ -1,0 +1,372 @@
+"""The admission webhook: recorded AdmissionReviews for every workload kind (allowed,
+denied, warned, skipped, non-vLLM, malformed) and the rules behind the decisions."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatekeeper.errors import GatekeeperError, HubError
+from gatekeeper.k8s.fit import gpu_from_value
+from gatekeeper.k8s.review import MAX_WARNING_CHARS
+from gatekeeper.k8s.server import webhook_from_settings
+from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig
+from gatekeeper.models.source import resolve_model
+from gatekeeper.placement import PlacementPolicy
+from gatekeeper.settings import Settings
+from tests.support.sidecar_harness import running_sidecar, settings_for
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "admission"
+KINDS = ["pod", "deployment", "statefulset", "replicaset", "job", "cronjob", "leaderworkerset"]
+CASES = ["allowed", "denied", "warned", "skipped", "non-vllm", "malformed"]
+
+DENIED: dict[str, list[str]] = {
+    "pod": [
+        "container 'vllm' of Pod ml-serving/qwen3-8b: Qwen/Qwen3-8B does not fit on L4 "
+        "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 21.42 GiB per GPU",
+        "KV cache 4.40 GiB for one request of --max-model-len 32000",
+        "the GPU has 22.05 GiB, of which vLLM may use 20.29 GiB at --gpu-memory-utilization 0.92",
+        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --max-model-len 16896; "
+        "or --kv-cache-dtype fp8; or --quantization fp8_per_tensor (online fp8 weights).",
+    ],
+    "deployment": [
+        "meta-llama/Llama-3.3-70B-Instruct does not fit on H100-80GB (required node affinity on "
+        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3): at TP=1 it needs 146.44 GiB per GPU "
+        "(weights 131.45 GiB",
+        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2 and --max-model-len 6416; "
+        "or --tensor-parallel-size 4 with nvidia.com/gpu: 4.",
+    ],
+    "statefulset": [
+        "container 'vllm' of StatefulSet ml-serving/mistral-small: --tensor-parallel-size 4 needs "
+        "4 GPUs in the pod but it requests 2 nvidia.com/gpu; set resources.limits "
+        "nvidia.com/gpu: 4 or lower --tensor-parallel-size to 2",
+    ],
+    "replicaset": [
+        "Qwen/Qwen2.5-72B-Instruct does not fit on A100-40GB",
+        "but the GPU has 39.38 GiB, of which vLLM may use 36.23 GiB",
+        "Would fit: --tensor-parallel-size 8 with nvidia.com/gpu: 8.",
+    ],
+    "job": [
+        "meta-llama/Llama-3.1-8B-Instruct does not fit on T4 (nodeSelector "
+        "nvidia.com/gpu.product=Tesla-T4): at TP=1 it needs 16.33 GiB per GPU",
+        "vLLM would refuse: weights need 14.99 GiB per GPU but only 14.06 GiB can be allocated",
+        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --quantization "
+        "fp8_per_tensor (online fp8 weights).",
+    ],
+    "cronjob": [
+        "Qwen/Qwen2.5-14B-Instruct does not fit on A10G (annotation gatekeeper.io/gpu-memory)",
+        "it needs 31.15 GiB per GPU",
+    ],
+    "leaderworkerset": [
+        "container 'vllm' of LeaderWorkerSet ml-serving/llama-405b (leaderTemplate): "
+        "meta-llama/Llama-3.1-405B-Instruct does not fit on H100-80GB",
+        "at TP=8 it needs 104.80 GiB per GPU",
+        "Would fit: --pipeline-parallel-size 2 (16 GPUs in the group); or --quantization "
+        "fp8_per_tensor (online fp8 weights).",
+    ],
+}
+
+WARNED: dict[str, str] = {
+    "pod": "Qwen/Qwen3-8B fits on L4 with 0.10 GiB to spare, under the 0.94 GiB safety margin; "
+    "lower --max-model-len to 16896 or use --kv-cache-dtype fp8",
+    "deployment": "model 'acme-corp/private-llm-13b' is unknown to gatekeeper (not in the "
+    "catalog), so it is not checked",
+    "statefulset": "cannot tell whether it fits: no GPU named; set nodeSelector "
+    "nvidia.com/gpu.product, annotate gatekeeper.io/gpu-memory, or set "
+    "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
+    "replicaset": "--max-model-len 'lots' cannot be read; vLLM takes a positive integer such as "
+    "32768 or 32k, or auto; checked with vLLM's default instead",
+    "job": "cannot tell whether it fits on 'NVIDIA-GH200-480GB' (nodeSelector "
+    "nvidia.com/gpu.product): not in gatekeeper's GPU table",
+    "cronjob": "cannot tell whether it fits: no model on the command line nor in a literal "
+    "VLLM_MODEL, MODEL, MODEL_NAME",
+    "leaderworkerset": "meta-llama/Llama-3.1-405B-Instruct fits on H100-80GB with 1.33 GiB to "
+    "spare, under the 2.08 GiB safety margin; lower --max-model-len to 103056",
+}
+
+MALFORMED: dict[str, str] = {
+    "pod": "request.uid: Field required",
+    "deployment": "apiVersion: Input should be 'admission.k8s.io/v1' (got 'admission.k8s.io/v1beta1')",
+    "statefulset": "request.object: Input should be a valid dictionary",
+    "replicaset": "the body is not JSON (JSONDecodeError",
+    "job": "request.operation: Input should be 'CREATE', 'UPDATE', 'DELETE' or 'CONNECT' (got 'PATCH')",
+    "cronjob": "request.kind: Field required",
+    "leaderworkerset": "request.uid: String should have at least 1 character",
+}
+
+
+@pytest.fixture(scope="module")
+def webhook() -> AdmissionWebhook:
+    return webhook_from_settings(Settings())
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return data
+
+
+def answer(webhook: AdmissionWebhook, review: dict[str, Any]) -> dict[str, Any]:
+    status, body, _ = webhook.answer(json.dumps(review).encode())
+    assert status == 200, body
+    response: dict[str, Any] = body["response"]
+    assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
+    assert response["uid"] == review["request"]["uid"]
+    return response
+
+
+def test_there_is_a_fixture_for_every_kind_and_case():
+    names = {p.name for p in FIXTURES.glob("*.json")}
+    assert names == {f"{k}-{c}.json" for k in KINDS for c in CASES}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_allowed(webhook, kind):
+    response = answer(webhook, load(f"{kind}-allowed.json"))
+    assert response == {"uid": response["uid"], "allowed": True}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_denied_with_the_reason(webhook, kind):
+    response = answer(webhook, load(f"{kind}-denied.json"))
+    assert response["allowed"] is False
+    status = response["status"]
+    assert status["code"] == 403 and status["reason"] == "Forbidden"
+    for piece in DENIED[kind]:
+        assert piece in status["message"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_warned(webhook, kind):
+    response = answer(webhook, load(f"{kind}-warned.json"))
+    assert response["allowed"] is True
+    assert any(WARNED[kind] in w for w in response["warnings"]), response["warnings"]
+    assert all(len(w) <= MAX_WARNING_CHARS for w in response["warnings"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_skipped_is_allowed_and_says_so(webhook, kind):
+    response = answer(webhook, load(f"{kind}-skipped.json"))
+    assert response["allowed"] is True and "status" not in response
+    (warning,) = response["warnings"]
+    assert warning.endswith(
+        "gatekeeper.io/skip is true, so gatekeeper skipped its GPU memory check"
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_vllm_is_allowed_silently(webhook, kind):
+    response = answer(webhook, load(f"{kind}-non-vllm.json"))
+    assert response == {"uid": response["uid"], "allowed": True}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_malformed_is_a_400_that_says_what_is_wrong(webhook, kind):
+    status, body, outcome = webhook.answer((FIXTURES / f"{kind}-malformed.json").read_bytes())
+    assert (status, outcome) == (400, "malformed")
+    assert body["kind"] == "Status" and body["code"] == 400 and body["reason"] == "BadRequest"
+    assert MALFORMED[kind] in body["message"]
+    assert "gatekeeper takes an admission.k8s.io/v1 AdmissionReview" in body["message"]
+
+
+# -- rules ------------------------------------------------------------------------------
+
+
+def deployment(**changes: Any) -> dict[str, Any]:
+    """deployment-allowed.json, with the pod template's parts replaced."""
+    review = load("deployment-allowed.json")
+    template = review["request"]["object"]["spec"]["template"]
+    for key, value in changes.items():
+        if key == "annotations":
+            template["metadata"]["annotations"] = value
+        elif key in ("args", "resources", "command", "env"):
+            template["spec"]["containers"][0][key] = value
+        else:
+            template["spec"][key] = value
+    return review
+
+
+def test_annotation_wins_over_the_node_selector(webhook):
+    big = deployment(annotations={"gatekeeper.io/gpu-memory": "H200"})
+    assert answer(webhook, big)["allowed"] is True
+    small = deployment(annotations={"gatekeeper.io/gpu-memory": "12GiB"})
+    response = answer(webhook, small)
+    assert response["allowed"] is False
+    assert (
+        "does not fit on a 12.00 GiB GPU (annotation gatekeeper.io/gpu-memory)"
+        in (response["status"]["message"])
+    )
+
+
+def test_a_bad_annotation_is_denied_with_what_to_write(webhook):
+    response = answer(webhook, deployment(annotations={"gatekeeper.io/gpu-memory": "eighty"}))
+    assert response["allowed"] is False
+    assert (
+        "annotation gatekeeper.io/gpu-memory: 'eighty' is neither a size (79.19GiB) nor a GPU"
+        in (response["status"]["message"])
+    )
+
+
+def test_several_products_are_judged_on_the_smallest(webhook):
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                           "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"]}]}
+                ]
+            }
+        }
+    }  # fmt: skip
+    args = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len=65536"]
+    assert answer(webhook, deployment(args=args))["allowed"] is True
+    response = answer(webhook, deployment(affinity=affinity, args=args))
+    assert response["allowed"] is False
+    assert (
+        "does not fit on L4 (required node affinity on nvidia.com/gpu.product=NVIDIA-L4)"
+        in (response["status"]["message"])
+    )
+
+
+def test_an_affinity_term_without_a_product_pins_nothing(webhook):
+    terms = [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+    ]  # fmt: skip
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}  # fmt: skip
+    response = answer(webhook, deployment(affinity=affinity))
+    assert response["allowed"] is True
+    assert "no GPU named" in response["warnings"][0]
+
+
+def test_the_configured_default_gpu(webhook):
+    review = deployment(affinity=None)
+    assert "no GPU named" in answer(webhook, review)["warnings"][0]
+    settings = Settings(webhook_default_gpu="L4")
+    defaulted = webhook_from_settings(settings)
+    response = answer(defaulted, deployment(affinity=None, args=["serve", "Qwen/Qwen3-14B"]))
+    assert response["allowed"] is False
+    assert "does not fit on L4 (setting webhook_default_gpu)" in response["status"]["message"]
+
+
+def test_a_bad_default_gpu_setting_fails_at_start():
+    with pytest.raises(GatekeeperError, match="setting webhook_default_gpu: 'H1000'"):
+        webhook_from_settings(Settings(webhook_default_gpu="H1000"))
+
+
+def test_unknown_model_can_be_denied_by_setting():
+    strict = webhook_from_settings(Settings(webhook_unknown_model="deny"))
+    response = answer(strict, load("deployment-warned.json"))
+    assert response["allowed"] is False
+    assert "so it is denied (webhook_unknown_model=deny)" in response["status"]["message"]
+
+
+def test_tp_without_a_gpu_request_warns_and_zero_gpus_is_denied(webhook):
+    args = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "-tp", "2"]
+    response = answer(webhook, deployment(args=args, resources={}))
+    assert response["allowed"] is True
+    assert (
+        "vLLM needs 2 GPUs (TP x PP x DP) but the pod requests no nvidia.com/gpu"
+        in (response["warnings"][0])
+    )
+    zero = answer(webhook, deployment(resources={"limits": {"nvidia.com/gpu": 0}}))
+    assert (
+        "--tensor-parallel-size 1 needs 1 GPUs in the pod but it requests 0 nvidia.com/gpu"
+        in (zero["status"]["message"])
+    )
+
+
+def test_pipeline_beyond_the_pod_warns_outside_a_leaderworkerset(webhook):
+    args = ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--pipeline-parallel-size=2"]
+    response = answer(webhook, deployment(args=args))
+    assert response["allowed"] is True
+    assert "TP x PP x DP = 2 GPUs but the pod requests 1 nvidia.com/gpu" in response["warnings"][0]
+
+
+def test_max_model_len_auto_lets_vllm_choose(webhook):
+    args = ["serve", "Qwen/Qwen3-8B", "--max-model-len", "auto"]
+    response = answer(
+        webhook,
+        deployment(args=args, affinity=None, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-L4"}),
+    )
+    assert response["allowed"] is True
+
+
+def test_operations_and_objects_that_are_not_checked(webhook):
+    denied = load("deployment-denied.json")
+    for change in (
+        {"operation": "DELETE", "object": None, "oldObject": denied["request"]["object"]},
+        {"subResource": "scale"},
+        {"operation": "UPDATE", "oldObject": copy.deepcopy(denied["request"]["object"])},
+    ):
+        review = copy.deepcopy(denied)
+        review["request"].update(change)
+        assert answer(webhook, review) == {"uid": review["request"]["uid"], "allowed": True}
+    deleting = copy.deepcopy(denied)
+    deleting["request"]["object"]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert answer(webhook, deleting)["allowed"] is True
+
+
+def test_an_update_that_changes_the_template_is_checked(webhook):
+    review = load("deployment-denied.json")
+    review["request"]["operation"] = "UPDATE"
+    review["request"]["oldObject"] = load("deployment-allowed.json")["request"]["object"]
+    assert answer(webhook, review)["allowed"] is False
+
+
+def test_every_vllm_container_is_judged_and_each_denial_is_reported(webhook):
+    review = load("pod-denied.json")
+    containers = review["request"]["object"]["spec"]["containers"]
+    second = copy.deepcopy(containers[0])
+    second["name"] = "vllm-b"
+    containers.append(second)
+    message = answer(webhook, review)["status"]["message"]
+    assert "container 'vllm' of Pod" in message and "container 'vllm-b' of Pod" in message
+
+
+def test_models_are_resolved_once():
+    calls: list[str] = []
+
+    def resolve(ref: str):
+        calls.append(ref)
+        return resolve_model(ref)
+
+    hook = AdmissionWebhook(WebhookConfig(fit=PlacementPolicy()), resolve)
+    for _ in range(3):
+        answer(hook, load("pod-allowed.json"))
+    assert calls == ["Qwen/Qwen3-8B"]
+
+
+def test_a_hub_failure_is_named():
+    def resolve(ref: str):
+        raise HubError(f"hub: {ref} answered 503", field="model", value=ref)
+
+    hook = AdmissionWebhook(WebhookConfig(default_gpu=gpu_from_value("L4", "test")), resolve)
+    response = answer(hook, load("pod-allowed.json"))
+    assert (
+        "unknown to gatekeeper (the hub lookup failed: hub: Qwen/Qwen3-8B answered 503)"
+        in (response["warnings"][0])
+    )
+
+
+def test_a_bug_admits_and_says_so():
+    def resolve(ref: str):
+        raise RuntimeError("boom")
+
+    hook = AdmissionWebhook(WebhookConfig(), resolve)
+    response = answer(hook, load("pod-allowed.json"))
+    assert response["allowed"] is True
+    assert response["warnings"] == ["gatekeeper: internal error (RuntimeError); allowed unchecked"]
+
+
+def test_the_sidecar_serves_the_webhook(tmp_path):
+    with running_sidecar(settings_for(tmp_path)) as sidecar:
+        denied = sidecar.admin.post(
+            "/k8s/validate", content=(FIXTURES / "job-denied.json").read_bytes()
+        )
+        assert denied.status_code == 200 and denied.json()["response"]["allowed"] is False
+        bad = sidecar.admin.post("/k8s/validate", content=b"{")
+        assert bad.status_code == 400 and "not JSON" in bad.json()["message"]

@@ -1,0 +1,129 @@
+"""A real Prometheus (Debian's ``prometheus`` package) scraping gatekeeper's collectors.
+
+A small HTTP server on 127.0.0.1 exposes every collector over a declared node with a
+few workers; Prometheus scrapes it every second. Then every dashboard expression and
+every alert expression runs through Prometheus' HTTP API, and ``promtool test rules``
+runs the alert unit tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client import start_http_server
+
+from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.gpus.static import StaticInventory
+from gatekeeper.units import GIB
+from tests.support.metrics_fixtures import (
+    FAILED,
+    LLAMA,
+    QWEN,
+    STOPPED,
+    record_events,
+    sidecar_registry,
+)
+from tests.support.prometheus_server import MISSING, SKIP_REASON, query, run_prometheus
+from tests.support.promql_sources import (
+    ALERTS,
+    ALERTS_TEST,
+    alert_expressions,
+    dashboard_expressions,
+    metric_names,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)]
+
+# Two H100s held by the TP=2 llama worker's ranks (211, 212 under root 210), a free
+# H100 for the loading qwen worker, and an L4 that is nearly full (headroom alert).
+NODE = {
+    "gpus": [
+        {"name": "H100-80GB", "used": "60GiB", "processes": [{"pid": 211, "used": "60GiB"}]},
+        {"name": "H100-80GB", "used": "60GiB", "processes": [{"pid": 212, "used": "60GiB"}]},
+        {"name": "H100-80GB"},
+        {"name": "L4", "used": "21.5GiB", "processes": [{"pid": 4242, "used": "21.5GiB"}]},
+    ]
+}
+# The llama worker holds 120 GiB where 80 GiB were predicted: +50% (the error alert).
+OVER = dataclasses.replace(LLAMA, predicted_total_bytes=(40 * GIB, 40 * GIB))
+FIRING = {"alert GatekeeperGpuHeadroomLow", "alert GatekeeperPredictionErrorHigh"}
+
+
+@pytest.fixture(scope="module")
+def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """gatekeeper's collectors served on 127.0.0.1; yields host:port."""
+    node_file = tmp_path_factory.mktemp("node") / "node.json"
+    node_file.write_text(json.dumps(NODE))
+    inventory = StaticInventory(parse_declared_node(str(node_file)))
+    sidecar = sidecar_registry(inventory, (OVER, QWEN, FAILED, STOPPED))
+    record_events(sidecar.metrics)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=sidecar.registry)
+    try:
+        yield f"127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def prometheus(exporter: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A real Prometheus scraping ``exporter`` every second, with the alert rules loaded."""
+    work = tmp_path_factory.mktemp("prometheus")
+    with run_prometheus([exporter], work, rule_files=[ALERTS]) as client:
+        yield client
+
+
+@pytest.mark.parametrize(("where", "expr"), dashboard_expressions(), ids=lambda x: str(x)[:60])
+def test_dashboard_expression_returns_series(prometheus, where, expr):
+    assert query(prometheus, expr), f"{where}: no series for {expr}"
+
+
+@pytest.mark.parametrize(("where", "expr"), alert_expressions(), ids=lambda x: str(x)[:60])
+def test_alert_expression_runs_and_its_metrics_have_series(prometheus, where, expr):
+    result = query(prometheus, expr)
+    for name in metric_names(expr):
+        assert query(prometheus, name), f"{where}: {name} has no series"
+    if where in FIRING:
+        assert result, f"{where} should match the fixture node: {expr}"
+
+
+def test_the_core_series_hold_the_collectors_values(prometheus):
+    headroom = query(prometheus, 'gatekeeper_gpu_headroom_bytes{gpu="3"}')
+    assert float(headroom[0]["value"][1]) < 0
+    actual = query(prometheus, 'gatekeeper_worker_actual_bytes{gpu="0"}')
+    assert float(actual[0]["value"][1]) == 60 * GIB
+    assert query(prometheus, "gatekeeper_gpu_collect_success")[0]["value"][1] == "1"
+    states = query(prometheus, "gatekeeper_workers")
+    assert len(states) == 7
+
+
+def test_prometheus_loaded_the_alert_rules(prometheus):
+    deadline = time.monotonic() + 10
+    while True:
+        groups = prometheus.get("/api/v1/rules").json()["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules):
+            break
+        assert time.monotonic() < deadline, "rules were not evaluated"
+        time.sleep(0.25)
+    assert len(rules) == len(alert_expressions())
+    assert all(r["health"] == "ok" for r in rules), rules
+
+
+def test_promtool_test_rules():
+    result = subprocess.run(
+        ["promtool", "test", "rules", ALERTS_TEST.name],
+        cwd=ALERTS_TEST.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

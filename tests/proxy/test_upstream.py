@@ -1,0 +1,135 @@
+"""The proxy's lean HTTP/1.1 client (``gatekeeper.proxy.upstream``) against raw asyncio servers
+on loopback that answer in ways uvicorn does not: HTTP/1.0 read to close, chunked with
+extensions and trailers, a kept connection closed unanswered, a body cut short."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from gatekeeper.proxy.upstream import (
+    Upstream,
+    UpstreamClosed,
+    UpstreamConnectError,
+    upstream_client,
+)
+from tests.support.fake_upstream import closed_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    return await reader.readexactly(length)
+
+
+async def with_raw_server(handler: Handler, client: Callable[[str], Awaitable[None]]) -> None:
+    """Serve ``handler`` on a free port while ``client(url)`` runs; closes every socket."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await client(f"http://127.0.0.1:{port}")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_upstream_reads_http10_to_close_and_chunked_with_trailers() -> None:
+    answers = [
+        b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil close",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n",
+    ]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answers.pop(0))
+        await writer.drain()
+        writer.close()
+
+    async def client(url: str) -> None:
+        pool = Upstream()
+        try:
+            answer = await pool.request(url, "/x", b"{}", [])
+            assert (answer.status, await answer.read()) == (200, b"until close")
+            await answer.aclose()
+            answer = await pool.request(url, "/x", b"{}", [(b"x-b", b"2")])
+            assert answer.header(b"x-a") == b"1"
+            assert [chunk async for chunk in answer.chunks()] == [b"abc", b"de"]
+            await answer.aclose()
+        finally:
+            await pool.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
+
+
+def test_upstream_resends_once_when_a_kept_connection_was_closed() -> None:
+    connections = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # the next request on this connection:
+        writer.close()  # closed unanswered, as at the end of a keep-alive timeout
+
+    async def client(url: str) -> None:
+        pool = Upstream()
+        try:
+            for _ in range(3):
+                answer = await pool.request(url, "/x", b"{}", [])
+                assert await answer.read() == b"ok"
+                await answer.aclose()
+        finally:
+            await pool.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
+    assert len(connections) == 3
+
+
+def test_upstream_errors() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\ncut")
+        await writer.drain()
+        writer.close()
+
+    async def client(url: str) -> None:
+        pool = Upstream(connect_timeout_seconds=1.0)
+        try:
+            answer = await pool.request(url, "/x", b"{}", [])
+            with pytest.raises(UpstreamClosed):
+                await answer.read()
+            await answer.aclose()
+            with pytest.raises(UpstreamConnectError):
+                await pool.request(f"http://127.0.0.1:{closed_port()}", "/x", b"{}", [])
+            with pytest.raises(ValueError, match="http://host:port"):
+                await pool.request("https://example.com", "/x", b"{}", [])
+        finally:
+            await pool.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
+
+
+def test_upstream_client_is_an_httpx_client_that_closes_its_pool() -> None:
+    async def main() -> None:
+        client = upstream_client()
+        assert isinstance(client, httpx.AsyncClient)
+        await client.aclose()
+        assert client.is_closed
+
+    asyncio.run(main())

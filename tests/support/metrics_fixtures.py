@@ -1,0 +1,133 @@
+"""A sidecar's whole ``/metrics`` over a fixture node, for the metrics, dashboard and
+real-Prometheus tests: every collector and instrumentation object on one private
+registry, with a few workers in different states."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gatekeeper.gpus.cached import CachedInventory
+from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
+from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.workers import WorkerCollector, WorkerView
+from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.units import GIB, MIB
+
+GPU2_UUID = "GPU-00000002-aaaa-bbbb-cccc-000000000002"
+
+# The TP=2 worker of tests/fixtures/gpus/h100_80g_x8.json: root 210, ranks 211 and 212.
+PARENTS: Mapping[int, int] = {210: 1, 211: 210, 212: 210, 3456: 1}
+
+LLAMA = WorkerView(
+    worker="llama-70b-1a2b3c4d",
+    model="llama-70b",
+    state="ready",
+    gpu_indices=(0, 1),
+    predicted={
+        "weights": 65 * GIB,
+        "kv_cache": 3 * GIB,
+        "activation": 2 * GIB,
+        "non_torch": 256 * MIB,
+        "cuda_graph": 512 * MIB,
+    },
+    predicted_total_bytes=(70 * GIB, 70 * GIB),
+    actual={
+        "weights": 65 * GIB,
+        "kv_cache": 3 * GIB,
+        "activation": round(2.5 * GIB),
+        "non_torch": 256 * MIB,
+        "cuda_graph": 640 * MIB,
+    },
+    pid=210,
+    restarts=1,
+    family="llama",
+)
+QWEN = WorkerView(
+    worker="qwen-7b-5e6f7a8b",
+    model="qwen-7b",
+    state="loading",
+    gpu_indices=(2,),
+    predicted={"weights": 15 * GIB, "kv_cache": 4 * GIB, "activation": GIB},
+    predicted_total_bytes=(20 * GIB,),
+    pid=300,
+    family="qwen2",
+)
+FAILED = WorkerView(worker="mistral-9c0d1e2f", model="mistral", state="failed", restarts=3)
+STOPPED = WorkerView(worker="phi-3a4b5c6d", model="phi", state="stopped")
+VIEWS = (LLAMA, QWEN, FAILED, STOPPED)
+MODELS = frozenset(v.model for v in VIEWS)
+
+
+class FailingInventory:
+    """An inventory whose reading raises (a bug, not an NVML error)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def snapshot(self) -> InventorySnapshot:
+        self.calls += 1
+        raise RuntimeError("boom")
+
+
+@dataclass
+class Sidecar:
+    registry: CollectorRegistry
+    metrics: SidecarMetrics
+    gpus: GpuCollector
+    workers: WorkerCollector
+
+
+def sidecar_registry(
+    inventory: GpuInventory,
+    views: Iterable[WorkerView] = VIEWS,
+    *,
+    reserved: Mapping[str, int] | None = None,
+    parents: Mapping[int, int] = PARENTS,
+) -> Sidecar:
+    """Every collector on a private registry, wired as the sidecar wires them."""
+    registry = CollectorRegistry()
+    cached = CachedInventory(inventory)
+    held = {GPU2_UUID: 20 * GIB} if reserved is None else dict(reserved)
+    view_list = list(views)
+    gpus = GpuCollector(cached, lambda: held, policy_margin(PlacementPolicy()), registry=registry)
+    workers = WorkerCollector(
+        lambda: view_list, cached, parent_map=lambda: parents, registry=registry
+    )
+    CalibrationCollector(
+        lambda: {("llama", "activation"): (1.2, 1), ("llama", "cuda_graph"): (1.25, 2)},
+        registry=registry,
+    )
+    metrics = SidecarMetrics(
+        registry,
+        known_models=lambda: MODELS,
+        outstanding=lambda: sum(1 for v in view_list if v.state == "loading"),
+        version="test",
+    )
+    return Sidecar(registry, metrics, gpus, workers)
+
+
+def record_events(metrics: SidecarMetrics) -> None:
+    """A few events, so that every event series has data."""
+    metrics.admission("fits")
+    metrics.admission("fits")
+    metrics.admission("does_not_fit")
+    metrics.observe("llama-70b", 200, 0.3)
+    metrics.observe("llama-70b", 200, 1.7)
+    metrics.observe("no-such-model", 404, 0.002)
+    metrics.worker_ready(LLAMA, 42.0)
+
+
+_DURATION = re.compile(r"^(gatekeeper_gpu_collect_duration_seconds) \S+$", re.MULTILINE)
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    """The registry's text exposition without what changes from run to run (the
+    ``_created`` timestamps and the collection duration)."""
+    text = generate_latest(registry).decode()
+    text = "".join(line for line in text.splitlines(keepends=True) if "_created" not in line)
+    return _DURATION.sub(r"\1 DURATION", text)

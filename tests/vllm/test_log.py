@@ -1,0 +1,100 @@
+"""vLLM's start-up log lines, parsed into phases, memory figures and failure reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatekeeper.units import GIB
+from gatekeeper.vllm.log import StartupLog, failure_reason
+
+PREFIX = "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:00 [gpu_model_runner.py:2000] "
+V019 = [
+    "(APIServer pid=4241) INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.19.0",
+    PREFIX + "Starting to load model meta-llama/Llama-3.1-8B-Instruct...",
+    PREFIX + "Model loading took 14.99 GiB memory and 6.965058 seconds",
+    PREFIX
+    + "Memory profiling takes 18.33 seconds. Total non KV cache memory: 17.12GiB; torch peak memory "
+    "increase: 1.89GiB; non-torch forward increase memory: 0.25GiB; weights memory: 14.99GiB.",
+    PREFIX + "Available KV cache memory: 58.11 GiB",
+    PREFIX + "GPU KV cache size: 952,032 tokens",
+    PREFIX + "Maximum concurrency for 8,192 tokens per request: 116.21x",
+    PREFIX + "Graph capturing finished in 3 secs, took 0.91 GiB",
+    PREFIX + "init engine (profile, create kv cache, warmup model) took 30.12 s",
+    "(APIServer pid=4241) INFO 12-02 10:00:30 [api_server.py:2] Starting vLLM server on http://127.0.0.1:18000",
+]
+
+
+def test_v019_start_up_is_parsed_into_phases_and_figures():
+    log = StartupLog()
+    phases = []
+    for line in V019:
+        log = log.feed(line)
+        phases.append(log.phase)
+    assert phases[1] == "loading weights"
+    assert phases[2] == "profiling memory"
+    assert phases[5] == "capturing graphs"
+    assert log.phase == "starting server"
+    m = log.memory
+    assert m.weights == round(14.99 * GIB) and m.kv_cache == round(58.11 * GIB)
+    assert m.activation_peak == round(1.89 * GIB) and m.non_torch == round(0.25 * GIB)
+    assert m.cuda_graph == round(0.91 * GIB) and m.kv_cache_tokens == 952_032
+    assert log.failure is None
+
+
+def test_v033_summary_line_gives_activation_without_the_graph_estimate():
+    line = (
+        PREFIX
+        + "Free memory on device (78.68/79.19 GiB) on startup. Desired GPU memory utilization is "
+        "(0.92, 72.85 GiB). Actual usage is 15.24 GiB for consumed memory (weights + non-torch), "
+        "2.8 GiB for peak activation, and 0.9 GiB for CUDAGraph memory."
+    )
+    log = StartupLog().feed(PREFIX + "Estimated CUDA graph memory: 0.85 GiB total").feed(line)
+    # vLLM 0.33 folds the CUDA-graph estimate into "peak activation".
+    assert log.memory.components()["activation_peak"] == round(2.8 * GIB) - round(0.85 * GIB)
+    log = log.feed(PREFIX + "Model loading took 14.99 GiB memory and 6.9 seconds")
+    assert log.memory.components()["non_torch"] == round(15.24 * GIB) - round(14.99 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (
+            "ValueError: Free memory on device cuda:0 (12.3/79.19 GiB) on startup is less than desired GPU "
+            "memory utilization (0.92, 72.85 GiB). Decrease GPU memory utilization or reduce GPU memory "
+            "used by other processes.",
+            "free-memory check",
+        ),
+        (
+            "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV "
+            "cache is needed, which is larger than the available KV cache memory (3.81 GiB).",
+            "max_model_len check",
+        ),
+        (
+            "The model's max seq len (29000) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (23648).",
+            "max_model_len check",
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB.",
+            "CUDA out of memory",
+        ),
+        (
+            "ValueError: No available memory for the cache blocks. Try increasing",
+            "no KV cache memory",
+        ),
+    ],
+)
+def test_vllm_memory_errors_are_recognised(line, kind):
+    reason = failure_reason(PREFIX + line)
+    assert reason is not None and reason.startswith(kind)
+    assert (
+        StartupLog().feed(line).failure == reason.replace(PREFIX, "")
+        or StartupLog().feed(line).failure
+    )
+
+
+def test_ordinary_lines_are_not_failures():
+    assert (
+        failure_reason(PREFIX + "Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 3.0%")
+        is None
+    )
