@@ -60,7 +60,7 @@ from gatekeeper import (  # noqa: E402
     resolve_model,
 )
 from gatekeeper.gpus import GpuInfo, GpuProcess, InventorySnapshot, parse_declared_node  # noqa: E402
-from gatekeeper.placement import EstimateCache  # noqa: E402
+from gatekeeper.placement import TP_SIZES, EstimateCache  # noqa: E402
 from gatekeeper.units import GIB  # noqa: E402
 
 ESTIMATES = EstimateCache()
@@ -79,7 +79,6 @@ LARGE_MODELS = (
 )
 MODELS = SMALL_MODELS + LARGE_MODELS
 LENGTHS = (4096, 8192, 16384, 32768)
-TP_SIZES = (1, 2, 4, 8)
 MIX_SIZES = (6, 12)
 """Deployments per mix, inclusive range."""
 BOOKED_FRACTION = 0.9

@@ -53,8 +53,7 @@ def serve(port: int, upstream: str) -> None:
     import uvicorn
     from starlette.applications import Starlette
 
-    from gatekeeper.proxy.serving import Endpoint, Proxy
-    from gatekeeper.proxy.upstream import upstream_client
+    from gatekeeper.proxy import Endpoint, Proxy, upstream_client
 
     class OneWorker:
         def __init__(self) -> None:

@@ -1,8 +1,9 @@
 """gatekeeper's settings: one class, read from ``GATEKEEPER_*`` environment variables
 and an optional TOML file (``GATEKEEPER_CONFIG`` or ``--config``).
 
-Only the entry points (``gatekeeper.cli``, and ``gatekeeper.sidecar.app`` for what the
-sidecar reads at start) construct or read ``Settings``; everything else receives plain
+Only the entry points construct or read ``Settings`` (``gatekeeper.cli``, and what the
+sidecar and the webhook read at start: ``gatekeeper.sidecar.app``,
+``gatekeeper.k8s.server``); everything else receives plain
 values. The helpers below are the one place settings become those values:
 ``placement_policy`` (placement, the webhook and the metrics' margin),
 ``model_resolver`` (how model references are resolved) and ``gpu_source`` (the driver
@@ -17,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -29,6 +30,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.gpus.source import GpuSource, parse_gpu_source
 from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.vllm.flags import options_from_mapping
 
 if TYPE_CHECKING:
     from gatekeeper.models.spec import ModelSpec
@@ -58,11 +60,21 @@ class ModelEntry(BaseModel):
     model: str = Field(min_length=1)
     """Catalog name, local checkpoint directory or hub repo id."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """``vllm serve`` options under ``ServeOptions``' names (max_model_len, kv_cache_dtype …)."""
+    """``vllm serve`` flags gatekeeper models (``max_model_len``, ``kv-cache-dtype`` …), with
+    vLLM's value forms (``"32k"``); checked when the settings load."""
     min_sequences: int = Field(default=1, gt=0)
     min_kv_tokens: int | None = Field(default=None, gt=0)
     preload: bool = False
     """Deploy when the sidecar starts instead of on the first request."""
+
+    @field_validator("options")
+    @classmethod
+    def _options_are_vllms(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            options_from_mapping(value, where="options")
+        except GatekeeperError as e:
+            raise ValueError(str(e)) from e
+        return value
 
 
 class Settings(BaseSettings):

@@ -80,7 +80,7 @@ def rehearsal_settings(settings: Settings) -> Settings:
     return settings.model_copy(
         update={
             "state_dir": state,
-            "gpus": settings.gpus if settings.gpus != "nvml" else REHEARSAL_NODE,
+            "gpus": settings.gpus if gpu_source(settings).is_declared else REHEARSAL_NODE,
             "worker_command": list(SIMULATOR),
             "admin_token": token,
             "allowed_models": settings.allowed_models or [e.repo_id for e in catalog_entries()],

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 CORRECTED = ("weights", "activation", "non_torch", "cuda_graph")
-"""The components a correction applies to (``gatekeeper.metrics.gpus.COMPONENTS``' names)."""
+"""The components a correction applies to (``gatekeeper.metrics.workers.COMPONENTS``' names)."""
 BOUNDS = (0.8, 1.25)
 """The range an applied factor is clamped to."""
 PLAUSIBLE = (0.2, 5.0)

@@ -7,6 +7,7 @@ naming the flag, the value and what to do when something cannot work.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
@@ -45,6 +46,7 @@ class ServeOptions:
     and almost no non-torch growth after vLLM's init snapshot."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         for flag, value in (
             ("max_model_len", self.max_model_len),
             ("max_num_seqs", self.max_num_seqs),
@@ -68,6 +70,50 @@ class ServeOptions:
                 field="gpu_memory_utilization",
                 value=u,
             )
+
+    def _check_types(self) -> None:
+        """Every field has its type (a JSON door can hand anything in): a float length
+        would send the estimator's searches over lengths into an endless loop."""
+        for name, kind in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+                object.__setattr__(self, name, value)
+            ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+            if kind is float and ok:
+                ok = math.isfinite(value)
+            if not ok:
+                raise ServeOptionsError(
+                    f"{name}: {value!r} is not a valid {_KIND_NAMES[kind]}; "
+                    "omit it to use vLLM's default",
+                    field=name,
+                    value=value if isinstance(value, str | int | float | bool) else repr(value),
+                )
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "dtype": str,
+    "quantization": str,
+    "kv_cache_dtype": str,
+    "max_model_len": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "tensor_parallel_size": int,
+    "pipeline_parallel_size": int,
+    "gpu_memory_utilization": float,
+    "kv_cache_memory_bytes": int,
+    "enforce_eager": bool,
+    "block_size": int,
+    "vllm_version": str,
+    "embedded": bool,
+}
+_OPTIONAL = frozenset(
+    {"quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+     "gpu_memory_utilization", "kv_cache_memory_bytes", "block_size", "vllm_version"}
+)  # fmt: skip
+_KIND_NAMES = {str: "string", int: "whole number", float: "finite number", bool: "true/false"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """The GPU inventory seam and its sources: what a node's GPUs hold, read in one call.
 
 ``GpuInventory`` has one method, ``snapshot() -> InventorySnapshot`` (``inventory``).
-Sources: ``NvmlInventory`` reads the NVIDIA driver through ``pynvml`` (``nvml``, the only
-module that imports it, and only when first used); ``StaticInventory`` serves a fixed
+Sources: ``NvmlInventory`` reads the NVIDIA driver through ``pynvml`` (``nvml``, which
+imports it when first used; only ``stand_in`` also touches it, to check what it loaded); ``StaticInventory`` serves a fixed
 snapshot (``static``: a recorded one, or a declared node parsed by ``declared`` from
 ``2xH100-80GB`` with the GPU table of ``products``); ``CachedInventory`` shares one
 reading between the readers of one moment (``cached``). ``source`` is the one reading

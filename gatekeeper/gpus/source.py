@@ -24,7 +24,6 @@ __all__ = ["GpuSource", "parse_gpu_source"]
 class GpuSource:
     """The GPUs named by a setting: the driver, or a declared node's snapshot."""
 
-    text: str
     declared: InventorySnapshot | None
     """The declared node; ``None`` for the driver (NVML)."""
 
@@ -49,5 +48,5 @@ class GpuSource:
 def parse_gpu_source(text: str) -> GpuSource:
     """``nvml`` or a declared node; raises ``GatekeeperError`` for a bad declaration."""
     if text.strip().lower() == "nvml":
-        return GpuSource(text, None)
-    return GpuSource(text, parse_declared_node(text))
+        return GpuSource(None)
+    return GpuSource(parse_declared_node(text))

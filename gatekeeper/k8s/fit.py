@@ -29,7 +29,7 @@ from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
     MIN_SUGGESTED_LEN,
-    larger_tp_sizes,
+    larger_sizes,
     lighter_variants,
 )
 from gatekeeper.placement.types import PlacementPolicy
@@ -281,10 +281,10 @@ def _parallel(
     tp, pp, dp = o.tensor_parallel_size, o.pipeline_parallel_size, command.data_parallel_size
     if multi_node:
         sizes = [(tp, p, f"--pipeline-parallel-size {p} ({tp * p * dp} GPUs in the group)")
-                 for p in larger_tp_sizes(pp)]  # fmt: skip
+                 for p in larger_sizes(pp)]  # fmt: skip
     else:
         sizes = [(t, pp, f"--tensor-parallel-size {t} with nvidia.com/gpu: {t * pp * dp}")
-                 for t in larger_tp_sizes(tp)]  # fmt: skip
+                 for t in larger_sizes(tp)]  # fmt: skip
     for t, p, text in sizes:
         changed = dataclasses.replace(o, tensor_parallel_size=t, pipeline_parallel_size=p)
         try:

@@ -49,7 +49,7 @@ COMPONENTS: tuple[Component, ...] = ("weights", "kv_cache", "activation", "non_t
 """The ``component`` label's values, in vLLM's accounting order."""
 
 WORKER_STATES = ("admitted", "launching", "loading", "ready", "failed", "stopping", "stopped")
-"""``gatekeeper.sidecar.manager.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
+"""``gatekeeper.sidecar.deployment.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
 
 _LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "stopping"})
 

@@ -1,11 +1,12 @@
 """The nearby configurations: what to try when a request does not fit as asked.
 
 One menu, shared by the sidecar's rejections (``gatekeeper.placement.hints``) and the
-webhook's denials (``gatekeeper.k8s.fit``), so both suggest the same things in the same
-order: a larger tensor-parallel size (from the sizes placement searches), the longest
-``max_model_len`` that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when
-the cache is 16-bit, and online fp8 weights when the model is not quantized (the flag
-vLLM's release spells it with). Pure: the callers decide what "fits" means.
+webhook's denials (``gatekeeper.k8s.fit``), so both offer the same changes: a larger
+tensor-parallel size (from the sizes placement searches), the longest ``max_model_len``
+that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when the cache is
+16-bit, and online fp8 weights when the model is not quantized (the flag vLLM's release
+spells it with). Each caller probes them its own way and in its own order (the sidecar
+with ``search`` on the node, the webhook with the estimator on the pod's GPU). Pure.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gatekeeper.placement.search import TP_SIZES
 __all__ = [
     "MIN_SUGGESTED_LEN",
     "Variant",
-    "larger_tp_sizes",
+    "larger_sizes",
     "lighter_variants",
     "longest_length",
     "online_fp8_flag",
@@ -80,8 +81,9 @@ def lighter_variants(
     return out
 
 
-def larger_tp_sizes(current: int) -> tuple[int, ...]:
-    """The tensor-parallel sizes above ``current``, smallest first."""
+def larger_sizes(current: int) -> tuple[int, ...]:
+    """The parallel sizes (placement's TP sizes, also used for PP) above ``current``,
+    smallest first."""
     return tuple(t for t in TP_SIZES if t > current)
 
 

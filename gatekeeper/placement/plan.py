@@ -6,7 +6,7 @@ A plan file is TOML or YAML::
     [[deployments]]
     name = "chat"                   # optional
     model = "meta-llama/Llama-3.1-8B-Instruct"
-    max_model_len = 16384           # any vllm serve option, under ServeOptions' names
+    max_model_len = 16384           # a vllm serve flag gatekeeper models (dashes or underscores)
     kv_cache_dtype = "fp8"
     min_sequences = 8               # KV for 8 concurrent sequences of max_model_len
     min_kv_tokens = 200000          # or a token count
@@ -17,7 +17,6 @@ one is decided, as the reservations ledger does for live admissions.
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,10 +32,10 @@ from gatekeeper.placement.render import LEGEND, render_bar
 from gatekeeper.placement.search import EstimateCache, gpu_lines
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, auto_parallel
 from gatekeeper.units import format_gib
+from gatekeeper.vllm.flags import options_from_mapping
 
 __all__ = ["Plan", "PlanError", "PlanResult", "PlannedDeployment", "load_plan", "run_plan"]
 
-_OPTION_FIELDS = {f.name for f in dataclasses.fields(ServeOptions)}
 _REQUEST_FIELDS = {"model", "name", "min_kv_tokens", "min_sequences"}
 
 
@@ -94,17 +93,11 @@ def _deployment(path: Path, i: int, entry: object) -> PlannedDeployment:
     where = f"plan {path}: deployments[{i}]"
     if not isinstance(entry, Mapping) or not isinstance(entry.get("model"), str):
         raise PlanError(f"{where}: needs a 'model' (a catalog name, directory or hub repo id)")
-    unknown = set(entry) - _OPTION_FIELDS - _REQUEST_FIELDS
-    if unknown:
-        known = ", ".join(sorted(_OPTION_FIELDS | _REQUEST_FIELDS))
-        raise PlanError(
-            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known keys: {known}"
-        )
-    options = {k: v for k, v in entry.items() if k in _OPTION_FIELDS}
+    options = {k: v for k, v in entry.items() if k not in _REQUEST_FIELDS}
     try:
-        serve = ServeOptions(**options)
-    except (TypeError, GatekeeperError) as e:
-        raise PlanError(f"{where}: {e}") from e
+        serve, given = options_from_mapping(options, where=where)
+    except GatekeeperError as e:
+        raise PlanError(str(e)) from e
     sequences = entry.get("min_sequences", 1)
     tokens = entry.get("min_kv_tokens")
     for key, value in (("min_sequences", sequences), ("min_kv_tokens", tokens)):
@@ -116,7 +109,7 @@ def _deployment(path: Path, i: int, entry: object) -> PlannedDeployment:
         name=str(entry.get("name") or f"{i}:{entry['model']}"),
         model=entry["model"],
         options=serve,
-        auto_parallel=auto_parallel(entry),
+        auto_parallel=auto_parallel(given),
         min_kv_tokens=tokens,
         min_sequences=sequences,
     )

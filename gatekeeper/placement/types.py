@@ -25,7 +25,6 @@ __all__ = [
     "Prediction",
     "Suggestion",
     "auto_parallel",
-    "decision_to_json",
 ]
 
 
@@ -118,16 +117,15 @@ class Prediction:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Prediction:
+    def from_json(cls, data: Mapping[str, Any]) -> Prediction | None:
         """The prediction a decision's JSON recorded (``placement.predicted``); a missing
-        or non-integer figure reads as 0."""
-        return cls(
-            **{
-                f.name: value
-                for f in dataclasses.fields(cls)
-                if isinstance(value := data.get(f.name), int) and not isinstance(value, bool)
-            }
-        )
+        or non-integer figure reads as 0, and a record with no figure at all as None."""
+        figures = {
+            f.name: value
+            for f in dataclasses.fields(cls)
+            if isinstance(value := data.get(f.name), int) and not isinstance(value, bool)
+        }
+        return cls(**figures) if figures else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +179,7 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         """The machine-readable form (bytes as integers), as the API and records show it."""
-        return decision_to_json(self)
+        return _decision_json(self)
 
 
 def _gpu_json(g: GpuLine) -> dict[str, Any]:
@@ -223,7 +221,7 @@ def _placement_json(p: Placement) -> dict[str, Any]:
     }
 
 
-def decision_to_json(d: Decision) -> dict[str, Any]:
+def _decision_json(d: Decision) -> dict[str, Any]:
     return {
         "model": d.model,
         "admitted": d.admitted,

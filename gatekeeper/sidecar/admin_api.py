@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.sidecar.deployment import DeploymentError
+from gatekeeper.sidecar.ledger import promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
@@ -180,8 +181,6 @@ class AdminApi:
 
     async def gpus(self, request: Request) -> Response:
         snapshot = await self.manager.snapshot()
-        from gatekeeper.sidecar.ledger import promised_bytes
-
         reserved = promised_bytes(await asyncio.to_thread(self.manager.ledger.outstanding))
         data = snapshot.to_dict()
         for gpu in data.get("gpus", []):
@@ -203,8 +202,9 @@ def _read_log(path: Any, offset: int, limit: int = 256 * 1024) -> tuple[list[str
 
 
 def _plain(value: object) -> object:
+    """``value`` as strict JSON can carry it: NaN, infinities and objects as text."""
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         return str(value)
     return value

@@ -15,6 +15,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
+from gatekeeper.vllm.flags import options_from_mapping
 from gatekeeper.vllm.log import MemoryFigures
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ManagerConfig",
     "State",
     "free_port",
+    "recorded_admission",
     "resolve_request",
     "slug",
     "worker_view",
@@ -70,8 +72,9 @@ class Deployment:
     decision: Decision | None
     """This sidecar's admission of the worker; ``None`` for a worker adopted from an
     earlier sidecar, whose admission survives only in its record."""
-    prediction: Prediction
-    """The per-GPU bytes the admission sized the worker by."""
+    prediction: Prediction | None
+    """The per-GPU bytes the admission sized the worker by (None when an adopted worker's
+    record holds none)."""
     promise_bytes: tuple[int, ...]
     """Bytes the admission promised on each GPU, in ``gpu_indices`` order."""
     gpu_indices: tuple[int, ...]
@@ -146,7 +149,7 @@ class Deployment:
             "in_flight": in_flight,
             "last_used": self.last_used,
             "vllm_args": list(self.args),
-            "predicted": self.prediction.to_json(),
+            "predicted": self.prediction.to_json() if self.prediction else {},
             "actual": self.actual.components()
             | (
                 {"kv_cache_tokens": self.actual.kv_cache_tokens}
@@ -203,7 +206,7 @@ def worker_view(d: Deployment) -> WorkerView:
         model=d.name,
         state=d.state,
         gpu_indices=tuple(d.gpu_indices),
-        predicted=predicted_components(d.prediction.to_json()),
+        predicted=predicted_components(d.prediction.to_json() if d.prediction else {}),
         predicted_total_bytes=d.promise_bytes,
         actual=actual_components(d.actual.components()),
         pid=d.worker.pid if d.worker is not None else None,
@@ -213,13 +216,26 @@ def worker_view(d: Deployment) -> WorkerView:
     )
 
 
+def recorded_admission(decision: object) -> tuple[Prediction | None, tuple[int, ...]]:
+    """The prediction and the promise a deployment record's decision holds; what is
+    missing or malformed reads as none (the worker is still adopted on its health)."""
+    if not isinstance(decision, dict) or not isinstance(decision.get("placement"), dict):
+        return None, ()
+    placement = decision["placement"]
+    predicted = placement.get("predicted")
+    prediction = Prediction.from_json(predicted) if isinstance(predicted, dict) else None
+    promise = placement.get("promise_bytes")
+    valid = isinstance(promise, list) and all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in promise
+    )
+    return prediction, tuple(promise) if valid else ()
+
+
 def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> PlacementRequest:
     """A recorded request (options as a dict) rebuilt on a freshly resolved model."""
-    from gatekeeper.estimate.options import ServeOptions
-
     return PlacementRequest(
         model=base.model,
-        options=ServeOptions(**recorded["options"]),
+        options=options_from_mapping(recorded["options"], where="deployment record")[0],
         auto_parallel=bool(recorded.get("auto_parallel", True)),
         min_kv_tokens=recorded.get("min_kv_tokens"),
         min_sequences=int(recorded.get("min_sequences", 1)),

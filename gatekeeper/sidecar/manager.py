@@ -46,6 +46,7 @@ from gatekeeper.sidecar.deployment import (
     ManagerConfig,
     State,
     free_port,
+    recorded_admission,
     resolve_request,
     slug,
     worker_view,
@@ -254,7 +255,11 @@ class DeploymentManager:
             log_path=self.config.state_dir / "logs" / f"{d.id}.log",
             work_dir=self.config.state_dir / "work" / d.id,
             env={
-                **(simulator_env(d.prediction, d.promise_bytes) if self.config.rehearsal else {}),
+                **(
+                    simulator_env(d.prediction or Prediction(), d.promise_bytes)
+                    if self.config.rehearsal
+                    else {}
+                ),
                 **self.config.worker_env,
             },
         )
@@ -373,10 +378,6 @@ class DeploymentManager:
             data = json.loads(path.read_text())
             record = DeploymentRecord(**data["record"])
             request = resolve_request(resolve(record.model), data["request"])
-            recorded = dict(data.get("decision") or {})
-            placement = dict(recorded.get("placement") or {})
-            prediction = Prediction.from_json(dict(placement.get("predicted") or {}))
-            promise = tuple(int(b) for b in placement.get("promise_bytes") or ())
         except (OSError, ValueError, KeyError, TypeError, GatekeeperError):
             path.unlink(missing_ok=True)
             return None
@@ -401,6 +402,8 @@ class DeploymentManager:
             await asyncio.to_thread(self.ledger.release, record.id)
             path.unlink(missing_ok=True)
             return None
+        recorded = data.get("decision")
+        prediction, promise = recorded_admission(recorded)
         d = Deployment(
             id=record.id,
             name=record.name,
@@ -408,7 +411,7 @@ class DeploymentManager:
             decision=None,
             prediction=prediction,
             promise_bytes=promise,
-            recorded_decision=recorded,
+            recorded_decision=recorded if isinstance(recorded, dict) else None,
             gpu_indices=tuple(record.gpu_indices),
             gpu_uuids=tuple(record.gpu_uuids),
             args=tuple(a for a in record.args),

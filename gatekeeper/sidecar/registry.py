@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementRequest, auto_parallel
 from gatekeeper.settings import ModelEntry
+from gatekeeper.vllm.flags import options_from_mapping
 
 __all__ = ["ModelNotAllowed", "ModelRegistry"]
 
@@ -61,19 +61,13 @@ class ModelRegistry:
         self, entry: ModelEntry, overrides: dict[str, object] | None = None
     ) -> PlacementRequest:
         """The placement request for an entry, with optional option overrides."""
-        options = {**entry.options, **(overrides or {})}
-        try:
-            serve = ServeOptions(**options)
-        except TypeError as e:
-            raise GatekeeperError(
-                f"options of {entry.name}: {e}; use ServeOptions' names (max_model_len, "
-                "kv_cache_dtype, tensor_parallel_size …)",
-                field="options",
-            ) from e
+        serve, given = options_from_mapping(
+            {**entry.options, **(overrides or {})}, where=f"options of {entry.name}"
+        )
         return PlacementRequest(
             model=self.resolve_spec(entry.model),
             options=serve,
-            auto_parallel=auto_parallel(options),
+            auto_parallel=auto_parallel(given),
             min_kv_tokens=entry.min_kv_tokens,
             min_sequences=entry.min_sequences,
         )

@@ -1,25 +1,48 @@
 """vLLM's command-line surface, both ways.
 
-``launch`` writes the ``vllm serve`` argument list a placement launches with (the
-``LaunchFlags`` derived from the estimate); ``command`` reads a vLLM command line out of
-a container (the webhook's input); ``log`` reads a worker's log: start-up phases, vLLM's
-own memory figures and the errors that end a start-up. All pure.
+``flags`` is vLLM's own table of ``vllm serve`` flags (generated from vLLM's parser by
+``scripts/vllm-flag-table.py``, shipped as package data) with their value grammar, and
+the one door for options given as a mapping (``options_from_mapping``); ``serve_args``
+reads a whole command line as vLLM's parser does. ``launch`` writes the argument list a
+placement launches with (the ``LaunchFlags`` derived from the estimate); ``command``
+reads a vLLM command line out of a container (the webhook's input); ``log`` reads a
+worker's log: start-up phases, vLLM's own memory figures and the errors that end a
+start-up. All pure but for reading the shipped table (and ``--config`` files).
 
 May import: ``gatekeeper.estimate`` (the serving options), ``gatekeeper.errors``,
 ``gatekeeper.units``. Never ``vllm`` itself: the engine lives in its own environment.
 """
 
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.vllm.flags import (
+    Flag,
+    FlagTable,
+    flag_table,
+    human_readable_int,
+    options_from_mapping,
+    serve_options,
+    serve_values,
+)
 from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.log import MemoryFigures, StartupLog, failure_reason, parse_line
+from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
 
 __all__ = [
+    "Flag",
+    "FlagTable",
     "LaunchFlags",
     "MemoryFigures",
+    "ServeCommand",
     "StartupLog",
     "VllmCommand",
     "failure_reason",
+    "flag_table",
+    "human_readable_int",
     "launch_args",
+    "options_from_mapping",
     "parse_line",
+    "parse_serve_args",
     "parse_vllm_command",
+    "serve_options",
+    "serve_values",
 ]

@@ -28,12 +28,12 @@ from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.vllm.flags import human_readable_int
 
 __all__ = [
     "MODEL_ENV_VARS",
     "VllmCommand",
     "expand_k8s_vars",
-    "human_readable_int",
     "parse_vllm_command",
 ]
 
@@ -46,9 +46,6 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
 _IMAGE_ENTRYPOINT = re.compile(r"(^|/)vllm-openai([:@]|$)")
 _K8S_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
-_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,23 +63,6 @@ class VllmCommand:
     """``--max-model-len auto`` (or -1): vLLM picks the longest length that fits."""
     problems: tuple[str, ...] = field(default=())
     """Flags whose values could not be read, each with what vLLM accepts."""
-
-
-def human_readable_int(text: str) -> int:
-    """vLLM's integers: ``32768``, ``32k`` (32000), ``32K`` (32768), ``1.5m``.
-
-    Raises ``ValueError``; decimals are allowed only with the decimal suffixes, as in vLLM.
-    """
-    value = text.strip()
-    match = _HUMAN_INT.fullmatch(value)
-    if match is None:
-        return int(value)
-    number, suffix = match.groups()
-    if suffix in _DECIMAL:
-        return int(float(number) * _DECIMAL[suffix])
-    if "." in number:
-        raise ValueError(f"decimals are not allowed with {suffix}; did you mean {value.lower()}?")
-    return int(number) * _BINARY[suffix]
 
 
 def expand_k8s_vars(text: str, env: Mapping[str, str]) -> str:

@@ -89,7 +89,7 @@ def test_plan_json_and_yaml(tmp_path):
         ("[[deployments]]\nmodel = 'Qwen/Qwen3-0.6B'\nmax_model_lenn = 4096\n", "max_model_lenn"),
         ("[[deployments]]\nmax_model_len = 4096\n", "deployments[0]"),
         ("deployments = []\n", "non-empty"),
-        ("[[deployments]]\nmodel = 'Qwen/Qwen3-0.6B'\nmax_model_len = -1\n", "max_model_len"),
+        ("[[deployments]]\nmodel = 'Qwen/Qwen3-0.6B'\nmax_model_len = -5\n", "max_model_len"),
         ("not toml at all = = =\n", "not valid"),
     ],
 )

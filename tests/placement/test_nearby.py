@@ -6,7 +6,7 @@ from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.nearby import (
     MIN_SUGGESTED_LEN,
-    larger_tp_sizes,
+    larger_sizes,
     lighter_variants,
     longest_length,
     online_fp8_flag,
@@ -32,10 +32,10 @@ def test_nothing_lighter_for_an_fp8_cache_or_a_quantized_checkpoint():
     assert [v.option for v in only_kv] == ["kv_cache_dtype fp8"]
 
 
-def test_larger_tp_sizes_come_from_the_sizes_placement_searches():
-    assert larger_tp_sizes(1) == (2, 4, 8, 16)
-    assert larger_tp_sizes(4) == (8, 16)
-    assert larger_tp_sizes(16) == ()
+def test_larger_sizes_come_from_the_sizes_placement_searches():
+    assert larger_sizes(1) == (2, 4, 8, 16)
+    assert larger_sizes(4) == (8, 16)
+    assert larger_sizes(16) == ()
 
 
 def test_longest_length_finds_the_boundary_and_never_suggests_below_the_minimum():

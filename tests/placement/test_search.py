@@ -62,7 +62,8 @@ def test_a_prediction_survives_its_json_form():
     recorded = decision.to_json()["placement"]["predicted"]
     assert Prediction.from_json(recorded) == prediction
     assert prediction.weights_bytes > 0 and prediction.kv_cache_bytes > 0
-    assert Prediction.from_json({"weights_bytes": "12", "kv_cache_bytes": True}) == Prediction()
+    assert Prediction.from_json({"weights_bytes": "12", "kv_cache_bytes": True}) is None
+    assert Prediction.from_json({"weights_bytes": 12}) == Prediction(weights_bytes=12)
 
 
 def test_parallelism_is_searched_only_when_the_request_fixes_none():

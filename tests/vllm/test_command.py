@@ -8,7 +8,8 @@ import pytest
 
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.k8s.workloads import gpu_product_constraint, pod_templates, vllm_containers
-from gatekeeper.vllm.command import VllmCommand, human_readable_int, parse_vllm_command
+from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.vllm.flags import human_readable_int
 
 
 def parse(

@@ -1,0 +1,330 @@
+"""``vllm serve``'s flags and their value grammar, from vLLM's own flag table.
+
+The table (``gatekeeper/data/vllm_flags/<release>.json``) is generated from vLLM's
+argument parser by ``scripts/vllm-flag-table.py``: every option's destination,
+spellings, whether it is a switch, its value grammar, ``nargs``, choices and default.
+gatekeeper never imports vLLM. A value is read with the flag's grammar as vLLM's type
+function reads it: vLLM's human-readable integers (``32k`` = 32,000, ``32K`` = 32,768,
+``1.5k`` = 1,500, no decimals with a binary suffix, ``-1``/``auto`` where the flag
+takes them), ``None`` for optional values, JSON for config flags, choices as vLLM spells
+them. ``gatekeeper.vllm.serve_args`` reads whole command lines with it;
+``serve_values`` gives the same meaning to a mapping (the admin API, settings, plan
+files): keys are destinations or spellings, values typed (no float where vLLM takes an
+integer, no string where it takes a switch). A flag vLLM does not have is an error
+that names the nearest spellings. ``serve_options`` keeps what the estimator models.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.options import ServeOptions
+
+__all__ = [
+    "GATEKEEPER_KEYS",
+    "MODELLED",
+    "Flag",
+    "FlagTable",
+    "flag_table",
+    "human_readable_int",
+    "options_from_mapping",
+    "serve_options",
+    "serve_values",
+    "shipped_releases",
+]
+
+Grammar = Literal[
+    "bool", "int", "human_int", "human_int_or_auto", "float", "str", "json", "json_or_str"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One option of ``vllm serve`` as vLLM's parser defines it."""
+
+    dest: str
+    options: tuple[str, ...]
+    switch: bool
+    type: Grammar
+    optional: bool = False
+    """``None`` (the text) is a value: the flag can be unset explicitly."""
+    nargs: str | int | None = None
+    choices: tuple[str, ...] | None = None
+    default: Any = None
+    help: str = ""
+
+    @property
+    def name(self) -> str:
+        """The long spelling: ``--max-model-len``."""
+        return next((o for o in self.options if o.startswith("--")), self.options[0])
+
+    def value(self, text: str) -> Any:
+        """``text`` read with the flag's grammar; ``ValueError`` says why not."""
+        if self.optional and text in ("", "None"):
+            return None
+        value = self._convert(text)
+        if self.choices is not None and str(value) not in self.choices:
+            near = difflib.get_close_matches(text.lower(), self.choices, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}{hint}")
+        return value
+
+    def _convert(self, text: str) -> Any:
+        kind = self.type
+        if kind in ("human_int", "human_int_or_auto"):
+            if kind == "human_int_or_auto" and text.strip().lower() in ("-1", "auto"):
+                return -1
+            return human_readable_int(text)
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        if kind in ("json", "json_or_str"):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                if kind == "json_or_str":
+                    return text
+                raise ValueError(f"{text!r} is not JSON") from None
+        return text
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's ``human_readable_int``: ``1k`` = 1,000, ``1K`` = 1,024, ``25.6k`` = 25,600;
+    a binary suffix takes no decimals."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * " kmgt".index(suffix)))
+        if "." in number:
+            raise ValueError(
+                f"decimals are not allowed with binary suffixes like {suffix}; "
+                f"did you mean {number}{suffix.lower()}?"
+            )
+        return int(number) * (1 << (10 * " KMGT".index(suffix)))
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FlagTable:
+    """The flags of one vLLM release (one object per release: compared by identity)."""
+
+    vllm: str
+    flags: Mapping[str, Flag]
+    """By destination (``max_model_len``)."""
+    by_option: Mapping[str, Flag] = field(default_factory=dict)
+    """By spelling (``--max-model-len``, ``-tp``, ``--no-enforce-eager``)."""
+
+    def find(self, name: str) -> Flag | None:
+        """The flag named by a destination or a spelling, underscores or dashes."""
+        if name in self.flags:
+            return self.flags[name]
+        if name.startswith("-"):
+            head = name.partition(".")[0]
+            return self.by_option.get(head.replace("_", "-") if head.startswith("--") else head)
+        return self.flags.get(name.replace("-", "_"))
+
+    def nearest(self, name: str) -> list[str]:
+        """The spellings closest to an unknown ``name`` (at most three)."""
+        key = "--" + name.lstrip("-").replace("_", "-")
+        spellings = [o for o in self.by_option if o.startswith("--")]
+        return difflib.get_close_matches(key, spellings, n=3, cutoff=0.6)
+
+    def unknown(self, name: str, where: str) -> ServeOptionsError:
+        near = self.nearest(name)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        return ServeOptionsError(
+            f"{where}: {name!r} is not a flag of vllm serve {self.vllm}{hint}",
+            field=name,
+            value=name,
+        )
+
+
+@cache
+def _shipped() -> tuple[str, ...]:
+    folder = resources.files("gatekeeper").joinpath("data/vllm_flags")
+    names = [p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")]
+    return tuple(sorted(names, key=_version_key))
+
+
+def shipped_releases() -> list[str]:
+    """The vLLM releases whose flag tables ship with gatekeeper, oldest first."""
+    return list(_shipped())
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def flag_table(release: str | None = None) -> FlagTable:
+    """The table of ``release`` (the newest shipped one at or before it; the newest of
+    all when ``None`` or older than every table)."""
+    releases = shipped_releases()
+    chosen = releases[-1]
+    if release is not None:
+        older = [r for r in releases if _version_key(r) <= _version_key(release)]
+        chosen = older[-1] if older else releases[0]
+    return _load(chosen)
+
+
+@cache
+def _load(chosen: str) -> FlagTable:
+    path = resources.files("gatekeeper").joinpath(f"data/vllm_flags/{chosen}.json")
+    data = json.loads(path.read_text())
+    flags = {
+        row["dest"]: Flag(
+            dest=row["dest"],
+            options=tuple(row["options"]),
+            switch=row["switch"],
+            type=row["type"],
+            optional=row["optional"],
+            nargs=row["nargs"],
+            choices=tuple(row["choices"]) if row["choices"] is not None else None,
+            default=row["default"],
+            help=row["help"],
+        )
+        for row in data["flags"]
+    }
+    by_option = {o: f for f in flags.values() for o in f.options}
+    return FlagTable(str(data["vllm"]), flags, by_option)
+
+
+MODELLED = (
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "enforce_eager",
+    "block_size",
+)
+"""The flags the estimator models today; every other flag is read and checked only."""
+GATEKEEPER_KEYS = ("vllm_version", "embedded")
+"""Serving options that are gatekeeper's own, not vLLM flags."""
+
+
+def serve_options(values: Mapping[str, Any]) -> ServeOptions:
+    """The estimator's ``ServeOptions`` from flag values (``parse_serve_args`` or
+    ``serve_values``): the modelled flags, vLLM's ``-1``/``auto`` max length as unset."""
+    picked = {k: values[k] for k in (*MODELLED, *GATEKEEPER_KEYS) if values.get(k) is not None}
+    if picked.get("max_model_len") == -1:
+        del picked["max_model_len"]
+    return ServeOptions(**picked)
+
+
+def options_from_mapping(
+    data: Mapping[str, Any], *, where: str, release: str | None = None
+) -> tuple[ServeOptions, frozenset[str]]:
+    """The one door for serving options given as a mapping (the admin API, settings'
+    ``[[models]]``, plan files, deployment records): checked with vLLM's grammar, and
+    limited to what gatekeeper models, because gatekeeper launches with these options.
+    Returns the options and the names given (placement searches TP only when neither
+    TP nor PP is among them). Raises ``ServeOptionsError`` naming the field and value."""
+    if not isinstance(data, Mapping):
+        raise ServeOptionsError(
+            f"{where}: options must be a mapping of flags to values, not {type(data).__name__}",
+            field="options",
+        )
+    values = serve_values(data, flag_table(release), where=where, extra=GATEKEEPER_KEYS)
+    unmodelled = sorted(set(values) - set(MODELLED) - set(GATEKEEPER_KEYS))
+    if unmodelled:
+        first = unmodelled[0]
+        raise ServeOptionsError(
+            f"{where}: {first} is a vllm serve flag that gatekeeper reads but does not size "
+            f"memory for yet, so it cannot launch with it; the flags it launches with are "
+            f"{', '.join(MODELLED)}",
+            field=first,
+            value=values[first],
+        )
+    return serve_options(values), frozenset(values)
+
+
+def serve_values(
+    data: Mapping[str, Any],
+    table: FlagTable | None = None,
+    *,
+    where: str,
+    extra: Iterable[str] = (),
+) -> dict[str, Any]:
+    """A mapping of flags (destinations or spellings) to typed values, checked with the
+    grammar vLLM applies to the same flags on a command line, by destination.
+
+    JSON values must have the flag's type (``null`` means not given, vLLM's default): a switch takes ``true``/``false``; an integer
+    flag a whole number (or a string in vLLM's grammar, ``"32k"``), never ``4096.5``, a
+    boolean, NaN or infinity; a float flag a finite number; a choice one of vLLM's
+    spellings. ``extra`` names keys that are gatekeeper's own and pass through.
+    """
+    table = table or flag_table()
+    allowed_extra = set(extra)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ServeOptionsError(f"{where}: option names are strings, not {key!r}")
+        if key in allowed_extra:
+            out[key] = value
+            continue
+        flag = table.find(key)
+        if flag is None:
+            raise table.unknown(key, where)
+        out[flag.dest] = _typed(flag, value, where)
+    return out
+
+
+def _typed(flag: Flag, value: Any, where: str) -> Any:
+    def bad(advice: str) -> ServeOptionsError:
+        return ServeOptionsError(
+            f"{where}: {flag.dest} = {value!r} is invalid: {advice}", field=flag.dest, value=value
+        )
+
+    if value is None:
+        return None  # null: not given, vLLM's default
+    if flag.switch:
+        if not isinstance(value, bool):
+            raise bad("give true or false")
+        return value
+    if flag.nargs in ("+", "*") and isinstance(value, list):
+        return [_typed(_single(flag), item, where) for item in value]
+    if isinstance(value, str):
+        try:
+            return flag.value(value)
+        except ValueError as e:
+            raise bad(str(e)) from None
+    problem = _type_problem(flag, value)
+    if problem:
+        raise bad(problem)
+    return float(value) if flag.type == "float" else value
+
+
+def _type_problem(flag: Flag, value: Any) -> str | None:
+    """Why a JSON ``value`` (not a string) does not fit ``flag``, or None."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if flag.type in ("int", "human_int", "human_int_or_auto"):
+        whole = number and isinstance(value, int)
+        return None if whole else 'give a whole number (vLLM\'s forms such as "32k" also work)'
+    if flag.type == "float":
+        if not number:
+            return "give a number"
+        return None if math.isfinite(value) else "give a finite number"
+    if flag.type in ("json", "json_or_str"):
+        return None if isinstance(value, dict | list) else "give a JSON object"
+    return "give a string"
+
+
+def _single(flag: Flag) -> Flag:
+    return Flag(flag.dest, flag.options, flag.switch, flag.type, flag.optional, None, flag.choices)

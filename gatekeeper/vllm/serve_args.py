@@ -1,0 +1,226 @@
+"""A ``vllm serve`` command line read as vLLM's ``FlexibleArgumentParser`` reads it, over
+vLLM's own flag table (``gatekeeper.vllm.flags``):
+
+- ``vllm serve MODEL`` or ``--model MODEL``; a leading ``vllm``/``serve`` is optional;
+- ``--config FILE.yaml``: its keys become flags, placed after the model and before the
+  command line's own (the command line wins), switches from booleans (``--no-`` for
+  false), JSON from nested mappings;
+- underscores or dashes in names (``--max_model_len``), ``--flag=value``, ``-O3``;
+- dotted JSON fields (``--compilation-config.mode 3``, ``--hf-overrides.a.b 1``),
+  merged into one JSON value per flag;
+- each value with its flag's grammar; an unknown flag is an error naming the nearest
+  spellings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.vllm.flags import Flag, FlagTable, flag_table, human_readable_int
+
+__all__ = ["ServeCommand", "parse_serve_args"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeCommand:
+    """A ``vllm serve`` command line as vLLM reads it."""
+
+    model: str | None
+    values: Mapping[str, Any]
+    """The flags given (by destination), with vLLM's values; defaults are not here."""
+    vllm: str
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise ServeOptionsError(f"vllm serve: {message}")
+
+
+@cache
+def _argparser(table: FlagTable) -> _Parser:
+    parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
+    parser.add_argument("model_tag", nargs="?", default=None)
+    for flag in table.flags.values():
+        if flag.switch:
+            positive = [o for o in flag.options if not o.startswith("--no-")]
+            negative = [o for o in flag.options if o.startswith("--no-")]
+            parser.add_argument(*positive, dest=flag.dest, action="store_const", const=True)
+            if negative:
+                parser.add_argument(*negative, dest=flag.dest, action="store_const", const=False)
+        else:
+            parser.add_argument(*flag.options, dest=flag.dest, nargs=flag.nargs)
+    parser.set_defaults(**dict.fromkeys(table.flags))
+    return parser
+
+
+def parse_serve_args(
+    argv: Sequence[str], table: FlagTable | None = None, *, where: str = "vllm serve"
+) -> ServeCommand:
+    """``argv`` (what follows ``vllm serve``, or the whole command line) as vLLM reads it.
+
+    Raises ``ServeOptionsError`` naming the flag and the value: an unknown flag (with the
+    nearest spellings), a value outside the flag's grammar or choices, a missing value.
+    """
+    table = table or flag_table()
+    args = list(argv)
+    while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
+        args = args[1:]
+    args = _move_model_first(args)
+    if "--config" in args or any(a.startswith("--config=") for a in args):
+        args = _with_config_file(args, table)
+    args = _normalised(args, table, where)
+    ns, unknown = _argparser(table).parse_known_args(args)
+    if unknown:
+        first = next((u for u in unknown if u.startswith("-")), unknown[0])
+        if not first.startswith("-"):
+            raise ServeOptionsError(
+                f"{where}: unexpected argument {first!r}; the model goes first, once",
+                field="model",
+                value=first,
+            )
+        raise table.unknown(first.split("=", 1)[0], where)
+    values: dict[str, Any] = {}
+    for dest, raw in vars(ns).items():
+        if dest == "model_tag" or raw is None:
+            continue
+        flag = table.flags[dest]
+        value = raw if flag.switch else _read(flag, raw, where)
+        if value is not None:  # an optional flag set to None is vLLM's default
+            values[dest] = value
+    model = ns.model_tag or values.pop("model", None)
+    values.pop("config", None)
+    return ServeCommand(model=model, values=values, vllm=table.vllm)
+
+
+def _read(flag: Flag, raw: str | list[str], where: str) -> Any:
+    try:
+        if isinstance(raw, list):
+            return [flag.value(item) for item in raw]
+        return flag.value(raw)
+    except ValueError as e:
+        raise ServeOptionsError(
+            f"{where}: {flag.name} {raw!r}: {e}", field=flag.dest, value=raw
+        ) from None
+
+
+def _move_model_first(args: list[str]) -> list[str]:
+    for i, arg in enumerate(args):
+        if arg == "--model" and i + 1 < len(args):
+            return [args[i + 1], *args[:i], *args[i + 2 :]]
+        if arg.startswith("--model="):
+            return [arg.removeprefix("--model="), *args[:i], *args[i + 1 :]]
+    return args
+
+
+def _with_config_file(args: list[str], table: FlagTable) -> list[str]:
+    """vLLM's ``--config FILE.yaml``: the file's flags after the model, before the rest."""
+    i = next(i for i, a in enumerate(args) if a == "--config" or a.startswith("--config="))
+    if args[i] == "--config":
+        if i + 1 >= len(args):
+            raise ServeOptionsError("--config: no file given; pass a YAML file of flags")
+        path, rest = args[i + 1], args[:i] + args[i + 2 :]
+    else:
+        path, rest = args[i].removeprefix("--config="), args[:i] + args[i + 1 :]
+    from_file = _config_args(Path(path), table)
+    if rest and not rest[0].startswith("-"):
+        return [rest[0], *from_file, *rest[1:]]
+    return [*from_file, *rest]
+
+
+def _config_args(path: Path, table: FlagTable) -> list[str]:
+    if path.suffix not in (".yaml", ".yml"):
+        raise ServeOptionsError(
+            f"--config: {str(path)!r} must be a .yaml or .yml file (vLLM reads only YAML)",
+            field="config",
+            value=str(path),
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ServeOptionsError(
+            f"--config: {str(path)!r} cannot be read as YAML ({e})", field="config", value=str(path)
+        ) from e
+    if not isinstance(data, dict):
+        raise ServeOptionsError(
+            f"--config: {str(path)!r} must hold a mapping of flags to values",
+            field="config",
+            value=str(path),
+        )
+    out: list[str] = []
+    for key, value in data.items():
+        name = f"--{key}"
+        if isinstance(value, bool):
+            negative = f"--no-{key}"
+            if value:
+                out.append(name)
+            elif table.find(negative) is not None:
+                out.append(negative)
+        elif isinstance(value, list):
+            if value:
+                out += [name, *map(str, value)]
+        elif isinstance(value, dict):
+            out += [name, json.dumps(value)]
+        else:
+            out += [name, str(value)]
+    return out
+
+
+def _normalised(args: list[str], table: FlagTable, where: str) -> list[str]:
+    """Dashes for underscores in names, ``-O3``, and dotted JSON fields merged."""
+    out: list[str] = []
+    dotted: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            head, dot, rest = key[2:].partition(".")
+            key = "--" + head.replace("_", "-") + dot + rest
+            arg = key + eq + value
+        elif arg.startswith("-O") and arg != "-O":
+            level = arg[3:] if arg[2:3] == "=" else arg[2:]
+            out += ["--optimization-level", level]
+            i += 1
+            continue
+        elif arg == "-O" and i + 1 < len(args) and args[i + 1] in ("0", "1", "2", "3"):
+            arg = "--optimization-level"
+        if arg.startswith("-") and "." in arg.partition("=")[0]:
+            name, eq, text = arg.partition("=")
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ServeOptionsError(f"{where}: {name} needs a value", field=name)
+                text, i = args[i + 1], i + 1
+            _merge_dotted(dotted, name, text)
+        else:
+            out.append(arg)
+        i += 1
+    for flag_name, fields in dotted.items():
+        out += [flag_name, json.dumps(fields)]
+    return out
+
+
+def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, text: str) -> None:
+    if name.endswith("+"):
+        name, text = name[:-1], json.dumps(text.split(","))
+    key, *keys = name.split(".")
+    value: Any
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            value = human_readable_int(text)
+        except ValueError:
+            value = text
+    node = dotted.setdefault(key, {})
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value

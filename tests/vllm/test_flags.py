@@ -1,0 +1,255 @@
+"""vLLM's flags read as vLLM reads them: the grammar, the doors, and vLLM's own parser."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.vllm.flags import (
+    GATEKEEPER_KEYS,
+    flag_table,
+    human_readable_int,
+    serve_options,
+    serve_values,
+    shipped_releases,
+)
+from gatekeeper.vllm.serve_args import parse_serve_args
+from tests.support.real_vllm import NO_VLLM_CPU, REPO, VLLM_CPU_PYTHON, vllm_cpu_available
+
+TABLE = flag_table()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4096", 4096), ("32k", 32000), ("32K", 32768), ("1.5k", 1500), ("20G", 20 * 2**30),
+     ("2m", 2_000_000), (" 7 ", 7)],
+)  # fmt: skip
+def test_human_readable_ints_are_vllms(text, value):
+    assert human_readable_int(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.5K", "20GiB", "32kb", "", "auto"])
+def test_what_vllm_refuses_as_an_integer_is_refused(text):
+    with pytest.raises(ValueError):
+        human_readable_int(text)
+
+
+def test_the_table_is_vllms_whole_serve_parser():
+    assert shipped_releases() == ["0.32.0"]
+    assert len(TABLE.flags) > 300
+    lora = TABLE.find("--max-lora-rank")
+    assert lora is not None and lora.type == "int"
+    assert (
+        TABLE.find("-tp")
+        is TABLE.find("tensor_parallel_size")
+        is TABLE.find("--tensor_parallel_size")
+    )
+    assert TABLE.find("--no-enforce-eager") is TABLE.flags["enforce_eager"]
+    assert flag_table("0.99.0") is TABLE and flag_table("0.1.0").vllm == "0.32.0"
+
+
+def test_a_pasted_command_line_is_read_as_vllm_reads_it():
+    cmd = parse_serve_args(
+        [
+            "vllm",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--max_model_len",
+            "32k",
+            "-tp=2",
+            "--kv-cache-memory-bytes",
+            "20G",
+            "--enforce-eager",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--compilation-config.cudagraph_capture_sizes+",
+            "1,2,4",
+            "-O3",
+            "--hf-overrides.rope_scaling.factor",
+            "2.0",
+            "--quantization",
+            "None",
+        ]
+    )
+    assert cmd.model == "meta-llama/Llama-3.1-8B-Instruct"
+    v = cmd.values
+    assert v["max_model_len"] == 32000 and v["tensor_parallel_size"] == 2
+    assert v["kv_cache_memory_bytes"] == 20 * 2**30
+    assert v["enforce_eager"] is True and v["enable_lora"] is True and v["max_loras"] == 4
+    assert v["compilation_config"] == {"cudagraph_capture_sizes": ["1", "2", "4"]}
+    assert v["optimization_level"] == "3"
+    assert v["hf_overrides"] == {"rope_scaling": {"factor": 2.0}}
+    assert "quantization" not in v  # None: vLLM's default
+    options = serve_options(v)
+    assert options == ServeOptions(
+        max_model_len=32000,
+        tensor_parallel_size=2,
+        kv_cache_memory_bytes=20 * 2**30,
+        enforce_eager=True,
+    )
+    assert (
+        serve_options(parse_serve_args(["m", "--max-model-len", "auto"]).values) == ServeOptions()
+    )
+
+
+def test_model_flag_and_config_file(tmp_path: Path):
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        "max-model-len: 8192\ntensor_parallel_size: 4\nenforce-eager: false\n"
+        "speculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
+    )
+    cmd = parse_serve_args(["-tp", "2", "--model", "Qwen/Qwen3-8B", "--config", str(config)])
+    assert cmd.model == "Qwen/Qwen3-8B"
+    assert cmd.values["max_model_len"] == 8192
+    assert cmd.values["tensor_parallel_size"] == 2  # the command line wins over the file
+    assert cmd.values["enforce_eager"] is False
+    assert cmd.values["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+    (tmp_path / "serve.json").write_text("{}")
+    with pytest.raises(ServeOptionsError, match="YAML"):
+        parse_serve_args(["m", "--config", str(tmp_path / "serve.json")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["m", "--max-modle-len", "4096"], "did you mean --max-model-len"),
+        (["m", "--kv-cache-memory-bytes", "20GiB"], "kv-cache-memory-bytes '20GiB'"),
+        (["m", "--dtype", "BF16"], "did you mean bfloat16"),
+        (["m", "--max-model-len"], "expected one argument"),
+        (["m", "extra"], "unexpected argument 'extra'"),
+    ],
+)
+def test_bad_command_lines_name_the_flag_and_what_to_do(argv, message):
+    with pytest.raises(ServeOptionsError, match=message):
+        parse_serve_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"max_model_len": 4096.5}, "max_model_len"),
+        ({"max_model_len": True}, "max_model_len"),
+        ({"max_model_len": math.nan}, "max_model_len"),
+        ({"enforce_eager": "no"}, "enforce_eager"),
+        ({"enforce_eager": 1}, "enforce_eager"),
+        ({"dtype": ["bfloat16"]}, "dtype"),
+        ({"dtype": "BF16"}, "dtype"),
+        ({"gpu_memory_utilization": math.inf}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": "most"}, "gpu_memory_utilization"),
+        ({"max_modle_len": 4096}, "max_modle_len"),
+        ({"speculative_config": 3}, "speculative_config"),
+    ],
+)
+def test_typed_doors_refuse_what_vllm_would_not_take(data, field):
+    with pytest.raises(ServeOptionsError) as info:
+        serve_values(data, where="options")
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_typed_doors_accept_vllms_forms_and_gatekeepers_own_keys():
+    values = serve_values(
+        {"max-model-len": "32k", "--tensor-parallel-size": 2, "enforce_eager": True,
+         "gpu_memory_utilization": 1, "vllm_version": "0.10.1", "speculative_config": {"method": "ngram"}},
+        where="options",
+        extra=GATEKEEPER_KEYS,
+    )  # fmt: skip
+    assert values["max_model_len"] == 32000 and values["tensor_parallel_size"] == 2
+    assert values["gpu_memory_utilization"] == 1.0
+    assert serve_options(values) == ServeOptions(
+        max_model_len=32000,
+        tensor_parallel_size=2,
+        enforce_eager=True,
+        gpu_memory_utilization=1.0,
+        vllm_version="0.10.1",
+    )
+
+
+# The same command lines, read by vLLM's own parser in the CPU build's environment.
+_VLLM_READS = r"""
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+parser = FlexibleArgumentParser(prog="vllm")
+serve = make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
+defaults = {a.dest: a.default for a in serve._actions}
+out = []
+for argv in json.load(open(sys.argv[1])):
+    ns = vars(parser.parse_args(["serve", *argv]))
+    given = {}
+    for k, v in ns.items():
+        if k in ("subparser", "dispatch_function", "model_tag") or v == defaults.get(k) or v is None:
+            continue
+        try:
+            json.dumps(v)
+        except TypeError:
+            v = repr(v)
+        given[k] = v
+    out.append({"model": ns.get("model_tag") or ns.get("model"), "values": given})
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+CORPUS = [
+    ["m", "--max-model-len", "32k", "-tp", "2"],
+    ["m", "--max_model_len=32K", "--max-num-seqs", "256", "--max-num-batched-tokens", "2.5k"],
+    ["m", "--kv-cache-memory-bytes", "20G", "--gpu-memory-utilization", "0.85"],
+    ["--model", "m", "--enforce-eager", "--no-enable-prefix-caching", "--dtype", "half"],
+    ["m", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--fully-sharded-loras"],
+    ["m", "--cpu-offload-gb", "12.5", "-dp", "2", "--enable-expert-parallel", "-pp", "2"],
+    ["m", "--limit-mm-per-prompt", '{"image": 2}', "--kv-cache-dtype", "fp8_e4m3"],
+    ["m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+    ["m", "--hf-overrides.rope_scaling.factor", "2.0", "--max-model-len", "auto"],
+    ["m", "--compilation-config.cudagraph_capture_sizes+", "1,2,4", "-q", "fp8"],
+    ["m", "--block-size", "32", "--seed", "7", "--trust-remote-code", "--revision", "main"],
+    ["m", "--mamba-ssm-cache-dtype", "float32", "--num-gpu-blocks-override", "512"],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
+def test_command_lines_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
+    (tmp_path / "argv.json").write_text(json.dumps(CORPUS))
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run(
+        [str(VLLM_CPU_PYTHON), "-c", _VLLM_READS, str(tmp_path / "argv.json"), str(tmp_path / "o.json")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = json.loads((tmp_path / "o.json").read_text())
+    for argv, vllm in zip(CORPUS, theirs, strict=True):
+        ours = parse_serve_args(argv)
+        assert ours.model == vllm["model"], argv
+        assert set(ours.values) == set(vllm["values"]), argv
+        for dest, value in vllm["values"].items():
+            if isinstance(value, str) and value.startswith(("{'", "CompilationConfig(")):
+                continue  # a config object vLLM built from our JSON: its fields are vLLM's to check
+            assert json.loads(json.dumps(ours.values[dest])) == value, (argv, dest)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
+def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: Path):
+    script = REPO / "scripts" / "vllm-flag-table.py"
+    shipped = (REPO / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json").read_text()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    copy = tmp_path / "scripts" / script.name
+    copy.parent.mkdir()
+    copy.write_text(script.read_text())
+    run = subprocess.run(
+        [str(VLLM_CPU_PYTHON), str(copy)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = tmp_path / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json"
+    assert json.loads(written.read_text()) == json.loads(shipped)
+    assert sys.executable  # the table is read without vLLM in this environment
