@@ -6,10 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.cli.options import add_serving_flags, options_from_args, positive_int
+from gatekeeper.cli.options import (
+    add_serving_flags,
+    options_from_args,
+    positive_int,
+    serve_command,
+    unmodelled_flags,
+)
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decide import decide
@@ -70,9 +77,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     request = PlacementRequest(
         model=spec,
         options=options_from_args(args),
-        auto_parallel=auto_parallel(
-            name for name, value in vars(args).items() if value is not None
-        ),
+        auto_parallel=auto_parallel(serve_command(args).values),
         min_kv_tokens=args.min_kv_tokens,
         min_sequences=args.min_sequences,
     )
@@ -82,8 +87,19 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     decision = decide(
         request, snapshot, reserved=reserved, workers=workers, policy=placement_policy(settings)
     )
+    _note_unmodelled(args)
     _print(decision, args.json)
     return 0 if decision.admitted else 1
+
+
+def _note_unmodelled(args: argparse.Namespace) -> None:
+    flags = unmodelled_flags(args)
+    if flags:
+        print(
+            f"gatekeeper: note: {', '.join(flags)} read but not modelled: their memory is not "
+            "in this decision (docs/vllm-flags.md)",
+            file=sys.stderr,
+        )
 
 
 def _print(decision: Decision, as_json: bool) -> None:

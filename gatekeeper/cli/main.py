@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from gatekeeper._version import __version__
 from gatekeeper.cli import check, estimate, gpus, serve, webhook
+from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import load_settings
 
@@ -49,9 +50,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """argparse for gatekeeper's own options; the ``vllm serve`` flags of a serving
+    command go to vLLM's table instead (``gatekeeper.cli.options``)."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "--config" else 1
+    if i >= len(argv) or argv[i] not in SERVING_COMMANDS:
+        return parser.parse_args(argv)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    own, vllm = split_serving_argv(sub.choices[argv[i]], argv[i + 1 :])
+    args = parser.parse_args([*argv[: i + 1], *own])
+    args.vllm_argv = vllm
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, sys.argv[1:] if argv is None else argv)
     try:
         settings = load_settings(args.config)
         code: int = args.func(args, settings)

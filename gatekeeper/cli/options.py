@@ -1,16 +1,36 @@
-"""Command-line flags shared by ``estimate``, ``check`` and ``deploy``: vLLM's serving
-flags, parsed into ``ServeOptions``."""
+"""Command-line flags shared by ``estimate``, ``check`` and ``deploy``: any ``vllm serve``
+flag, read by vLLM's own flag table (``gatekeeper.vllm.flags``), next to gatekeeper's own.
+
+``gatekeeper estimate MODEL --max_model_len 32k -tp 2 --gpu H100-80GB`` and a pasted
+``gatekeeper estimate vllm serve MODEL ...`` both work: ``split_serving_argv`` hands
+gatekeeper's own options (and the model) to argparse and every other token to vLLM's
+grammar, with each vLLM flag's arity from the table, so that a value is never taken for
+the model. A flag vLLM does not have ends the command with exit code 2 and the nearest
+spellings.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
-from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.units import parse_size
+from gatekeeper.vllm.flags import MODELLED, flag_table, serve_options
+from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
 
-__all__ = ["add_serving_flags", "options_from_args", "positive_int"]
+__all__ = [
+    "SERVING_COMMANDS",
+    "add_serving_flags",
+    "options_from_args",
+    "positive_int",
+    "serve_command",
+    "split_serving_argv",
+    "unmodelled_flags",
+]
+
+SERVING_COMMANDS = ("estimate", "check", "deploy")
+"""The commands that take ``vllm serve`` flags."""
 
 
 def positive_int(flag: str) -> Any:
@@ -29,47 +49,110 @@ def positive_int(flag: str) -> Any:
 
 
 def add_serving_flags(p: argparse.ArgumentParser) -> None:
-    """The ``vllm serve`` flags that change memory, under vLLM's names."""
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", "-q", default=None)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--max-model-len", type=positive_int("--max-model-len"))
-    p.add_argument("--max-num-seqs", type=positive_int("--max-num-seqs"))
-    p.add_argument("--max-num-batched-tokens", type=positive_int("--max-num-batched-tokens"))
-    p.add_argument("--tensor-parallel-size", "-tp", type=positive_int("--tensor-parallel-size"))
-    p.add_argument("--pipeline-parallel-size", "-pp", type=positive_int("--pipeline-parallel-size"))
-    p.add_argument("--gpu-memory-utilization", type=float)
-    p.add_argument("--kv-cache-memory-bytes", default=None, help="a size: 20GiB or bytes")
-    p.add_argument("--block-size", type=positive_int("--block-size"))
-    p.add_argument("--enforce-eager", action="store_true")
+    """gatekeeper's own serving options; every ``vllm serve`` flag comes in beside them
+    (``split_serving_argv``)."""
     p.add_argument("--vllm-version", default=None, help="accounting to follow (default: settings)")
     p.add_argument(
         "--embedded",
         action="store_true",
         help="vLLM's LLM class inside a process that already used CUDA (a notebook)",
     )
+    p.set_defaults(vllm_argv=[])
+    p.epilog = (
+        "Any `vllm serve` flag is accepted as vLLM reads it (--max-model-len 32k, "
+        "--max_model_len, -tp 2, --config FILE.yaml, --kv-cache-memory-bytes 20G ...); "
+        "a whole pasted `vllm serve MODEL ...` command line works too."
+    )
+
+
+def split_serving_argv(
+    command: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """(gatekeeper's tokens, vLLM's tokens) of one serving command's arguments.
+
+    gatekeeper's tokens are its own options (those ``command`` defines, with their
+    values) and the model (the first bare token, after an optional ``vllm serve``);
+    everything else is ``vllm serve``'s, each flag taking as many values as vLLM's table
+    says it takes."""
+    own_options = {
+        o: a for a in command._actions for o in a.option_strings if o not in ("-h", "--help")
+    }
+    table = flag_table()
+    args = list(argv)
+    if args[:2] == ["vllm", "serve"]:
+        args = args[2:]
+    own: list[str] = []
+    vllm: list[str] = []
+    model_seen = False
+    i = 0
+    while i < len(args):
+        token = args[i]
+        name = token.split("=", 1)[0]
+        if token in ("-h", "--help"):
+            own.append(token)
+        elif name in own_options:
+            action = own_options[name]
+            takes_value = action.nargs != 0 and "=" not in token
+            own += args[i : i + 1 + takes_value]
+            i += takes_value
+        elif token.startswith("-") and len(token) > 1 and not _is_number(token):
+            taken = _vllm_values(table, name, token, args[i + 1 :])
+            vllm += args[i : i + 1 + taken]
+            i += taken
+        elif not model_seen:
+            own.append(token)
+            model_seen = True
+        else:
+            vllm.append(token)  # parse_serve_args says what is wrong with it
+        i += 1
+    return own, vllm
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _vllm_values(table: Any, name: str, token: str, rest: Sequence[str]) -> int:
+    """How many of ``rest`` belong to the vLLM flag ``token``."""
+    if "=" in token:
+        return 0
+    if name.startswith("-O") and name not in ("-O", "--O"):
+        return 0
+    flag = table.find(name) if "." not in name else table.find(name.split(".", 1)[0])
+    if "." in name or name == "-O":
+        return 1 if rest else 0
+    if flag is None or flag.switch:
+        return 0
+    if flag.nargs in ("+", "*"):
+        n = 0
+        while n < len(rest) and not (rest[n].startswith("-") and not _is_number(rest[n])):
+            n += 1
+        return n
+    if flag.nargs == "?":
+        return 1 if rest and not rest[0].startswith("-") else 0
+    return 1 if rest else 0
+
+
+def serve_command(args: argparse.Namespace) -> ServeCommand:
+    """The ``vllm serve`` flags of a parsed serving command, read by vLLM's table."""
+    return parse_serve_args([args.model, *args.vllm_argv], where=f"gatekeeper {args.command}")
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    kv_bytes = None
-    if args.kv_cache_memory_bytes:
-        try:
-            kv_bytes = parse_size(args.kv_cache_memory_bytes, field="--kv-cache-memory-bytes")
-        except ValueError as e:
-            raise ServeOptionsError(str(e), field="kv_cache_memory_bytes") from e
-    return ServeOptions(
-        dtype=args.dtype,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        tensor_parallel_size=args.tensor_parallel_size or 1,
-        pipeline_parallel_size=args.pipeline_parallel_size or 1,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_bytes,
-        enforce_eager=args.enforce_eager,
-        block_size=args.block_size,
-        vllm_version=args.vllm_version,
-        embedded=args.embedded,
-    )
+    """The estimator's options from a serving command: the modelled vLLM flags, plus
+    gatekeeper's ``--vllm-version`` and ``--embedded``."""
+    values = dict(serve_command(args).values)
+    values["vllm_version"] = args.vllm_version
+    values["embedded"] = args.embedded
+    return serve_options(values)
+
+
+def unmodelled_flags(args: argparse.Namespace) -> list[str]:
+    """The vLLM flags given that the estimate does not model (read and checked only)."""
+    table = flag_table()
+    given = serve_command(args).values
+    return sorted(table.flags[d].name for d in given if d not in MODELLED)

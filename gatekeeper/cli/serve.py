@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from gatekeeper.cli.options import add_serving_flags, options_from_args, positive_int
+from gatekeeper.cli.options import add_serving_flags, positive_int, serve_command
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.settings import Settings, gpu_source
@@ -224,14 +224,13 @@ def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _options_dict(args: argparse.Namespace) -> dict[str, Any]:
-    """Only the serving flags the operator gave (the sidecar fills in the rest)."""
-    options = options_from_args(args)
-    defaults = type(options)()
-    out = {}
-    for name in options.__slots__:
-        value = getattr(options, name)
-        if value != getattr(defaults, name):
-            out[name] = value
+    """Only the serving flags the operator gave, by vLLM's names (the sidecar checks them
+    and fills in the rest)."""
+    out = dict(serve_command(args).values)
+    if args.vllm_version:
+        out["vllm_version"] = args.vllm_version
+    if args.embedded:
+        out["embedded"] = True
     return out
 
 

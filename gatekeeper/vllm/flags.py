@@ -71,7 +71,10 @@ class Flag:
         """``text`` read with the flag's grammar; ``ValueError`` says why not."""
         if self.optional and text in ("", "None"):
             return None
-        value = self._convert(text)
+        try:
+            value = self._convert(text)
+        except ValueError as e:
+            raise ValueError(_GRAMMAR_HINTS.get(self.type, str(e))) from e
         if self.choices is not None and str(value) not in self.choices:
             near = difflib.get_close_matches(text.lower(), self.choices, n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
@@ -96,6 +99,16 @@ class Flag:
                     return text
                 raise ValueError(f"{text!r} is not JSON") from None
         return text
+
+
+_GRAMMAR_HINTS = {
+    "int": "give a whole number",
+    "human_int": "give a whole number, or one with vLLM's suffixes: 32k = 32,000, "
+    "32K = 32,768, 20G = 20 x 2^30 (no 'GiB', no decimals with K, M, G, T)",
+    "human_int_or_auto": "give a whole number (32k = 32,000, 32K = 32,768), or auto / -1",
+    "float": "give a number",
+    "json": "give JSON, such as '{\"key\": 1}'",
+}
 
 
 def human_readable_int(text: str) -> int:

@@ -65,11 +65,11 @@ def test_simple_method_json():
     [
         (["nosuch/model"], "model"),
         (["meta-llama/Llama-3.1-8B-Instruct", "-tp", "3"], "tensor_parallel_size"),
-        (["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "0"], "--max-model-len"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "0"], "max_model_len"),
         (["meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory", "-5GiB"], "--gpu-memory"),
         (["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "TPU-v5"], "gpu"),
         (["meta-llama/Llama-3.1-8B-Instruct", "--quantization", "q3_k_m"], "quantization"),
-        (["meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int2"], "kv_cache_dtype"),
+        (["meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int2"], "--kv-cache-dtype"),
         (
             ["meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "0"],
             "gpu_memory_utilization",
@@ -94,3 +94,35 @@ def test_bad_config_directory_is_one_line(tmp_path):
 def test_models_lists_the_catalog():
     out = gatekeeper("models")
     assert out.returncode == 0 and "meta-llama/Llama-3.1-8B-Instruct" in out.stdout
+
+
+def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
+    out = gatekeeper(
+        "estimate", "-tp", "2", "meta-llama/Llama-3.3-70B-Instruct", "--max_model_len", "32k",
+        "--gpu", "H100-80GB", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["max_model_len"] == 32000
+    pasted = gatekeeper(
+        "estimate", "vllm", "serve", "Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "4",
+        "--kv-cache-memory-bytes", "20G", "--json",
+    )  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr
+    assert "--enable-lora, --max-loras read but not modelled" in pasted.stderr
+    assert json.loads(pasted.stdout)["kv_cache_bytes"] == 20 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-modle-len", "4096"], "did you mean --max-model-len"),
+        (["--kv-cache-memory-bytes", "20GiB"], "no 'GiB'"),
+        (["--max-model-len", "4096.5"], "--max-model-len '4096.5'"),
+        (["--dtype", "BF16"], "did you mean bfloat16"),
+    ],
+)
+def test_a_flag_vllm_would_refuse_exits_2_naming_it(args, needle):
+    out = gatekeeper("estimate", "Qwen/Qwen3-8B", *args)
+    assert out.returncode == 2
+    assert needle in out.stderr and "Traceback" not in out.stderr
