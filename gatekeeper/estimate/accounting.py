@@ -120,8 +120,16 @@ _V1_012 = replace(
     non_torch_bytes=_gib(0.25),
     description="V1 with the lighter sampler (as measured on v0.19.0); graphs outside the budget",
 )
-_V1_021 = replace(
+_V1_020 = replace(
     _V1_012,
+    name="v1-0.20",
+    since=(0, 20, 0),
+    default_utilization=0.92,
+    description="V1 with the lighter sampler; gpu_memory_utilization defaults to 0.92 from "
+    "0.20.0 (vllm/config/cache.py of the 0.19.1 and 0.20.0 wheels)",
+)
+_V1_021 = replace(
+    _V1_020,
     name="v1-0.21",
     since=(0, 21, 0),
     cuda_graphs_in_budget=True,
@@ -132,9 +140,7 @@ _V1_033 = replace(
     _V1_021,
     name="v1-0.33",
     since=(0, 33, 0),
-    default_utilization=0.92,
-    description="vLLM 0.33 accounting (the source read for reference/vllm-memory.md): "
-    "gpu_memory_utilization defaults to 0.92",
+    description="vLLM 0.33 accounting (the source read for reference/vllm-memory.md)",
 )
 
 ACCOUNTINGS: tuple[Accounting, ...] = (
@@ -150,6 +156,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
     _V1_09,
     _V1_010,
     _V1_012,
+    _V1_020,
     _V1_021,
     _V1_033,
 )

@@ -66,7 +66,7 @@ class ServeOptions:
         if u is not None and not 0 < u <= 1:
             raise ServeOptionsError(
                 f"gpu_memory_utilization: {u} must be in (0, 1], a fraction of the GPU's total "
-                "memory (vLLM's default is 0.92 since 0.33, 0.9 before)",
+                "memory (vLLM's default is 0.92 since 0.20, 0.9 before)",
                 field="gpu_memory_utilization",
                 value=u,
             )

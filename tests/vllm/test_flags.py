@@ -253,3 +253,14 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
     written = tmp_path / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json"
     assert json.loads(written.read_text()) == json.loads(shipped)
     assert sys.executable  # the table is read without vLLM in this environment
+
+
+def test_each_tables_defaults_are_the_accountings():
+    from gatekeeper.estimate.accounting import accounting_for
+
+    for release in shipped_releases():
+        table = flag_table(release)
+        accounting = accounting_for(release)
+        assert table.flags["gpu_memory_utilization"].default == accounting.default_utilization
+    assert accounting_for("0.19.1").default_utilization == 0.9
+    assert accounting_for("0.20.0").default_utilization == 0.92
