@@ -24,6 +24,7 @@ GPU is shared.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,7 @@ from gatekeeper.placement.types import (
     PlacementPolicy,
     PlacementRequest,
 )
+from gatekeeper.units import format_gib
 from gatekeeper.vllm.launch import LaunchFlags, ceil_fraction, floor_fraction, launch_args
 
 __all__ = [
@@ -70,6 +72,10 @@ class Need:
     per_stage: tuple[int, ...]
     kv_bytes: int
     static_in_budget: tuple[int, ...]
+    short: str | None = None
+    """Why the request's own budget cannot work on this GPU product (its
+    ``gpu_memory_utilization`` or ``kv_cache_memory_bytes`` leaves less KV cache than
+    one request of max_model_len needs); None when it can."""
 
     @property
     def max_bytes(self) -> int:
@@ -190,10 +196,43 @@ def _needs(
         )
         if request.corrections:
             e = scale_estimate(e, request.corrections)
-        kv = e.kv_bytes_for(request.min_sequences, request.min_kv_tokens)
-        pairs = [e.rank_bytes(s, kv) for s in e.stages]
-        out[g.total_bytes] = Need(e, tuple(p[0] for p in pairs), kv, tuple(p[1] for p in pairs))
+        out[g.total_bytes] = _need(request, e, g.total_bytes)
     return out
+
+
+def _need(request: PlacementRequest, e: Estimate, total: int) -> Need:
+    """The per-rank need on a GPU of ``total`` bytes. The KV cache is what the request
+    asks for: its ``--kv-cache-memory-bytes`` exactly; what its
+    ``--gpu-memory-utilization`` budget leaves after the rest (vLLM's own sizing); else
+    enough for ``min_sequences`` requests of max_model_len (or ``min_kv_tokens``)."""
+    o = request.options
+    wanted = e.kv_bytes_for(request.min_sequences, request.min_kv_tokens)
+    if o.kv_cache_memory_bytes is not None:
+        kvs = [o.kv_cache_memory_bytes] * len(e.stages)
+        what = f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes}"
+    elif o.gpu_memory_utilization is not None:
+        budget = math.ceil(o.gpu_memory_utilization * total)
+        kvs = [budget - e.rank_bytes(s, 0)[1] for s in e.stages]
+        what = f"--gpu-memory-utilization {o.gpu_memory_utilization}"
+    else:
+        kvs = [wanted] * len(e.stages)
+        what = ""
+    pairs = [e.rank_bytes(s, max(kv, 0)) for s, kv in zip(e.stages, kvs, strict=True)]
+    short = None
+    if what and min(kvs) < wanted:
+        short = (
+            f"{what} leaves {format_gib(max(min(kvs), 0))} of KV cache on a "
+            f"{format_gib(total)} GPU, less than the {format_gib(wanted)} that "
+            f"{request.min_sequences} request(s) of max_model_len {e.max_model_len} need; "
+            "raise it or leave it to gatekeeper"
+        )
+    return Need(
+        e,
+        tuple(p[0] for p in pairs),
+        max(min(kvs), 0),
+        tuple(p[1] for p in pairs),
+        short,
+    )
 
 
 def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> list[GpuLine] | None:
@@ -225,11 +264,17 @@ def _placement(
 ) -> Placement:
     first = needs[chosen[0].total_bytes]
     e = first.estimate
-    if policy.share_gpus:
+    asked = request.options
+    if asked.gpu_memory_utilization is not None and asked.kv_cache_memory_bytes is None:
+        # the operator's own budget, honoured: vLLM takes u x total on every GPU
+        utilization = asked.gpu_memory_utilization
+        kv_budget: int | None = None
+        promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
+    elif policy.share_gpus or asked.kv_cache_memory_bytes is not None:
         in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
         totals = min(g.total_bytes for g in chosen)
         utilization = ceil_fraction(in_budget, totals)
-        kv_budget: int | None = first.kv_bytes
+        kv_budget = first.kv_bytes
         promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
     else:
         context = pre_init_bytes(e.tensor_parallel_size)
@@ -297,7 +342,7 @@ def search(
             if not request.auto_parallel:
                 raise
             continue
-        beyond = any(n.estimate.length_beyond_model for n in needs.values())
+        beyond = any(n.estimate.length_beyond_model or n.short for n in needs.values())
         sizes = {t: n.max_bytes for t, n in needs.items()}
         chosen = None if beyond else _group(candidates, shape[0] * shape[1], sizes)
         if chosen is None:

