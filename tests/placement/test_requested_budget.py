@@ -29,7 +29,9 @@ def test_a_requested_utilization_is_launched_as_asked_and_promised_in_full():
         flags = d.placement.flags
         assert flags.gpu_memory_utilization == 0.5 and flags.kv_cache_memory_bytes is None
         assert "--gpu-memory-utilization" in d.placement.args
-        assert float(d.placement.args[d.placement.args.index("--gpu-memory-utilization") + 1]) == 0.5
+        assert (
+            float(d.placement.args[d.placement.args.index("--gpu-memory-utilization") + 1]) == 0.5
+        )
         total = H100.gpus[0].visible_total_bytes
         assert d.placement.promise_bytes[0] >= math.ceil(0.5 * total)
         assert d.placement.kv_cache_bytes > 10 * GIB  # what vLLM gives: the budget's rest
