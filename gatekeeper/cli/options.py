@@ -79,8 +79,15 @@ def split_serving_argv(
     }
     table = flag_table()
     args = list(argv)
-    if args[:2] == ["vllm", "serve"]:
-        args = args[2:]
+    while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
+        args = args[1:]  # a pasted `vllm serve`, `/usr/bin/vllm serve` …
+    for i, token in enumerate(args):  # vLLM's --model MODEL is the model
+        if token == "--model" and i + 1 < len(args):
+            args = [args[i + 1], *args[:i], *args[i + 2 :]]
+            break
+        if token.startswith("--model="):
+            args = [token.removeprefix("--model="), *args[:i], *args[i + 1 :]]
+            break
     own: list[str] = []
     vllm: list[str] = []
     model_seen = False

@@ -50,7 +50,10 @@ def resolve_model(
     timeout_seconds: float = 10.0,
 ) -> ModelSpec:
     """Turn ``reference`` (a path, a catalog name or a hub repo id) into a ``ModelSpec``."""
-    path = Path(reference).expanduser()
+    try:
+        path = Path(reference).expanduser()
+    except RuntimeError:  # "~user" with no such user: not a local path
+        path = Path(reference)
     if path.is_dir():
         return load_model_dir(path)
     entry = find_in_catalog(reference)

@@ -48,8 +48,7 @@ def rejection_reasons(
         reasons.append(_need_line(name, tp, pp, need))
         if need.estimate.length_beyond_model:
             reasons += [r for r in need.estimate.reasons if r.startswith("max_model_len")]
-        if need.short:
-            reasons.append(f"{name} at TP={tp}: {need.short}")
+        reasons += [f"{name} at TP={tp}: {n.short}" for n in needs.values() if n.short]
     reasons += [g.text() for g in lines]
     return reasons
 

@@ -273,7 +273,7 @@ def _placement(
     elif policy.share_gpus or asked.kv_cache_memory_bytes is not None:
         in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
         totals = min(g.total_bytes for g in chosen)
-        utilization = ceil_fraction(in_budget, totals)
+        utilization = asked.gpu_memory_utilization or ceil_fraction(in_budget, totals)
         kv_budget = first.kv_bytes
         promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
     else:
@@ -342,8 +342,10 @@ def search(
             if not request.auto_parallel:
                 raise
             continue
-        beyond = any(n.estimate.length_beyond_model or n.short for n in needs.values())
-        sizes = {t: n.max_bytes for t, n in needs.items()}
+        beyond = any(n.estimate.length_beyond_model for n in needs.values())
+        beyond = beyond or all(n.short for n in needs.values())
+        # a GPU product the request's own budget cannot work on takes no rank
+        sizes = {t: (n.max_bytes if not n.short else 2**62) for t, n in needs.items()}
         chosen = None if beyond else _group(candidates, shape[0] * shape[1], sizes)
         if chosen is None:
             tried.append((shape, needs))

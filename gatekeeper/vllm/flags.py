@@ -94,6 +94,8 @@ class Flag:
         if kind in ("json", "json_or_str"):
             try:
                 return json.loads(text)
+            except RecursionError:
+                raise ValueError("JSON nested too deeply") from None
             except json.JSONDecodeError:
                 if kind == "json_or_str":
                     return text
@@ -119,7 +121,10 @@ def human_readable_int(text: str) -> int:
     if match:
         number, suffix = match.groups()
         if suffix.islower():
-            return int(float(number) * 10 ** (3 * " kmgt".index(suffix)))
+            try:
+                return int(float(number) * 10 ** (3 * " kmgt".index(suffix)))
+            except OverflowError:
+                raise ValueError(f"{text!r} is too large") from None
         if "." in number:
             raise ValueError(
                 f"decimals are not allowed with binary suffixes like {suffix}; "
@@ -254,7 +259,8 @@ def options_from_mapping(
             f"{where}: options must be a mapping of flags to values, not {type(data).__name__}",
             field="options",
         )
-    values = serve_values(data, flag_table(release), where=where, extra=GATEKEEPER_KEYS)
+    given = {k: v for k, v in data.items() if v is not None}  # null: not given
+    values = serve_values(given, flag_table(release), where=where, extra=GATEKEEPER_KEYS)
     unmodelled = sorted(set(values) - set(MODELLED) - set(GATEKEEPER_KEYS))
     if unmodelled:
         first = unmodelled[0]
@@ -295,7 +301,10 @@ def serve_values(
         flag = table.find(key)
         if flag is None:
             raise table.unknown(key, where)
-        out[flag.dest] = _typed(flag, value, where)
+        value = _typed(flag, value, where)
+        if flag.switch and isinstance(key, str) and key.lstrip("-").startswith("no-"):
+            value = not value  # {"--no-enforce-eager": true} means enforce_eager false
+        out[flag.dest] = value
     return out
 
 
@@ -333,7 +342,11 @@ def _type_problem(flag: Flag, value: Any) -> str | None:
     if flag.type == "float":
         if not number:
             return "give a number"
-        return None if math.isfinite(value) else "give a finite number"
+        try:
+            finite = math.isfinite(float(value))
+        except OverflowError:
+            finite = False
+        return None if finite else "give a finite number"
     if flag.type in ("json", "json_or_str"):
         return None if isinstance(value, dict | list) else "give a JSON object"
     return "give a string"

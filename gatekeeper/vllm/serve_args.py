@@ -2,7 +2,7 @@
 vLLM's own flag table (``gatekeeper.vllm.flags``):
 
 - ``vllm serve MODEL`` or ``--model MODEL``; a leading ``vllm``/``serve`` is optional;
-- ``--config FILE.yaml``: its keys become flags, placed after the model and before the
+- ``--config FILE.yaml`` (that spelling, once): its keys become flags, placed after the model and before the
   command line's own (the command line wins), switches from booleans (``--no-`` for
   false), JSON from nested mappings;
 - underscores or dashes in names (``--max_model_len``), ``--flag=value``, ``-O3``;
@@ -75,7 +75,9 @@ def parse_serve_args(
     while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
         args = args[1:]
     args = _move_model_first(args)
-    if "--config" in args or any(a.startswith("--config=") for a in args):
+    if args.count("--config") > 1:
+        raise ServeOptionsError(f"{where}: more than one --config file; vLLM takes one")
+    if "--config" in args:
         args = _with_config_file(args, table)
     args = _normalised(args, table, where)
     ns, unknown = _argparser(table).parse_known_args(args)
@@ -96,7 +98,8 @@ def parse_serve_args(
         value = raw if flag.switch else _read(flag, raw, where)
         if value is not None:  # an optional flag set to None is vLLM's default
             values[dest] = value
-    model = ns.model_tag or values.pop("model", None)
+    from_flag = values.pop("model", None)
+    model = ns.model_tag or from_flag
     values.pop("config", None)
     return ServeCommand(model=model, values=values, vllm=table.vllm)
 
@@ -123,13 +126,10 @@ def _move_model_first(args: list[str]) -> list[str]:
 
 def _with_config_file(args: list[str], table: FlagTable) -> list[str]:
     """vLLM's ``--config FILE.yaml``: the file's flags after the model, before the rest."""
-    i = next(i for i, a in enumerate(args) if a == "--config" or a.startswith("--config="))
-    if args[i] == "--config":
-        if i + 1 >= len(args):
-            raise ServeOptionsError("--config: no file given; pass a YAML file of flags")
-        path, rest = args[i + 1], args[:i] + args[i + 2 :]
-    else:
-        path, rest = args[i].removeprefix("--config="), args[:i] + args[i + 1 :]
+    i = args.index("--config")  # vLLM expands only this spelling, not --config=FILE
+    if i + 1 >= len(args):
+        raise ServeOptionsError("--config: no file given; pass a YAML file of flags")
+    path, rest = args[i + 1], args[:i] + args[i + 2 :]
     from_file = _config_args(Path(path), table)
     if rest and not rest[0].startswith("-"):
         return [rest[0], *from_file, *rest[1:]]
@@ -162,7 +162,7 @@ def _config_args(path: Path, table: FlagTable) -> list[str]:
             negative = f"--no-{key}"
             if value:
                 out.append(name)
-            elif table.find(negative) is not None:
+            elif negative in table.by_option:  # vLLM looks the spelling up as written
                 out.append(negative)
         elif isinstance(value, list):
             if value:
@@ -215,12 +215,17 @@ def _merge_dotted(dotted: dict[str, dict[str, Any]], name: str, text: str) -> No
     value: Any
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError, ValueError):
         try:
             value = human_readable_int(text)
         except ValueError:
             value = text
     node = dotted.setdefault(key, {})
     for k in keys[:-1]:
-        node = node.setdefault(k, {})
+        if not isinstance(node.get(k), dict):
+            node[k] = {}  # a later, deeper field replaces a value, as vLLM merges
+        node = node[k]
+    old = node.get(keys[-1])
+    if isinstance(old, list) and isinstance(value, list):
+        value = old + value  # repeated `+` lists are joined, as vLLM joins them
     node[keys[-1]] = value

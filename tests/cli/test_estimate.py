@@ -126,3 +126,12 @@ def test_a_flag_vllm_would_refuse_exits_2_naming_it(args, needle):
     out = gatekeeper("estimate", "Qwen/Qwen3-8B", *args)
     assert out.returncode == 2
     assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_pasted_line_with_a_path_to_vllm_and_model_flag_names_the_model():
+    out = gatekeeper(
+        "estimate", "/usr/bin/vllm", "serve", "--model", "Qwen/Qwen3-8B", "-tp", "2", "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["model"] == "Qwen/Qwen3-8B"

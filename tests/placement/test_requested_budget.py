@@ -70,3 +70,21 @@ def test_a_utilization_beyond_what_is_free_is_refused():
     )
     assert not d.admitted
     assert d.gpus[0].need_bytes is not None and d.gpus[0].need_bytes >= 0.9 * g.visible_total_bytes
+
+
+def test_on_a_mixed_node_the_budget_picks_the_gpus_it_works_on():
+    mixed = parse_declared_node("1xL4,1xH100-80GB")
+    request = PlacementRequest(
+        LLAMA8, ServeOptions(max_model_len=8192, gpu_memory_utilization=0.3), auto_parallel=False
+    )
+    d = decide(request, mixed)
+    assert d.admitted and d.placement is not None
+    assert d.placement.gpu_indices == (1,)  # 0.3 of an L4 cannot hold the weights
+    assert d.placement.flags.gpu_memory_utilization == 0.3
+
+
+def test_a_utilization_asked_with_a_kv_budget_is_kept():
+    d = _decide(gpu_memory_utilization=0.9, kv_cache_memory_bytes=6 * GIB)
+    assert d.admitted and d.placement is not None
+    assert d.placement.flags.gpu_memory_utilization == 0.9
+    assert d.placement.flags.kv_cache_memory_bytes == 6 * GIB

@@ -20,6 +20,7 @@ from gatekeeper.vllm.flags import (
     GATEKEEPER_KEYS,
     flag_table,
     human_readable_int,
+    options_from_mapping,
     serve_options,
     serve_values,
     shipped_releases,
@@ -317,3 +318,41 @@ def test_launch_args_read_back_as_the_options_they_came_from(
         enforce_eager=eager,
         block_size=block,
     )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"gpu_memory_utilization": 10**400},
+        {"kv_cache_memory_bytes": "1" * 400 + "k"},
+        {"hf_overrides": "[" * 100_000 + "]" * 100_000},
+    ],
+)
+def test_huge_or_deep_values_are_refused_not_crashed_on(data):
+    with pytest.raises(ServeOptionsError):
+        serve_values(data, where="options")
+
+
+def test_mapping_doors_read_negative_switches_and_nulls_as_vllm_would():
+    options, given = options_from_mapping(
+        {"--no-enforce-eager": True, "served_model_name": None, "max_model_len": 4096},
+        where="options",
+    )
+    assert options.enforce_eager is False and options.max_model_len == 4096
+    assert "served_model_name" not in given
+
+
+def test_dotted_fields_merge_and_lists_join_as_vllm_does(tmp_path: Path):
+    v = parse_serve_args(
+        ["m", "--hf-overrides.a", "1", "--hf-overrides.a.b", "2",
+         "--compilation-config.cudagraph_capture_sizes+", "1,2",
+         "--compilation-config.cudagraph_capture_sizes+", "4"]
+    ).values  # fmt: skip
+    assert v["hf_overrides"] == {"a": {"b": 2}}
+    assert v["compilation_config"] == {"cudagraph_capture_sizes": ["1", "2", "4"]}
+    config = tmp_path / "c.yaml"
+    config.write_text("model: other\nmax-model-len: 1024\n")
+    cmd = parse_serve_args(["m", "--config", str(config)])
+    assert cmd.model == "m" and "model" not in cmd.values
+    with pytest.raises(ServeOptionsError, match="more than one"):
+        parse_serve_args(["m", "--config", str(config), "--config", str(config)])
