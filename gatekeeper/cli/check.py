@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from gatekeeper.cli.options import (
     add_serving_flags,
+    note_unmodelled,
     options_from_args,
     positive_int,
     serve_command,
-    unmodelled_flags,
 )
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
@@ -87,19 +86,9 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     decision = decide(
         request, snapshot, reserved=reserved, workers=workers, policy=placement_policy(settings)
     )
-    _note_unmodelled(args)
+    note_unmodelled(args, "decision")
     _print(decision, args.json)
     return 0 if decision.admitted else 1
-
-
-def _note_unmodelled(args: argparse.Namespace) -> None:
-    flags = unmodelled_flags(args)
-    if flags:
-        print(
-            f"gatekeeper: note: {', '.join(flags)} read but not modelled: their memory is not "
-            "in this decision (docs/vllm-flags.md)",
-            file=sys.stderr,
-        )
 
 
 def _print(decision: Decision, as_json: bool) -> None:

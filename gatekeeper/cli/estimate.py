@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from gatekeeper.cli.options import add_serving_flags, options_from_args, unmodelled_flags
+from gatekeeper.cli.options import add_serving_flags, note_unmodelled, options_from_args
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.accounting import accounting_by_name
 from gatekeeper.estimate.options import ServeOptions
@@ -56,13 +55,7 @@ def _gpu(args: argparse.Namespace) -> GpuTarget:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     options = options_from_args(args)
-    unmodelled = unmodelled_flags(args)
-    if unmodelled:
-        print(
-            f"gatekeeper: note: {', '.join(unmodelled)} read but not modelled: their memory "
-            "is not in this estimate (docs/vllm-flags.md)",
-            file=sys.stderr,
-        )
+    note_unmodelled(args, "estimate")
     gpu = _gpu(args)
     spec = model_resolver(settings)(args.model)
     result = estimate(spec, options, gpu, default_version=settings.default_vllm_version)

@@ -12,21 +12,22 @@ spellings.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.vllm.flags import MODELLED, flag_table, serve_options
-from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
+from gatekeeper.vllm.serve_args import ServeCommand, model_first, parse_serve_args
 
 __all__ = [
     "SERVING_COMMANDS",
     "add_serving_flags",
+    "note_unmodelled",
     "options_from_args",
     "positive_int",
     "serve_command",
     "split_serving_argv",
-    "unmodelled_flags",
 ]
 
 SERVING_COMMANDS = ("estimate", "check", "deploy")
@@ -78,16 +79,7 @@ def split_serving_argv(
         o: a for a in command._actions for o in a.option_strings if o not in ("-h", "--help")
     }
     table = flag_table()
-    args = list(argv)
-    while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
-        args = args[1:]  # a pasted `vllm serve`, `/usr/bin/vllm serve` …
-    for i, token in enumerate(args):  # vLLM's --model MODEL is the model
-        if token == "--model" and i + 1 < len(args):
-            args = [args[i + 1], *args[:i], *args[i + 2 :]]
-            break
-        if token.startswith("--model="):
-            args = [token.removeprefix("--model="), *args[:i], *args[i + 1 :]]
-            break
+    args = model_first(argv)
     own: list[str] = []
     vllm: list[str] = []
     model_seen = False
@@ -125,13 +117,11 @@ def _is_number(token: str) -> bool:
 
 def _vllm_values(table: Any, name: str, token: str, rest: Sequence[str]) -> int:
     """How many of ``rest`` belong to the vLLM flag ``token``."""
-    if "=" in token:
-        return 0
-    if name.startswith("-O") and name not in ("-O", "--O"):
-        return 0
-    flag = table.find(name) if "." not in name else table.find(name.split(".", 1)[0])
+    if "=" in token or (name.startswith("-O") and name != "-O"):
+        return 0  # the value is in the token: --flag=value, -O3
     if "." in name or name == "-O":
-        return 1 if rest else 0
+        return 1 if rest else 0  # a dotted JSON field, or -O LEVEL
+    flag = table.find(name)
     if flag is None or flag.switch:
         return 0
     if flag.nargs in ("+", "*"):
@@ -145,8 +135,15 @@ def _vllm_values(table: Any, name: str, token: str, rest: Sequence[str]) -> int:
 
 
 def serve_command(args: argparse.Namespace) -> ServeCommand:
-    """The ``vllm serve`` flags of a parsed serving command, read by vLLM's table."""
-    return parse_serve_args([args.model, *args.vllm_argv], where=f"gatekeeper {args.command}")
+    """The ``vllm serve`` flags of a parsed serving command, read by vLLM's table once
+    (a ``--config`` file is read once) and kept on ``args``."""
+    command: ServeCommand | None = getattr(args, "serve_command", None)
+    if command is None:
+        command = parse_serve_args(
+            [args.model, *args.vllm_argv], where=f"gatekeeper {args.command}"
+        )
+        args.serve_command = command
+    return command
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -158,8 +155,14 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return serve_options(values)
 
 
-def unmodelled_flags(args: argparse.Namespace) -> list[str]:
-    """The vLLM flags given that the estimate does not model (read and checked only)."""
+def note_unmodelled(args: argparse.Namespace, what: str) -> None:
+    """Say on stderr which vLLM flags given are read but not modelled in ``what``."""
     table = flag_table()
     given = serve_command(args).values
-    return sorted(table.flags[d].name for d in given if d not in MODELLED)
+    flags = sorted(table.flags[d].name for d in given if d not in MODELLED)
+    if flags:
+        print(
+            f"gatekeeper: note: {', '.join(flags)} read but not modelled: their memory is not "
+            f"in this {what} (docs/vllm-flags.md)",
+            file=sys.stderr,
+        )

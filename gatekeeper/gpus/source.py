@@ -40,7 +40,7 @@ class GpuSource:
     def snapshot(self, *, visible_devices: str | None) -> InventorySnapshot:
         """One snapshot; a driver that cannot be read gives a failed snapshot."""
         if self.declared is not None:
-            return StaticInventory(self.declared).snapshot()
+            return self.declared
         with NvmlInventory(visible_devices=visible_devices) as inventory:
             return inventory.snapshot()
 

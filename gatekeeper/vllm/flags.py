@@ -21,7 +21,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -218,23 +218,11 @@ def _load(chosen: str) -> FlagTable:
     return FlagTable(str(data["vllm"]), flags, by_option)
 
 
-MODELLED = (
-    "dtype",
-    "quantization",
-    "kv_cache_dtype",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "enforce_eager",
-    "block_size",
-)
-"""The flags the estimator models today; every other flag is read and checked only."""
 GATEKEEPER_KEYS = ("vllm_version", "embedded")
 """Serving options that are gatekeeper's own, not vLLM flags."""
+MODELLED = tuple(f.name for f in fields(ServeOptions) if f.name not in GATEKEEPER_KEYS)
+"""The flags the estimator models today (``ServeOptions``' fields); every other flag is
+read and checked only."""
 
 
 def serve_options(values: Mapping[str, Any]) -> ServeOptions:

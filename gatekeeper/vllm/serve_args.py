@@ -27,7 +27,7 @@ import yaml
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.vllm.flags import Flag, FlagTable, flag_table, human_readable_int
 
-__all__ = ["ServeCommand", "parse_serve_args"]
+__all__ = ["ServeCommand", "model_first", "parse_serve_args"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +71,7 @@ def parse_serve_args(
     nearest spellings), a value outside the flag's grammar or choices, a missing value.
     """
     table = table or flag_table()
-    args = list(argv)
-    while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
-        args = args[1:]
-    args = _move_model_first(args)
+    args = model_first(argv)
     if args.count("--config") > 1:
         raise ServeOptionsError(f"{where}: more than one --config file; vLLM takes one")
     if "--config" in args:
@@ -115,7 +112,12 @@ def _read(flag: Flag, raw: str | list[str], where: str) -> Any:
         ) from None
 
 
-def _move_model_first(args: list[str]) -> list[str]:
+def model_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` without a leading ``vllm serve`` (or ``/usr/bin/vllm serve``), and with
+    ``--model MODEL`` / ``--model=MODEL`` moved to the front, as vLLM moves it."""
+    args = list(argv)
+    while args and (args[0] in ("vllm", "serve") or args[0].endswith("/vllm")):
+        args = args[1:]
     for i, arg in enumerate(args):
         if arg == "--model" and i + 1 < len(args):
             return [args[i + 1], *args[:i], *args[i + 2 :]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +21,10 @@ from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.settings import ModelEntry, Settings
 from gatekeeper.sidecar.app import build_app
 from gatekeeper.sidecar.ledger import Ledger, ledger_path
+from gatekeeper.sidecar.rehearsal import SIMULATOR as REHEARSAL_SIMULATOR
 
 TOKEN = "test-token"
-SIMULATOR = [sys.executable, "-m", "gatekeeper.simulator", "serve"]
+SIMULATOR = list(REHEARSAL_SIMULATOR)
 
 
 def free_port_block(size: int = 20) -> int:

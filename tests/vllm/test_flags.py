@@ -6,7 +6,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -257,7 +256,6 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
     assert run.returncode == 0, run.stderr[-3000:]
     written = tmp_path / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json"
     assert json.loads(written.read_text()) == json.loads(shipped)
-    assert sys.executable  # the table is read without vLLM in this environment
 
 
 def test_each_tables_defaults_are_the_accountings():
