@@ -17,6 +17,7 @@ from gatekeeper.cli.options import (
     serve_command,
 )
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.options import draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decide import decide
 from gatekeeper.placement.plan import load_plan, run_plan
@@ -72,10 +73,14 @@ def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
-    spec = model_resolver(settings)(args.model)
+    resolve = model_resolver(settings)
+    spec = resolve(args.model)
+    options = options_from_args(args)
+    draft = draft_reference(options)
     request = PlacementRequest(
         model=spec,
-        options=options_from_args(args),
+        options=options,
+        draft=resolve(draft) if draft else None,
         auto_parallel=auto_parallel(serve_command(args).values),
         min_kv_tokens=args.min_kv_tokens,
         min_sequences=args.min_sequences,

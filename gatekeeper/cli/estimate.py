@@ -9,7 +9,7 @@ from typing import Any
 from gatekeeper.cli.options import add_serving_flags, note_unmodelled, options_from_args
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.accounting import accounting_by_name
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.estimate.simple_method import simple_estimate
 from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.estimate.weights import parameter_count
@@ -57,8 +57,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     options = options_from_args(args)
     note_unmodelled(args, "estimate")
     gpu = _gpu(args)
-    spec = model_resolver(settings)(args.model)
-    result = estimate(spec, options, gpu, default_version=settings.default_vllm_version)
+    resolve = model_resolver(settings)
+    spec = resolve(args.model)
+    draft = draft_reference(options)
+    result = estimate(
+        spec,
+        options,
+        gpu,
+        default_version=settings.default_vllm_version,
+        draft=resolve(draft) if draft else None,
+    )
     if args.method == "simple":
         payload = _simple_json(spec, result, options)
         print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))

@@ -21,7 +21,7 @@ Worked example: Llama-3.1-8B, bf16 KV, TP=1, bs=16: 32 layers x 2 x 8 x 128 x 2 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gatekeeper.estimate.options import KvDtype
 from gatekeeper.models.spec import AttentionKind, ModelSpec
@@ -47,15 +47,23 @@ class KvLayout:
     page_bytes_per_token: int
     """Bytes one token takes in one layer."""
     groups: tuple[KvGroup, ...]
+    extra_bytes_per_token: int = 0
+    """A speculative drafter's layers (their pages per token, all layers), which join
+    the blocks of the target's first group: one shared pool."""
+    dcp: int = 1
+    """Decode context parallelism: each rank of a DCP group holds every dcp-th token of
+    full-attention layers (``cdiv(L, dcp)`` tokens per request)."""
 
     @property
     def bytes_per_block(self) -> int:
-        return self.layers_per_group * self.page_bytes_per_token * self.block_size
+        per_token = self.layers_per_group * self.page_bytes_per_token + self.extra_bytes_per_token
+        return per_token * self.block_size
 
     @property
     def bytes_per_token_all_layers(self) -> int:
         """Bytes one token takes across the rank's layers, if every layer kept it."""
-        return self.layers_per_group * len(self.groups) * self.page_bytes_per_token
+        groups = self.layers_per_group * len(self.groups) * self.page_bytes_per_token
+        return groups + self.extra_bytes_per_token
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         total = 0
@@ -66,7 +74,7 @@ class KvLayout:
             elif group.kind == "chunked" and group.window:
                 total += cdiv(min(group.window + in_flight_tokens, length), bs)
             else:
-                total += cdiv(length, bs)
+                total += cdiv(cdiv(length, self.dcp), bs)
         return total
 
     def num_blocks(self, kv_bytes: int) -> int:
@@ -117,8 +125,27 @@ def kv_layout(
     block_size: int,
     hybrid: bool,
     mla_align: int = 0,
+    extra_bytes_per_token: int = 0,
+    dcp: int = 1,
 ) -> KvLayout:
     """Group the attention layers of one pipeline stage the way vLLM does."""
+    layout = _grouped(spec, layers, tp=tp, kv=kv, block_size=block_size, hybrid=hybrid,
+                      mla_align=mla_align)  # fmt: skip
+    if not layout.groups and extra_bytes_per_token:
+        layout = KvLayout(block_size, 0, layout.page_bytes_per_token, (KvGroup("full", None),))
+    return replace(layout, extra_bytes_per_token=extra_bytes_per_token, dcp=dcp)
+
+
+def _grouped(
+    spec: ModelSpec,
+    layers: range,
+    *,
+    tp: int,
+    kv: KvDtype,
+    block_size: int,
+    hybrid: bool,
+    mla_align: int,
+) -> KvLayout:
     page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
     kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
     if not kinds:

@@ -8,19 +8,101 @@ naming the flag, the value and what to do when something cannot work.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = [
+    "CUDAGRAPH_MODES",
     "KV_DTYPES",
+    "CompilationOptions",
     "KvDtype",
+    "MmLimits",
     "ServeOptions",
     "check_parallelism",
+    "draft_reference",
     "resolve_dtype",
     "resolve_kv_dtype",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class MmLimits:
+    """``--limit-mm-per-prompt``: items per prompt by modality (``{"image": 2}``, or
+    vLLM's richer ``{"image": {"count": 2, ...}}``)."""
+
+    text: str
+    """The flag's JSON as given (canonical), written back at launch."""
+    counts: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], text: str) -> MmLimits:
+        counts = []
+        for modality, value in data.items():
+            count = value.get("count") if isinstance(value, dict) else value
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ServeOptionsError(
+                    f"limit_mm_per_prompt: {modality} = {value!r} is not a count; give a whole "
+                    'number of items per prompt, such as {"image": 2}',
+                    field="limit_mm_per_prompt",
+                    value=text,
+                )
+            counts.append((str(modality), count))
+        return cls(text, tuple(counts))
+
+    def get(self, modality: str) -> int | None:
+        return dict(self.counts).get(modality)
+
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+@dataclass(frozen=True, slots=True)
+class CompilationOptions:
+    """What ``--compilation-config`` sets that changes memory; the rest passes through to
+    vLLM untouched (``text``)."""
+
+    text: str
+    cudagraph_mode: str | None = None
+    capture_sizes: tuple[int, ...] | None = None
+    max_capture_size: int | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], text: str) -> CompilationOptions:
+        def bad(advice: str) -> ServeOptionsError:
+            return ServeOptionsError(
+                f"compilation_config: {advice}", field="compilation_config", value=text
+            )
+
+        mode = data.get("cudagraph_mode")
+        if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
+            raise bad(f"cudagraph_mode {mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}")
+        sizes = data.get("cudagraph_capture_sizes")
+        if sizes is not None:
+            if not isinstance(sizes, list):
+                raise bad("cudagraph_capture_sizes must be a list of token counts")
+            sizes = [_whole(x) for x in sizes]  # vLLM's pydantic config reads "8" as 8
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in sizes):
+                raise bad("cudagraph_capture_sizes must be positive whole numbers")
+        top = _whole(data.get("max_cudagraph_capture_size"))
+        if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top > 0):
+            raise bad("max_cudagraph_capture_size must be a positive whole number")
+        return cls(
+            text,
+            mode.upper() if isinstance(mode, str) else None,
+            tuple(x for x in sizes if isinstance(x, int)) if sizes is not None else None,
+            top if isinstance(top, int) else None,
+        )
+
+
+def _whole(value: object) -> object:
+    """``"8"`` as 8 (pydantic's lax integers); anything else unchanged."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +126,45 @@ class ServeOptions:
     """The engine runs as vLLM's ``LLM`` class inside a process that already used CUDA (a
     notebook, a trainer) rather than as ``vllm serve``: the LLM class's batch defaults,
     and almost no non-torch growth after vLLM's init snapshot."""
+    enable_lora: bool = False
+    max_loras: int | None = None
+    """LoRA slots on the GPU (vLLM's default 1)."""
+    max_lora_rank: int | None = None
+    """The rank every slot is sized for (vLLM's default 16)."""
+    fully_sharded_loras: bool = False
+    lora_dtype: str = "auto"
+    max_cpu_loras: int | None = None
+    """Adapters cached in host memory: no GPU bytes."""
+    speculative_config: Speculative | None = None
+    """vLLM's ``--speculative-config``, read (``gatekeeper.estimate.speculative``)."""
+    cpu_offload_gb: float = 0.0
+    """GiB (2^30 bytes) of each GPU's decoder-layer weights kept in host memory (UVA)."""
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    decode_context_parallel_size: int = 1
+    limit_mm_per_prompt: MmLimits | None = None
+    skip_mm_profiling: bool = False
+    mm_encoder_tp_mode: str = "weights"
+    num_gpu_blocks_override: int | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+    compilation_config: CompilationOptions | None = None
+    optimization_level: str | None = None
+    """``-O0`` .. ``-O3`` (vLLM's default 2): 0 captures no CUDA graphs."""
+    runner: str = "auto"
+    convert: str = "auto"
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
         for flag, value in (
+            ("max_loras", self.max_loras),
+            ("max_lora_rank", self.max_lora_rank),
+            ("max_cpu_loras", self.max_cpu_loras),
+            ("data_parallel_size", self.data_parallel_size),
+            ("decode_context_parallel_size", self.decode_context_parallel_size),
+            ("num_gpu_blocks_override", self.num_gpu_blocks_override),
+            ("max_cudagraph_capture_size", self.max_cudagraph_capture_size),
             ("max_model_len", self.max_model_len),
             ("max_num_seqs", self.max_num_seqs),
             ("max_num_batched_tokens", self.max_num_batched_tokens),
@@ -70,6 +187,19 @@ class ServeOptions:
                 field="gpu_memory_utilization",
                 value=u,
             )
+        if self.cpu_offload_gb < 0:
+            raise ServeOptionsError(
+                f"cpu_offload_gb: {self.cpu_offload_gb} must be 0 or more GiB per GPU",
+                field="cpu_offload_gb",
+                value=self.cpu_offload_gb,
+            )
+        for size in self.cudagraph_capture_sizes or ():
+            if size <= 0:
+                raise ServeOptionsError(
+                    f"cudagraph_capture_sizes: {size} must be a positive number of tokens",
+                    field="cudagraph_capture_sizes",
+                    value=size,
+                )
 
     def _check_types(self) -> None:
         """Every field has its type (a JSON door can hand anything in): a float length
@@ -78,15 +208,27 @@ class ServeOptions:
             value = getattr(self, name)
             if value is None and name in _OPTIONAL:
                 continue
+            if kind is tuple:
+                if not isinstance(value, tuple) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in value
+                ):
+                    raise ServeOptionsError(
+                        f"{name}: {value!r} is not a list of whole numbers",
+                        field=name,
+                        value=repr(value),
+                    )
+                continue
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
                 object.__setattr__(self, name, value)
             ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
             if kind is float and ok:
                 ok = math.isfinite(value)
+            if kind not in _KIND_NAMES and isinstance(value, kind):
+                continue  # a flag read at the door (the JSON-valued ones)
             if not ok:
                 raise ServeOptionsError(
-                    f"{name}: {value!r} is not a valid {_KIND_NAMES[kind]}; "
+                    f"{name}: {value!r} is not a valid {_KIND_NAMES.get(kind, kind.__name__)}; "
                     "omit it to use vLLM's default",
                     field=name,
                     value=value if isinstance(value, str | int | float | bool) else repr(value),
@@ -108,12 +250,50 @@ _FIELD_TYPES: dict[str, type] = {
     "block_size": int,
     "vllm_version": str,
     "embedded": bool,
+    "enable_lora": bool,
+    "max_loras": int,
+    "max_lora_rank": int,
+    "fully_sharded_loras": bool,
+    "lora_dtype": str,
+    "max_cpu_loras": int,
+    "speculative_config": Speculative,
+    "cpu_offload_gb": float,
+    "data_parallel_size": int,
+    "enable_expert_parallel": bool,
+    "decode_context_parallel_size": int,
+    "limit_mm_per_prompt": MmLimits,
+    "skip_mm_profiling": bool,
+    "mm_encoder_tp_mode": str,
+    "num_gpu_blocks_override": int,
+    "cudagraph_capture_sizes": tuple,
+    "max_cudagraph_capture_size": int,
+    "compilation_config": CompilationOptions,
+    "optimization_level": str,
+    "runner": str,
+    "convert": str,
+    "enable_sleep_mode": bool,
 }
 _OPTIONAL = frozenset(
     {"quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-     "gpu_memory_utilization", "kv_cache_memory_bytes", "block_size", "vllm_version"}
+     "gpu_memory_utilization", "kv_cache_memory_bytes", "block_size", "vllm_version",
+     "max_loras", "max_lora_rank", "max_cpu_loras", "speculative_config",
+     "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
+     "max_cudagraph_capture_size", "compilation_config", "optimization_level"}
 )  # fmt: skip
-_KIND_NAMES = {str: "string", int: "whole number", float: "finite number", bool: "true/false"}
+_KIND_NAMES: dict[type, str] = {
+    str: "string",
+    int: "whole number",
+    float: "finite number",
+    bool: "true/false",
+}
+
+
+def draft_reference(options: ServeOptions) -> str | None:
+    """The draft model the options' speculative config names, which the caller resolves
+    (as it resolved the target) and hands to ``estimate(..., draft=)``; None when the
+    method needs no draft."""
+    sp = options.speculative_config
+    return sp.model if sp is not None and sp.needs_draft else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +358,14 @@ def resolve_kv_dtype(flag: str, model_dtype: str, spec: ModelSpec) -> KvDtype:
     return kv
 
 
-def check_parallelism(spec: ModelSpec, tp: int, pp: int) -> None:
+def check_parallelism(
+    spec: ModelSpec, tp: int, pp: int, options: ServeOptions | None = None
+) -> None:
     """vLLM's own checks: TP divides the attention heads, KV heads split or replicate
-    evenly, and PP has at least one layer per stage."""
+    evenly, PP has at least one layer per stage; expert parallelism needs experts and
+    decode context parallelism splits TP ranks whose KV heads are replicated."""
+    if options is not None:
+        _check_ep_dcp(spec, tp, options)
     heads = spec.num_attention_heads
     if heads % tp:
         divisors = [d for d in (1, 2, 4, 8, 16, 32, 64) if heads % d == 0]
@@ -204,4 +389,40 @@ def check_parallelism(spec: ModelSpec, tp: int, pp: int) -> None:
             f"use at most {spec.num_layers}",
             field="pipeline_parallel_size",
             value=pp,
+        )
+
+
+def _check_ep_dcp(spec: ModelSpec, tp: int, options: ServeOptions) -> None:
+    """``config/model.py`` and ``config/parallel.py``'s checks for -ep and -dcp."""
+    if options.enable_expert_parallel and spec.moe is None:
+        raise ServeOptionsError(
+            f"enable_expert_parallel: {spec.name} has no experts; vLLM requires an MoE "
+            "model for expert parallelism. Drop --enable-expert-parallel",
+            field="enable_expert_parallel",
+            value=True,
+        )
+    dcp = options.decode_context_parallel_size
+    if dcp == 1:
+        return
+    problem = None
+    if tp % dcp:
+        problem = f"tensor_parallel_size {tp} must be divisible by it"
+    elif spec.mla is None:
+        kv = spec.num_kv_heads
+        if tp <= kv:
+            problem = (
+                f"for GQA models tensor_parallel_size ({tp}) must exceed the {kv} KV heads, "
+                "so that ranks hold copies of a head to split tokens over"
+            )
+        elif dcp > tp // kv:
+            problem = f"at most {tp // kv} with {kv} KV heads at tensor_parallel_size {tp}"
+        elif (spec.num_attention_heads // kv) % dcp:
+            problem = (
+                f"the {spec.num_attention_heads // kv} query heads per KV head must divide by it"
+            )
+    if problem:
+        raise ServeOptionsError(
+            f"decode_context_parallel_size: {dcp} cannot work: {problem}",
+            field="decode_context_parallel_size",
+            value=dcp,
         )

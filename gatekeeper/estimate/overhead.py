@@ -29,6 +29,7 @@ from gatekeeper.units import GIB, MIB, cdiv, round_up
 __all__ = [
     "BatchShape",
     "batch_defaults",
+    "capture_size",
     "cuda_graph_bytes",
     "encoder_peak_bytes",
     "forward_peak_bytes",
@@ -111,12 +112,21 @@ def forward_peak_bytes(spec: ModelSpec, layers: range, tokens: int, tp: int, act
     return peak * act_bytes
 
 
-def encoder_peak_bytes(acc: Accounting, spec: ModelSpec, shape: BatchShape, act_bytes: int) -> int:
+def encoder_peak_bytes(
+    acc: Accounting,
+    spec: ModelSpec,
+    shape: BatchShape,
+    act_bytes: int,
+    *,
+    items_per_prompt: int | None = None,
+) -> int:
     """The multimodal profile: the vision encoder over the largest items that fit.
 
     Items: V0 gives each of ``max_num_seqs`` dummy sequences one image when the features
     go to cross-attention (Mllama), else as many as ``max_num_batched_tokens`` holds; V1
-    fills an encoder cache of ``max(max_num_batched_tokens, tokens_per_item)`` tokens.
+    fills an encoder cache of ``max(max_num_batched_tokens, tokens_per_item)`` tokens, at
+    most ``items_per_prompt x max_num_seqs`` items (``--limit-mm-per-prompt``; 0 items:
+    no encoder, no profile).
     Peak = patches x b x (MLP width + 3h) for a ViT block, plus the encoder features
     (``patches x output_dim``) and the projected embeddings (``tokens x H``) held at once.
     """
@@ -132,6 +142,10 @@ def encoder_peak_bytes(acc: Accounting, spec: ModelSpec, shape: BatchShape, act_
         items = max(1, min(shape.max_num_seqs, fit))
     else:
         items = max(1, max(shape.max_num_batched_tokens, v.tokens_per_item) // v.tokens_per_item)
+    if items_per_prompt is not None:
+        if items_per_prompt == 0:
+            return 0
+        items = min(items, items_per_prompt * shape.max_num_seqs)
     patches, tokens = items * v.patches_per_item, items * v.tokens_per_item
     # Encoder activations are gathered across TP ranks, so they are not divided by TP.
     mlp = (3 if v.gated else 2) * v.intermediate_size
@@ -175,15 +189,46 @@ def pre_init_bytes(tp: int) -> int:
     return CUDA_CONTEXT_BYTES + (TP_PRE_INIT_BYTES if tp > 1 else 0)
 
 
-def cuda_graph_bytes(
-    acc: Accounting, spec: ModelSpec, layers: range, tp: int, shape: BatchShape, eager: bool
+def capture_size(
+    shape: BatchShape,
+    *,
+    decode_query_len: int = 1,
+    sizes: tuple[int, ...] | None = None,
+    largest: int | None = None,
 ) -> int:
-    """CUDA-graph pool memory (0 with --enforce-eager)."""
+    """The largest CUDA-graph capture size (``config/vllm.py::_set_cudagraph_sizes``):
+    the largest of ``--cudagraph-capture-sizes``, else ``--max-cudagraph-capture-size``,
+    else ``min(2 x max_num_seqs x decode_query_len, 512)``; never above
+    max_num_batched_tokens. ``decode_query_len`` is 1 + the draft tokens of speculative
+    decoding."""
+    if sizes:
+        cap = max(sizes)
+    elif largest:
+        cap = largest
+    else:
+        cap = min(2 * shape.max_num_seqs * decode_query_len, 512)
+    return min(cap, shape.max_num_batched_tokens)
+
+
+def cuda_graph_bytes(
+    acc: Accounting,
+    spec: ModelSpec,
+    layers: range,
+    tp: int,
+    shape: BatchShape,
+    eager: bool,
+    *,
+    cap: int | None = None,
+    base: bool = True,
+) -> int:
+    """CUDA-graph pool memory (0 with --enforce-eager) for graphs up to ``cap`` tokens
+    (default ``capture_size(shape)``); ``base=False`` leaves out the pool's fixed part
+    (a drafter's graphs share the target's pool)."""
     if eager:
         return 0
     if acc.engine == "v0":
-        return V0_CUDA_GRAPH_BYTES
-    cap = min(2 * shape.max_num_seqs, 512, shape.max_num_batched_tokens)
+        return V0_CUDA_GRAPH_BYTES if base else 0
+    cap = capture_size(shape) if cap is None else cap
     h = spec.hidden_size
     if spec.mla is not None:
         qkv = cdiv(spec.num_attention_heads, tp) * (
@@ -193,7 +238,7 @@ def cuda_graph_bytes(
     else:
         kv = max(1, spec.num_kv_heads // tp)
         qkv = (cdiv(spec.num_attention_heads, tp) * spec.head_dim) + 2 * kv * spec.head_dim
-    total = V1_CUDA_GRAPH_BASE
+    total = V1_CUDA_GRAPH_BASE if base else 0
     for i in layers:
         per_token = 1.75 * h + qkv + h / tp
         if spec.moe is not None and spec.layer_moe[i]:

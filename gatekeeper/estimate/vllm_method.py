@@ -21,13 +21,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.accounting import (
     DEFAULT_VLLM_VERSION,
     Accounting,
     accounting_by_name,
     accounting_for,
 )
+from gatekeeper.estimate.drafter import DraftContext, DraftCost, draft_cost
 from gatekeeper.estimate.kv_cache import KvLayout, kv_layout
+from gatekeeper.estimate.lora import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    LoraSlots,
+    lora_bytes,
+)
 from gatekeeper.estimate.options import (
     ServeOptions,
     check_parallelism,
@@ -37,6 +45,7 @@ from gatekeeper.estimate.options import (
 from gatekeeper.estimate.overhead import (
     BatchShape,
     batch_defaults,
+    capture_size,
     cuda_graph_bytes,
     encoder_peak_bytes,
     forward_peak_bytes,
@@ -44,10 +53,11 @@ from gatekeeper.estimate.overhead import (
     pre_init_bytes,
     sampler_peak_bytes,
 )
-from gatekeeper.estimate.weights import pp_partition, weight_plan
+from gatekeeper.estimate.speculative import Speculative
+from gatekeeper.estimate.weights import WeightOptions, pp_partition, weight_plan
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
-from gatekeeper.units import format_gib
+from gatekeeper.units import GIB, format_gib
 
 __all__ = ["Estimate", "GpuTarget", "StageEstimate", "estimate"]
 
@@ -79,6 +89,12 @@ class StageEstimate:
     budget_bytes: int
     nvml_bytes: int
     """What NVML will show the worker process holding on this GPU once it is ready."""
+    lora_bytes: int = 0
+    """LoRA slots (``--enable-lora``), part of ``weights_bytes`` as vLLM counts them."""
+    draft_weights_bytes: int = 0
+    """The speculative drafter's weights, part of ``weights_bytes`` (last stage)."""
+    cpu_offloaded_bytes: int = 0
+    """Weights kept in host memory by ``--cpu-offload-gb``, not in ``weights_bytes``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +133,19 @@ class Estimate:
     length_beyond_model: bool = False
     """max_model_len exceeds the model's derived maximum: vLLM refuses it whatever the
     memory (the one refusal no KV budget can fix)."""
+    data_parallel_size: int = 1
+    """Engine replicas (``-dp``), each on its own ``tp x pp`` GPUs; per-GPU bytes are the
+    same on every replica."""
+    expert_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    speculative_method: str | None = None
+    cuda_graph_capture_size: int = 0
+    """The largest batch captured in a CUDA graph (0: no graphs)."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one deployment takes: ``dp x tp x pp``."""
+        return self.data_parallel_size * self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def worst(self) -> StageEstimate:
@@ -174,6 +203,10 @@ class Estimate:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_block_bytes": self.kv_block_bytes,
             "blocks_per_request": self.blocks_per_request,
+            "lora_bytes": w.lora_bytes,
+            "draft_weights_bytes": w.draft_weights_bytes,
+            "cpu_offloaded_bytes": w.cpu_offloaded_bytes,
+            "gpus": self.gpus,
             "weights_source": self.weights_source,
             "options": {
                 "tensor_parallel_size": self.tensor_parallel_size,
@@ -186,6 +219,11 @@ class Estimate:
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "block_size": self.block_size,
                 "enforce_eager": self.enforce_eager,
+                "data_parallel_size": self.data_parallel_size,
+                "expert_parallel_size": self.expert_parallel_size,
+                "decode_context_parallel_size": self.decode_context_parallel_size,
+                "speculative_method": self.speculative_method,
+                "cuda_graph_capture_size": self.cuda_graph_capture_size,
             },
             "stages": [{k: getattr(s, k) for k in StageEstimate.__slots__} for s in self.stages],
         }
@@ -207,16 +245,93 @@ class _Plan:
     utilization: float
     shape: BatchShape
     block_size: int
+    features: _Features
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
 
+@dataclass(frozen=True, slots=True)
+class _Features:
+    """The serving flags beyond the basic shape that change memory, resolved."""
+
+    lora: LoraSlots | None
+    speculative: Speculative | None
+    pooling: bool
+    ep: int
+    dcp: int
+    graphs: bool
+    cap: int
+    mm_items: int | None
+    """Items per prompt the encoder profile is limited to (None: vLLM's default)."""
+    weights: WeightOptions
+
+
+_POOLING_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel",
+                     "EmbeddingModel", "Model")  # fmt: skip
+
+
+def _pooling(spec: ModelSpec, opts: ServeOptions) -> bool:
+    """vLLM's pooling runner: asked for (``--runner pooling``, ``--convert embed``) or an
+    architecture vLLM registers as pooling (``*ForSequenceClassification``, ``BertModel``)."""
+    if opts.runner == "pooling" or opts.convert in ("embed", "classify"):
+        return True
+    if opts.runner != "auto" or opts.convert == "none":
+        return False
+    arch = spec.architecture
+    return arch.endswith(_POOLING_SUFFIXES) and not arch.endswith("ForCausalLM")
+
+
+def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -> _Features:
+    sp = opts.speculative_config
+    comp = opts.compilation_config
+    mode = comp.cudagraph_mode if comp else None
+    graphs = not opts.enforce_eager and opts.optimization_level != "0" and mode != "NONE"
+    k = sp.tokens(spec) if sp else 0
+    cap = capture_size(
+        shape,
+        decode_query_len=1 + k,
+        sizes=opts.cudagraph_capture_sizes or (comp.capture_sizes if comp else None),
+        largest=opts.max_cudagraph_capture_size or (comp.max_capture_size if comp else None),
+    )
+    limits = opts.limit_mm_per_prompt
+    items = limits.get("image") if limits else None
+    vision_off = limits is not None and bool(limits.counts) and not any(n for _, n in limits.counts)
+    ep = opts.data_parallel_size * tp if opts.enable_expert_parallel else 1
+    lora = None
+    if opts.enable_lora:
+        lora = LoraSlots(
+            opts.max_loras or DEFAULT_MAX_LORAS,
+            opts.max_lora_rank or DEFAULT_MAX_LORA_RANK,
+            opts.lora_dtype,
+            opts.fully_sharded_loras,
+        )
+    pooling = _pooling(spec, opts)
+    weights = WeightOptions(
+        ep_size=ep,
+        lm_head=not pooling,
+        vision=not vision_off,
+        vision_replicated=opts.mm_encoder_tp_mode == "data",
+        cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),
+    )
+    return _Features(
+        lora=lora,
+        speculative=sp,
+        pooling=pooling,
+        ep=ep,
+        dcp=opts.decode_context_parallel_size,
+        graphs=graphs,
+        cap=cap if graphs else 0,
+        mm_items=0 if vision_off or opts.skip_mm_profiling else items,
+        weights=weights,
+    )
+
+
 def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_version: str) -> _Plan:
     acc = accounting_for(opts.vllm_version or default_version)
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
-    check_parallelism(spec, tp, pp)
+    check_parallelism(spec, tp, pp, opts)
     dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1")
     quant = (
         quant_from_flag(opts.quantization, spec.quantization)
@@ -235,27 +350,88 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
-    return _Plan(acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block)
+    features = _features(spec, opts, shape, tp)
+    return _Plan(
+        acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features
+    )
 
 
-def _stage(p: _Plan, k: int, layers: range, weights: int, last: bool) -> StageEstimate:
+def _draft(p: _Plan, draft: ModelSpec | None) -> DraftCost:
+    sp = p.features.speculative
+    if sp is None:
+        return DraftCost(0, 0, 0, 0)
+    if sp.needs_draft and draft is None:
+        raise ServeOptionsError(
+            f"speculative_config: the draft model {sp.model!r} must be resolved to size it "
+            "(estimate(..., draft=spec)); give a model gatekeeper can read",
+            field="speculative_config",
+            value=p.opts.speculative_config,
+        )
+    kv = resolve_kv_dtype(p.opts.kv_cache_dtype, p.dtype, p.spec)
+    ctx = DraftContext(
+        acc=p.acc,
+        spec=p.spec,
+        tp=p.tp,
+        dtype_bytes=p.dtype_bytes,
+        quant=p.quant,
+        kv=kv,
+        shape=p.shape,
+        eager=not p.features.graphs,
+        cap=p.features.cap,
+    )
+    return draft_cost(sp, ctx, draft)
+
+
+def _lora_activation(p: _Plan) -> int:
+    """Punica's shrink buffer: ``3 slices x tokens x rank`` in fp32 in the widest layer."""
+    lora = p.features.lora
+    return 3 * p.shape.max_num_batched_tokens * lora.rank * 4 if lora else 0
+
+
+def _stage(
+    p: _Plan, k: int, layers: range, weights: int, offloaded: int, drafter: DraftCost
+) -> StageEstimate:
+    f = p.features
+    last = k == p.pp - 1
     forward = forward_peak_bytes(
         p.spec, layers, p.shape.max_num_batched_tokens, p.tp, p.dtype_bytes
     )
-    sampler = sampler_peak_bytes(p.acc, p.spec, p.shape.max_num_seqs, p.dtype_bytes) if last else 0
-    encoder = encoder_peak_bytes(p.acc, p.spec, p.shape, p.dtype_bytes) if k == 0 else 0
+    if last:
+        forward = max(forward, drafter.forward_peak_bytes)
+    forward += _lora_activation(p)
+    sampling = last and not f.pooling
+    sampler = (
+        sampler_peak_bytes(p.acc, p.spec, p.shape.max_num_seqs, p.dtype_bytes) if sampling else 0
+    )
+    encoder = (
+        encoder_peak_bytes(p.acc, p.spec, p.shape, p.dtype_bytes, items_per_prompt=f.mm_items)
+        if k == 0
+        else 0
+    )
     activation = max(forward, sampler, encoder)
-    graphs = cuda_graph_bytes(p.acc, p.spec, layers, p.tp, p.shape, p.opts.enforce_eager)
+    graphs = cuda_graph_bytes(p.acc, p.spec, layers, p.tp, p.shape, not f.graphs, cap=f.cap or None)
+    lora = (
+        lora_bytes(p.spec, layers, f.lora, tp=p.tp, ep=f.ep, model_dtype=p.dtype) if f.lora else 0
+    )
+    draft_weights = drafter.weights_bytes if last else 0
+    if last:
+        graphs += drafter.cuda_graph_bytes
+    weights += lora + draft_weights
     non_torch = non_torch_bytes(p.acc, p.tp, p.pp, embedded=p.opts.embedded)
     budget = math.ceil(p.utilization * p.gpu.total_bytes)
     in_budget = graphs if p.acc.cuda_graphs_in_budget else 0
+    layout = _layout(p, layers, drafter)
+    fixed = weights + non_torch + activation
     if p.opts.kv_cache_memory_bytes is not None:
         kv = p.opts.kv_cache_memory_bytes
-        nvml = pre_init_bytes(p.tp) + weights + non_torch + activation + kv + graphs
     else:
-        kv = budget - weights - non_torch - activation - in_budget
+        kv = budget - fixed - in_budget
+    if p.opts.num_gpu_blocks_override is not None and layout.groups:
+        kv = p.opts.num_gpu_blocks_override * layout.bytes_per_block  # allocated, whatever fits
+    if p.opts.kv_cache_memory_bytes is None and p.opts.num_gpu_blocks_override is None:
         nvml = pre_init_bytes(p.tp) + budget + graphs - in_budget
-    layout = _layout(p, layers)
+    else:
+        nvml = pre_init_bytes(p.tp) + fixed + kv + graphs
     return StageEstimate(
         stage=k,
         layers=len(layers),
@@ -267,11 +443,16 @@ def _stage(p: _Plan, k: int, layers: range, weights: int, last: bool) -> StageEs
         num_blocks=layout.num_blocks(kv),
         budget_bytes=budget,
         nvml_bytes=nvml,
+        lora_bytes=lora,
+        draft_weights_bytes=draft_weights,
+        cpu_offloaded_bytes=offloaded,
     )
 
 
-def _layout(p: _Plan, layers: range) -> KvLayout:
+def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayout:
     kv = resolve_kv_dtype(p.opts.kv_cache_dtype, p.dtype, p.spec)
+    last = bool(layers) and layers[-1] == p.spec.num_layers - 1
+    extra = drafter.kv_bytes_per_token if drafter is not None and last else 0
     return kv_layout(
         p.spec,
         layers,
@@ -280,6 +461,8 @@ def _layout(p: _Plan, layers: range) -> KvLayout:
         block_size=p.block_size,
         hybrid=p.acc.hybrid_kv,
         mla_align=p.acc.mla_align,
+        extra_bytes_per_token=extra,
+        dcp=p.features.dcp,
     )
 
 
@@ -310,21 +493,35 @@ def estimate(
     gpu: GpuTarget,
     *,
     default_version: str = DEFAULT_VLLM_VERSION,
+    draft: ModelSpec | None = None,
 ) -> Estimate:
-    """Estimate one worker's per-GPU memory under vLLM's accounting."""
+    """Estimate one worker's per-GPU memory under vLLM's accounting.
+
+    ``draft`` is the speculative draft model's spec when ``--speculative-config`` names
+    one (``Speculative.needs_draft``); the caller resolves it, as it resolved ``spec``."""
     p = _resolve(spec, options, gpu, default_version)
-    plan = weight_plan(spec, tp=p.tp, pp=p.pp, dtype_bytes=p.dtype_bytes, quant=p.quant)
+    drafter = _draft(p, draft)
+    plan = weight_plan(
+        spec,
+        tp=p.tp,
+        pp=p.pp,
+        dtype_bytes=p.dtype_bytes,
+        quant=p.quant,
+        options=p.features.weights,
+    )
+    offloaded = plan.offloaded_bytes or (0,) * p.pp
     parts = pp_partition(spec.num_layers, p.pp)
     stages = tuple(
-        _stage(p, k, layers, plan.stage_bytes[k], last=k == p.pp - 1)
+        _stage(p, k, layers, plan.stage_bytes[k], offloaded[k], drafter)
         for k, layers in enumerate(parts)
     )
     worst = min(stages, key=lambda s: (s.num_blocks, s.kv_cache_bytes))
-    layout = _layout(p, parts[worst.stage])
+    layout = _layout(p, parts[worst.stage], drafter)
     tokens, concurrency, fit_len, length_fits = _capacity(
         p, layout, worst.num_blocks, worst.kv_cache_bytes
     )
     reasons, warnings = _verdict(p, worst, layout, length_fits, tokens)
+    sp = p.features.speculative
     return Estimate(
         model=spec.name,
         method="vllm",
@@ -357,6 +554,11 @@ def estimate(
         length_beyond_model=_length_beyond_model(p),
         reasons=tuple(reasons),
         warnings=tuple(warnings),
+        data_parallel_size=options.data_parallel_size,
+        expert_parallel_size=p.features.ep,
+        decode_context_parallel_size=p.features.dcp,
+        speculative_method=sp.method if sp else None,
+        cuda_graph_capture_size=p.features.cap,
     )
 
 

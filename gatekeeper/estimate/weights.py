@@ -28,9 +28,41 @@ from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
-__all__ = ["VOCAB_PADDING", "WeightPlan", "parameter_count", "pp_partition", "weight_plan"]
+__all__ = [
+    "VOCAB_PADDING",
+    "WeightOptions",
+    "WeightPlan",
+    "layer_bytes",
+    "lm_head_bytes",
+    "parameter_count",
+    "pp_partition",
+    "weight_plan",
+]
 
 VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True, slots=True)
+class WeightOptions:
+    """Serving flags that change which weights a rank holds.
+
+    - ``ep_size``: expert parallelism (``--enable-expert-parallel``) over ``dp x tp``
+      ranks: each rank holds ``experts / ep_size`` whole experts instead of every
+      expert's ``intermediate / tp`` slice;
+    - ``lm_head``: False for pooling runners, which load no LM head;
+    - ``vision``: False when ``--limit-mm-per-prompt`` allows no item of any modality
+      (vLLM then builds no encoder); ``vision_replicated`` for
+      ``--mm-encoder-tp-mode data`` (the encoder whole on every rank);
+    - ``cpu_offload_bytes``: ``--cpu-offload-gb`` x 2^30: vLLM's UVA offloader moves
+      decoder-layer parameters, first layers first, to host memory until that many
+      bytes are off the GPU (``model_executor/offloader/uva.py``).
+    """
+
+    ep_size: int = 1
+    lm_head: bool = True
+    vision: bool = True
+    vision_replicated: bool = False
+    cpu_offload_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +71,9 @@ class WeightPlan:
 
     stage_bytes: tuple[int, ...]
     source: str
+    offloaded_bytes: tuple[int, ...] = ()
+    """Bytes of each stage's decoder layers held in host memory (``--cpu-offload-gb``),
+    already taken out of ``stage_bytes``."""
 
     @property
     def max_bytes(self) -> int:
@@ -64,6 +99,7 @@ class _Ctx:
     tp: int
     dtype_bytes: int
     quant: QuantSpec | None
+    opts: WeightOptions = WeightOptions()
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
         q = self.quant
@@ -143,7 +179,10 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     assert moe is not None
     h = s.hidden_size
     total = h * moe.num_experts * c.dtype_bytes + (c.vec(moe.num_experts) if moe.router_bias else 0)
-    inter = cdiv(moe.expert_intermediate_size, c.tp)
+    ep = c.opts.ep_size
+    # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
+    inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
+    local_experts = cdiv(moe.num_experts, ep)
     q = c.quant
     if q is not None and not q.skips(f"{p}.experts"):
         inter = q.expert_intermediate(inter)
@@ -154,7 +193,7 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
         per_expert = 3 * h * inter * c.dtype_bytes
     if moe.expert_bias:
         per_expert += c.vec(2 * inter + h)
-    total += moe.num_experts * per_expert
+    total += local_experts * per_expert
     if moe.shared_intermediate_size:
         total += _mlp_bytes(
             c, i, f"{p}.shared_experts", moe.shared_intermediate_size, gated=True, bias=False
@@ -177,8 +216,8 @@ def _vocab_rows(spec: ModelSpec, tp: int) -> int:
     return round_up(spec.vocab_size, VOCAB_PADDING) // tp
 
 
-def _lm_head_bytes(c: _Ctx) -> int:
-    rows = _vocab_rows(c.spec, c.tp)
+def _lm_head_bytes(c: _Ctx, vocab: int | None = None) -> int:
+    rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else _vocab_rows(c.spec, c.tp)
     q = c.quant
     if q is not None and q.lm_head and not q.experts_only:
         return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
@@ -195,43 +234,88 @@ def _stage_bytes(c: _Ctx, layers: range, *, first: bool, last: bool) -> int:
     if first:
         total += _vocab_rows(s, c.tp) * s.hidden_size * c.dtype_bytes
         total += s.learned_position_embeddings * s.hidden_size * c.dtype_bytes
-        total += cdiv(s.vision_parameters, c.tp) * c.dtype_bytes
+        if c.opts.vision:
+            shards = 1 if c.opts.vision_replicated else c.tp
+            total += cdiv(s.vision_parameters, shards) * c.dtype_bytes
     if last:
         total += c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))
-        if not s.tie_word_embeddings or not first:
+        if c.opts.lm_head and (not s.tie_word_embeddings or not first):
             total += _lm_head_bytes(c)
     return total + _rope_cache_bytes(s, c.dtype_bytes)
 
 
+def layer_bytes(
+    spec: ModelSpec, i: int, *, tp: int, dtype_bytes: int, quant: QuantSpec | None
+) -> int:
+    """One decoder layer's bytes on one TP rank (layer ``i``'s attention and MLP kind)."""
+    return _layer_bytes(_Ctx(spec, tp, dtype_bytes, quant), i)
+
+
+def lm_head_bytes(
+    spec: ModelSpec, *, tp: int, dtype_bytes: int, quant: QuantSpec | None, vocab: int | None = None
+) -> int:
+    """The LM head's bytes on one TP rank (``vocab`` rows, padded to 64, default the model's)."""
+    return _lm_head_bytes(_Ctx(spec, tp, dtype_bytes, quant), vocab)
+
+
 def weight_plan(
-    spec: ModelSpec, *, tp: int, pp: int, dtype_bytes: int, quant: QuantSpec | None
+    spec: ModelSpec,
+    *,
+    tp: int,
+    pp: int,
+    dtype_bytes: int,
+    quant: QuantSpec | None,
+    options: WeightOptions | None = None,
 ) -> WeightPlan:
     """Bytes of weights on each pipeline stage's ranks."""
-    ctx = _Ctx(spec, tp, dtype_bytes, quant)
+    opts = options or WeightOptions()
+    ctx = _Ctx(spec, tp, dtype_bytes, quant, opts)
     stages = pp_partition(spec.num_layers, pp)
     arch = tuple(
         _stage_bytes(ctx, layers, first=k == 0, last=k == pp - 1) for k, layers in enumerate(stages)
     )
+    arch_layers = tuple(sum(_layer_bytes(ctx, i) for i in layers) for layers in stages)
     ckpt = spec.checkpoint
     if ckpt is None or (quant is not None and quant.source == "runtime"):
-        return WeightPlan(arch, "architecture (config.json)")
+        return _offloaded(arch, arch_layers, "architecture (config.json)", opts)
     if ckpt.tensors:
-        return WeightPlan(_from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant), ckpt.source)
+        totals, in_layers = _from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant, opts)
+        return _offloaded(totals, in_layers, ckpt.source, opts)
     # Only the index's total_size: scale the architecture's split to the exact total.
     base = _Ctx(spec, 1, spec.dtype_bytes, spec.quantization)
     arch_total = _stage_bytes(base, range(spec.num_layers), first=True, last=True)
     extras = _rope_cache_bytes(spec, spec.dtype_bytes)
     factor = (ckpt.total_bytes + extras) / arch_total if arch_total else 1.0
-    return WeightPlan(tuple(round(b * factor) for b in arch), ckpt.source)
+    scaled = tuple(round(b * factor) for b in arch)
+    return _offloaded(scaled, tuple(round(b * factor) for b in arch_layers), ckpt.source, opts)
+
+
+def _offloaded(
+    stage_bytes: tuple[int, ...], layer_bytes: tuple[int, ...], source: str, opts: WeightOptions
+) -> WeightPlan:
+    """``--cpu-offload-gb``: each rank moves up to that many bytes of its decoder layers to
+    host memory (the embedding, LM head and buffers stay on the GPU)."""
+    off = tuple(min(opts.cpu_offload_bytes, layers) for layers in layer_bytes)
+    if not opts.cpu_offload_bytes:
+        return WeightPlan(stage_bytes, source)
+    kept = tuple(b - o for b, o in zip(stage_bytes, off, strict=True))
+    return WeightPlan(kept, source, off)
 
 
 _LAYER_RE = re.compile(r"(?:layers|h|blocks)\.(\d+)\.")
 _FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "mlp.gate.weight", "router", "norm", "sinks")
+_VISION = ("visual.", "vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
 
 
-def _tensor_rank_bytes(spec: ModelSpec, name: str, num_bytes: int, tp: int) -> int:
+def _tensor_rank_bytes(
+    spec: ModelSpec, name: str, num_bytes: int, tp: int, opts: WeightOptions
+) -> int:
     if len(name) and any(key in name for key in _REPLICATED):
+        return num_bytes
+    if opts.ep_size > 1 and ".experts." in name:
+        return cdiv(num_bytes, opts.ep_size)  # whole experts, num_experts / ep of them
+    if opts.vision_replicated and any(key in name for key in _VISION):
         return num_bytes
     if spec.mla is None and (".k_proj." in name or ".v_proj." in name):
         kv_rank = max(1, spec.num_kv_heads // tp)
@@ -242,6 +326,16 @@ def _tensor_rank_bytes(spec: ModelSpec, name: str, num_bytes: int, tp: int) -> i
     return cdiv(num_bytes, tp)
 
 
+def _loaded(spec: ModelSpec, name: str, layer: int | None, opts: WeightOptions) -> bool:
+    """Whether vLLM loads the tensor: MTP layers (past ``num_layers``) only for MTP
+    speculation (counted there), no LM head for pooling, no encoder when it is off."""
+    if layer is not None and layer >= spec.num_layers:
+        return False
+    if not opts.lm_head and "lm_head" in name:
+        return False
+    return opts.vision or not any(key in name for key in _VISION)
+
+
 def _from_tensors(
     spec: ModelSpec,
     ckpt: CheckpointWeights,
@@ -249,9 +343,12 @@ def _from_tensors(
     stages: list[range],
     dtype_bytes: int,
     quant: QuantSpec | None,
-) -> tuple[int, ...]:
+    opts: WeightOptions,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(bytes per stage, of which in decoder layers) from the checkpoint's tensors."""
     stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
     totals = [0] * len(stages)
+    in_layers = [0] * len(stages)
     has_lm_head = any("lm_head" in t.name for t in ckpt.tensors)
     for t in ckpt.tensors:
         num_bytes = t.num_bytes
@@ -266,14 +363,20 @@ def _from_tensors(
             inter = spec.moe.expert_intermediate_size
             num_bytes = num_bytes * quant.expert_intermediate(inter) // inter
         match = _LAYER_RE.search(t.name)
-        if match:
-            stage = stage_of.get(int(match.group(1)), 0)
+        layer = int(match.group(1)) if match else None
+        if not _loaded(spec, t.name, layer, opts):
+            continue
+        if layer is not None:
+            stage = stage_of.get(layer, 0)
         else:
             stage = (
                 len(stages) - 1 if ("lm_head" in t.name or t.name.endswith("norm.weight")) else 0
             )
-        totals[stage] += _tensor_rank_bytes(spec, t.name, num_bytes, tp)
-    if spec.tie_word_embeddings and not has_lm_head and len(stages) > 1:
+        rank_bytes = _tensor_rank_bytes(spec, t.name, num_bytes, tp, opts)
+        totals[stage] += rank_bytes
+        if layer is not None:
+            in_layers[stage] += rank_bytes
+    if spec.tie_word_embeddings and not has_lm_head and len(stages) > 1 and opts.lm_head:
         totals[-1] += (
             round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
         )
@@ -283,7 +386,7 @@ def _from_tensors(
         per_layer = heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * dtype_bytes
         for k, layers in enumerate(stages):
             totals[k] += per_layer * len(layers)
-    return tuple(b + extras for b in totals)
+    return tuple(b + extras for b in totals), tuple(in_layers)
 
 
 def parameter_count(spec: ModelSpec) -> int:

@@ -69,6 +69,13 @@ def _positive(name: str, value: Any) -> int:
     return number
 
 
+def _mtp_layers(text: Mapping[str, Any]) -> int:
+    """Multi-token-prediction layers a checkpoint ships (DeepSeek V3, GLM-4.5, Qwen3-Next)."""
+    keys = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+    value = _get(text, "mtp_layers", *keys, required=False)
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
 def _dtype(top: Mapping[str, Any], text: Mapping[str, Any]) -> str:
     raw = top.get("torch_dtype") or top.get("dtype") or text.get("torch_dtype") or "bfloat16"
     dtype = _DTYPE_ALIASES.get(str(raw).removeprefix("torch.").lower())
@@ -296,6 +303,8 @@ def spec_from_config(
         rope_caches=rope_caches,
         learned_position_embeddings=max_pos + 2 if model_type == "opt" else 0,
         vision=vision_spec(config.get("vision_config"), config, hidden),
+        mtp_layers=_mtp_layers(text),
+        draft_vocab_size=int(text["draft_vocab_size"]) if text.get("draft_vocab_size") else None,
         checkpoint=checkpoint,
         declared_parameters=declared_parameters,
         source=source,

@@ -142,6 +142,11 @@ class ModelSpec:
     learned_position_embeddings: int = 0
     """Rows of a learned absolute position table (OPT, GPT-2), 0 for rotary models."""
     vision: VisionSpec | None = None
+    mtp_layers: int = 0
+    """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``):
+    loaded only when ``--speculative-config`` asks for MTP."""
+    draft_vocab_size: int | None = None
+    """An EAGLE-3 head's own, smaller vocabulary (its lm_head rows), when it has one."""
     checkpoint: CheckpointWeights | None = None
     declared_parameters: int | None = None
     source: str = ""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.decide import decide
@@ -186,8 +186,14 @@ def run_plan(
     cache = EstimateCache()
     for dep in plan.deployments:
         spec = resolve(dep.model)
+        draft = draft_reference(dep.options)
         request = PlacementRequest(
-            spec, dep.options, dep.auto_parallel, dep.min_kv_tokens, dep.min_sequences
+            spec,
+            dep.options,
+            dep.auto_parallel,
+            dep.min_kv_tokens,
+            dep.min_sequences,
+            draft=resolve(draft) if draft else None,
         )
         d = decide(request, snapshot, reserved=planned, workers=workers, policy=policy, cache=cache)
         for uuid, num_bytes in d.promises():

@@ -93,24 +93,34 @@ class EstimateCache:
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._entries: dict[tuple[Any, ...], tuple[ModelSpec, Estimate]] = {}
+        self._entries: dict[tuple[Any, ...], tuple[ModelSpec, ModelSpec | None, Estimate]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def estimate(
-        self, spec: ModelSpec, options: ServeOptions, total: int, name: str, version: str
+        self,
+        spec: ModelSpec,
+        options: ServeOptions,
+        total: int,
+        name: str,
+        version: str,
+        draft: ModelSpec | None = None,
     ) -> Estimate:
-        key = (id(spec), options, total, name, version)
+        key = (id(spec), id(draft), options, total, name, version)
         cached = self._entries.get(key)
-        if cached is not None and cached[0] is spec:
-            return cached[1]
+        if cached is not None and cached[0] is spec and cached[1] is draft:
+            return cached[2]
         if len(self._entries) >= self.limit:
             self._entries.clear()
         result = estimate(
-            spec, options, GpuTarget(total_bytes=total, name=name), default_version=version
+            spec,
+            options,
+            GpuTarget(total_bytes=total, name=name),
+            default_version=version,
+            draft=draft,
         )
-        self._entries[key] = (spec, result)
+        self._entries[key] = (spec, draft, result)
         return result
 
 
@@ -192,7 +202,12 @@ def _needs(
         if g.total_bytes in out:
             continue
         e = cache.estimate(
-            request.model, options, g.total_bytes, g.name, policy.default_vllm_version
+            request.model,
+            options,
+            g.total_bytes,
+            g.name,
+            policy.default_vllm_version,
+            request.draft,
         )
         if request.corrections:
             e = scale_estimate(e, request.corrections)
@@ -346,7 +361,8 @@ def search(
         beyond = beyond or all(n.short for n in needs.values())
         # a GPU product the request's own budget cannot work on takes no rank
         sizes = {t: (n.max_bytes if not n.short else 2**62) for t, n in needs.items()}
-        chosen = None if beyond else _group(candidates, shape[0] * shape[1], sizes)
+        gpus = shape[0] * shape[1] * request.options.data_parallel_size  # dp x tp x pp
+        chosen = None if beyond else _group(candidates, gpus, sizes)
         if chosen is None:
             tried.append((shape, needs))
             continue

@@ -69,6 +69,9 @@ class PlacementRequest:
     corrections: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Calibration factors per component (weights, activation, non_torch, cuda_graph)
     learned from earlier workers of the same family (``gatekeeper.estimate.calibration``)."""
+    draft: ModelSpec | None = None
+    """The speculative draft model's spec, when the options' ``speculative_config`` names
+    one (``gatekeeper.estimate.speculative.draft_reference``)."""
 
 
 @dataclass(frozen=True, slots=True)

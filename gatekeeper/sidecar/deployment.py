@@ -239,6 +239,7 @@ def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> Placeme
         auto_parallel=bool(recorded.get("auto_parallel", True)),
         min_kv_tokens=recorded.get("min_kv_tokens"),
         min_sequences=int(recorded.get("min_sequences", 1)),
+        draft=base.draft,
     )
 
 

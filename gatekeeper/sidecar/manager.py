@@ -59,6 +59,7 @@ from gatekeeper.sidecar.launcher import (
 )
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.rehearsal import simulator_env
+from gatekeeper.vllm.flags import options_record
 
 __all__ = [
     "DeploymentManager",
@@ -347,7 +348,7 @@ class DeploymentManager:
         path = self.records_dir / f"{d.id}.json"
         tmp = path.with_suffix(".tmp")
         request = {
-            "options": asdict(d.request.options),
+            "options": options_record(d.request.options),
             "min_sequences": d.request.min_sequences,
             "min_kv_tokens": d.request.min_kv_tokens,
             "auto_parallel": d.request.auto_parallel,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.options import draft_reference
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementRequest, auto_parallel
 from gatekeeper.settings import ModelEntry
@@ -64,10 +65,12 @@ class ModelRegistry:
         serve, given = options_from_mapping(
             {**entry.options, **(overrides or {})}, where=f"options of {entry.name}"
         )
+        draft = draft_reference(serve)
         return PlacementRequest(
             model=self.resolve_spec(entry.model),
             options=serve,
             auto_parallel=auto_parallel(given),
             min_kv_tokens=entry.min_kv_tokens,
             min_sequences=entry.min_sequences,
+            draft=self.resolve_spec(draft) if draft else None,
         )

@@ -20,14 +20,15 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.options import CompilationOptions, MmLimits, ServeOptions
+from gatekeeper.estimate.speculative import parse_speculative
 
 __all__ = [
     "GATEKEEPER_KEYS",
@@ -37,6 +38,7 @@ __all__ = [
     "flag_table",
     "human_readable_int",
     "options_from_mapping",
+    "options_record",
     "serve_options",
     "serve_values",
     "shipped_releases",
@@ -231,7 +233,59 @@ def serve_options(values: Mapping[str, Any]) -> ServeOptions:
     picked = {k: values[k] for k in (*MODELLED, *GATEKEEPER_KEYS) if values.get(k) is not None}
     if picked.get("max_model_len") == -1:
         del picked["max_model_len"]
+    for name, read in _JSON_OPTIONS.items():
+        if name in picked:
+            picked[name] = _json_option(name, picked[name], read)
+    if picked.get("limit_mm_per_prompt") is not None and not picked["limit_mm_per_prompt"].counts:
+        del picked["limit_mm_per_prompt"]  # {}: vLLM's default
+    if isinstance(picked.get("cudagraph_capture_sizes"), list):
+        picked["cudagraph_capture_sizes"] = tuple(picked["cudagraph_capture_sizes"])
+    if "optimization_level" in picked:
+        picked["optimization_level"] = str(picked["optimization_level"])
     return ServeOptions(**picked)
+
+
+def canonical_json(value: object) -> str:
+    """A JSON value as one canonical text (sorted keys, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+_JSON_OPTIONS: dict[str, Callable[[Mapping[str, Any], str], Any]] = {
+    "speculative_config": parse_speculative,
+    "limit_mm_per_prompt": MmLimits.from_mapping,
+    "compilation_config": CompilationOptions.from_mapping,
+}
+"""Flags whose values are JSON objects, read into the estimator's typed options here (the
+estimator parses no JSON); each keeps its canonical text for the command line."""
+
+
+def _json_option(name: str, value: Any, read: Callable[[Mapping[str, Any], str], Any]) -> Any:
+    if not isinstance(value, str | Mapping):
+        return value  # already read (an options object handed back in)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            value = None
+    if not isinstance(value, Mapping):
+        raise ServeOptionsError(
+            f"{name}: give a JSON object, such as '{{\"key\": 1}}'", field=name, value=str(value)
+        )
+    return read(value, canonical_json(value))
+
+
+def options_record(options: ServeOptions) -> dict[str, Any]:
+    """``options`` as a mapping the doors read back (``options_from_mapping``): JSON-valued
+    flags as their JSON, lists as lists. For deployment records."""
+    out: dict[str, Any] = {}
+    for f in fields(ServeOptions):
+        value = getattr(options, f.name)
+        if hasattr(value, "text"):
+            value = json.loads(value.text)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
 
 
 def options_from_mapping(

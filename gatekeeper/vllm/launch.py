@@ -75,4 +75,40 @@ def launch_args(model: str, flags: LaunchFlags, options: ServeOptions) -> tuple[
         args += ["--block-size", str(options.block_size)]
     if options.enforce_eager:
         args.append("--enforce-eager")
-    return tuple(args)
+    return tuple(args + _feature_args(options))
+
+
+def _feature_args(o: ServeOptions) -> list[str]:
+    """The modelled flags beyond the basic shape, as the operator gave them (JSON values
+    in canonical form, one argument each)."""
+    args: list[str] = []
+    switches = ("enable_lora", "fully_sharded_loras", "enable_expert_parallel",
+                "skip_mm_profiling", "enable_sleep_mode")  # fmt: skip
+    for name in switches:
+        if getattr(o, name):
+            args.append("--" + name.replace("_", "-"))
+    valued: list[tuple[str, object, object]] = [
+        ("max_loras", o.max_loras, None),
+        ("max_lora_rank", o.max_lora_rank, None),
+        ("lora_dtype", o.lora_dtype, "auto"),
+        ("max_cpu_loras", o.max_cpu_loras, None),
+        ("speculative_config", o.speculative_config, None),
+        ("cpu_offload_gb", o.cpu_offload_gb, 0.0),
+        ("data_parallel_size", o.data_parallel_size, 1),
+        ("decode_context_parallel_size", o.decode_context_parallel_size, 1),
+        ("limit_mm_per_prompt", o.limit_mm_per_prompt, None),
+        ("mm_encoder_tp_mode", o.mm_encoder_tp_mode, "weights"),
+        ("num_gpu_blocks_override", o.num_gpu_blocks_override, None),
+        ("max_cudagraph_capture_size", o.max_cudagraph_capture_size, None),
+        ("compilation_config", o.compilation_config, None),
+        ("optimization_level", o.optimization_level, None),
+        ("runner", o.runner, "auto"),
+        ("convert", o.convert, "auto"),
+    ]
+    for name, value, default in valued:
+        if value != default:
+            text = getattr(value, "text", value)  # a JSON-valued flag: its JSON as given
+            args += ["--" + name.replace("_", "-"), str(text)]
+    if o.cudagraph_capture_sizes:
+        args += ["--cudagraph-capture-sizes", *map(str, o.cudagraph_capture_sizes)]
+    return args

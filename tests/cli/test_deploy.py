@@ -24,9 +24,14 @@ def test_deploy_sends_vllms_flags_and_the_sidecar_refuses_what_it_cannot_size(tm
         args = " ".join(deployments[0]["vllm_args"])
         assert "--max-model-len 2000" in args and "--max-num-seqs 8" in args
         lora = gatekeeper("deploy", "tiny", "--name", "t2", "--enable-lora", *client)
-        assert lora.returncode == 1
-        assert "400" in lora.stderr and "enable_lora" in lora.stderr
-        assert "does not size" in lora.stderr
+        assert lora.returncode == 0, lora.stderr  # LoRA slots are sized, so it launches
+        assert "--enable-lora" in lora.stdout
+        overrides = gatekeeper(
+            "deploy", "tiny", "--name", "t3", "--hf-overrides", '{"num_hidden_layers": 2}', *client
+        )
+        assert overrides.returncode == 1
+        assert "400" in overrides.stderr and "hf_overrides" in overrides.stderr
+        assert "does not size" in overrides.stderr
         typo = gatekeeper("deploy", "tiny", "--max-modle-len", "4096", *client)
         assert typo.returncode == 2 and "did you mean --max-model-len" in typo.stderr
         for d in sc.admin.get("/admin/deployments").json()["deployments"]:

@@ -106,11 +106,13 @@ def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
     assert payload["max_model_len"] == 32000
     pasted = gatekeeper(
         "estimate", "vllm", "serve", "Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "4",
-        "--kv-cache-memory-bytes", "20G", "--json",
+        "--kv-cache-memory-bytes", "20G", "--hf-overrides.max_position_embeddings", "8192",
+        "--json",
     )  # fmt: skip
     assert pasted.returncode == 0, pasted.stderr
-    assert "--enable-lora, --max-loras read but not modelled" in pasted.stderr
+    assert "--hf-overrides read but not modelled" in pasted.stderr
     assert json.loads(pasted.stdout)["kv_cache_bytes"] == 20 * 2**30
+    assert json.loads(pasted.stdout)["lora_bytes"] > 0  # four rank-16 slots, sized
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,12 @@ HOSTILE = [
     b'{"model": "tiny", "options": {"dtype": "BF16"}}',
     b'{"model": "tiny", "options": {"max_model_len": true}}',
     b'{"model": "tiny", "options": {"kv_cache_memory_bytes": "20GiB"}}',
-    b'{"model": "tiny", "options": {"enable_lora": true}}',
+    b'{"model": "tiny", "options": {"hf_overrides": {"num_hidden_layers": 2}}}',
+    b'{"model": "tiny", "options": {"speculative_config": {"method": "medusa"}}}',
+    b'{"model": "tiny", "options": {"speculative_config": {"method": "ngram"}}}',
+    b'{"model": "tiny", "options": {"cpu_offload_gb": -1}}',
+    b'{"model": "tiny", "options": {"limit_mm_per_prompt": {"image": -1}}}',
+    b'{"model": "tiny", "options": {"cudagraph_capture_sizes": [8, 0]}}',
     b'{"model": "tiny", "options": {"max_modle_len": 4096}}',
     b'{"model": "tiny", "options": ["max_model_len", 4096]}',
 ]

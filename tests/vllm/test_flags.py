@@ -14,7 +14,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.options import CompilationOptions, ServeOptions
+from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.vllm.flags import (
     GATEKEEPER_KEYS,
     flag_table,
@@ -99,6 +100,12 @@ def test_a_pasted_command_line_is_read_as_vllm_reads_it():
         tensor_parallel_size=2,
         kv_cache_memory_bytes=20 * 2**30,
         enforce_eager=True,
+        enable_lora=True,
+        max_loras=4,
+        compilation_config=CompilationOptions(
+            '{"cudagraph_capture_sizes":["1","2","4"]}', capture_sizes=(1, 2, 4)
+        ),
+        optimization_level="3",
     )
     assert (
         serve_options(parse_serve_args(["m", "--max-model-len", "auto"]).values) == ServeOptions()
@@ -163,7 +170,8 @@ def test_typed_doors_refuse_what_vllm_would_not_take(data, field):
 def test_typed_doors_accept_vllms_forms_and_gatekeepers_own_keys():
     values = serve_values(
         {"max-model-len": "32k", "--tensor-parallel-size": 2, "enforce_eager": True,
-         "gpu_memory_utilization": 1, "vllm_version": "0.10.1", "speculative_config": {"method": "ngram"}},
+         "gpu_memory_utilization": 1, "vllm_version": "0.10.1",
+         "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
         where="options",
         extra=GATEKEEPER_KEYS,
     )  # fmt: skip
@@ -175,6 +183,9 @@ def test_typed_doors_accept_vllms_forms_and_gatekeepers_own_keys():
         enforce_eager=True,
         gpu_memory_utilization=1.0,
         vllm_version="0.10.1",
+        speculative_config=Speculative(
+            '{"method":"ngram","num_speculative_tokens":3}', "ngram", None, 3
+        ),
     )
 
 
