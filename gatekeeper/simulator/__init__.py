@@ -1,31 +1,36 @@
 """The gatekeeper simulator: a stand-in for ``vllm serve`` in rehearsals and tests.
 
-It is **not vLLM** and loads no model: it accepts ``vllm serve``'s memory and serving
-flags, prints vLLM 0.33's start-up log lines with made-up but consistent memory
+It is **not vLLM** and loads no model: it accepts every flag of ``vllm serve``, prints vLLM 0.33's start-up log lines with made-up but consistent memory
 figures, refuses connections while "loading", then serves vLLM's HTTP surface with
 deterministic text (``gatekeeper.simulator.http``), and can hold memory in the
 stand-in NVML driver (``gatekeeper.simulator.nvml_claims``). Its first log line and
 ``/version`` say "gatekeeper simulator, not vLLM".
 
-Command line, as ``vllm serve`` (exit 2 and a message on stderr for an unknown flag)::
+Command line, as ``vllm serve``: every flag of vLLM's own flag table (the shipped
+``gatekeeper/data/vllm_flags/<release>.json`` of the release it copies, read by the
+simulator itself), with vLLM's spellings (``-tp``, ``--no-enforce-eager``), ``nargs``,
+choices and value grammar (``32k`` = 32000, ``32K`` = 32768, ``auto``, ``None``, JSON),
+and the rewrites of vLLM's ``FlexibleArgumentParser`` (``--model`` moved to the front,
+``--config FILE.yaml``, ``--max_model_len``, ``-O3``, ``--compilation-config.mode 3``)::
 
-    python -m gatekeeper.simulator [serve] MODEL [--host H] [--port P]
-        [--served-model-name NAME ...] [--max-model-len N] [--tensor-parallel-size N]
-        [--pipeline-parallel-size N] [--data-parallel-size N]
-        [--gpu-memory-utilization U] [--kv-cache-memory-bytes N] [--max-num-seqs N]
-        [--max-num-batched-tokens N] [--dtype D] [--quantization Q] [--kv-cache-dtype D]
-        [--block-size N] [--enforce-eager] [--trust-remote-code] [--download-dir DIR]
-        [--load-format F] [--seed N] [--enable-prefix-caching]
+    python -m gatekeeper.simulator [serve] MODEL [any vllm serve flag ...]
 
-Sizes take vLLM's human-readable forms (``32k`` = 32000, ``32K`` = 32768, ``20G``).
-Without ``--max-model-len`` the simulator uses 8192 (vLLM derives it from the model's
-config); ``--data-parallel-size``, ``--dtype``, ``--quantization`` and the like are
-accepted and shown in ``non-default args`` but change nothing else.
+An unknown flag or a bad value exits 2 with argparse's message on stderr; what vLLM
+refuses before argparse (a config file that is not YAML, ``--served-model-name``
+without a model) exits 1 with vLLM's ``ValueError``. The simulator reads
+``--model``/the model tag, ``--host``, ``--port``, ``--served-model-name``,
+``--max-model-len`` (8192 when not given or ``auto``; vLLM derives it from the model's
+config), ``-tp``, ``-pp``, ``--gpu-memory-utilization``, ``--kv-cache-memory-bytes``,
+``--max-num-seqs``, ``--max-num-batched-tokens``, ``--block-size``,
+``--kv-cache-dtype``, ``--enable-prefix-caching`` and ``--enforce-eager``
+(``process.SIMULATED_FLAGS``). Every other flag (``--dtype``, ``-dp``, LoRA,
+speculative decoding, ``--compilation-config`` ...) is checked, shown in ``non-default
+args`` and named in a WARNING line as not simulated, and changes nothing else.
 
 Start-up log on stdout, one flushed line each, in vLLM's format
 ``(APIServer|EngineCore|Worker_TP<k> pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] text``
-and order: the simulator banner (WARNING), ``non-default args: {...}``, ``Using max
-model len N``, ``Model loading took X GiB memory and S seconds``, ``Available KV cache
+and order: the simulator banner (WARNING), ``non-default args: {...}``, the flags not
+simulated (WARNING, when any), ``Using max model len N``, ``Model loading took X GiB memory and S seconds``, ``Available KV cache
 memory: X GiB`` (or, with ``--kv-cache-memory-bytes``, ``Initial free memory X GiB,
 reserved Y GiB memory for KV Cache ...``), ``GPU KV cache size: N tokens, Maximum
 concurrency for L tokens per request: C.CCx``, ``Graph capturing finished in N secs,
@@ -68,13 +73,15 @@ The child process (``python -m gatekeeper.simulator.nvml_claims``, vLLM's "engin
 runs in every mode and exits with the simulator. SIGTERM or SIGINT stops the
 simulator within about a second (exit 0).
 
-Modules: ``cli`` (the flags), ``env`` (the ``GATEKEEPER_SIM_*`` variables), ``process``
+Modules: ``cli`` (the command line), ``flags`` (the parser from vLLM's flag table and
+its value grammar), ``argv`` (vLLM's rewrites before argparse), ``env`` (the ``GATEKEEPER_SIM_*`` variables), ``process``
 (start-up, log, signals), ``http`` (vLLM's HTTP surface), ``memory`` (the figures and
 vLLM's start-up failures), ``nvml_claims`` (memory held in the stand-in NVML driver).
 
 It stands apart from the estimator: it imports nothing of ``gatekeeper.estimate``,
 ``placement``, ``vllm`` or ``sidecar``, so that a rehearsal cannot agree with the
-prediction by sharing its code (an import-linter contract keeps it so). Only
+prediction by sharing its code (an import-linter contract keeps it so). It shares vLLM's
+flag table with ``gatekeeper.vllm`` as data: each reads the file with its own code. Only
 ``gatekeeper.sidecar.rehearsal`` imports it, for the protocol in ``env``.
 
 The face imports only ``env``: the engine-core child (``nvml_claims``) starts without

@@ -1,5 +1,6 @@
-"""The simulator's command line: ``vllm serve``'s flags that gatekeeper generates, the
-same names and value forms; ``gatekeeper.simulator`` documents it."""
+"""The simulator's command line: every flag of ``vllm serve`` in vLLM's flag table, read
+as vLLM reads it (``flags`` builds the parser, ``argv`` rewrites the command line first);
+``gatekeeper.simulator`` documents it."""
 
 from __future__ import annotations
 
@@ -10,61 +11,43 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gatekeeper.simulator import flags
+from gatekeeper.simulator.argv import rewrite
 from gatekeeper.simulator.env import SimEnv
+from gatekeeper.simulator.flags import human_readable_int
 from gatekeeper.simulator.http import SIMULATOR_NOTE
-from gatekeeper.simulator.process import Simulator
+from gatekeeper.simulator.process import SIMULATED_FLAGS, VLLM_VERSION, Simulator
 
-__all__ = ["build_parser", "human_readable_int", "main"]
+__all__ = ["build_parser", "human_readable_int", "main", "parse_args"]
 
-
-def human_readable_int(text: str) -> int:
-    """vLLM's sizes: ``32k`` = 32000, ``32K`` = 32768, decimals only with lowercase."""
-    multipliers = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-    if text and text[-1].lower() in multipliers:
-        number, suffix = text[:-1], text[-1]
-        if suffix.islower():
-            return int(float(number) * multipliers[suffix])
-        return int(number) * int(1024 ** (list(multipliers).index(suffix.lower()) + 1))
-    return int(text)
-
-
-def max_model_len_arg(text: str) -> int:
-    return -1 if text in ("-1", "auto") else human_readable_int(text)
+_SENSITIVE = frozenset({"api_key", "hf_token", "watermark_config"})
+"""Flags whose values vLLM logs as ``***``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The subset of ``vllm serve``'s parser that gatekeeper generates, same names."""
-    p = argparse.ArgumentParser(prog="vllm serve", description=f"{SIMULATOR_NOTE}.")
-    p.add_argument("model_tag", nargs="?", default=None)
-    p.add_argument("--model", default="Qwen/Qwen3-0.6B")
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--max-model-len", type=max_model_len_arg, default=None)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
-    p.add_argument(
-        "--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.92
-    )
-    p.add_argument("--kv-cache-memory-bytes", type=human_readable_int, default=None)
-    p.add_argument("--max-num-seqs", type=human_readable_int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--quantization", "-q", default=None)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--load-format", default="auto")
-    p.add_argument("--download-dir", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    for flag in ("--enforce-eager", "--trust-remote-code"):
-        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    return p
+    """``vllm serve``'s parser from the shipped table of the release the simulator copies."""
+    release, rows = flags.table(VLLM_VERSION)
+    missing = sorted(SIMULATED_FLAGS - {row["dest"] for row in rows})
+    if missing:
+        raise RuntimeError(
+            f"vLLM {release}'s flag table has no {', '.join(missing)}, which the simulator "
+            "reads; update gatekeeper.simulator.process.SIMULATED_FLAGS for that release"
+        )
+    return flags.build_parser(rows, description=f"{SIMULATOR_NOTE} (flags of vLLM {release}).")
 
 
-def _non_default(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if v != parser.get_default(k)}
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """``argv`` (what follows ``vllm serve``) as vLLM reads it, and the ``non-default
+    args`` vLLM logs; argparse's errors exit 2, and what vLLM refuses before argparse
+    raises ``ValueError`` (or ``OSError`` for a config file that cannot be read)."""
+    parser = build_parser()
+    _, rows = flags.table(VLLM_VERSION)
+    args = parser.parse_args(rewrite(argv, flags.option_strings(rows)))
+    if args.model_tag is not None:
+        args.model = args.model_tag  # as `vllm serve` does, before it logs
+    defaults = vars(parser.parse_args([]))
+    given = {k: v for k, v in vars(args).items() if k in defaults and v != defaults[k]}
+    return args, {k: "***" if k in _SENSITIVE else v for k, v in given.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,13 +55,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         argv = argv[1:]
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, non_default = parse_args(argv)
+    except (ValueError, OSError) as e:
+        print(
+            "Traceback (most recent call last):\n"
+            '  File "<gatekeeper simulator>", line 1, in <simulated vllm serve>\n'
+            f"{type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
+        return 1
     try:
         env = SimEnv.from_environ(os.environ)
     except ValueError as e:
-        parser.error(str(e))
-    return asyncio.run(Simulator(args, _non_default(parser, args), env).run())
+        build_parser().error(str(e))
+    return asyncio.run(Simulator(args, non_default, env).run())
 
 
 if __name__ == "__main__":

@@ -48,12 +48,34 @@ from gatekeeper.units import GIB
 if TYPE_CHECKING:
     from gatekeeper.simulator.env import SimEnv
 
-__all__ = ["DEFAULT_MAX_MODEL_LEN", "VLLM_VERSION", "Simulator"]
+__all__ = ["DEFAULT_MAX_MODEL_LEN", "SIMULATED_FLAGS", "VLLM_VERSION", "Simulator"]
 
 VLLM_VERSION = "0.33.0"
 """The vLLM release whose log lines and HTTP shapes the simulator copies."""
 DEFAULT_MAX_MODEL_LEN = 8192
 """``--max-model-len`` when not given (vLLM would derive it from the model's config)."""
+SIMULATED_FLAGS = frozenset(
+    {
+        "model",
+        "host",
+        "port",
+        "served_model_name",
+        "max_model_len",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "kv_cache_memory_bytes",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "kv_cache_dtype",
+        "enable_prefix_caching",
+        "enforce_eager",
+    }
+)
+"""The flags whose values the simulator reads (here and in ``memory``); every other flag
+of vLLM's table is accepted, checked with its grammar, logged among the non-default args
+and changes nothing."""
 
 
 class _Log:
@@ -216,6 +238,15 @@ class Simulator:
         """vLLM's start-up, in its order; None when stopped, StartupFailure on failure."""
         args, fail = self.args, self.env.fail
         self.log("APIServer", "startup.py:93", f"non-default args: {self.non_default}")
+        ignored = [k for k in self.non_default if k not in SIMULATED_FLAGS | {"model_tag"}]
+        if ignored:
+            self.log(
+                "APIServer",
+                "simulator.py:2",
+                f"{SIMULATOR_NOTE}: accepted as vLLM accepts them, not simulated: "
+                f"{', '.join(ignored)}",
+                "WARNING",
+            )
         self.log("APIServer", "model.py:1679", f"Using max model len {self.max_model_len}")
         batched = args.max_num_batched_tokens or 2048
         self.log(

@@ -225,6 +225,33 @@ def test_eager_kv_bytes_and_tensor_parallel_log(tmp_path: Path) -> None:
     assert "'kv_cache_memory_bytes': 4294967296" in log and "'enforce_eager': True" in log
 
 
+def test_starts_with_any_flag_of_vllms_table_and_says_what_it_does_not_simulate(
+    tmp_path: Path,
+) -> None:
+    args = ["m", "--enable-lora", "--max-loras", "4", "-O3", "--runner", "generate"]
+    args += ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    args += ["--cpu-offload-gb", "2", "-dp", "2", "--enable-expert-parallel"]
+    args += ["--limit-mm-per-prompt", '{"image": 2}', "--num-gpu-blocks-override", "512"]
+    args += ["--cudagraph-capture-sizes", "1", "2", "4", "--enable-sleep-mode"]
+    args += ["--compilation-config", '{"mode": 3}', "--max_model_len=4k", "-tp", "2"]
+    with Sim(tmp_path, *args) as s:
+        s.wait_ready()
+        log = s.log()
+        assert s.stop() == 0
+    found = _startup(log)
+    assert found["max_model_len"][1] == ("4000",)
+    assert [m["proc"] for m in _lines(log) if "Model loading took" in m["message"]] == [
+        "Worker_TP0",
+        "Worker_TP1",
+    ]
+    args_logged = ast.literal_eval(found["args"][1][0])
+    assert args_logged["speculative_config"]["num_speculative_tokens"] == 3
+    assert args_logged["cudagraph_capture_sizes"] == [1, 2, 4]
+    note = next(m for m in _lines(log) if "not simulated" in m["message"])
+    assert note["level"] == "WARNING" and "enable_lora, " in note["message"]
+    assert "max_model_len" not in note["message"] and "tensor_parallel_size" not in note["message"]
+
+
 def test_unknown_flag_exits_2_like_vllm() -> None:
     result = subprocess.run(
         _command("m", "--no-such-flag", "1"), env=_env(), capture_output=True, text=True
