@@ -135,8 +135,15 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         "",
         f"  {'component':<28}{'GiB':>10}",
     ]
-    rows = [
-        ("weights", w.weights_bytes),
+    rows = [("weights", w.weights_bytes)]
+    rows += [
+        (f"  of which {name}", value)
+        for name, value in (("LoRA slots", w.lora_bytes), ("draft model", w.draft_weights_bytes))
+        if value
+    ]
+    if w.cpu_offloaded_bytes:
+        rows.append(("  offloaded to host (not GPU)", w.cpu_offloaded_bytes))
+    rows += [
         ("non-torch", w.non_torch_bytes),
         ("activation peak", w.activation_peak_bytes),
         ("CUDA graphs", w.cuda_graph_bytes),
@@ -149,6 +156,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         "",
         f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
         f"max concurrency {e.max_concurrency:.2f}x at {e.max_model_len} tokens",
+        *_parallel_lines(e),
         f"  weights from: {e.weights_source}",
         f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
     ]
@@ -156,6 +164,26 @@ def render(e: Estimate, spec: ModelSpec) -> str:
     lines += [f"    ! {m}" for m in e.warnings]
     lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
     return "\n".join(lines)
+
+
+def _parallel_lines(e: Estimate) -> list[str]:
+    """GPUs beyond one TP x PP group, speculative decoding and graph capture, when asked."""
+    out = []
+    if e.gpus > e.tensor_parallel_size * e.pipeline_parallel_size or e.expert_parallel_size > 1:
+        out.append(
+            f"  GPUs: {e.gpus} (DP={e.data_parallel_size} x TP={e.tensor_parallel_size} x "
+            f"PP={e.pipeline_parallel_size}), experts over {e.expert_parallel_size} ranks"
+        )
+    if e.decode_context_parallel_size > 1:
+        out.append(f"  decode context parallel over {e.decode_context_parallel_size} ranks")
+    if e.speculative_method:
+        out.append(f"  speculative decoding: {e.speculative_method}")
+    out.append(
+        f"  CUDA graphs captured up to {e.cuda_graph_capture_size} tokens"
+        if e.cuda_graph_capture_size
+        else "  no CUDA graphs (eager)"
+    )
+    return out
 
 
 def run_models(args: argparse.Namespace, settings: Settings) -> int:
