@@ -14,20 +14,26 @@ loads, so they are counted in "Model loading took" (``lora/layers/*.py``,
   ``--fully-sharded-loras``);
 - replicated (MLA's ``q_a_proj``, ``kv_a_proj_with_mqa``, the MoE router): nothing split;
 - fused MoE: per local expert, w1 and w3 (``rank_a x H`` and ``I_rank x rank``) and w2
-  (``rank x I_rank`` and ``H x rank``).
+  (``rank x I_rank`` and ``H x rank``);
+- the embedding (``vocab x rank`` and ``H x rank``, first stage) and the LM head
+  (``rank x H`` and ``vocab x rank``, last stage), whole on every rank, for the
+  architectures whose vLLM class declares ``embedding_modules`` (``lora_vocab``,
+  generated from vLLM's sources).
 
 ``--max-cpu-loras`` sizes a host-memory cache: no GPU bytes.
 
 Worked example: Llama-3.1-8B (H 4096, q 4096, kv 1024, I 14336, 32 layers), bf16, TP=1,
 ``--max-loras 8 --max-lora-rank 256``: per layer and unit of rank, qkv 3x4096 + 6144,
 o 4096 + 4096, gate_up 2x4096 + 2x14336, down 14336 + 4096 = 81,920 elements;
-x 256 x 8 x 32 layers x 2 B = 10,737,418,240 B = 10.0 GiB.
+x 256 x 8 x 32 layers x 2 B = 10,737,418,240 B = 10.0 GiB; the embedding and LM head
+slots add 8 x 256 x 2 x (128,256 + 4,096) x 2 B = 1,084,227,584 B: 11.01 GiB in all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gatekeeper.estimate.lora_vocab import VOCAB_LORA_ARCHITECTURES
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import cdiv
 
@@ -110,11 +116,23 @@ def _moe(spec: ModelSpec, x: _Rank, ep: int) -> int:
 
 
 def lora_bytes(
-    spec: ModelSpec, layers: range, slots: LoraSlots, *, tp: int, ep: int, model_dtype: str
+    spec: ModelSpec,
+    layers: range,
+    slots: LoraSlots,
+    *,
+    tp: int,
+    ep: int,
+    model_dtype: str,
+    first: bool = True,
+    last: bool = True,
 ) -> int:
-    """Bytes of the LoRA slots of ``layers`` on one TP rank."""
+    """Bytes of the LoRA slots of ``layers`` on one TP rank (with the embedding's on the
+    ``first`` stage and the LM head's on the ``last``)."""
     x = _Rank(slots, tp)
     elements = 0
+    if spec.architecture in VOCAB_LORA_ARCHITECTURES:
+        vocab_slots = slots.rank * (spec.vocab_size + spec.hidden_size)
+        elements += vocab_slots * (int(first) + int(last))
     for i in layers:
         if spec.layer_attention and spec.layer_attention[i] == "none":
             pass  # a layer without attention has no q/k/v/o projections to wrap

