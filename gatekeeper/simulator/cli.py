@@ -14,11 +14,10 @@ from typing import Any
 from gatekeeper.simulator import flags
 from gatekeeper.simulator.argv import rewrite
 from gatekeeper.simulator.env import SimEnv
-from gatekeeper.simulator.flags import human_readable_int
 from gatekeeper.simulator.http import SIMULATOR_NOTE
 from gatekeeper.simulator.process import SIMULATED_FLAGS, VLLM_VERSION, Simulator
 
-__all__ = ["build_parser", "human_readable_int", "main", "parse_args"]
+__all__ = ["build_parser", "main", "parse_args"]
 
 _SENSITIVE = frozenset({"api_key", "hf_token", "watermark_config"})
 """Flags whose values vLLM logs as ``***``."""

@@ -23,7 +23,7 @@ from gatekeeper.gpus.inventory import GpuProcess
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import H100_RESERVED_BYTES, FakeNvml, FakeProcess, h100, write_state
 from gatekeeper.simulator import SimEnv
-from gatekeeper.simulator.cli import human_readable_int
+from gatekeeper.simulator.flags import human_readable_int
 from gatekeeper.simulator.nvml_claims import MARKER, Claim, claim, release, visible_positions
 from gatekeeper.units import GIB, MIB
 
