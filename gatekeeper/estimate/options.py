@@ -154,6 +154,9 @@ class ServeOptions:
     runner: str = "auto"
     convert: str = "auto"
     enable_sleep_mode: bool = False
+    performance_mode: str = "balanced"
+    """``throughput`` doubles the batch defaults; ``interactivity`` captures finer CUDA
+    graphs below 32 tokens (same largest size, so the same pool)."""
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -272,6 +275,7 @@ _FIELD_TYPES: dict[str, type] = {
     "runner": str,
     "convert": str,
     "enable_sleep_mode": bool,
+    "performance_mode": str,
 }
 _OPTIONAL = frozenset(
     {"quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",

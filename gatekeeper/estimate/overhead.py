@@ -66,9 +66,12 @@ def batch_defaults(
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     llm_class: bool = False,
+    throughput: bool = False,
 ) -> BatchShape:
     """vLLM's defaults for ``max_num_seqs`` and ``max_num_batched_tokens``: ``vllm serve``'s,
-    or the ``LLM`` class's (``llm_class``), which batch twice to four times as many tokens."""
+    or the ``LLM`` class's (``llm_class``), which batch twice to four times as many tokens;
+    ``--performance-mode throughput`` doubles each default the operator did not set
+    (``engine/arg_utils.py::_set_default_max_num_seqs_and_batched_tokens_args``)."""
     chunked = acc.chunked_prefill == "always" or (
         acc.chunked_prefill == "long" and max_model_len > LONG_CONTEXT
     )
@@ -84,6 +87,8 @@ def batch_defaults(
         seqs, tokens = 256, 8192 if llm_class else 2048
     else:
         seqs, tokens = 256, 2048
+    if throughput:
+        seqs, tokens = 2 * seqs, 2 * tokens
     seqs = max_num_seqs or seqs
     if max_num_batched_tokens:
         tokens = max_num_batched_tokens

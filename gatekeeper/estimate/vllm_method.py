@@ -347,6 +347,7 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
         max_num_seqs=opts.max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
         llm_class=opts.embedded,
+        throughput=opts.performance_mode == "throughput",
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization

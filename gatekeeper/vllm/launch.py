@@ -104,6 +104,7 @@ def _feature_args(o: ServeOptions) -> list[str]:
         ("optimization_level", o.optimization_level, None),
         ("runner", o.runner, "auto"),
         ("convert", o.convert, "auto"),
+        ("performance_mode", o.performance_mode, "balanced"),
     ]
     for name, value, default in valued:
         if value != default:

@@ -343,6 +343,16 @@ def test_a_pooling_runner_loads_no_lm_head_and_samples_nothing():
     assert run(LLAMA_8B, convert="embed").worst == pooling.worst
 
 
+def test_throughput_mode_doubles_the_batch_defaults_it_was_not_given():
+    base = run(LLAMA_8B)
+    fast = run(LLAMA_8B, performance_mode="throughput")
+    assert (base.max_num_seqs, base.max_num_batched_tokens) == (1024, 8192)  # H100 serve
+    assert (fast.max_num_seqs, fast.max_num_batched_tokens) == (2048, 16384)
+    given = run(LLAMA_8B, performance_mode="throughput", max_num_seqs=64)
+    assert (given.max_num_seqs, given.max_num_batched_tokens) == (64, 16384)
+    assert fast.worst.activation_peak_bytes > base.worst.activation_peak_bytes
+
+
 def test_sleep_mode_leaves_the_awake_footprint_as_it_is():
     assert dataclasses.replace(run(LLAMA_8B, enable_sleep_mode=True)) == run(LLAMA_8B)
 
@@ -360,6 +370,7 @@ def test_every_modelled_flag_reaches_the_command_line_and_reads_back_the_same():
         "--num-gpu-blocks-override", "512", "--cudagraph-capture-sizes", "1", "2", "4",
         "--max-cudagraph-capture-size", "4", "-cc", '{"cudagraph_mode": "PIECEWISE"}',
         "-O1", "--runner", "generate", "--convert", "none", "--enable-sleep-mode",
+        "--performance-mode", "interactivity",
     ]  # fmt: skip
     opts = serve_options(parse_serve_args(line).values)
     assert opts.speculative_config is not None and opts.speculative_config.method == "ngram"
