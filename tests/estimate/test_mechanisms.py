@@ -7,6 +7,7 @@ code (the file named next to it), not from gatekeeper's functions.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.source import resolve_model
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import GIB
-from gatekeeper.vllm.flags import options_from_mapping, serve_options
+from gatekeeper.vllm.flags import options_from_mapping, options_record, serve_options
 from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.serve_args import parse_serve_args
 
@@ -381,3 +382,6 @@ def test_every_modelled_flag_reaches_the_command_line_and_reads_back_the_same():
     keep = ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "max_num_seqs",
             "max_num_batched_tokens")  # fmt: skip
     assert dataclasses.replace(again, **{k: getattr(opts, k) for k in keep}) == opts
+    # a deployment record reads back as the same options (a sidecar restart adopts with them)
+    record = json.loads(json.dumps(options_record(opts)))
+    assert options_from_mapping(record, where="deployment record")[0] == opts
