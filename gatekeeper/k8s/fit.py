@@ -103,7 +103,7 @@ def gpu_count_finding(
     class): warn when vLLM needs more than one."""
     o = command.options
     tp = o.tensor_parallel_size
-    world = tp * o.pipeline_parallel_size * command.data_parallel_size
+    world = o.data_parallel_size * tp * o.pipeline_parallel_size
     if gpus is None:
         if world == 1:
             return None
@@ -278,7 +278,7 @@ def _parallel(
     """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
     smaller one that fits with a shorter max_model_len."""
     o, out = command.options, list[str]()
-    tp, pp, dp = o.tensor_parallel_size, o.pipeline_parallel_size, command.data_parallel_size
+    tp, pp, dp = o.tensor_parallel_size, o.pipeline_parallel_size, o.data_parallel_size
     if multi_node:
         sizes = [(tp, p, f"--pipeline-parallel-size {p} ({tp * p * dp} GPUs in the group)")
                  for p in larger_sizes(pp)]  # fmt: skip

@@ -61,7 +61,8 @@ from gatekeeper.k8s.workloads import (
 )
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementPolicy
-from gatekeeper.vllm.command import MODEL_ENV_VARS
+from gatekeeper.vllm.command import MODEL_ENV_VARS, VllmCommand
+from gatekeeper.vllm.flags import flag_table
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -195,6 +196,7 @@ class AdmissionWebhook:
             return WebhookDecision(True, "ignored")
         where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
         findings: list[Finding] = []
+        table = flag_table(self.config.fit.default_vllm_version)
         skipped = [t for t in templates if _skipped(t)]
         if skipped == templates:
             return _combine([], [where])
@@ -203,7 +205,7 @@ class AdmissionWebhook:
             if template in skipped:
                 findings.append(Finding("warn", _skip_text(f"{where}{part}")))
                 continue
-            for container in vllm_containers(template):
+            for container in vllm_containers(template, table):
                 who = f"container {container.name!r} of {where}{part}"
                 findings += self._container(who, template, container, kind == "LeaderWorkerSet")
         return _combine(findings, [])
@@ -216,9 +218,7 @@ class AdmissionWebhook:
         findings = [count] if count is not None else []
         if count is not None and count.outcome == "deny":
             return findings
-        if command.problems:
-            text = "; ".join(command.problems)
-            findings.append(Finding("warn", f"{who}: {text}; checked with vLLM's default instead"))
+        findings += _reading_findings(who, command)
         spec = self._spec(who, command.model)
         gpu = self._gpu(who, template)
         for part in (spec, gpu):
@@ -298,6 +298,24 @@ class AdmissionWebhook:
                 "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
             )
         ]
+
+
+def _reading_findings(who: str, command: VllmCommand) -> list[Finding]:
+    """Warnings for what the command line holds that could not be read as vLLM reads it."""
+    findings = []
+    if command.unknown:
+        text = "; ".join(command.unknown)
+        findings.append(
+            Finding(
+                "warn",
+                f"{who}: {text}; vLLM would refuse an unknown flag unless the image's release "
+                "has it; checked without it",
+            )
+        )
+    if command.problems:
+        text = "; ".join(command.problems)
+        findings.append(Finding("warn", f"{who}: {text}; checked with vLLM's default instead"))
+    return findings
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:

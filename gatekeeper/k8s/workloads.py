@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.vllm.flags import FlagTable
 
 __all__ = [
     "GPU_MEMORY_ANNOTATION",
@@ -138,8 +139,11 @@ def _gpus(container: Mapping[str, Any]) -> int | None:
     return None
 
 
-def vllm_containers(template: PodTemplate) -> list[ContainerRequest]:
-    """The containers of ``template`` that run vLLM (init containers are not looked at)."""
+def vllm_containers(
+    template: PodTemplate, table: FlagTable | None = None
+) -> list[ContainerRequest]:
+    """The containers of ``template`` that run vLLM (init containers are not looked at),
+    their flags read with ``table`` (vLLM's flags of a release; the newest by default)."""
     prefix = f"{template.path}.spec" if template.path else "spec"
     out = []
     for i, raw in enumerate(_seq(template.spec.get("containers"))):
@@ -150,6 +154,7 @@ def vllm_containers(template: PodTemplate) -> list[ContainerRequest]:
             _strings(container.get("args")),
             image if isinstance(image, str) else "",
             _env(container),
+            table=table,
         )
         if command is None:
             continue

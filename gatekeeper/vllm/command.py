@@ -11,24 +11,33 @@ Pure: a container's ``command``, ``args``, ``image`` and literal ``env`` in, a
 - the ``vllm/vllm-openai`` image's own entrypoint, when the container gives only ``args``.
 
 Kubernetes' ``$(VAR)`` references are expanded first. With no model on the command
-line the model comes from ``VLLM_MODEL``, ``MODEL`` or ``MODEL_NAME``. Flags take
-vLLM's forms: ``--max-model-len 32768``, ``--max-model-len=32k`` (vLLM's human-readable
-integers: ``k`` is 1000, ``K`` is 1024), underscores for dashes, and the short
-``-tp``, ``-pp``, ``-dp``, ``-q``. A value that cannot be read becomes a *problem*
-(the flag, the value and what vLLM accepts) and the flag keeps vLLM's default.
+line the model comes from ``VLLM_MODEL``, ``MODEL`` or ``MODEL_NAME``.
+
+Finding the command is this module's; the flags are read by vLLM's own table, as
+every door reads them (``gatekeeper.vllm.serve_args.parse_serve_args``, then
+``gatekeeper.vllm.flags.serve_options``): every spelling, ``--flag=value``,
+underscores, ``-O3``, dotted JSON fields, each value in vLLM's grammar. What a strict
+reading would refuse is set aside and the rest read again:
+
+- a flag vLLM's table lacks is *unknown* (the message names the nearest spellings;
+  the webhook warns and checks without it: the image may run a newer vLLM);
+- a value vLLM would refuse is a *problem* (the flag, the value and vLLM's grammar)
+  and the flag keeps vLLM's default;
+- ``--config FILE`` is a problem too: the file is in the pod, and is never opened here.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.vllm.flags import human_readable_int
+from gatekeeper.vllm.flags import FlagTable, flag_table, serve_options
+from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
 
 __all__ = [
     "MODEL_ENV_VARS",
@@ -58,11 +67,15 @@ class VllmCommand:
     """Where the model came from: ``command line``, ``--model``, ``env VLLM_MODEL`` …
     (empty when there is none)."""
     options: ServeOptions
-    data_parallel_size: int = 1
+    """Every modelled flag, read with vLLM's table (``serve_options``); TP, PP and DP
+    (``options.data_parallel_size``) included."""
     max_model_len_auto: bool = False
     """``--max-model-len auto`` (or -1): vLLM picks the longest length that fits."""
     problems: tuple[str, ...] = field(default=())
     """Flags whose values could not be read, each with what vLLM accepts."""
+    unknown: tuple[str, ...] = field(default=())
+    """Flags vLLM's table does not have (each naming the nearest spellings), or stray
+    words; read without them."""
 
 
 def expand_k8s_vars(text: str, env: Mapping[str, str]) -> str:
@@ -86,15 +99,21 @@ def _expand_shell_vars(text: str, env: Mapping[str, str]) -> str:
 
 
 def parse_vllm_command(
-    command: Sequence[str], args: Sequence[str], image: str, env: Mapping[str, str]
+    command: Sequence[str],
+    args: Sequence[str],
+    image: str,
+    env: Mapping[str, str],
+    *,
+    table: FlagTable | None = None,
 ) -> VllmCommand | None:
-    """The vLLM serving command of a container, or None when it does not run vLLM."""
+    """The vLLM serving command of a container, or None when it does not run vLLM;
+    ``table``: the release's flags (the newest shipped table by default)."""
     cmd = [expand_k8s_vars(t, env) for t in command]
     arg = [expand_k8s_vars(t, env) for t in args]
     rest = _vllm_arguments(cmd, arg, image, env)
     if rest is None:
         return None
-    return _parse_arguments(rest, env)
+    return _parse_arguments(rest, env, table or flag_table())
 
 
 def _vllm_arguments(
@@ -150,161 +169,168 @@ def _from_script(script: str, env: Mapping[str, str]) -> list[str] | None:
     return [_expand_shell_vars(t, env) for t in found[:end]]
 
 
-# -- flags ------------------------------------------------------------------------------
+# -- flags: vLLM's table, through gatekeeper.vllm.serve_args -----------------------------
 
-_FLAG_NAMES = {
-    "model": "model",
-    "config": "config",
-    "max-model-len": "max_model_len",
-    "tensor-parallel-size": "tensor_parallel_size",
-    "tp": "tensor_parallel_size",
-    "pipeline-parallel-size": "pipeline_parallel_size",
-    "pp": "pipeline_parallel_size",
-    "data-parallel-size": "data_parallel_size",
-    "dp": "data_parallel_size",
-    "quantization": "quantization",
-    "q": "quantization",
-    "dtype": "dtype",
-    "kv-cache-dtype": "kv_cache_dtype",
-    "gpu-memory-utilization": "gpu_memory_utilization",
-    "max-num-seqs": "max_num_seqs",
-    "max-num-batched-tokens": "max_num_batched_tokens",
-    "kv-cache-memory-bytes": "kv_cache_memory_bytes",
-    "block-size": "block_size",
-}
-_BOOLEAN = {"enforce-eager": "enforce_eager"}
-_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
+_WHERE = "vllm serve"
+_MAX_SKIPPED = 16
+"""Unreadable flags skipped before giving up on a command line (each costs a re-read)."""
+_NEGATIVE_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")
+"""What argparse takes as a value, not a flag, although it starts with a dash."""
+_ARGPARSE_ARGUMENT = re.compile(r"argument (-[^\s/:]+)")
 
 
-def _flag(token: str) -> tuple[str, str | None] | None:
-    """``--max_model_len=32k`` -> (``max-model-len``, ``32k``); None for a non-flag."""
-    if not token.startswith("-") or token in ("-", "--"):
-        return None
-    name, eq, value = token.lstrip("-").partition("=")
-    return name.replace("_", "-"), (value if eq else None)
+@dataclass(slots=True)
+class _Reading:
+    """A command line being read: what is left of it, and what was skipped."""
+
+    args: list[str]
+    unknown: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
 
-def _collect(tokens: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """Raw values of the flags gatekeeper reads, and the leading positional model."""
-    values: dict[str, str] = {}
-    positional = [tokens[0]] if tokens and not tokens[0].startswith("-") else []
-    i = len(positional)
-    while i < len(tokens):
-        parsed = _flag(tokens[i])
-        i += 1
-        if parsed is None:
-            continue
-        name, value = parsed
-        if name in _BOOLEAN or name.removeprefix("no-") in _BOOLEAN:
-            values[name] = "true" if value is None else value
-        elif name in _FLAG_NAMES:
-            if value is None and i < len(tokens):
-                value, i = tokens[i], i + 1
-            values[_FLAG_NAMES[name]] = value if value is not None else ""
-    return values, positional
+def _parse_arguments(
+    tokens: Sequence[str], env: Mapping[str, str], table: FlagTable
+) -> VllmCommand:
+    reading = _Reading(list(tokens))
+    _without_config_file(reading)
+    read = _read_flags(reading, table)
+    values = dict(read.values)
+    auto = values.get("max_model_len") == -1
+    options = _options(values, reading.problems)
+    model, model_from = _model(read.model, reading.args, env)
+    return VllmCommand(
+        model,
+        model_from,
+        options,
+        max_model_len_auto=auto,
+        problems=tuple(reading.problems),
+        unknown=tuple(reading.unknown),
+    )
 
 
-def _parse_arguments(tokens: Sequence[str], env: Mapping[str, str]) -> VllmCommand:
-    values, positional = _collect(tokens)
-    problems: list[str] = []
-    model, model_from = _model(values, positional, env)
-    fields: dict[str, Any] = {}
-    auto = False
-    for key, raw in values.items():
-        if key == "max_model_len" and raw.strip().lower() in ("auto", "-1"):
-            auto = True
-        elif key in _CONVERTERS:
-            converted = _convert(key, raw, problems)
-            if converted is not None:
-                fields[key] = converted
-    if "config" in values:
-        problems.append(
-            f"--config {values['config']!r}: flags in a config file cannot be read at admission; "
+def _without_config_file(reading: _Reading) -> None:
+    """``--config FILE`` names a file in the pod, not here: named as unread, never opened."""
+    args = reading.args
+    while "--config" in args:
+        i = args.index("--config")
+        path = args[i + 1] if i + 1 < len(args) else ""
+        del args[i : i + 2]
+        reading.problems.append(
+            f"--config {path!r}: flags in a config file cannot be read at admission; "
             "only the command line is checked"
         )
-    dp = fields.pop("data_parallel_size", 1)
-    for name, key in _BOOLEAN.items():
-        flag = _enforce(values, name, problems)
-        if flag is not None:
-            fields[key] = flag
-    options = _options(fields, problems)
-    return VllmCommand(model, model_from, options, dp, auto, tuple(problems))
 
 
-def _model(
-    values: Mapping[str, str], positional: Sequence[str], env: Mapping[str, str]
-) -> tuple[str | None, str]:
-    if positional:
-        return positional[0], "command line"
-    if values.get("model"):
-        return values["model"], "--model"
+def _read_flags(reading: _Reading, table: FlagTable) -> ServeCommand:
+    """The flags as vLLM reads them; each flag vLLM's table lacks or whose value vLLM
+    would refuse is set aside (in ``reading``) and the rest read again."""
+    last = f"more than {_MAX_SKIPPED} flags cannot be read"
+    for _ in range(_MAX_SKIPPED):
+        try:
+            return parse_serve_args(reading.args, table, where=_WHERE)
+        except ServeOptionsError as e:
+            if not _set_aside(reading, e, table):
+                last = _text(e)
+                break
+    reading.problems.append(f"{last}; no flag was checked")
+    first = reading.args[0] if reading.args and not reading.args[0].startswith("-") else None
+    return ServeCommand(first, {}, table.vllm)
+
+
+def _text(e: ServeOptionsError) -> str:
+    return str(e).removeprefix(f"{_WHERE}: ")
+
+
+def _set_aside(reading: _Reading, e: ServeOptionsError, table: FlagTable) -> bool:
+    """Drop what ``e`` is about from ``reading.args``; False when that cannot be told."""
+    name, args = e.field, reading.args
+    if name == "model" and "unexpected argument" in str(e):
+        at = [j for j, a in enumerate(args) if a == e.value and args[j - 1 : j] != ["--model"]]
+        if at:
+            del args[at[-1]]
+            reading.unknown.append(_text(e))
+            return True
+    if isinstance(name, str) and name.startswith("-"):  # not a flag of the table
+        _drop(args, {name}, table)
+        reading.unknown.append(_text(e))
+        return True
+    flag = table.flags.get(name) if isinstance(name, str) else None
+    if flag is None:  # argparse's own errors name the argument in the text
+        found = _ARGPARSE_ARGUMENT.search(str(e))
+        flag = table.find(found.group(1)) if found else None
+    if flag is None or not _drop(args, set(flag.options), table):
+        return False
+    reading.problems.append(_text(e))
+    return True
+
+
+def _spelling(token: str) -> str | None:
+    """The option a token spells, as vLLM normalises it (``--max_model_len=8k`` ->
+    ``--max-model-len``, ``--hf-overrides.a.b`` -> ``--hf-overrides``, ``-O3`` ->
+    ``--optimization-level``); None for a value."""
+    if not token.startswith("-") or _NEGATIVE_NUMBER.match(token) or token == "--":
+        return None
+    if token.startswith("--"):
+        return "--" + token[2:].partition("=")[0].partition(".")[0].replace("_", "-")
+    if token.startswith("-O"):
+        return "--optimization-level"
+    return token.partition("=")[0]
+
+
+def _drop(args: list[str], spellings: set[str], table: FlagTable) -> bool:
+    """Remove every use of the spelled options (with their values) from ``args``."""
+    model_flag = any(a == "--model" or a.startswith("--model=") for a in args)
+    found, i = False, 0
+    while i < len(args):
+        spelling = _spelling(args[i])
+        if spelling not in spellings:
+            i += 1
+            continue
+        found = True
+        del args[i : i + _extent(args, i, table, model_flag)]
+    return found
+
+
+def _extent(args: Sequence[str], i: int, table: FlagTable, model_flag: bool) -> int:
+    """How many tokens the option at ``i`` takes, its values included."""
+    token = args[i]
+    inline = "=" in token or (
+        token.startswith("-O") and not token.startswith("--") and token != "-O"
+    )
+    flag = table.find(_spelling(token) or "")
+    if inline or (flag is not None and flag.switch):
+        return 1
+    values = 0
+    while i + 1 + values < len(args) and _spelling(args[i + 1 + values]) is None:
+        values += 1
+    if flag is None:  # a flag vLLM lacks: its value is the next word, unless that is the model
+        if "." in token:
+            return 1 + min(values, 1)
+        return 1 + (0 if i == 0 and not model_flag else min(values, 1))
+    if flag.nargs in ("+", "*"):
+        return 1 + values
+    return 1 + min(values, flag.nargs if isinstance(flag.nargs, int) else 1)
+
+
+def _model(read: str | None, args: Sequence[str], env: Mapping[str, str]) -> tuple[str | None, str]:
+    if read:
+        by_flag = any(a == "--model" or a.startswith("--model=") for a in args)
+        return read, "--model" if by_flag else "command line"
     for name in MODEL_ENV_VARS:
         if env.get(name):
             return env[name], f"env {name}"
     return None, ""
 
 
-def _enforce(values: Mapping[str, str], name: str, problems: list[str]) -> bool | None:
-    if f"no-{name}" in values:
-        return False
-    raw = values.get(name)
-    if raw is None:
-        return None
-    if raw.lower() in _TRUE | _FALSE:
-        return raw.lower() in _TRUE
-    problems.append(f"--{name}={raw!r} is not a boolean; give --{name} or --no-{name}")
-    return None
-
-
-def _positive_int(raw: str) -> int:
-    value = human_readable_int(raw)
-    if value <= 0:
-        raise ValueError("must be positive")
-    return value
-
-
-def _fraction(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value <= 1:
-        raise ValueError("must be in (0, 1]")
-    return value
-
-
-def _text(raw: str) -> str:
-    if not raw.strip():
-        raise ValueError("is empty")
-    return raw.strip()
-
-
-_CONVERTERS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "max_model_len": (_positive_int, "a positive integer such as 32768 or 32k, or auto"),
-    "tensor_parallel_size": (_positive_int, "a positive integer"),
-    "pipeline_parallel_size": (_positive_int, "a positive integer"),
-    "data_parallel_size": (_positive_int, "a positive integer"),
-    "max_num_seqs": (_positive_int, "a positive integer"),
-    "max_num_batched_tokens": (_positive_int, "a positive integer such as 8192 or 8k"),
-    "kv_cache_memory_bytes": (_positive_int, "a positive number of bytes such as 20G"),
-    "block_size": (_positive_int, "a positive integer"),
-    "gpu_memory_utilization": (_fraction, "a fraction in (0, 1] such as 0.9"),
-    "quantization": (_text, "a method name such as fp8 or awq"),
-    "dtype": (_text, "auto, bfloat16, float16 or float32"),
-    "kv_cache_dtype": (_text, "auto or fp8"),
-}
-
-
-def _convert(key: str, raw: str, problems: list[str]) -> Any:
-    parse, accepted = _CONVERTERS[key]
-    try:
-        return parse(raw)
-    except (ValueError, OverflowError):
-        flag = key.replace("_", "-")
-        problems.append(f"--{flag} {raw!r} cannot be read; vLLM takes {accepted}")
-        return None
-
-
-def _options(fields: dict[str, Any], problems: list[str]) -> ServeOptions:
-    try:
-        return ServeOptions(**fields)
-    except ServeOptionsError as e:  # unreachable with the converters above; kept total
-        problems.append(str(e))
-        return ServeOptions()
+def _options(values: dict[str, Any], problems: list[str]) -> ServeOptions:
+    """``serve_options`` of the values; a value the estimator's options refuse keeps
+    vLLM's default, named among the problems."""
+    for _ in range(len(values) + 1):
+        try:
+            return serve_options(values)
+        except ServeOptionsError as e:
+            problems.append(str(e))
+            if e.field not in values:
+                break
+            del values[e.field]
+    return ServeOptions()

@@ -78,8 +78,8 @@ WARNED: dict[str, str] = {
     "statefulset": "cannot tell whether it fits: no GPU named; set nodeSelector "
     "nvidia.com/gpu.product, annotate gatekeeper.io/gpu-memory, or set "
     "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
-    "replicaset": "--max-model-len 'lots' cannot be read; vLLM takes a positive integer such as "
-    "32768 or 32k, or auto; checked with vLLM's default instead",
+    "replicaset": "--max-model-len 'lots': give a whole number (32k = 32,000, 32K = 32,768), or "
+    "auto / -1; checked with vLLM's default instead",
     "job": "cannot tell whether it fits on 'NVIDIA-GH200-480GB' (nodeSelector "
     "nvidia.com/gpu.product): not in gatekeeper's GPU table",
     "cronjob": "cannot tell whether it fits: no model on the command line nor in a literal "

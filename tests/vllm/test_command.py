@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.k8s.workloads import gpu_product_constraint, pod_templates, vllm_containers
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.flags import human_readable_int
+from gatekeeper.vllm.flags import flag_table, serve_options
+from gatekeeper.vllm.serve_args import parse_serve_args
 
 
 def parse(
@@ -21,17 +24,30 @@ def parse(
     return parse_vllm_command(list(command), list(args), image, env or {})
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("32768", 32768), ("32k", 32000), ("32K", 32768), ("1.5k", 1500), ("2M", 2 * 2**20)],
+SPEC_EAGLE = json.dumps(
+    {"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}
 )
-def test_human_readable_int_as_vllm(text, value):
-    assert human_readable_int(text) == value
 
 
-def test_binary_suffix_with_a_decimal_is_refused_as_vllm_does():
-    with pytest.raises(ValueError, match=r"did you mean 1\.5k"):
-        human_readable_int("1.5K")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["m", "--max-model-len=32k", "--max-num-batched-tokens", "8K", "-O0"],
+        ["m", "--enable-lora", "--max-loras", "8", "--max-lora-rank=256", "--max-cpu-loras=16"],
+        ["m", "-dp", "2", "-tp", "2", "--enable-expert-parallel", "--cpu-offload-gb", "12.5"],
+        ["m", "--speculative-config", SPEC_EAGLE, "--limit-mm-per-prompt", '{"image": 0}'],
+        ["m", "--compilation-config.cudagraph_capture_sizes+", "1,2,4", "--runner", "pooling"],
+        ["--model", "m", "--max_model_len", "4k", "--num-gpu-blocks-override", "100"],
+    ],
+)
+def test_containers_are_read_with_vllms_table_as_every_door_reads(argv):
+    """One grammar: a container's flags mean what ``parse_serve_args`` says they mean."""
+    cmd = parse(["vllm", "serve"], argv)
+    assert cmd is not None and (cmd.problems, cmd.unknown) == ((), ())
+    read = parse_serve_args(argv)
+    assert cmd.model == read.model == "m"
+    assert cmd.options == serve_options(read.values)
+    assert cmd.options != ServeOptions()
 
 
 def test_vllm_serve_with_every_flag_form():
@@ -43,10 +59,11 @@ def test_vllm_serve_with_every_flag_form():
          "--port", "8000"],
     )  # fmt: skip
     assert cmd is not None
-    assert (cmd.model, cmd.model_from, cmd.data_parallel_size, cmd.problems) == (
-        "Qwen/Qwen3-8B", "command line", 2, ()
+    assert (cmd.model, cmd.model_from, cmd.problems, cmd.unknown) == (
+        "Qwen/Qwen3-8B", "command line", (), ()
     )  # fmt: skip
     assert cmd.options == ServeOptions(
+        data_parallel_size=2,
         dtype="half",
         quantization="fp8",
         kv_cache_dtype="fp8",
@@ -98,32 +115,78 @@ def test_the_vllm_openai_image_entrypoint_with_args_only():
     assert parse(args=["--model", "x"], image="nginx:1.27") is None
 
 
-def test_unreadable_values_are_problems_and_keep_the_default():
+def test_unreadable_values_are_problems_with_vllms_grammar_and_keep_the_default():
     cmd = parse(
         ["vllm", "serve", "m"],
-        ["--max-model-len", "lots", "--gpu-memory-utilization=1.5", "--enforce-eager=maybe"],
+        ["--max-model-len", "lots", "--gpu-memory-utilization=1.5", "--enforce-eager=maybe",
+         "--cudagraph-capture-sizes", "1", "x", "--speculative-config", '{"method": "eagle"}',
+         "-tp", "2", "--max-loras=-3"],
+    )  # fmt: skip
+    assert cmd is not None and cmd.unknown == ()
+    assert cmd.options == ServeOptions(tensor_parallel_size=2)
+    assert set(cmd.problems) == {
+        "argument --enforce-eager: ignored explicit argument 'maybe'",
+        "--max-model-len 'lots': give a whole number (32k = 32,000, 32K = 32,768), or auto / -1",
+        "--cudagraph-capture-sizes ['1', 'x']: give a whole number",
+        "gpu_memory_utilization: 1.5 must be in (0, 1], a fraction of the GPU's total memory "
+        "(vLLM's default is 0.92 since 0.20, 0.9 before)",
+        'speculative_config: method eagle needs a draft "model"',
+        "max_loras: -3 must be a positive integer; omit it to use vLLM's default",
+    }
+
+
+def test_unknown_flags_are_set_aside_with_their_values_and_the_rest_is_read():
+    cmd = parse(
+        ["vllm", "serve", "m"],
+        ["--frobnicate", "3", "--max_model_len=8k", "--wat", "-tp=2", "--nope.x", "1",
+         "--tokenizer-pool=4", "--enforce-eager"],
+    )  # fmt: skip
+    assert cmd is not None and cmd.problems == ()
+    assert (cmd.model, cmd.options) == (
+        "m",
+        ServeOptions(max_model_len=8000, tensor_parallel_size=2, enforce_eager=True),
     )
+    release = flag_table().vllm
+    assert cmd.unknown[0] == f"'--frobnicate' is not a flag of vllm serve {release}"
+    assert cmd.unknown[1] == (
+        f"'--wat' is not a flag of vllm serve {release}; did you mean --watermark?"
+    )
+    assert {u.split("'")[1] for u in cmd.unknown} == {
+        "--frobnicate", "--wat", "--nope", "--tokenizer-pool"
+    }  # fmt: skip
+
+
+def test_a_stray_word_and_a_flag_before_the_model():
+    stray = parse(["vllm", "serve", "m", "extra", "-tp", "2"])
+    assert stray is not None and stray.options.tensor_parallel_size == 2
+    assert stray.unknown == ("unexpected argument 'extra'; the model goes first, once",)
+    first = parse(["vllm", "serve", "--frobnicate", "m", "--max-model-len", "4096"])
+    assert first is not None and (first.model, first.options.max_model_len) == ("m", 4096)
+
+
+def test_a_pathological_command_line_is_given_up_on_not_looped_over():
+    cmd = parse(["vllm", "serve", "m", *(f"--x{i}" for i in range(1000)), "-tp", "2"])
     assert cmd is not None and cmd.options == ServeOptions()
-    assert cmd.problems == (
-        "--max-model-len 'lots' cannot be read; vLLM takes a positive integer such as 32768 "
-        "or 32k, or auto",
-        "--gpu-memory-utilization '1.5' cannot be read; vLLM takes a fraction in (0, 1] such as 0.9",
-        "--enforce-eager='maybe' is not a boolean; give --enforce-eager or --no-enforce-eager",
-    )
+    assert cmd.problems[-1].endswith("flags cannot be read; no flag was checked")
 
 
-def test_a_config_file_is_named_as_unread():
-    cmd = parse(["vllm", "serve", "m", "--config", "/etc/vllm/serve.yaml"])
+def test_a_config_file_is_named_as_unread_and_never_opened(tmp_path: Path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-model-len: 1234\ntensor-parallel-size: 8\n")
+    cmd = parse(["vllm", "serve", "m", "--config", str(config), "--max-model-len", "4k"])
     assert cmd is not None
     assert cmd.problems == (
-        "--config '/etc/vllm/serve.yaml': flags in a config file cannot be read at admission; "
+        f"--config '{config}': flags in a config file cannot be read at admission; "
         "only the command line is checked",
     )
+    assert cmd.options == ServeOptions(max_model_len=4000)
 
 
-def test_max_model_len_auto():
-    cmd = parse(["vllm", "serve", "m", "--max-model-len", "auto"])
+@pytest.mark.parametrize("value", ["auto", "-1"])
+def test_max_model_len_auto(value):
+    cmd = parse(["vllm", "serve", "m", "--max-model-len", value])
     assert cmd is not None and cmd.max_model_len_auto and cmd.options.max_model_len is None
+    assert cmd.problems == ()
 
 
 @pytest.mark.parametrize(
