@@ -196,6 +196,14 @@ class ServeOptions:
                 field="cpu_offload_gb",
                 value=self.cpu_offload_gb,
             )
+        sizes, top = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
+        if sizes and top is not None and top != max(sizes):
+            raise ServeOptionsError(
+                f"max_cudagraph_capture_size: {top} must equal the largest of "
+                f"cudagraph_capture_sizes ({max(sizes)}), as vLLM requires; give one of them",
+                field="max_cudagraph_capture_size",
+                value=top,
+            )
         for size in self.cudagraph_capture_sizes or ():
             if size <= 0:
                 raise ServeOptionsError(

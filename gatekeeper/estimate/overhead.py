@@ -201,18 +201,44 @@ def capture_size(
     sizes: tuple[int, ...] | None = None,
     largest: int | None = None,
 ) -> int:
-    """The largest CUDA-graph capture size (``config/vllm.py::_set_cudagraph_sizes``):
-    the largest of ``--cudagraph-capture-sizes``, else ``--max-cudagraph-capture-size``,
-    else ``min(2 x max_num_seqs x decode_query_len, 512)``; never above
-    max_num_batched_tokens. ``decode_query_len`` is 1 + the draft tokens of speculative
-    decoding."""
+    """The largest CUDA-graph capture size, as ``config/vllm.py::_set_cudagraph_sizes``
+    picks it: the largest of ``--cudagraph-capture-sizes`` within max_num_batched_tokens;
+    else the largest size of vLLM's grid (``1, 2, 4``, every 8 to 256, every 16 beyond)
+    within the ceiling, ``--max-cudagraph-capture-size`` (truncated to the grid, as vLLM
+    truncates it) or ``min(2 x max_num_seqs x decode_query_len, 512)``, plus
+    max_num_batched_tokens and the uniform decode batches (``n x decode_query_len``) that
+    fit under it. ``decode_query_len`` is 1 + the draft tokens of speculative decoding."""
+    tokens = shape.max_num_batched_tokens
     if sizes:
-        cap = max(sizes)
-    elif largest:
-        cap = largest
+        return max((s for s in sizes if s <= tokens), default=0)
+    seqs = shape.max_num_seqs
+    if largest is None:
+        ceiling = min(2 * seqs * decode_query_len, GRAPH_CEILING)
+        if decode_query_len > 1:
+            uniform = [n * decode_query_len for n in _request_counts(seqs)]
+        else:
+            uniform = [seqs]
+        uniform = [u for u in uniform if u <= ceiling]
     else:
-        cap = min(2 * shape.max_num_seqs * decode_query_len, 512)
-    return min(cap, shape.max_num_batched_tokens)
+        ceiling, uniform = largest, []
+    ceiling = min(tokens, ceiling)
+    grid = [n for n in (1, 2, 4) if n <= ceiling]
+    grid += list(range(8, min(ceiling + 1, 256), 8)) + list(range(256, ceiling + 1, 16))
+    if tokens <= ceiling:
+        grid.append(tokens)
+    return max([*grid, *(u for u in uniform if u <= tokens)], default=0)
+
+
+GRAPH_CEILING = 512
+"""vLLM's default ceiling on capture sizes (1024 on data-center Blackwell, not modelled)."""
+
+
+def _request_counts(max_reqs: int) -> list[int]:
+    """Request counts of uniform decode batches (``_set_cudagraph_sizes``' ``request_counts``)."""
+    max_reqs = min(max_reqs, GRAPH_CEILING)
+    counts = [n for n in (1, 2, 4) if n <= max_reqs]
+    counts += list(range(8, min(max_reqs + 1, 256), 8)) + list(range(256, max_reqs + 1, 16))
+    return sorted({*counts, max_reqs})
 
 
 def cuda_graph_bytes(

@@ -297,7 +297,12 @@ def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -
     )
     limits = opts.limit_mm_per_prompt
     items = limits.get("image") if limits else None
-    vision_off = limits is not None and bool(limits.counts) and not any(n for _, n in limits.counts)
+    # vLLM skips the tower only when every modality it encodes is limited to 0 (an
+    # unlisted modality keeps vLLM's default limit): models/interfaces.py
+    modalities = spec.vision.modalities if spec.vision else ()
+    vision_off = (
+        limits is not None and bool(modalities) and all(limits.get(m) == 0 for m in modalities)
+    )
     ep = opts.data_parallel_size * tp if opts.enable_expert_parallel else 1
     lora = None
     if opts.enable_lora:
@@ -323,7 +328,8 @@ def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -
         dcp=opts.decode_context_parallel_size,
         graphs=graphs,
         cap=cap if graphs else 0,
-        mm_items=0 if vision_off or opts.skip_mm_profiling else items,
+        # no image but videos: the profile runs on videos, sized here as images
+        mm_items=0 if vision_off or opts.skip_mm_profiling else (items or None),
         weights=weights,
     )
 

@@ -274,32 +274,78 @@ def weight_plan(
     arch = tuple(
         _stage_bytes(ctx, layers, first=k == 0, last=k == pp - 1) for k, layers in enumerate(stages)
     )
-    arch_layers = tuple(sum(_layer_bytes(ctx, i) for i in layers) for layers in stages)
+    parts = (
+        [[p for i in layers for p in _layer_parts(ctx, i)] for layers in stages]
+        if opts.cpu_offload_bytes
+        else [[] for _ in stages]
+    )
     ckpt = spec.checkpoint
     if ckpt is None or (quant is not None and quant.source == "runtime"):
-        return _offloaded(arch, arch_layers, "architecture (config.json)", opts)
+        return _offloaded(arch, parts, "architecture (config.json)", opts)
     if ckpt.tensors:
         totals, in_layers = _from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant, opts)
-        return _offloaded(totals, in_layers, ckpt.source, opts)
+        return _offloaded(totals, _rescaled(parts, in_layers), ckpt.source, opts)
     # Only the index's total_size: scale the architecture's split to the exact total.
     base = _Ctx(spec, 1, spec.dtype_bytes, spec.quantization)
     arch_total = _stage_bytes(base, range(spec.num_layers), first=True, last=True)
     extras = _rope_cache_bytes(spec, spec.dtype_bytes)
     factor = (ckpt.total_bytes + extras) / arch_total if arch_total else 1.0
     scaled = tuple(round(b * factor) for b in arch)
-    return _offloaded(scaled, tuple(round(b * factor) for b in arch_layers), ckpt.source, opts)
+    in_layers = tuple(round(sum(p) * factor) for p in parts)
+    return _offloaded(scaled, _rescaled(parts, in_layers), ckpt.source, opts)
+
+
+def _layer_parts(c: _Ctx, i: int) -> list[int]:
+    """Layer ``i``'s parameters in the order vLLM registers them (attention's qkv and o,
+    the MLP's gate_up and down, or the experts' w13 and w2, then the norms); each fused
+    linear is one parameter. They add up to ``_layer_bytes``."""
+    s = c.spec
+    h = s.hidden_size
+    attention = _attention_bytes(c, i)
+    parts = [attention]
+    if s.mla is None:
+        o_in = cdiv(s.num_attention_heads, c.tp) * s.value_head_dim
+        o_proj = c.linear(f"model.layers.{i}.self_attn.o_proj", o_in, h)
+        parts = [attention - o_proj, o_proj]
+    mlp = _layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
+    if s.moe is not None and s.layer_moe[i]:
+        w13 = mlp * 2 // 3
+        parts += [w13, mlp - w13]
+    else:
+        inter = cdiv(s.intermediate_size, c.tp)
+        down = c.linear(f"model.layers.{i}.mlp.down_proj", inter, h)
+        parts += [mlp - down, down]
+    return [*parts, c.vec(s.norms_per_layer * h)]
+
+
+def _rescaled(parts: list[list[int]], totals: tuple[int, ...]) -> list[list[int]]:
+    """The architecture's parameter sizes scaled to the checkpoint's per-stage totals."""
+    out = []
+    for stage, total in zip(parts, totals, strict=True):
+        arch = sum(stage)
+        out.append([round(p * total / arch) for p in stage] if arch else stage)
+    return out
 
 
 def _offloaded(
-    stage_bytes: tuple[int, ...], layer_bytes: tuple[int, ...], source: str, opts: WeightOptions
+    stage_bytes: tuple[int, ...], parts: list[list[int]], source: str, opts: WeightOptions
 ) -> WeightPlan:
-    """``--cpu-offload-gb``: each rank moves up to that many bytes of its decoder layers to
-    host memory (the embedding, LM head and buffers stay on the GPU)."""
-    off = tuple(min(opts.cpu_offload_bytes, layers) for layers in layer_bytes)
+    """``--cpu-offload-gb``: vLLM's UVA offloader walks each rank's decoder layers, first
+    layers first, and moves whole parameters to host memory while it has moved less than
+    the limit (``offloader/uva.py``), so it stops on the parameter that crosses it; the
+    embedding, LM head and buffers stay on the GPU."""
     if not opts.cpu_offload_bytes:
         return WeightPlan(stage_bytes, source)
+    off = []
+    for stage in parts:
+        moved = 0
+        for size in stage:
+            if moved >= opts.cpu_offload_bytes:
+                break
+            moved += size
+        off.append(moved)
     kept = tuple(b - o for b, o in zip(stage_bytes, off, strict=True))
-    return WeightPlan(kept, source, off)
+    return WeightPlan(kept, source, tuple(off))
 
 
 _LAYER_RE = re.compile(r"(?:layers|h|blocks)\.(\d+)\.")

@@ -73,6 +73,9 @@ class VisionSpec:
     """Width of the encoder features handed to the projector."""
     cross_attention: bool = False
     """The features feed cross-attention layers (Mllama) instead of the context."""
+    modalities: tuple[str, ...] = ("image",)
+    """What the tower encodes; vLLM builds no tower only when ``--limit-mm-per-prompt``
+    gives 0 to every one of them."""
 
 
 @dataclass(frozen=True, slots=True)

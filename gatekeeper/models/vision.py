@@ -61,7 +61,15 @@ def vision_spec(
         tokens_per_item=tokens,
         output_dim=int(vision.get("vision_output_dim") or h),
         cross_attention=cross,
+        modalities=_modalities(top),
     )
+
+
+def _modalities(top: Mapping[str, Any]) -> tuple[str, ...]:
+    """Images, and videos for the models whose config names a video token (Qwen2-VL and
+    Qwen2.5-VL, LLaVA-OneVision ...)."""
+    keys = ("video_token_id", "video_token_index", "video_token")
+    return ("image", "video") if any(top.get(k) is not None for k in keys) else ("image",)
 
 
 def _profile_item(

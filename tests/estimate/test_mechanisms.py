@@ -245,8 +245,15 @@ def test_cpu_offload_lets_a_70b_model_start_on_an_l4():
     assert not without.fits
     offload = run(model, gpu=L4, max_model_len=4096, cpu_offload_gb=120)
     assert offload.fits, offload.reasons
-    assert offload.worst.cpu_offloaded_bytes == 120 * GIB
-    assert without.worst.weights_bytes - offload.worst.weights_bytes == 120 * GIB
+    # whole parameters, layer by layer, until at least 120 GiB have moved (offloader/uva.py):
+    # a layer is qkv 83,886,080 + o 67,108,864 + gate_up 469,762,048 + down 234,881,024
+    # + norms 16,384 elements; 75 layers, then layer 76's qkv, o and gate_up
+    qkv, o, gate_up, down, norms = 83_886_080, 67_108_864, 469_762_048, 234_881_024, 16_384
+    layer = qkv + o + gate_up + down + norms
+    moved = (75 * layer + qkv + o + gate_up) * 2
+    assert 75 * layer * 2 < 120 * GIB <= moved
+    assert offload.worst.cpu_offloaded_bytes == moved
+    assert without.worst.weights_bytes - offload.worst.weights_bytes == moved
 
 
 def test_cpu_offload_moves_only_decoder_layers():
@@ -294,8 +301,16 @@ def test_decode_context_parallel_splits_each_requests_tokens():
 def test_no_images_means_no_vision_tower_and_no_encoder_profile():
     model = "Qwen/Qwen2.5-VL-72B-Instruct"
     spec = resolve_model(model)
-    assert spec.vision is not None
+    assert spec.vision is not None and spec.vision.modalities == ("image", "video")
     base = run(model, tensor_parallel_size=4)
+    # videos keep vLLM's default limit, so the tower stays (models/interfaces.py)
+    images_only = run(model, tensor_parallel_size=4, limit_mm_per_prompt={"image": 0})
+    assert images_only.stages[0].weights_bytes == base.stages[0].weights_bytes
+    assert images_only.worst.activation_peak_bytes == base.worst.activation_peak_bytes
+    gemma = "google/gemma-3-27b-it"  # images alone: {"image": 0} is text-only
+    assert run(gemma, limit_mm_per_prompt={"image": 0}).worst.weights_bytes < (
+        run(gemma).worst.weights_bytes
+    )
     text_only = run(model, tensor_parallel_size=4, limit_mm_per_prompt={"image": 0, "video": 0})
     tower = -(-spec.vision.parameters // 4) * 2
     assert base.stages[0].weights_bytes - text_only.stages[0].weights_bytes == tower
@@ -327,6 +342,15 @@ def test_capture_sizes_and_eager_levels_set_the_graph_memory():
     assert small.worst.cuda_graph_bytes < base.worst.cuda_graph_bytes
     capped = run(LLAMA_8B, max_cudagraph_capture_size=8)
     assert capped.worst.cuda_graph_bytes == small.worst.cuda_graph_bytes
+    # off vLLM's grid (1, 2, 4, every 8 to 256, every 16 beyond): truncated to 96
+    assert run(LLAMA_8B, max_cudagraph_capture_size=100).cuda_graph_capture_size == 96
+    assert run(LLAMA_8B, max_num_seqs=150).cuda_graph_capture_size == 288  # 300 -> 288
+    # max_num_seqs itself is captured when under the ceiling
+    assert (
+        run(LLAMA_8B, max_num_seqs=100, max_num_batched_tokens=2000).cuda_graph_capture_size == 200
+    )
+    with pytest.raises(ServeOptionsError, match="largest of cudagraph_capture_sizes"):
+        options(cudagraph_capture_sizes=[1, 2, 4], max_cudagraph_capture_size=8)
     via_config = run(LLAMA_8B, compilation_config={"max_cudagraph_capture_size": 8})
     assert via_config.worst.cuda_graph_bytes == small.worst.cuda_graph_bytes
     for eager in ({"optimization_level": "0"}, {"compilation_config": {"cudagraph_mode": "NONE"}}):
