@@ -1,11 +1,14 @@
 """Whether one vLLM container fits the GPU it will land on, in words an operator can act on.
 
-Pure: a ``ModelSpec``, the container's ``VllmCommand``, the GPUs it requests and the GPU
-it will run on in; a ``Finding`` (allow, warn or deny, with its message) out. The
-estimator judges the flags as given, the way vLLM will at start-up (its budget is
-``gpu_memory_utilization x total``)::
+Pure: a ``ModelSpec`` (and the speculative draft's, resolved by the caller as it
+resolved the target: ``gatekeeper.estimate.options.draft_reference``), the container's
+``VllmCommand``, the GPUs it requests and the GPU it will run on in; a ``Finding``
+(allow, warn or deny, with its message) out. The estimator judges the flags as given,
+every flag it models (LoRA slots, the draft, CPU offload, DP/EP, ...), the way vLLM
+will at start-up (its budget is ``gpu_memory_utilization x total``)::
 
-    need  = weights + non-torch + activation peak [+ CUDA graphs, vLLM 0.21+]
+    need  = weights (+ LoRA slots, + the draft, - what --cpu-offload-gb keeps in host
+            memory) + non-torch + activation peak [+ CUDA graphs, vLLM 0.21+]
             + the KV cache of one request of max_model_len (vLLM's minimum)
     slack = budget - need        (total - what the worker holds, with --kv-cache-memory-bytes)
     deny  when vLLM would refuse to start; warn when slack < margin + fraction x total
@@ -24,7 +27,7 @@ from typing import Literal
 
 from gatekeeper.errors import GatekeeperError, ServeOptionsError, UnknownGpuError
 from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
@@ -40,6 +43,7 @@ __all__ = [
     "Finding",
     "GpuChoice",
     "Outcome",
+    "draft_finding",
     "gpu_count_finding",
     "gpu_from_value",
     "judge",
@@ -100,7 +104,8 @@ def gpu_count_finding(
     """Deny TP above the pod's ``nvidia.com/gpu``; warn when TP x PP x DP exceeds it,
     unless the pods form a multi-node group (a LeaderWorkerSet's Ray cluster). Without
     an ``nvidia.com/gpu`` request the GPUs may come another way (a DRA claim, a runtime
-    class): warn when vLLM needs more than one."""
+    class): warn when vLLM needs more than one. Checked before the model is known, so
+    the count is the options' (``Estimate.gpus`` counts the same: dp x tp x pp)."""
     o = command.options
     tp = o.tensor_parallel_size
     world = o.data_parallel_size * tp * o.pipeline_parallel_size
@@ -129,6 +134,26 @@ def gpu_count_finding(
     return None
 
 
+def draft_finding(who: str, reference: str, error: GatekeeperError) -> Finding:
+    """The denial when ``--speculative-config`` names a draft model gatekeeper cannot read:
+    its weights and KV cache share the GPU with the target, so the fit cannot be told."""
+    return Finding(
+        "deny",
+        f"{who}: speculative_config's draft model {reference!r} cannot be sized, so the "
+        f"memory it takes beside the target cannot be counted: {error}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Case:
+    """What one container is judged against: the models, the GPU and the rules."""
+
+    spec: ModelSpec
+    draft: ModelSpec | None
+    gpu: GpuChoice
+    policy: PlacementPolicy
+
+
 @dataclass(frozen=True, slots=True)
 class _Eval:
     e: Estimate
@@ -138,14 +163,14 @@ class _Eval:
     margin_bytes: int
 
 
-def _evaluate(
-    spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy
-) -> _Eval:
+def _evaluate(case: _Case, options: ServeOptions) -> _Eval:
+    gpu = case.gpu
     e = estimate(
-        spec,
+        case.spec,
         options,
         GpuTarget(total_bytes=gpu.total_bytes, name=gpu.name),
-        default_version=policy.default_vllm_version,
+        default_version=case.policy.default_vllm_version,
+        draft=case.draft,
     )
     w = e.worst
     kv_min = e.kv_bytes_for()
@@ -154,7 +179,7 @@ def _evaluate(
         slack = gpu.total_bytes - w.nvml_bytes
     else:
         slack = w.budget_bytes - need
-    margin = policy.margin_for(gpu.total_bytes)
+    margin = case.policy.margin_for(gpu.total_bytes)
     return _Eval(e, need, kv_min, slack, margin)
 
 
@@ -166,24 +191,27 @@ def judge(
     policy: PlacementPolicy,
     *,
     multi_node: bool = False,
+    draft: ModelSpec | None = None,
 ) -> list[Finding]:
     """The findings for one container whose model and GPU are known; ``multi_node``: the
-    pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods."""
+    pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods; ``draft``:
+    the speculative draft model's spec, when the options name one (``draft_reference``)."""
     options = command.options
+    case = _Case(spec, draft, gpu, policy)
     try:
-        ev = _evaluate(spec, options, gpu, policy)
+        ev = _evaluate(case, options)
     except ServeOptionsError as e:
         vllm_refuses = e.field in ("tensor_parallel_size", "pipeline_parallel_size")
         return [Finding("deny" if vllm_refuses else "warn", f"{who}: {e}")]
     findings = [Finding("warn", f"{who}: {w}") for w in ev.e.warnings]
     if command.max_model_len_auto and ev.e.max_model_len_fit > 0 and not ev.e.fits:
         length = dataclasses.replace(options, max_model_len=ev.e.max_model_len_fit)
-        ev = _evaluate(spec, length, gpu, policy)
+        ev = _evaluate(case, length)
     if not ev.e.fits:
-        fixes = suggestions(spec, command, gpu, policy, ev, multi_node=multi_node)
-        return [*findings, Finding("deny", _denial(who, spec, gpu, ev, fixes))]
+        fixes = _suggest(case, command, ev, multi_node=multi_node)
+        return [*findings, Finding("deny", _denial(who, case, ev, fixes))]
     if ev.slack_bytes < ev.margin_bytes:
-        shorter = _margin_length(spec, options, gpu, policy, ev)
+        shorter = _margin_length(case, options, ev)
         hint = f"lower --max-model-len to {shorter}" if shorter else "lower --max-model-len"
         findings.append(
             Finding(
@@ -196,8 +224,8 @@ def judge(
     return findings or [Finding("allow")]
 
 
-def _denial(who: str, spec: ModelSpec, gpu: GpuChoice, ev: _Eval, fixes: list[str]) -> str:
-    e, w = ev.e, ev.e.worst
+def _denial(who: str, case: _Case, ev: _Eval, fixes: list[str]) -> str:
+    spec, gpu, e, w = case.spec, case.gpu, ev.e, ev.e.worst
     shape = f"TP={e.tensor_parallel_size}" + (
         f" PP={e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
     )
@@ -210,7 +238,8 @@ def _denial(who: str, spec: ModelSpec, gpu: GpuChoice, ev: _Eval, fixes: list[st
     )
     return (
         f"{who}: {spec.name} does not fit on {gpu.label} ({gpu.origin}): at {shape} it needs "
-        f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}, KV cache "
+        f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}"
+        f"{_weights_parts(w)}, KV cache "
         f"{format_gib(ev.kv_min_bytes)} for one request of --max-model-len {e.max_model_len}, "
         f"activation {format_gib(w.activation_peak_bytes)}, non-torch "
         f"{format_gib(w.non_torch_bytes)}{graphs}) but the GPU has "
@@ -220,27 +249,38 @@ def _denial(who: str, spec: ModelSpec, gpu: GpuChoice, ev: _Eval, fixes: list[st
     )
 
 
-def _margin_length(
-    spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy, ev: _Eval
-) -> int | None:
+def _weights_parts(w: StageEstimate) -> str:
+    """What the weights hold beside the model's own: LoRA slots, the draft, and what
+    ``--cpu-offload-gb`` keeps in host memory."""
+    parts = []
+    if w.lora_bytes:
+        parts.append(f"LoRA slots {format_gib(w.lora_bytes)}")
+    if w.draft_weights_bytes:
+        parts.append(f"draft model {format_gib(w.draft_weights_bytes)}")
+    if w.cpu_offloaded_bytes:
+        parts.append(f"{format_gib(w.cpu_offloaded_bytes)} more offloaded to CPU memory")
+    return f" with {', '.join(parts)}" if parts else ""
+
+
+def _margin_length(case: _Case, options: ServeOptions, ev: _Eval) -> int | None:
     """The longest max_model_len that fits with the safety margin left in vLLM's budget."""
     if options.kv_cache_memory_bytes is not None:
         return None
-    u = ev.e.gpu_memory_utilization - ev.margin_bytes / gpu.total_bytes
+    u = ev.e.gpu_memory_utilization - ev.margin_bytes / case.gpu.total_bytes
     if u <= 0:
         return None
     try:
         fit = _evaluate(
-            spec, dataclasses.replace(options, gpu_memory_utilization=u), gpu, policy
+            case, dataclasses.replace(options, gpu_memory_utilization=u)
         ).e.max_model_len_fit
     except GatekeeperError:
         return None
     return fit if MIN_SUGGESTED_LEN <= fit < ev.e.max_model_len else None
 
 
-def _fits(spec: ModelSpec, options: ServeOptions, gpu: GpuChoice, policy: PlacementPolicy) -> bool:
+def _fits(case: _Case, options: ServeOptions) -> bool:
     try:
-        return _evaluate(spec, options, gpu, policy).e.fits
+        return _evaluate(case, options).e.fits
     except GatekeeperError:
         return False
 
@@ -253,44 +293,44 @@ def suggestions(
     ev: _Eval,
     *,
     multi_node: bool = False,
+    draft: ModelSpec | None = None,
 ) -> list[str]:
     """Nearby flags that fit: TP (PP across a multi-node group), max model len, fp8 KV
     cache, online fp8 weights."""
+    return _suggest(_Case(spec, draft, gpu, policy), command, ev, multi_node=multi_node)
+
+
+def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) -> list[str]:
     options = command.options
-    out = _parallel(spec, command, gpu, policy, ev.e.max_model_len, multi_node)
-    length = _margin_length(spec, options, gpu, policy, ev) or ev.e.max_model_len_fit
+    out = _parallel(case, options, ev.e.max_model_len, multi_node)
+    length = _margin_length(case, options, ev) or ev.e.max_model_len_fit
     if MIN_SUGGESTED_LEN <= length < ev.e.max_model_len:
         out.append(f"--max-model-len {length}")
-    for v in lighter_variants(spec, options, policy.default_vllm_version):
-        if _fits(spec, dataclasses.replace(options, **v.changes), gpu, policy):
+    for v in lighter_variants(case.spec, options, case.policy.default_vllm_version):
+        if _fits(case, dataclasses.replace(options, **v.changes)):
             out.append(v.flag)
     return out
 
 
-def _parallel(
-    spec: ModelSpec,
-    command: VllmCommand,
-    gpu: GpuChoice,
-    policy: PlacementPolicy,
-    length: int,
-    multi_node: bool,
-) -> list[str]:
+def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> list[str]:
     """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
-    smaller one that fits with a shorter max_model_len."""
-    o, out = command.options, list[str]()
-    tp, pp, dp = o.tensor_parallel_size, o.pipeline_parallel_size, o.data_parallel_size
-    if multi_node:
-        sizes = [(tp, p, f"--pipeline-parallel-size {p} ({tp * p * dp} GPUs in the group)")
-                 for p in larger_sizes(pp)]  # fmt: skip
-    else:
-        sizes = [(t, pp, f"--tensor-parallel-size {t} with nvidia.com/gpu: {t * pp * dp}")
-                 for t in larger_sizes(tp)]  # fmt: skip
-    for t, p, text in sizes:
+    smaller one that fits with a shorter max_model_len; GPUs as the estimate counts
+    them (``Estimate.gpus``: dp x tp x pp)."""
+    out: list[str] = []
+    tp, pp = o.tensor_parallel_size, o.pipeline_parallel_size
+    sizes = (
+        [(tp, p) for p in larger_sizes(pp)] if multi_node else [(t, pp) for t in larger_sizes(tp)]
+    )
+    for t, p in sizes:
         changed = dataclasses.replace(o, tensor_parallel_size=t, pipeline_parallel_size=p)
         try:
-            ev = _evaluate(spec, changed, gpu, policy)
+            ev = _evaluate(case, changed)
         except GatekeeperError:
             continue
+        if multi_node:
+            text = f"--pipeline-parallel-size {p} ({ev.e.gpus} GPUs in the group)"
+        else:
+            text = f"--tensor-parallel-size {t} with nvidia.com/gpu: {ev.e.gpus}"
         if ev.e.fits:
             return [*out, text]
         fit = ev.e.max_model_len_fit

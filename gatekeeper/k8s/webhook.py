@@ -5,15 +5,18 @@
 StatefulSets, ReplicaSets, Jobs, CronJobs and LeaderWorkerSets. For every container that
 runs vLLM (``gatekeeper.vllm.command``) it checks the GPUs requested against
 ``--tensor-parallel-size`` and, with the estimator, whether the model fits the GPU the pod
-will land on (``gatekeeper.k8s.fit``). The GPU comes from, in order: the annotation
+will land on (``gatekeeper.k8s.fit``), a speculative draft model resolved as the model
+is and counted with it. The GPU comes from, in order: the annotation
 ``gatekeeper.io/gpu-memory`` (a size or a product), the ``nvidia.com/gpu.product`` node
 selector or required node affinity (through the GPU table; the smallest when several),
 the configured default. Outcomes:
 
 - denied (``allowed: false``, ``status.code`` 403, ``status.message`` says what the model
-  needs per GPU, what the GPU has and what would fit);
+  needs per GPU, what the GPU has and what would fit), also when the draft model cannot
+  be resolved;
 - allowed with ``warnings`` when it fits with less than the safety margin or when
-  gatekeeper cannot tell (unknown model, unknown GPU, unreadable flags);
+  gatekeeper cannot tell (unknown model, unknown GPU, unreadable values, flags vLLM's
+  table lacks);
 - allowed, saying so, when the template is annotated ``gatekeeper.io/skip: "true"``;
 - allowed silently when nothing runs vLLM, for deletes, sub-resources, objects being
   deleted and updates that leave the pod templates unchanged.
@@ -36,9 +39,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gatekeeper.errors import GatekeeperError, HubError
+from gatekeeper.estimate.options import draft_reference
 from gatekeeper.k8s.fit import (
     Finding,
     GpuChoice,
+    draft_finding,
     gpu_count_finding,
     gpu_from_value,
     judge,
@@ -226,8 +231,34 @@ class AdmissionWebhook:
                 findings += part
         if isinstance(spec, ModelSpec) and isinstance(gpu, tuple):
             findings += gpu[1]
-            findings += judge(who, spec, command, gpu[0], self.config.fit, multi_node=multi_node)
+            draft = self._draft(who, command)
+            if isinstance(draft, Finding):
+                return [*findings, draft]
+            findings += judge(
+                who, spec, command, gpu[0], self.config.fit, multi_node=multi_node, draft=draft
+            )
         return findings
+
+    def _draft(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:
+        """The speculative draft model, resolved as the target is (and cached with it)."""
+        reference = draft_reference(command.options)
+        if reference is None:
+            return None
+        try:
+            return self._resolved(reference)
+        except GatekeeperError as e:
+            return draft_finding(who, reference, e)
+
+    def _resolved(self, model: str) -> ModelSpec:
+        """``resolve``, remembered (a bounded cache); raises its ``GatekeeperError``."""
+        cached = self._specs.get(model)
+        if cached is not None:
+            return cached
+        spec = self._resolve(model)
+        if len(self._specs) >= 256:
+            self._specs.clear()
+        self._specs[model] = spec
+        return spec
 
     def _spec(self, who: str, model: str | None) -> ModelSpec | list[Finding]:
         if model is None:
@@ -238,11 +269,8 @@ class AdmissionWebhook:
                     f"literal {', '.join(MODEL_ENV_VARS)} (valueFrom cannot be read at admission)",
                 )
             ]
-        cached = self._specs.get(model)
-        if cached is not None:
-            return cached
         try:
-            spec = self._resolve(model)
+            return self._resolved(model)
         except GatekeeperError as e:
             outcome = self.config.unknown_model
             verb = "denied (webhook_unknown_model=deny)" if outcome == "deny" else "not checked"
@@ -254,10 +282,6 @@ class AdmissionWebhook:
                     "check the name, or set GATEKEEPER_ALLOW_NETWORK=true to look it up on the hub",
                 )
             ]
-        if len(self._specs) >= 256:
-            self._specs.clear()
-        self._specs[model] = spec
-        return spec
 
     def _gpu(
         self, who: str, template: PodTemplate

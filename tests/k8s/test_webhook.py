@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement import PlacementPolicy
 from gatekeeper.settings import Settings
+from tests.estimate.test_mechanisms import EAGLE_LLAMA
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "admission"
@@ -370,3 +372,127 @@ def test_the_sidecar_serves_the_webhook(tmp_path):
         assert denied.status_code == 200 and denied.json()["response"]["allowed"] is False
         bad = sidecar.admin.post("/k8s/validate", content=b"{")
         assert bad.status_code == 400 and "not JSON" in bad.json()["message"]
+
+
+# -- every flag read with vLLM's table, every modelled flag counted ---------------------
+
+L4 = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_70B = "meta-llama/Llama-3.3-70B-Instruct"
+EAGLE_HEAD = EAGLE_LLAMA  # yuhuili/EAGLE-LLaMA3.1-Instruct-8B: one Llama decoder layer
+
+
+def on_l4(webhook: AdmissionWebhook, *args: str, **changes: Any) -> dict[str, Any]:
+    changes.setdefault("nodeSelector", L4)
+    return answer(webhook, deployment(args=["serve", *args], affinity=None, **changes))
+
+
+def test_lora_slots_are_counted(webhook):
+    """8 adapters of rank 256 on Llama-3.1-8B: vLLM allocates every slot's A and B for
+    every projection at start-up, 11.01 GiB at TP=1, which an L4 cannot hold beside the
+    14.99 GiB of weights."""
+    assert on_l4(webhook, LLAMA_8B, "--max-model-len", "4096")["allowed"] is True
+    lora = ["--enable-lora", "--max-loras", "8", "--max-lora-rank", "256"]
+    response = on_l4(webhook, LLAMA_8B, "--max-model-len", "4096", *lora)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "weights 26.00 GiB with LoRA slots 11.01 GiB" in message
+    assert "weights need 26.00 GiB per GPU but only 21.55 GiB can be allocated" in message
+    assert "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2." in message
+    few = on_l4(webhook, LLAMA_8B, "--max-model-len", "4096", "--enable-lora", "--max-loras=2")
+    assert few["allowed"] is True  # 2 slots of vLLM's default rank 16
+
+
+def test_speculative_decoding_ngram_is_free_and_an_eagle_draft_is_counted(webhook, tmp_path):
+    """At --max-model-len 28000 an L4 holds Llama-3.1-8B's KV cache (30,256 tokens fit,
+    under the safety margin); ngram proposals cost no GPU memory; an EAGLE head (one
+    decoder layer and fc, 0.47 GiB, and its KV page per token) leaves room for 25,488."""
+    base = on_l4(webhook, LLAMA_8B, "--max-model-len", "28000")
+    assert base["allowed"] is True
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    with_ngram = on_l4(
+        webhook, LLAMA_8B, "--max-model-len", "28000", "--speculative-config", json.dumps(ngram)
+    )
+    assert with_ngram == base  # the same answer, the same warnings: nothing more to hold
+    head = tmp_path / "eagle-llama3.1-8b"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(EAGLE_HEAD))
+    eagle = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
+    response = on_l4(
+        webhook, LLAMA_8B, "--max-model-len", "28000", "--speculative-config", json.dumps(eagle)
+    )
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "weights 15.46 GiB with draft model 0.47 GiB" in message
+    assert "only 3.21 GiB is available (25488 tokens)" in message
+    assert "or --max-model-len 18000;" in message  # with the safety margin left
+    shorter = on_l4(webhook, LLAMA_8B, "--max-model-len", "18000", "-sc", json.dumps(eagle))
+    assert shorter == {"uid": shorter["uid"], "allowed": True}
+
+
+def test_a_draft_that_cannot_be_read_is_denied_naming_it(webhook, tmp_path):
+    missing = tmp_path / "no-such-eagle"
+    eagle = {"model": str(missing), "method": "eagle", "num_speculative_tokens": 3}
+    response = on_l4(webhook, LLAMA_8B, "-sc", json.dumps(eagle))
+    assert response["allowed"] is False
+    assert (
+        f"speculative_config's draft model '{missing}' cannot be sized, so the memory it takes "
+        "beside the target cannot be counted: model:" in response["status"]["message"]
+    )
+
+
+def test_the_draft_is_resolved_with_the_targets_resolver_once():
+    calls: list[str] = []
+
+    def resolve(ref: str):
+        calls.append(ref)
+        return resolve_model(ref)
+
+    hook = AdmissionWebhook(WebhookConfig(default_gpu=gpu_from_value("H100-80GB", "test")), resolve)
+    draft = {"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4}
+    args = ["serve", LLAMA_8B, "--speculative-config", json.dumps(draft)]
+    for _ in range(2):
+        assert answer(hook, deployment(args=args, affinity=None))["allowed"] is True
+    assert calls == [LLAMA_8B, "meta-llama/Llama-3.2-1B-Instruct"]
+
+
+def test_cpu_offload_lets_a_70b_model_start_on_an_l4(webhook):
+    """131.45 GiB of weights; --cpu-offload-gb 120 keeps 120 GiB (and up to one parameter
+    more) of decoder layers in host memory (UVA), as vLLM's offloader does; 100 is too
+    little for an L4."""
+    denied = on_l4(webhook, LLAMA_70B, "--max-model-len", "4096")
+    assert denied["allowed"] is False
+    assert "weights need 131.45 GiB per GPU" in denied["status"]["message"]
+    allowed = on_l4(webhook, LLAMA_70B, "--max-model-len", "4096", "--cpu-offload-gb", "120")
+    assert allowed == {"uid": allowed["uid"], "allowed": True}
+    short = on_l4(webhook, LLAMA_70B, "--max-model-len", "4096", "--cpu-offload-gb", "100")
+    # vLLM moves whole parameters until the limit is crossed: a little over 100 GiB
+    assert re.search(r"with 100\.\d\d GiB more offloaded to CPU memory", short["status"]["message"])
+
+
+def test_an_unknown_flag_is_a_warning_not_a_denial(webhook):
+    response = on_l4(webhook, LLAMA_8B, "--max-model-len", "4096", "--frobnicate", "yes")
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "container 'vllm' of Deployment ml-serving/llama: '--frobnicate' is not a flag of vllm "
+        "serve 0.32.0; vLLM would refuse an unknown flag unless the image's release has it; "
+        "checked without it"
+    ]
+    # the flags around it are still read: the length that does not fit is still denied
+    long = on_l4(webhook, LLAMA_8B, "--frobnicate", "yes", "--max-model-len", "64k")
+    assert long["allowed"] is False and "--max-model-len 64000" in long["status"]["message"]
+
+
+def test_data_parallel_times_tensor_parallel_gpus(webhook):
+    args = (LLAMA_8B, "-dp", "2", "-tp", "2")
+    four = on_l4(webhook, *args, resources={"limits": {"nvidia.com/gpu": 4}})
+    assert four == {"uid": four["uid"], "allowed": True}
+    two = on_l4(webhook, *args, resources={"limits": {"nvidia.com/gpu": 2}})
+    assert two["allowed"] is True
+    assert "TP x PP x DP = 4 GPUs but the pod requests 2 nvidia.com/gpu" in two["warnings"][0]
+    none = on_l4(webhook, *args, resources={})
+    assert "vLLM needs 4 GPUs (TP x PP x DP)" in none["warnings"][0]
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    big = on_l4(webhook, LLAMA_70B, "-dp", "2", "--max-model-len", "8192", nodeSelector=h100,
+                resources={"limits": {"nvidia.com/gpu": 2}})  # fmt: skip
+    assert "or --tensor-parallel-size 4 with nvidia.com/gpu: 8." in big["status"]["message"]
