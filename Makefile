@@ -34,6 +34,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python bench/estimator_accuracy.py
+	$(BIN)/python bench/mechanisms.py
 	$(BIN)/python bench/snapshot_latency.py
 	$(BIN)/python bench/placement.py
 	$(BIN)/python -m bench.metrics_scrape
