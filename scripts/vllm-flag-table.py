@@ -8,8 +8,9 @@ install will do)::
 It writes ``gatekeeper/data/vllm_flags/<version>.json``: for every option of ``vllm
 serve``, its destination, option strings, whether it is a switch, its value grammar
 (found by calling vLLM's own type function on probe values, not by reading its name),
-``nargs``, choices, default and the first line of its help. gatekeeper reads the table
-(``gatekeeper.vllm.flags``) and never imports vLLM.
+``nargs``, the ``const`` an ``nargs='?'`` option takes when given bare (``--hf-token``
+alone is ``True``), choices, default and the first line of its help. gatekeeper reads
+the table (``gatekeeper.vllm.flags``) and never imports vLLM.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def table(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
             "options": list(a.option_strings),
             "switch": switch,
             "nargs": a.nargs if not switch else None,
+            "const": _default(a.const) if a.nargs == "?" else None,
             "choices": sorted(map(str, a.choices)) if a.choices is not None else None,
             "default": _default(a.default),
             "help": " ".join((a.help or "").split("\n\n", 1)[0].split())[:200],

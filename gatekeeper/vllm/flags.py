@@ -2,7 +2,8 @@
 
 The table (``gatekeeper/data/vllm_flags/<release>.json``) is generated from vLLM's
 argument parser by ``scripts/vllm-flag-table.py``: every option's destination,
-spellings, whether it is a switch, its value grammar, ``nargs``, choices and default.
+spellings, whether it is a switch, its value grammar, ``nargs`` (and the ``const`` of an
+optional value: a bare ``--hf-token`` is ``True``), choices and default.
 gatekeeper never imports vLLM. A value is read with the flag's grammar as vLLM's type
 function reads it: vLLM's human-readable integers (``32k`` = 32,000, ``32K`` = 32,768,
 ``1.5k`` = 1,500, no decimals with a binary suffix, ``-1``/``auto`` where the flag
@@ -63,6 +64,9 @@ class Flag:
     choices: tuple[str, ...] | None = None
     default: Any = None
     help: str = ""
+    const: Any = None
+    """What an ``nargs='?'`` flag given with no value stands for (vLLM's ``--hf-token``
+    alone is ``True``: use the stored token); ``None`` when it has none."""
 
     @property
     def name(self) -> str:
@@ -213,6 +217,7 @@ def _load(chosen: str) -> FlagTable:
             choices=tuple(row["choices"]) if row["choices"] is not None else None,
             default=row["default"],
             help=row["help"],
+            const=row["const"],
         )
         for row in data["flags"]
     }
@@ -358,6 +363,8 @@ def _typed(flag: Flag, value: Any, where: str) -> Any:
 
     if value is None:
         return None  # null: not given, vLLM's default
+    if isinstance(flag.const, bool) and value is flag.const:
+        return value  # {"hf_token": true} is a bare --hf-token
     if flag.switch:
         if not isinstance(value, bool):
             raise bad("give true or false")

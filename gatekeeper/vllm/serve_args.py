@@ -8,7 +8,8 @@ vLLM's own flag table (``gatekeeper.vllm.flags``):
 - underscores or dashes in names (``--max_model_len``), ``--flag=value``, ``-O3``;
 - dotted JSON fields (``--compilation-config.mode 3``, ``--hf-overrides.a.b 1``),
   merged into one JSON value per flag;
-- each value with its flag's grammar; an unknown flag is an error naming the nearest
+- each value with its flag's grammar, a bare ``nargs='?'`` flag as its ``const``
+  (``--hf-token`` alone is ``True``); an unknown flag is an error naming the nearest
   spellings.
 """
 
@@ -57,7 +58,7 @@ def _argparser(table: FlagTable) -> _Parser:
             if negative:
                 parser.add_argument(*negative, dest=flag.dest, action="store_const", const=False)
         else:
-            parser.add_argument(*flag.options, dest=flag.dest, nargs=flag.nargs)
+            parser.add_argument(*flag.options, dest=flag.dest, nargs=flag.nargs, const=flag.const)
     parser.set_defaults(**dict.fromkeys(table.flags))
     return parser
 
@@ -101,7 +102,9 @@ def parse_serve_args(
     return ServeCommand(model=model, values=values, vllm=table.vllm)
 
 
-def _read(flag: Flag, raw: str | list[str], where: str) -> Any:
+def _read(flag: Flag, raw: Any, where: str) -> Any:
+    if not isinstance(raw, str | list):
+        return raw  # a bare nargs='?' flag: its const, which vLLM's argparse does not convert
     try:
         if isinstance(raw, list):
             return [flag.value(item) for item in raw]

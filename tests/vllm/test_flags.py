@@ -226,6 +226,9 @@ CORPUS = [
     ["m", "--compilation-config.cudagraph_capture_sizes+", "1,2,4", "-q", "fp8"],
     ["m", "--block-size", "32", "--seed", "7", "--trust-remote-code", "--revision", "main"],
     ["m", "--mamba-ssm-cache-dtype", "float32", "--num-gpu-blocks-override", "512"],
+    ["m", "--hf-token"],
+    ["m", "--hf-token", "--max-model-len", "4k"],
+    ["m", "--hf-token", "hf_abc", "--enforce-eager"],
 ]
 
 
@@ -249,6 +252,19 @@ def test_command_lines_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
             if isinstance(value, str) and value.startswith(("{'", "CompilationConfig(")):
                 continue  # a config object vLLM built from our JSON: its fields are vLLM's to check
             assert json.loads(json.dumps(ours.values[dest])) == value, (argv, dest)
+
+
+def test_a_bare_optional_flag_is_its_const_as_in_vllm():
+    hf_token = TABLE.flags["hf_token"]
+    assert hf_token.nargs == "?" and hf_token.const is True
+    assert TABLE.flags["max_model_len"].const is None
+    assert parse_serve_args(["m", "--hf-token"]).values == {"hf_token": True}
+    v = parse_serve_args(["m", "--hf-token", "--max-model-len", "4k"]).values
+    assert v == {"hf_token": True, "max_model_len": 4000}
+    assert parse_serve_args(["m", "--hf-token", "hf_abc"]).values == {"hf_token": "hf_abc"}
+    assert serve_values({"hf_token": True}, where="options") == {"hf_token": True}
+    with pytest.raises(ServeOptionsError, match="give a string"):
+        serve_values({"hf_token": False}, where="options")
 
 
 @pytest.mark.slow
