@@ -379,6 +379,8 @@ def _typed(flag: Flag, value: Any, where: str) -> Any:
     problem = _type_problem(flag, value)
     if problem:
         raise bad(problem)
+    if flag.choices is not None and str(value) not in flag.choices:
+        raise bad(f"give one of {', '.join(flag.choices)}")  # a JSON number is checked too
     return float(value) if flag.type == "float" else value
 
 

@@ -158,6 +158,7 @@ def test_bad_command_lines_name_the_flag_and_what_to_do(argv, message):
         ({"gpu_memory_utilization": "most"}, "gpu_memory_utilization"),
         ({"max_modle_len": 4096}, "max_modle_len"),
         ({"speculative_config": 3}, "speculative_config"),
+        ({"max_lora_rank": 17}, "max_lora_rank"),
     ],
 )
 def test_typed_doors_refuse_what_vllm_would_not_take(data, field):
