@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
-from hypothesis import strategies as st
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import CompilationOptions, ServeOptions
@@ -25,9 +24,9 @@ from gatekeeper.vllm.flags import (
     serve_values,
     shipped_releases,
 )
-from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.serve_args import parse_serve_args
 from tests.support.real_vllm import NO_VLLM_CPU, REPO, VLLM_CPU_PYTHON, vllm_cpu_available
+from tests.vllm.launch_space import MODEL, Launch, launches, sample, undrawn
 
 TABLE = flag_table()
 
@@ -190,7 +189,9 @@ def test_typed_doors_accept_vllms_forms_and_gatekeepers_own_keys():
     )
 
 
-# The same command lines, read by vLLM's own parser in the CPU build's environment.
+# Command lines read by vLLM's own parser in the CPU build's environment: argv[1] is a JSON
+# file of argument lists, argv[2] the file to write vLLM's defaults and, per line, the model
+# and the values that are not the default (JSON, or repr where vLLM built an object).
 _VLLM_READS = r"""
 import json, sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -198,21 +199,54 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser
 parser = FlexibleArgumentParser(prog="vllm")
 serve = make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
 defaults = {a.dest: a.default for a in serve._actions}
-out = []
+def plain(v):
+    try:
+        json.dumps(v)
+    except TypeError:
+        return repr(v)
+    return v
+reads = []
 for argv in json.load(open(sys.argv[1])):
     ns = vars(parser.parse_args(["serve", *argv]))
     given = {}
     for k, v in ns.items():
         if k in ("subparser", "dispatch_function", "model_tag") or v == defaults.get(k) or v is None:
             continue
-        try:
-            json.dumps(v)
-        except TypeError:
-            v = repr(v)
-        given[k] = v
-    out.append({"model": ns.get("model_tag") or ns.get("model"), "values": given})
+        given[k] = plain(v)
+    reads.append({"model": ns.get("model_tag") or ns.get("model"), "values": given})
+out = {"defaults": {k: plain(v) for k, v in defaults.items()}, "reads": reads}
 json.dump(out, open(sys.argv[2], "w"))
 """
+
+
+def _vllm_cpu(args: list[str], timeout: float) -> None:
+    """Run ``args`` with the CPU build's python (vLLM logs to stdout; answers go to files)."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run(
+        [str(VLLM_CPU_PYTHON), *args], env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def read_by_vllm(lines: list[list[str]], work_dir: Path):
+    """vLLM's defaults (by destination) and, per line, ``{"model", "values"}`` as vLLM's
+    ``vllm serve`` parser reads it; one subprocess for all the lines."""
+    request, answer = work_dir / "argv.json", work_dir / "read.json"
+    request.write_text(json.dumps(lines))
+    _vllm_cpu(["-c", _VLLM_READS, str(request), str(answer)], timeout=300)
+    out = json.loads(answer.read_text())
+    return out["defaults"], out["reads"]
+
+
+def same_value(ours: object, vllms: object) -> bool:
+    """Whether gatekeeper's value is vLLM's. A config object vLLM built from the JSON
+    (its repr) is vLLM's to check."""
+    if isinstance(vllms, str) and vllms.startswith(("{'", "CompilationConfig(")):
+        return True
+    return bool(json.loads(json.dumps(ours)) == vllms)
+
 
 CORPUS = [
     ["m", "--max-model-len", "32k", "-tp", "2"],
@@ -236,23 +270,13 @@ CORPUS = [
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
 def test_command_lines_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
-    (tmp_path / "argv.json").write_text(json.dumps(CORPUS))
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
-    run = subprocess.run(
-        [str(VLLM_CPU_PYTHON), "-c", _VLLM_READS, str(tmp_path / "argv.json"), str(tmp_path / "o.json")],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    theirs = json.loads((tmp_path / "o.json").read_text())
+    _, theirs = read_by_vllm(CORPUS, tmp_path)
     for argv, vllm in zip(CORPUS, theirs, strict=True):
         ours = parse_serve_args(argv)
         assert ours.model == vllm["model"], argv
         assert set(ours.values) == set(vllm["values"]), argv
         for dest, value in vllm["values"].items():
-            if isinstance(value, str) and value.startswith(("{'", "CompilationConfig(")):
-                continue  # a config object vLLM built from our JSON: its fields are vLLM's to check
-            assert json.loads(json.dumps(ours.values[dest])) == value, (argv, dest)
+            assert same_value(ours.values[dest], value), (argv, dest)
 
 
 def test_a_bare_optional_flag_is_its_const_as_in_vllm():
@@ -273,15 +297,10 @@ def test_a_bare_optional_flag_is_its_const_as_in_vllm():
 def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: Path):
     script = REPO / "scripts" / "vllm-flag-table.py"
     shipped = (REPO / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json").read_text()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
     copy = tmp_path / "scripts" / script.name
     copy.parent.mkdir()
     copy.write_text(script.read_text())
-    run = subprocess.run(
-        [str(VLLM_CPU_PYTHON), str(copy)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    _vllm_cpu([str(copy)], timeout=300)
     written = tmp_path / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json"
     assert json.loads(written.read_text()) == json.loads(shipped)
 
@@ -297,53 +316,34 @@ def test_each_tables_defaults_are_the_accountings():
     assert accounting_for("0.20.0").default_utilization == 0.92
 
 
-# Round trip: what placement launches with reads back, through vLLM's grammar, as the same
-# options.
+# Round trip: what placement launches with (tests/vllm/launch_space.py draws it) reads back,
+# through vLLM's grammar, as the same options; and vLLM's own parser reads it the same.
+
+
+def test_every_launched_field_is_drawn():
+    missing = undrawn()
+    assert not missing, "tests/vllm/launch_space.py: " + "; ".join(missing)
 
 
 @hsettings(max_examples=200, deadline=None)
-@given(
-    length=st.integers(1, 2**20),
-    tp=st.sampled_from([1, 2, 4, 8]),
-    pp=st.sampled_from([1, 2, 4]),
-    u=st.integers(1, 10_000).map(lambda n: n / 10_000),
-    kv=st.none() | st.integers(1, 2**40),
-    seqs=st.integers(1, 4096),
-    batched=st.integers(1, 2**17),
-    dtype=st.sampled_from(["auto", "bfloat16", "float16"]),
-    quant=st.sampled_from([None, "fp8", "awq", "gptq"]),
-    kv_dtype=st.sampled_from(["auto", "fp8", "fp8_e5m2"]),
-    block=st.sampled_from([None, 16, 32]),
-    eager=st.booleans(),
-)
-def test_launch_args_read_back_as_the_options_they_came_from(
-    length, tp, pp, u, kv, seqs, batched, dtype, quant, kv_dtype, block, eager
-):
-    flags = LaunchFlags(length, tp, pp, u, kv, seqs, batched)
-    options = ServeOptions(
-        dtype=dtype,
-        quantization=quant,
-        kv_cache_dtype=kv_dtype,
-        block_size=block,
-        enforce_eager=eager,
-    )
-    command = parse_serve_args(launch_args("org/model", flags, options))
-    assert command.model == "org/model"
-    back = serve_options(command.values)
-    assert back == ServeOptions(
-        dtype=dtype,
-        quantization=quant,
-        kv_cache_dtype=kv_dtype,
-        max_model_len=length,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        gpu_memory_utilization=round(u, 4),
-        kv_cache_memory_bytes=kv,
-        enforce_eager=eager,
-        block_size=block,
-    )
+@given(launches())
+def test_launch_args_read_back_as_the_options_they_came_from(launch: Launch):
+    command = parse_serve_args(launch.argv)
+    assert command.model == MODEL
+    assert serve_options(command.values) == launch.options
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
+def test_launch_args_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
+    lines = [list(launch.argv) for launch in sample(launches(), 80)]
+    defaults, theirs = read_by_vllm(lines, tmp_path)
+    for argv, vllm in zip(lines, theirs, strict=True):
+        ours = parse_serve_args(argv)
+        assert ours.model == vllm["model"] == MODEL, argv
+        for dest in set(ours.values) | set(vllm["values"]):
+            vllms = vllm["values"].get(dest, defaults[dest])
+            assert same_value(ours.values.get(dest), vllms), (argv, dest, vllms)
 
 
 @pytest.mark.parametrize(
