@@ -14,7 +14,7 @@ with the options it must read back as. The space is two tables of one line per f
 A new field is one line with the values to draw: ``st.sampled_from([...])`` or
 ``st.integers(...)``, ``vllm_choice(dest)`` for a flag with choices (vLLM's own spellings,
 from its flag table), ``optional(...)`` where not giving it is a value, JSON objects for a
-JSON flag, as in the lines below.
+JSON flag, as in the lines below. A rule vLLM sets between flags goes in ``vllm_rules``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "sample",
     "undrawn",
     "vllm_choice",
+    "vllm_rules",
 ]
 
 MODEL = "org/model"
@@ -112,6 +113,15 @@ ASKED: dict[str, st.SearchStrategy[Any]] = {
 """What the operator asked for: the other modelled flags, as the admin API takes them."""
 
 
+def vllm_rules(asked: dict[str, Any]) -> dict[str, Any]:
+    """``asked`` made to keep the rules vLLM sets between flags (the door refuses what
+    breaks them): one line a rule."""
+    sizes = asked.get("cudagraph_capture_sizes")
+    if sizes and asked.get("max_cudagraph_capture_size") is not None:
+        asked["max_cudagraph_capture_size"] = max(sizes)  # the largest of the sizes
+    return asked
+
+
 def undrawn() -> list[str]:
     """What the space misses: a ``LaunchFlags`` field not in ``DECIDED``, a modelled flag
     in neither table (each with where its line goes)."""
@@ -134,7 +144,7 @@ class Launch:
 def launches(draw: st.DrawFn) -> Launch:
     """A launch command line drawn over ``DECIDED`` and ``ASKED``."""
     flags = draw(st.builds(LaunchFlags, **DECIDED))
-    asked, _ = options_from_mapping(draw(st.fixed_dictionaries(ASKED)), where="ASKED")
+    asked, _ = options_from_mapping(vllm_rules(draw(st.fixed_dictionaries(ASKED))), where="ASKED")
     decided = {name: getattr(flags, name) for name in DECIDED}
     return Launch(launch_args(MODEL, flags, asked), replace(asked, **decided))
 
