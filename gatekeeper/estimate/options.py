@@ -51,7 +51,7 @@ class MmLimits:
                     value=text,
                 )
             counts.append((str(modality), count))
-        return cls(text, tuple(counts))
+        return cls(text, tuple(sorted(counts)))  # canonical, as the text is
 
     def get(self, modality: str) -> int | None:
         return dict(self.counts).get(modality)
