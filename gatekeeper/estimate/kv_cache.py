@@ -22,19 +22,20 @@ Worked example: Llama-3.1-8B, bf16 KV, TP=1, bs=16: 32 layers x 2 x 8 x 128 x 2 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from gatekeeper.estimate.options import KvDtype
 from gatekeeper.models.spec import AttentionKind, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
-__all__ = ["KvGroup", "KvLayout", "kv_layout", "page_bytes_per_token"]
+__all__ = ["KvGroup", "KvLayout", "StatePages", "kv_layout", "page_bytes_per_token"]
 
 FP8_DS_MLA_BYTES = 656
 
 
 @dataclass(frozen=True, slots=True)
 class KvGroup:
-    kind: AttentionKind
+    kind: AttentionKind | Literal["state"]
     window: int | None
 
 
@@ -53,23 +54,36 @@ class KvLayout:
     dcp: int = 1
     """Decode context parallelism: each rank of a DCP group holds every dcp-th token of
     full-attention layers (``cdiv(L, dcp)`` tokens per request)."""
+    state_page_bytes: int = 0
+    """A state layer's page when no layer attends (pure Mamba): one sequence's state."""
+    state_blocks: int = 1
+    """Blocks one request holds in each state group: 1 (+ draft tokens), or 2 (+ draft
+    tokens) when prefix caching keeps an aligned copy (``mamba_cache_mode`` align)."""
+    state_bytes_per_sequence: int = 0
+    """The recurrent state one sequence holds on this rank, every state layer (unpadded)."""
 
     @property
     def bytes_per_block(self) -> int:
+        if not self.page_bytes_per_token:
+            return self.layers_per_group * self.state_page_bytes
         per_token = self.layers_per_group * self.page_bytes_per_token + self.extra_bytes_per_token
         return per_token * self.block_size
 
     @property
     def bytes_per_token_all_layers(self) -> int:
-        """Bytes one token takes across the rank's layers, if every layer kept it."""
-        groups = self.layers_per_group * len(self.groups) * self.page_bytes_per_token
+        """Bytes one token takes across the rank's attention layers (state layers keep a
+        fixed state per sequence instead)."""
+        attending = sum(1 for g in self.groups if g.kind != "state")
+        groups = self.layers_per_group * attending * self.page_bytes_per_token
         return groups + self.extra_bytes_per_token
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         total = 0
         bs = self.block_size
         for group in self.groups:
-            if group.kind == "sliding" and group.window:
+            if group.kind == "state":
+                total += self.state_blocks
+            elif group.kind == "sliding" and group.window:
                 total += cdiv(min(group.window - 1 + in_flight_tokens, length), bs) + 1
             elif group.kind == "chunked" and group.window:
                 total += cdiv(min(group.window + in_flight_tokens, length), bs)
@@ -127,13 +141,82 @@ def kv_layout(
     mla_align: int = 0,
     extra_bytes_per_token: int = 0,
     dcp: int = 1,
+    state: StatePages | None = None,
 ) -> KvLayout:
-    """Group the attention layers of one pipeline stage the way vLLM does."""
-    layout = _grouped(spec, layers, tp=tp, kv=kv, block_size=block_size, hybrid=hybrid,
-                      mla_align=mla_align)  # fmt: skip
+    """Group the attention (and recurrent-state) layers of one pipeline stage the way
+    vLLM does."""
+    states = [i for i in layers if spec.has_state(i)] if state is not None else []
+    if states and state is not None:
+        layout = _hybrid(spec, layers, len(states), tp=tp, kv=kv, block_size=block_size,
+                         mla_align=mla_align, state=state)  # fmt: skip
+    else:
+        layout = _grouped(spec, layers, tp=tp, kv=kv, block_size=block_size, hybrid=hybrid,
+                          mla_align=mla_align)  # fmt: skip
     if not layout.groups and extra_bytes_per_token:
         layout = KvLayout(block_size, 0, layout.page_bytes_per_token, (KvGroup("full", None),))
     return replace(layout, extra_bytes_per_token=extra_bytes_per_token, dcp=dcp)
+
+
+@dataclass(frozen=True, slots=True)
+class StatePages:
+    """What the state layers of a hybrid or attention-free model put in the KV pool."""
+
+    bytes_per_sequence: int
+    """One state layer's state for one sequence on one rank (``estimate.state``)."""
+    blocks_per_request: int
+    """1 + draft tokens; 2 + draft tokens with prefix caching (``mamba_cache_mode`` align)."""
+    max_model_len: int
+    """Tokens a state block stands for when no layer attends (vLLM's mamba_block_size)."""
+
+
+KERNEL_BLOCK_ALIGNMENT = 16
+"""The attention backends' smallest kernel block (FlashAttention: multiples of 16)."""
+MLA_HYBRID_ALIGNMENT = 128
+
+
+def _hybrid(
+    spec: ModelSpec,
+    layers: range,
+    n_state: int,
+    *,
+    tp: int,
+    kv: KvDtype,
+    block_size: int,
+    mla_align: int,
+    state: StatePages,
+) -> KvLayout:
+    """vLLM's hybrid layout (``platforms/interface.py::_align_hybrid_block_size``): the
+    attention block grows until one attention page holds a state page, the state page is
+    padded to it, and state layers form groups like any other kind; with no attention
+    layer at all, each sequence's state is one block of max_model_len tokens."""
+    page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
+    kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
+    per_sequence = n_state * state.bytes_per_sequence
+    if not kinds:
+        return KvLayout(
+            state.max_model_len, n_state, 0, (KvGroup("state", None),),
+            state_page_bytes=state.bytes_per_sequence, state_blocks=state.blocks_per_request,
+            state_bytes_per_sequence=per_sequence,
+        )  # fmt: skip
+    align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+    if spec.mla is not None:
+        align = max(align, MLA_HYBRID_ALIGNMENT)
+    aligned = align * cdiv(state.bytes_per_sequence, align * page)
+    aligned = KERNEL_BLOCK_ALIGNMENT * cdiv(aligned, KERNEL_BLOCK_ALIGNMENT)
+    bs = max(block_size, aligned)
+    windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
+    buckets: dict[str, int] = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+    buckets["state"] = n_state
+    g = _group_size(list(buckets.values()))
+    groups = tuple(
+        KvGroup(kind, windows.get(kind))  # type: ignore[arg-type]
+        for kind, n in buckets.items()
+        for _ in range(cdiv(n, g))
+    )
+    return KvLayout(
+        bs, g, page, groups, state_blocks=state.blocks_per_request,
+        state_bytes_per_sequence=per_sequence,
+    )  # fmt: skip
 
 
 def _grouped(

@@ -154,6 +154,12 @@ class ServeOptions:
     runner: str = "auto"
     convert: str = "auto"
     enable_sleep_mode: bool = False
+    mamba_cache_dtype: str = "auto"
+    """The recurrent state's conv (and, on auto, SSM) dtype; auto: the model dtype."""
+    mamba_ssm_cache_dtype: str = "auto"
+    enable_prefix_caching: bool | None = None
+    """vLLM's default: on, except for attention-free models; for hybrid models it keeps a
+    second, block-aligned copy of each state (``mamba_cache_mode`` align)."""
     performance_mode: str = "balanced"
     """``throughput`` doubles the batch defaults; ``interactivity`` captures finer CUDA
     graphs below 32 tokens (same largest size, so the same pool)."""
@@ -284,13 +290,17 @@ _FIELD_TYPES: dict[str, type] = {
     "convert": str,
     "enable_sleep_mode": bool,
     "performance_mode": str,
+    "mamba_cache_dtype": str,
+    "mamba_ssm_cache_dtype": str,
+    "enable_prefix_caching": bool,
 }
 _OPTIONAL = frozenset(
     {"quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
      "gpu_memory_utilization", "kv_cache_memory_bytes", "block_size", "vllm_version",
      "max_loras", "max_lora_rank", "max_cpu_loras", "speculative_config",
      "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
-     "max_cudagraph_capture_size", "compilation_config", "optimization_level"}
+     "max_cudagraph_capture_size", "compilation_config", "optimization_level",
+     "enable_prefix_caching"}
 )  # fmt: skip
 _KIND_NAMES: dict[type, str] = {
     str: "string",
@@ -379,6 +389,9 @@ def check_parallelism(
     if options is not None:
         _check_ep_dcp(spec, tp, options)
     heads = spec.num_attention_heads
+    attention_free = bool(spec.layer_attention) and all(k == "none" for k in spec.layer_attention)
+    if attention_free and spec.state is not None:
+        heads = spec.state.num_heads or spec.state.intermediate_size  # the mixer is split
     if heads % tp:
         divisors = [d for d in (1, 2, 4, 8, 16, 32, 64) if heads % d == 0]
         raise ServeOptionsError(
@@ -388,6 +401,8 @@ def check_parallelism(
             value=tp,
         )
     kv = spec.num_kv_heads
+    if attention_free:
+        return  # no KV heads to split
     if spec.mla is None and ((kv >= tp and kv % tp) or (kv < tp and tp % kv)):
         raise ServeOptionsError(
             f"tensor_parallel_size: {tp} cannot split {spec.name}'s {kv} KV heads evenly; "

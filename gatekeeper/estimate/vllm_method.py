@@ -29,7 +29,7 @@ from gatekeeper.estimate.accounting import (
     accounting_for,
 )
 from gatekeeper.estimate.drafter import DraftContext, DraftCost, draft_cost
-from gatekeeper.estimate.kv_cache import KvLayout, kv_layout
+from gatekeeper.estimate.kv_cache import KvLayout, StatePages, kv_layout
 from gatekeeper.estimate.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -54,6 +54,7 @@ from gatekeeper.estimate.overhead import (
     sampler_peak_bytes,
 )
 from gatekeeper.estimate.speculative import Speculative
+from gatekeeper.estimate.state import state_bytes
 from gatekeeper.estimate.weights import WeightOptions, pp_partition, weight_plan
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
@@ -141,6 +142,10 @@ class Estimate:
     speculative_method: str | None = None
     cuda_graph_capture_size: int = 0
     """The largest batch captured in a CUDA graph (0: no graphs)."""
+    state_bytes_per_sequence: int = 0
+    """Recurrent state one sequence holds on the most loaded rank (hybrid and
+    attention-free models; 0 for pure attention). ``kv_bytes_per_token`` is the
+    attention part."""
 
     @property
     def gpus(self) -> int:
@@ -203,6 +208,7 @@ class Estimate:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_block_bytes": self.kv_block_bytes,
             "blocks_per_request": self.blocks_per_request,
+            "state_bytes_per_sequence": self.state_bytes_per_sequence,
             "lora_bytes": w.lora_bytes,
             "draft_weights_bytes": w.draft_weights_bytes,
             "cpu_offloaded_bytes": w.cpu_offloaded_bytes,
@@ -481,7 +487,29 @@ def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayo
         mla_align=p.acc.mla_align,
         extra_bytes_per_token=extra,
         dcp=p.features.dcp,
+        state=_state_pages(p),
     )
+
+
+def _state_pages(p: _Plan) -> StatePages | None:
+    """The recurrent state of hybrid and attention-free models, in vLLM's KV pool."""
+    s = p.spec.state
+    if s is None:
+        return None
+    sp = p.features.speculative
+    k = sp.tokens(p.spec) if sp else 0  # every method's draft tokens widen the state
+    per_sequence = state_bytes(
+        s,
+        p.tp,
+        p.dtype,
+        cache_dtype=p.opts.mamba_cache_dtype,
+        ssm_cache_dtype=p.opts.mamba_ssm_cache_dtype,
+        speculative_tokens=k,
+    )
+    attends = any(kind != "none" for kind in p.spec.layer_attention)
+    caching = p.opts.enable_prefix_caching
+    align = attends if caching is None else caching  # vLLM: on for hybrid, off attention-free
+    return StatePages(per_sequence, (2 if align else 1) + k, p.max_model_len)
 
 
 def _in_flight(p: _Plan) -> int:
@@ -555,7 +583,7 @@ def estimate(
         max_num_seqs=p.shape.max_num_seqs,
         max_num_batched_tokens=p.shape.max_num_batched_tokens,
         gpu_memory_utilization=p.utilization,
-        block_size=p.block_size,
+        block_size=layout.block_size,
         enforce_eager=options.enforce_eager,
         weights_source=plan.source,
         kv_bytes_per_token=layout.bytes_per_token_all_layers,
@@ -577,6 +605,7 @@ def estimate(
         decode_context_parallel_size=p.features.dcp,
         speculative_method=sp.method if sp else None,
         cuda_graph_capture_size=p.features.cap,
+        state_bytes_per_sequence=layout.state_bytes_per_sequence,
     )
 
 

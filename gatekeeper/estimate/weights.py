@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gatekeeper.estimate.state import mixer_weight_bytes
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
@@ -204,7 +205,13 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
 
 def _layer_bytes(c: _Ctx, i: int) -> int:
     s = c.spec
-    total = _attention_bytes(c, i) + c.vec(s.norms_per_layer * s.hidden_size)
+    total = c.vec(s.norms_per_layer * s.hidden_size)
+    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
+        total += _attention_bytes(c, i)
+    if s.has_state(i):
+        total += mixer_weight_bytes(s, c.tp, c.dtype_bytes)
+    if not s.has_mlp(i):
+        return total
     if s.moe is not None and s.layer_moe[i]:
         return total + _moe_bytes(c, i)
     return total + _mlp_bytes(
@@ -301,6 +308,8 @@ def _layer_parts(c: _Ctx, i: int) -> list[int]:
     linear is one parameter. They add up to ``_layer_bytes``."""
     s = c.spec
     h = s.hidden_size
+    if s.state is not None:
+        return [_layer_bytes(c, i)]  # hybrid layers: one part (at most a layer more moved)
     attention = _attention_bytes(c, i)
     parts = [attention]
     if s.mla is None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gatekeeper.errors import ModelSpecError
+from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.spec import (
     DTYPE_BYTES,
@@ -113,6 +114,13 @@ def _layer_attention(
     if window and uses_window and int(window) < max_pos:
         return tuple("sliding" for _ in range(layers))
     return tuple("full" for _ in range(layers))
+
+
+def _attention_kinds(
+    cfg: Mapping[str, Any], layers: int, max_pos: int, hybrid: HybridLayout | None
+) -> tuple[AttentionKind, ...]:
+    kinds = _layer_attention(cfg, layers, max_pos)
+    return hybrid.attention_kinds(kinds) if hybrid is not None else kinds
 
 
 def _moe(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[bool, ...]]:
@@ -236,8 +244,11 @@ def spec_from_config(
         "num_hidden_layers", _get(text, "layers", "num_hidden_layers", "n_layer", "num_layers")
     )
     hidden = _positive("hidden_size", _get(text, "hidden_size", "hidden_size", "n_embd", "d_model"))
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    attention_free = model_type in ATTENTION_FREE_TYPES  # Mamba: no heads to read
     heads = _positive(
-        "num_attention_heads", _get(text, "attention heads", "num_attention_heads", "n_head")
+        "num_attention_heads",
+        1 if attention_free else _get(text, "attention heads", "num_attention_heads", "n_head"),
     )
     kv_heads = _positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
     head_dim = _positive("head_dim", text.get("head_dim") or hidden // heads)
@@ -255,10 +266,16 @@ def spec_from_config(
     mla = _mla(text)
     moe, layer_moe = _moe(text, layers)
     rotary, rope_positions, rope_caches = _rope(text, head_dim, mla, max_pos)
-    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    hybrid = hybrid_layout(text, layers, model_type)
+    if hybrid is not None and not hybrid.rotary:
+        rope_positions = 0  # no rotary cache: these attention layers use no positions
+    if hybrid is not None and hybrid.moe is not None and moe is not None:
+        layer_moe = hybrid.moe
     dense_inter = (
         text.get("intermediate_size_mlp") or text.get("intermediate_size") or text.get("ffn_dim")
     )
+    if attention_free:
+        dense_inter = 0  # Mamba blocks: the mixer only, no MLP
     if dense_inter is None and moe is None:
         dense_inter = _get(text, "intermediate_size", "intermediate_size", "ffn_dim", "n_inner")
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
@@ -281,7 +298,7 @@ def spec_from_config(
         max_position_embeddings=max_pos,
         torch_dtype=_dtype(config, text),
         tie_word_embeddings=_tied(config, text, model_type),
-        layer_attention=_layer_attention(text, layers, max_pos),
+        layer_attention=_attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,
         attention_chunk_size=int(text["attention_chunk_size"])
@@ -304,6 +321,9 @@ def spec_from_config(
         learned_position_embeddings=max_pos + 2 if model_type == "opt" else 0,
         vision=vision_spec(config.get("vision_config"), config, hidden),
         mtp_layers=_mtp_layers(text),
+        layer_state=hybrid.stateful if hybrid else (),
+        layer_mlp=hybrid.mlp if hybrid else (),
+        state=hybrid.state if hybrid else None,
         draft_vocab_size=int(text["draft_vocab_size"]) if text.get("draft_vocab_size") else None,
         checkpoint=checkpoint,
         declared_parameters=declared_parameters,

@@ -18,9 +18,11 @@ __all__ = [
     "AttentionKind",
     "CheckpointTensor",
     "CheckpointWeights",
+    "MixerKind",
     "MlaSpec",
     "ModelSpec",
     "MoeSpec",
+    "StateSpec",
     "VisionSpec",
 ]
 
@@ -29,6 +31,37 @@ AttentionKind = Literal["full", "sliding", "chunked", "none"]
 (layers that keep no per-token KV cache)."""
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+MixerKind = Literal["mamba1", "mamba2", "gdn", "short_conv", "linear_attention", "kda"]
+"""Sequence mixers that keep a recurrent state per sequence instead of per-token KV:
+Mamba-1 (Jamba, Mamba), Mamba-2 (Granite 4.0-H, Falcon-H1, Nemotron-H, Mamba2), gated
+delta net (Qwen3-Next, Qwen3.5), short convolution (LFM2), lightning linear attention
+(MiniMax-Text-01) and Kimi delta attention (Kimi-Linear)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateSpec:
+    """The recurrent-state mixer of a hybrid or attention-free model (one kind per model),
+    with the config fields vLLM's ``MambaStateShapeCalculator`` reads."""
+
+    kind: MixerKind
+    intermediate_size: int = 0
+    """Mamba's inner width (``expand x hidden``), a short conv's channels."""
+    state_size: int = 0
+    """Mamba's ``d_state``."""
+    conv_kernel: int = 4
+    num_heads: int = 0
+    """Mamba-2 heads; GDN value heads; linear-attention and KDA heads."""
+    head_dim: int = 0
+    """Mamba-2 head width; GDN value head width; linear-attention and KDA head width."""
+    n_groups: int = 1
+    """Mamba-2's B/C groups."""
+    num_k_heads: int = 0
+    head_k_dim: int = 0
+    dt_rank: int = 0
+    """Mamba-1's ``dt`` projection rank."""
+    ssm_dtype: str | None = None
+    """The temporal state's dtype when the model's config sets it (Nemotron-H: float32)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +160,13 @@ class ModelSpec:
     v_head_dim: int | None = None
     layer_attention: tuple[AttentionKind, ...] = ()
     layer_moe: tuple[bool, ...] = ()
+    layer_state: tuple[bool, ...] = ()
+    """Layers with a recurrent-state mixer (``state``); empty for pure attention models. A
+    layer can have both attention and a state (Falcon-H1's parallel hybrid)."""
+    layer_mlp: tuple[bool, ...] = ()
+    """Layers with an MLP or MoE block; empty means every layer (Mamba blocks and
+    Nemotron-H's M and * layers have none)."""
+    state: StateSpec | None = None
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     mla: MlaSpec | None = None
@@ -169,6 +209,12 @@ class ModelSpec:
     @property
     def serve_reference(self) -> str:
         return self.reference or self.name
+
+    def has_state(self, i: int) -> bool:
+        return bool(self.layer_state) and self.layer_state[i]
+
+    def has_mlp(self, i: int) -> bool:
+        return not self.layer_mlp or self.layer_mlp[i]
 
     @property
     def vision_parameters(self) -> int:

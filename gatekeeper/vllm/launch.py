@@ -105,11 +105,17 @@ def _feature_args(o: ServeOptions) -> list[str]:
         ("runner", o.runner, "auto"),
         ("convert", o.convert, "auto"),
         ("performance_mode", o.performance_mode, "balanced"),
+        ("mamba_cache_dtype", o.mamba_cache_dtype, "auto"),
+        ("mamba_ssm_cache_dtype", o.mamba_ssm_cache_dtype, "auto"),
     ]
     for name, value, default in valued:
         if value != default:
             text = getattr(value, "text", value)  # a JSON-valued flag: its JSON as given
             args += ["--" + name.replace("_", "-"), str(text)]
+    if o.enable_prefix_caching is not None:
+        args.append(
+            "--enable-prefix-caching" if o.enable_prefix_caching else "--no-enable-prefix-caching"
+        )
     if o.cudagraph_capture_sizes:
         args += ["--cudagraph-capture-sizes", *map(str, o.cudagraph_capture_sizes)]
     return args
