@@ -520,7 +520,8 @@ def _in_flight(p: _Plan) -> int:
 def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, float, int, bool]:
     """(kv tokens, max concurrency, largest max_model_len that fits, whether L fits)."""
     length = p.max_model_len
-    limit = p.spec.max_position_embeddings if p.opts.max_model_len is None else max(length, 1)
+    # never beyond the model's derived maximum: vLLM refuses a longer max_model_len
+    limit = min(max(length, 1), p.spec.max_position_embeddings)
     if not layout.groups:
         return 0, 0.0, limit, True
     if p.acc.engine == "v0":
@@ -529,7 +530,7 @@ def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, fl
     in_flight = _in_flight(p)
     per_request = layout.blocks_per_request(length, in_flight)
     concurrency = blocks / per_request
-    fit_len = layout.max_length(kv, max(limit, length), in_flight) if kv > 0 else 0
+    fit_len = layout.max_length(kv, limit, in_flight) if kv > 0 else 0
     return int(concurrency * length), concurrency, fit_len, layout.fits(kv, length, in_flight)
 
 

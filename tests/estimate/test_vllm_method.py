@@ -277,3 +277,11 @@ def test_an_embedded_engine_has_almost_no_non_torch_growth_and_llm_class_batches
     embedded = estimate(spec, ServeOptions(vllm_version="0.19.0", embedded=True), H100)
     assert embedded.worst.non_torch_bytes == 10 * MIB < served.worst.non_torch_bytes
     assert served.max_num_batched_tokens == 8192 and embedded.max_num_batched_tokens == 16384
+
+
+def test_the_largest_length_that_fits_never_exceeds_the_models_derived_maximum():
+    spec = resolve_model("facebook/opt-125m")
+    assert spec.max_position_embeddings == 2048
+    e = estimate(spec, ServeOptions(max_model_len=32768), H100)
+    assert e.length_beyond_model and not e.fits
+    assert e.max_model_len_fit == 2048  # not 32768: vLLM refuses anything longer
