@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import vllm
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # before 0.12 it lived in vllm.utils
+    from vllm.utils import FlexibleArgumentParser
 
 OUT = Path(__file__).resolve().parents[1] / "gatekeeper" / "data" / "vllm_flags"
 _SWITCHES = (
