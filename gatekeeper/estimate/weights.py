@@ -103,10 +103,10 @@ class _Ctx:
     opts: WeightOptions = WeightOptions()
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
-        q = self.quant
-        if q is None or not quantizable or q.experts_only or q.skips(name):
+        scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
+        if scheme is None:
             return in_f * out_f * self.dtype_bytes
-        return q.linear_bytes(in_f, out_f, self.dtype_bytes)
+        return scheme.linear_bytes(in_f, out_f, self.dtype_bytes)
 
     def vec(self, numel: int) -> int:
         return numel * self.dtype_bytes
@@ -184,8 +184,9 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
     inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
     local_experts = cdiv(moe.num_experts, ep)
-    q = c.quant
-    if q is not None and not q.skips(f"{p}.experts"):
+    # vLLM asks for the scheme of the first expert's projections (compressed-tensors)
+    q = c.quant.scheme_for(f"{p}.experts.0.gate_proj", experts=True) if c.quant else None
+    if q is not None:
         inter = q.expert_intermediate(inter)
         per_expert = 2 * q.linear_bytes(h, inter, c.dtype_bytes) + q.linear_bytes(
             inter, h, c.dtype_bytes
@@ -225,8 +226,8 @@ def _vocab_rows(spec: ModelSpec, tp: int) -> int:
 
 def _lm_head_bytes(c: _Ctx, vocab: int | None = None) -> int:
     rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else _vocab_rows(c.spec, c.tp)
-    q = c.quant
-    if q is not None and q.lm_head and not q.experts_only:
+    q = c.quant.scheme_for("lm_head") if c.quant is not None and c.quant.lm_head else None
+    if q is not None:
         return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
     return rows * c.spec.hidden_size * c.dtype_bytes
 
@@ -407,7 +408,10 @@ def _from_tensors(
     has_lm_head = any("lm_head" in t.name for t in ckpt.tensors)
     for t in ckpt.tensors:
         num_bytes = t.num_bytes
-        if t.dtype in _FLOAT_BYTES:
+        kept = quant.tensor_bytes(t.name, t.dtype, num_bytes) if quant is not None else None
+        if kept is not None:
+            num_bytes = kept
+        elif t.dtype in _FLOAT_BYTES:
             num_bytes = num_bytes * dtype_bytes // _FLOAT_BYTES[t.dtype]
         if (
             quant is not None

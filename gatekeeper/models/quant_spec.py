@@ -1,0 +1,168 @@
+"""``QuantSpec``: how one module's weights are stored on the GPU, and which modules a
+quantization leaves alone.
+
+A spec is the scheme of the checkpoint's default quantized linear, plus ``overrides``
+(per-module schemes: compressed-tensors ``config_groups``, ModelOpt mixed precision,
+Quark ``layer_quant_config``) and ``skip_patterns`` (``ignore``, ``modules_to_not_convert``,
+``exclude_modules``, ``llm_int8_skip_modules`` …). ``scheme_for(name)`` answers with the
+scheme a module (HF naming) gets, or ``None`` when it stays in the model dtype.
+
+Bytes of one rank-local projection ``[out, in]`` (``linear_bytes``), from the
+``create_weights`` of each vLLM method:
+
+- packed weights ``in x out x bits / 8``;
+- group scales ``ceil(in / g) x out x scale_bytes`` (``g = 0``: one per output row,
+  ``g = -1``: one per tensor; ``scale_bytes = 0`` means the model dtype), packed zero
+  points ``zero_bits`` per group, an int32 ``g_idx[in]`` with act-order, or
+  ``ceil(out / bn) x ceil(in / bk)`` block scales;
+- ``tensor_scale_bytes`` per projection: per-tensor fp32 scales (FP8 ``input_scale``,
+  NVFP4 ``weight_scale_2``/``input_scale``), compressed-tensors ``weight_shape``.
+
+bitsandbytes 4-bit: ``in x out / 2`` uint8 plus an fp32 ``absmax`` per 64 weights and a
+16-entry fp32 code (64 B), with or without double quantization (vLLM's loader
+dequantizes the nested absmax to fp32 at load, ``_dequantize_dq``): 4.5 bits.
+8-bit: int8 ``[out, in]`` plus an fp32 ``SCB`` per output row.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from gatekeeper.units import cdiv, round_up
+
+__all__ = ["QuantSpec", "matches_module"]
+
+_BNB_BLOCK = 64
+_BNB_CODE_BYTES = 16 * 4
+
+
+def matches_module(module_name: str, pattern: str) -> bool:
+    """vLLM's ways of naming a module in a quantization config: ``re:`` regexes
+    (compressed-tensors), shell wildcards (ModelOpt, Quark), an exact name or a parent
+    module, and a bare component or substring (``lm_head``, ``mlp.gate``: AWQ/GPTQ
+    ``modules_to_not_convert``, bitsandbytes ``llm_int8_skip_modules``)."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], module_name) is not None
+    if "*" in pattern or "?" in pattern:
+        return fnmatch.fnmatchcase(module_name, pattern) or fnmatch.fnmatchcase(
+            module_name, pattern + ".*"
+        )
+    return (
+        module_name == pattern
+        or module_name.startswith(pattern + ".")
+        or (pattern in module_name and not pattern.startswith("model.layers."))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QuantSpec:
+    """How the linear weights are stored on the GPU."""
+
+    method: str
+    weight_bits: int
+    group_size: int = 0
+    """Weights per scale along the input dimension; 0 = one scale per output channel,
+    -1 = one scale per tensor."""
+    scale_bytes: int = 2
+    """Bytes of one scale; 0 = the model dtype."""
+    zero_bits: int = 0
+    """Bits of a packed zero point per group (AWQ/GPTQ store 4-bit zeros in int32)."""
+    block: tuple[int, int] | None = None
+    """Block quantization (rows, cols) with one scale per block (FP8 128x128)."""
+    act_order: bool = False
+    double_quant: bool = False
+    experts_only: bool = False
+    """Only MoE experts are quantized (MXFP4, experts_int8); linears stay in the model dtype."""
+    lm_head: bool = False
+    """The LM head is quantized too (AWQ/GPTQ ``lm_head``, a compressed-tensors target)."""
+    moe_intermediate_multiple: int = 1
+    """Kernels that pad each expert's intermediate size to a multiple (MXFP4: 256)."""
+    skip_patterns: tuple[str, ...] = ()
+    source: str = "checkpoint"
+    tensor_scale_bytes: int = 0
+    """Bytes per projection beside the weight and its group scales (per-tensor scales)."""
+    overrides: tuple[tuple[str, QuantSpec], ...] = ()
+    """(module pattern, scheme) pairs that win over the default scheme, first match first."""
+    linear: bool = True
+    """The default scheme applies to every linear; False when only ``overrides`` are
+    quantized (a compressed-tensors config without a ``Linear`` target, ModelOpt
+    mixed precision)."""
+    removed_in: str = ""
+    """The vLLM release that no longer loads this method (bitsandbytes), if any."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} ({self.source})"
+
+    def skips(self, module_name: str) -> bool:
+        """True when ``module_name`` (HF naming) is listed as not converted."""
+        return any(matches_module(module_name, p) for p in self.skip_patterns)
+
+    def scheme_for(self, module_name: str, *, experts: bool = False) -> QuantSpec | None:
+        """The scheme ``module_name`` is stored with, or None for the model dtype.
+
+        ``experts``: the name is a routed expert's projection
+        (``model.layers.3.mlp.experts.0.gate_proj``, as vLLM asks compressed-tensors)."""
+        if self.skips(module_name):
+            return None
+        for pattern, scheme in self.overrides:
+            if matches_module(module_name, pattern):
+                return scheme
+        if self.experts_only and not experts:
+            return None
+        return self if self.linear else None
+
+    def linear_bytes(self, in_features: int, out_features: int, dtype_bytes: int) -> int:
+        """Bytes of one rank-local linear weight ``[out, in]`` in this format."""
+        weights = in_features * out_features * self.weight_bits // 8
+        return (
+            weights
+            + self._scale_bytes(in_features, out_features, dtype_bytes)
+            + self.tensor_scale_bytes
+        )
+
+    def _scale_bytes(self, in_features: int, out_features: int, dtype_bytes: int) -> int:
+        if self.method.startswith("bitsandbytes"):
+            return self._bnb_scale_bytes(in_features * out_features, out_features)
+        scale = self.scale_bytes if self.scale_bytes > 0 else dtype_bytes
+        extra = in_features * 4 if self.act_order else 0
+        if self.block is not None:
+            rows, cols = self.block
+            return cdiv(out_features, rows) * cdiv(in_features, cols) * scale + extra
+        if self.group_size < 0:
+            return scale + extra
+        groups = 1 if self.group_size == 0 else cdiv(in_features, self.group_size)
+        scales = groups * out_features * scale
+        zeros = groups * out_features * self.zero_bits // 8
+        return scales + zeros + extra
+
+    def _bnb_scale_bytes(self, numel: int, out_features: int) -> int:
+        if self.weight_bits == 8:
+            return out_features * 4
+        # double quantization is undone at load: the absmax is fp32 either way
+        return cdiv(numel, _BNB_BLOCK) * 4 + _BNB_CODE_BYTES
+
+    def expert_intermediate(self, intermediate_per_rank: int) -> int:
+        return round_up(intermediate_per_rank, self.moe_intermediate_multiple)
+
+    def tensor_bytes(self, name: str, dtype: str, num_bytes: int) -> int | None:
+        """GPU bytes of a pre-quantized checkpoint tensor whose size is not its on-disk
+        size cast to the model dtype, or None for the usual rule.
+
+        Scales vLLM creates in fp32 stay fp32 (``weight_scale``, ``input_scale``,
+        ``weight_scale_inv``, ``weight_scale_2``); bitsandbytes' ``absmax`` becomes fp32
+        (4 B per 64-weight block, from a uint8 one under double quantization), its
+        nested statistics are freed and its JSON quant state stays on the CPU."""
+        leaf = name.rsplit(".", 1)[-1]
+        if self.method.startswith("bitsandbytes"):
+            if leaf == "absmax":
+                return num_bytes * 4 if dtype == "U8" else num_bytes
+            if leaf.startswith(("nested_", "quant_state")) or "bitsandbytes__" in leaf:
+                return 0
+            if leaf == "quant_map":
+                return num_bytes
+        if dtype == "F32" and (leaf.endswith(("_scale", "_scale_inv", "_scale_2"))):
+            return num_bytes
+        return None
