@@ -2,20 +2,24 @@
 
 One call, ``fetch_hub_model``, makes these requests through ``huggingface_hub``:
 
-1. ``GET /api/models/{repo}[/revision/{rev}]`` (``HfApi.model_info``): the commit the
-   revision points to and the list of files. It fails fast (no retries) when the hub is
-   unreachable, the repo is missing or a token is needed.
-2. ``HEAD`` + ``GET /{repo}/resolve/{commit}/config.json`` (``hf_hub_download`` into a
-   temporary directory that is removed afterwards).
-3. For sharded checkpoints, the same for ``model.safetensors.index.json``.
+1. ``GET /api/models/{repo}[/revision/{rev}]`` (``HfApi.model_info``): the list of files.
+   It fails fast (no retries) when the hub is unreachable, the repo is missing or a
+   token is needed.
+2. ``HEAD`` + ``GET /{repo}/resolve/{rev}/config.json`` (``hf_hub_download`` into the
+   Hugging Face cache, ``cache_dir`` or ``HF_HUB_CACHE``): the file lands in
+   ``snapshots/COMMIT/`` and a branch or tag in ``refs/``, so the next look-up finds it
+   offline (``gatekeeper.models.hf_cache``), as vLLM and transformers would.
+3. For sharded checkpoints, ``model.safetensors.index.json`` the same way, at that commit.
 4. ``GET`` with ``Range: bytes=0-100000`` on each ``*.safetensors`` file
    (``HfApi.parse_safetensors_file_metadata``): the header only, a second range request
-   when the header is larger.
+   when the header is larger. Headers are not cached (the cache holds whole files): an
+   offline look-up of the same model reads the index's ``total_size``, or, for a
+   single-file checkpoint, the architecture.
 
-Everything is read at the commit from step 1, so config and headers agree. The repo's
-file list decides between ``model.safetensors`` and the index, as
+Everything after step 2 is read at the commit step 2 resolved, so config and headers
+agree. The repo's file list decides between ``model.safetensors`` and the index, as
 ``get_safetensors_metadata`` does; it is not called because its existence checks ignore
-the timeout and it downloads the index into the shared HF cache.
+the timeout.
 
 Each request is limited to ``timeout_seconds``, with two exceptions inside
 ``hf_hub_download``: the body of ``config.json`` uses ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s by
@@ -30,7 +34,6 @@ Every failure is a ``HubError`` whose message says what to do.
 from __future__ import annotations
 
 import json
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,21 +87,24 @@ def fetch_hub_model(
     timeout_seconds: float,
     revision: str | None = None,
     token: str | None = None,
+    cache_dir: str | None = None,
 ) -> HubModel:
     """Read ``config.json`` and the safetensors headers of ``repo_id`` from the hub.
 
-    Raises ``HubError`` for every failure: repo or revision missing, token needed,
-    hub unreachable, ``config.json`` or a header malformed.
+    ``config.json`` and the index are written into the Hugging Face cache (``cache_dir``,
+    vLLM's ``--download-dir``, else ``HF_HUB_CACHE``). Raises ``HubError`` for every
+    failure: repo or revision missing, token needed, hub unreachable, ``config.json`` or
+    a header malformed.
     """
     api = HfApi(endpoint=endpoint, token=token, library_name="gatekeeper")
     try:
         info = api.model_info(repo_id, revision=revision, timeout=timeout_seconds)
-        commit = info.sha or revision
         files = {s.rfilename for s in info.siblings or ()}
-        with tempfile.TemporaryDirectory(prefix="gatekeeper-hub-") as tmp:
-            fetch = _Fetch(api, repo_id, commit, Path(tmp), timeout_seconds)
-            config = _read_config(fetch.download("config.json"), repo_id)
-            checkpoint = _read_checkpoint(fetch, files)
+        first = _Fetch(api, repo_id, revision, cache_dir, timeout_seconds)
+        config_path = first.download("config.json")  # writes refs/REVISION too
+        fetch = _Fetch(api, repo_id, config_path.parent.name, cache_dir, timeout_seconds)
+        config = _read_config(config_path, repo_id)
+        checkpoint = _read_checkpoint(fetch, files)
     except HubError:
         raise
     except Exception as e:
@@ -113,7 +119,8 @@ class _Fetch:
     api: HfApi
     repo_id: str
     commit: str | None
-    cache_dir: Path
+    """The revision: a branch or tag for ``config.json``, then the commit it named."""
+    cache_dir: str | None
     timeout_seconds: float
 
     def download(self, filename: str) -> Path:

@@ -1,23 +1,13 @@
-"""``gatekeeper.models.hub`` against a stand-in hub on 127.0.0.1.
-
-The stand-in serves what ``huggingface_hub`` asks for: ``GET /api/models/{repo}[/revision/{rev}]``
-(model info with ``siblings``), ``HEAD``/``GET /{repo}/resolve/{rev}/{file}`` with
-``X-Repo-Commit``/``ETag``/``Content-Length``, and ``Range`` requests. It answers with the
-hub's ``X-Error-Code`` headers for missing repos, revisions, files and gated repos. The
-safetensors files are written by the ``safetensors`` package.
-"""
+"""``gatekeeper.models.hub`` against the stand-in hub on 127.0.0.1
+(``tests/support/fake_hub.py``). The safetensors files are written by the ``safetensors``
+package."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,137 +21,11 @@ from gatekeeper.errors import HubError, ModelSpecError
 from gatekeeper.models.hub import HubModel, fetch_hub_model
 from gatekeeper.models.safetensors import read_checkpoint
 from gatekeeper.models.spec import CheckpointTensor
+from tests.support.fake_hub import SHA, FakeHub, Repo
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}
 TIMEOUT = 5.0
 Arrays = dict[str, npt.NDArray[Any]]
-
-
-@dataclass
-class Repo:
-    files: dict[str, bytes]
-    status: int | None = None
-    """Answer every request on this repo with this status (401, 403)."""
-    gated: bool = False
-    """Model info is public, files answer 403 GatedRepo (as the hub does)."""
-
-
-@dataclass
-class FakeHub:
-    repos: dict[str, Repo] = field(default_factory=dict)
-    requests: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
-    """(method, path, range, authorization) of every request received."""
-    sent: dict[str, int] = field(default_factory=dict)
-    """Body bytes sent per path."""
-    endpoint: str = ""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    hub: FakeHub
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._answer(head=True)
-
-    def do_GET(self) -> None:
-        self._answer(head=False)
-
-    def _answer(self, *, head: bool) -> None:
-        hub = self.hub
-        path = self.path.split("?", 1)[0]
-        hub.requests.append(
-            (self.command, path, self.headers.get("Range"), self.headers.get("Authorization"))
-        )
-        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):
-            self._model_info(m.group(1), m.group(2) or "main", head=head)
-        elif m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
-            self._resolve(m.group(1), m.group(2), m.group(3), head=head)
-        else:
-            self._send(404, b"", head=head)
-
-    def _repo(self, repo_id: str, rev: str, *, head: bool, files: bool) -> Repo | None:
-        repo = self.hub.repos.get(repo_id)
-        if repo is None:
-            self._send(
-                404, b'{"error":"Repository not found"}', head, {"X-Error-Code": "RepoNotFound"}
-            )
-        elif repo.status is not None:
-            self._send(repo.status, b'{"error":"Invalid username or password."}', head)
-        elif repo.gated and files:
-            self._send(403, b'{"error":"gated"}', head, {"X-Error-Code": "GatedRepo"})
-        elif rev not in ("main", SHA):
-            self._send(404, b"{}", head, {"X-Error-Code": "RevisionNotFound"})
-        else:
-            return repo
-        return None
-
-    def _model_info(self, repo_id: str, rev: str, *, head: bool) -> None:
-        if (repo := self._repo(repo_id, rev, head=head, files=False)) is None:
-            return
-        siblings = [{"rfilename": name} for name in sorted(repo.files)]
-        body = json.dumps({"id": repo_id, "sha": SHA, "siblings": siblings}).encode()
-        self._send(200, body, head, {"Content-Type": "application/json"})
-
-    def _resolve(self, repo_id: str, rev: str, filename: str, *, head: bool) -> None:
-        if (repo := self._repo(repo_id, rev, head=head, files=True)) is None:
-            return
-        data = repo.files.get(filename)
-        if data is None:
-            headers = {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": SHA}
-            self._send(404, b"{}", head, headers)
-            return
-        headers = {"X-Repo-Commit": SHA, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
-        status, body = 200, data
-        if (wanted := self.headers.get("Range")) and (
-            m := re.fullmatch(r"bytes=(\d+)-(\d+)", wanted)
-        ):
-            start, end = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
-            status, body = 206, data[start : end + 1]
-            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-        self._send(status, body, head, headers)
-
-    def _send(
-        self, status: int, body: bytes, head: bool, headers: dict[str, str] | None = None
-    ) -> None:
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-            path = self.path.split("?", 1)[0]
-            self.hub.sent[path] = self.hub.sent.get(path, 0) + len(body)
-
-
-@pytest.fixture(autouse=True)
-def _isolated_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No saved token, no offline switch, no shared cache: only what each test sets."""
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-
-
-@pytest.fixture
-def hub() -> Iterator[FakeHub]:
-    state = FakeHub()
-    handler = type("Handler", (_Handler,), {"hub": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    state.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def _safetensors(tensors: Arrays) -> bytes:
@@ -217,7 +81,10 @@ def test_requests_pin_the_commit_and_ask_only_for_headers(hub: FakeHub) -> None:
     assert model.checkpoint.total_bytes == 64 * 1024 * 4
     paths = [(method, path) for method, path, _, _ in hub.requests]
     assert paths[0] == ("GET", "/api/models/org/big/revision/main")
-    assert all(f"/resolve/{SHA}/" in p for _, p in paths[1:]), paths
+    # config.json at the revision asked (so the cache records refs/main), the rest at the
+    # commit the hub answered with
+    assert all("/resolve/main/config.json" in p for _, p in paths[1:3]), paths
+    assert all(f"/resolve/{SHA}/" in p for _, p in paths[3:]), paths
     ranges = [r for _, p, r, _ in hub.requests if p.endswith("model.safetensors")]
     assert ranges == ["bytes=0-100000"]
     assert hub.sent[f"/org/big/resolve/{SHA}/model.safetensors"] == 100_001 < len(data)
@@ -275,7 +142,11 @@ def test_sharded_checkpoint_reads_every_shard_header(hub: FakeHub, tmp_path: Pat
         f"/org/sharded/resolve/{SHA}/model-00001-of-00002.safetensors",
         f"/org/sharded/resolve/{SHA}/model-00002-of-00002.safetensors",
     }
-    assert not (tmp_path / "hf" / "hub").exists(), "the index went to the shared HF cache"
+    # config.json and the index are in the HF cache, laid out by huggingface_hub; no weights
+    repo = tmp_path / "hf" / "hub" / "models--org--sharded"
+    assert (repo / "refs" / "main").read_text() == SHA
+    cached = sorted(p.name for p in (repo / "snapshots" / SHA).iterdir())
+    assert cached == ["config.json", "model.safetensors.index.json"]
 
 
 def test_repo_without_safetensors_has_no_checkpoint(hub: FakeHub) -> None:
