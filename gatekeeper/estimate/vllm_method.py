@@ -27,6 +27,7 @@ from gatekeeper.estimate.accounting import (
     Accounting,
     accounting_by_name,
     accounting_for,
+    parse_vllm_version,
 )
 from gatekeeper.estimate.drafter import DraftContext, DraftCost, draft_cost
 from gatekeeper.estimate.kv_cache import KvLayout, StatePages, kv_layout
@@ -252,6 +253,8 @@ class _Plan:
     shape: BatchShape
     block_size: int
     features: _Features
+    version: str = DEFAULT_VLLM_VERSION
+    """The vLLM release being sized."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -364,9 +367,11 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
     features = _features(spec, opts, shape, tp)
+    version = opts.vllm_version or default_version
     return _Plan(
-        acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features
-    )
+        acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
+        version,
+    )  # fmt: skip
 
 
 def _draft(p: _Plan, draft: ModelSpec | None) -> DraftCost:
@@ -614,6 +619,23 @@ def _length_beyond_model(p: _Plan) -> bool:
     return bool(p.opts.max_model_len) and p.max_model_len > p.spec.max_position_embeddings
 
 
+def _removed_method(p: _Plan) -> str | None:
+    """A quantization method the release no longer loads (bitsandbytes and GGUF: in the
+    0.21 wheels, gone from 0.32's, after RFC vllm-project/vllm#39583)."""
+    q = p.quant
+    if q is None or not q.removed_in:
+        return None
+    version, _ = parse_vllm_version(p.version)
+    gone, _ = parse_vllm_version(q.removed_in)
+    if version < gone:
+        return None
+    return (
+        f"quantization: vLLM {'.'.join(map(str, version))} no longer loads {q.method} "
+        f"checkpoints (gone by {q.removed_in}); serve it with an older vLLM (--vllm-version "
+        "0.21.0 sizes it) or use an AWQ, GPTQ or FP8 checkpoint"
+    )
+
+
 def _verdict(
     p: _Plan, worst: StageEstimate, layout: KvLayout, length_fits: bool, tokens: int
 ) -> tuple[list[str], list[str]]:
@@ -622,6 +644,9 @@ def _verdict(
     warnings: list[str] = []
     total, budget = p.gpu.total_bytes, worst.budget_bytes
     free = p.gpu.free_bytes
+    removed = _removed_method(p)
+    if removed:
+        reasons.append(removed)
     if _length_beyond_model(p):
         reasons.append(
             f"max_model_len {p.max_model_len} is greater than the model's derived maximum "

@@ -409,3 +409,12 @@ def test_every_modelled_flag_reaches_the_command_line_and_reads_back_the_same():
     # a deployment record reads back as the same options (a sidecar restart adopts with them)
     record = json.loads(json.dumps(options_record(opts)))
     assert options_from_mapping(record, where="deployment record")[0] == opts
+
+
+def test_a_release_that_no_longer_loads_bitsandbytes_refuses_it():
+    spec = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    bnb = ServeOptions(max_model_len=8192, quantization="bitsandbytes")
+    newer = estimate(spec, bnb, H100)  # 0.33: bitsandbytes and GGUF are gone
+    assert not newer.fits and any("no longer loads bitsandbytes" in r for r in newer.reasons)
+    older = estimate(spec, dataclasses.replace(bnb, vllm_version="0.21.0"), H100)
+    assert older.fits, older.reasons
