@@ -86,9 +86,11 @@ class Settings(BaseSettings):
     """Where the reservations ledger, worker logs and calibration live."""
 
     allow_network: bool = False
-    """Let model references that are neither a local directory nor in the embedded
-    catalog be looked up on the Hugging Face hub (config and safetensors metadata
-    only, never weights). Off by default: admission must not depend on the network."""
+    """Let model references that are neither a local path nor in the Hugging Face cache
+    be looked up on the Hugging Face hub (config and safetensors metadata only, never
+    weights; written into the cache, so the next look-up is offline), before the
+    embedded catalog. Off by default: admission must not depend on the network.
+    ``HF_HUB_OFFLINE=1`` keeps the hub off even when this is on."""
 
     hf_endpoint: str | None = None
     """Hub endpoint to use instead of huggingface.co (a mirror); ``HF_ENDPOINT`` also works."""
@@ -238,8 +240,11 @@ def gpu_source(settings: Settings, node: str | None = None) -> GpuSource:
     return parse_gpu_source(node or settings.gpus)
 
 
-def model_resolver(settings: Settings) -> Callable[[str], ModelSpec]:
-    """``resolve_model`` with the settings' hub access (network, endpoint, timeout)."""
+def model_resolver(
+    settings: Settings, *, revision: str | None = None, download_dir: str | None = None
+) -> Callable[[str], ModelSpec]:
+    """``resolve_model`` with the settings' hub access (network, endpoint, timeout) and
+    vLLM's ``--revision`` and ``--download-dir`` when a command line gave them."""
     from gatekeeper.models.source import resolve_model
 
     return partial(
@@ -247,6 +252,8 @@ def model_resolver(settings: Settings) -> Callable[[str], ModelSpec]:
         allow_network=settings.allow_network,
         hf_endpoint=settings.hf_endpoint,
         timeout_seconds=settings.hub_timeout_seconds,
+        revision=revision,
+        download_dir=download_dir,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from gatekeeper.cli.options import (
     add_serving_flags,
+    model_from_args,
     note_unmodelled,
     options_from_args,
     positive_int,
@@ -74,7 +75,7 @@ def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
     resolve = model_resolver(settings)
-    spec = resolve(args.model)
+    spec = model_from_args(args, settings)
     options = options_from_args(args)
     draft = draft_reference(options)
     request = PlacementRequest(

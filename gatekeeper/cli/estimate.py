@@ -6,7 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from gatekeeper.cli.options import add_serving_flags, note_unmodelled, options_from_args
+from gatekeeper.cli.options import (
+    add_serving_flags,
+    model_from_args,
+    note_unmodelled,
+    options_from_args,
+)
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.accounting import accounting_by_name
 from gatekeeper.estimate.options import ServeOptions, draft_reference
@@ -30,7 +35,11 @@ def add_parser(subparsers: Any) -> None:
         help="estimate a model's per-GPU memory under vLLM",
         description="Estimate per-GPU memory as vLLM accounts it, and whether it would start.",
     )
-    p.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
+    p.add_argument(
+        "model",
+        help="local checkpoint directory, catalog name or hub repo id "
+        "(found in the Hugging Face cache first)",
+    )
     add_serving_flags(p)
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
@@ -58,7 +67,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     note_unmodelled(args, "estimate")
     gpu = _gpu(args)
     resolve = model_resolver(settings)
-    spec = resolve(args.model)
+    spec = model_from_args(args, settings)
     draft = draft_reference(options)
     result = estimate(
         spec,
@@ -162,6 +171,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
     ]
     lines += [f"    - {r}" for r in e.reasons]
     lines += [f"    ! {m}" for m in e.warnings]
+    lines += [f"    ! {n}" for n in spec.notes]
     lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
     return "\n".join(lines)
 

@@ -17,12 +17,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.models.source import MODEL_SOURCE_FLAGS
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.settings import Settings, model_resolver
 from gatekeeper.vllm.flags import MODELLED, flag_table, serve_options
 from gatekeeper.vllm.serve_args import ServeCommand, model_first, parse_serve_args
 
 __all__ = [
     "SERVING_COMMANDS",
     "add_serving_flags",
+    "model_from_args",
     "note_unmodelled",
     "options_from_args",
     "positive_int",
@@ -155,11 +159,23 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     return serve_options(values)
 
 
+def model_from_args(args: argparse.Namespace, settings: Settings) -> ModelSpec:
+    """The ``ModelSpec`` of a serving command's model, looked up with its ``--revision``
+    and ``--download-dir`` as vLLM would."""
+    values = serve_command(args).values
+    resolve = model_resolver(
+        settings, revision=values.get("revision"), download_dir=values.get("download_dir")
+    )
+    return resolve(args.model)
+
+
 def note_unmodelled(args: argparse.Namespace, what: str) -> None:
-    """Say on stderr which vLLM flags given are read but not modelled in ``what``."""
+    """Say on stderr which vLLM flags given are read but not modelled in ``what`` (the
+    flags that locate the model are used by the look-up)."""
     table = flag_table()
     given = serve_command(args).values
-    flags = sorted(table.flags[d].name for d in given if d not in MODELLED)
+    used = (*MODELLED, *MODEL_SOURCE_FLAGS)
+    flags = sorted(table.flags[d].name for d in given if d not in used)
     if flags:
         print(
             f"gatekeeper: note: {', '.join(flags)} read but not modelled: their memory is not "

@@ -1,14 +1,15 @@
 """Model facts in, ``ModelSpec`` out: what the estimator needs to know of a model.
 
-Sources, in the order ``resolve_model`` tries them: a local checkpoint directory
-(``config.json`` through ``hf_config``, exact weight bytes from the safetensors headers
-through ``safetensors``), the embedded catalog (``catalog``), and, only when allowed,
-the Hugging Face hub (``hub``: config and safetensors metadata, never weights).
-``spec`` holds the data (pure); ``quantization`` and ``vision`` read those parts of a
-config.
+Sources, in the order ``resolve_model`` (``source``) tries them, as vLLM resolves a
+model: a local checkpoint directory (``config.json`` through ``hf_config``, exact weight
+bytes from the safetensors headers through ``safetensors``); the Hugging Face cache, offline (``hf_cache``); only when allowed, the Hugging Face hub
+(``hub``: config and safetensors metadata, never weights, written into the cache); the
+embedded catalog (``catalog``). ``spec`` holds the data (pure); ``quantization`` and
+``vision`` read those parts of a config. ``docs/models.md`` has the order and the errors.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units``, and the standard library
-(``hub`` alone also ``huggingface_hub``). Nothing of the other wings.
+(``hub`` and ``hf_cache`` also ``huggingface_hub``).
+Nothing of the other wings.
 """
 
 from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog

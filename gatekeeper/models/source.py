@@ -1,21 +1,54 @@
-"""Resolve a model reference into a ``ModelSpec``: a local directory, the embedded
-catalog, or (when allowed) the Hugging Face hub, in that order."""
+"""Resolve a model reference into a ``ModelSpec`` as vLLM resolves ``vllm serve MODEL``.
+
+In order:
+
+1. a local checkpoint directory (``config.json`` plus the safetensors headers);
+2. the Hugging Face cache (``gatekeeper.models.hf_cache``): ``--download-dir``, then
+   ``HF_HUB_CACHE``, at ``--revision`` (a branch or tag through ``refs/``, or a commit),
+   offline, the snapshot read as a checkpoint directory;
+3. the hub, when ``allow_network`` and ``HF_HUB_OFFLINE`` is not set (config and
+   safetensors metadata only, written into the cache so that step 2 finds it next time);
+4. the embedded catalog, gatekeeper's offline fallback: used when the hub is not asked,
+   or when it fails (a gated repo without a token, no network) and no revision was
+   named, since the catalog holds one published config per model and no revisions.
+
+A catalog model costs one ``stat`` of the cache before the catalog answers. A cached
+or hub model is named by its repo id (``ORG/NAME``), and the repo id is what vLLM is
+given (``ModelSpec.reference``): vLLM finds the same cache itself (same ``HF_HOME``) and
+serves the model under that name, which routing uses. A cache snapshot given as a path
+is named by its repo too, and vLLM is given the path.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from gatekeeper.errors import ModelSpecError
-from gatekeeper.models.catalog import catalog_entries, find_in_catalog
+from gatekeeper.errors import HubError, ModelSpecError
+from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog
+from gatekeeper.models.hf_cache import (
+    CachedSnapshot,
+    cache_dirs,
+    find_cached,
+    is_offline,
+    looks_like_repo_id,
+    snapshot_repo_id,
+)
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.safetensors import read_checkpoint
 from gatekeeper.models.spec import ModelSpec
 
-__all__ = ["load_model_dir", "resolve_model"]
+__all__ = ["MODEL_SOURCE_FLAGS", "load_model_dir", "resolve_model"]
+
+MODEL_SOURCE_FLAGS = ("revision", "download_dir", "tokenizer")
+"""``vllm serve`` flags that say where the model comes from, not what memory it takes:
+``--revision`` and ``--download-dir`` steer the look-up, ``--tokenizer`` (a GGUF file's
+tokenizer repo) is accepted and changes nothing."""
 
 
-def load_model_dir(directory: Path) -> ModelSpec:
+def load_model_dir(
+    directory: Path, *, name: str | None = None, source: str | None = None, reference: str = ""
+) -> ModelSpec:
     """A local checkpoint directory: ``config.json`` plus safetensors headers if present."""
     path = directory / "config.json"
     if not path.is_file():
@@ -35,10 +68,10 @@ def load_model_dir(directory: Path) -> ModelSpec:
         ) from e
     return spec_from_config(
         config,
-        name=directory.name,
-        source=f"local directory {directory}",
+        name=name or snapshot_repo_id(directory) or directory.name,
+        source=source or f"local directory {directory}",
         checkpoint=read_checkpoint(directory),
-        reference=str(directory.resolve()),
+        reference=reference or str(directory.resolve()),
     )
 
 
@@ -48,36 +81,129 @@ def resolve_model(
     allow_network: bool = False,
     hf_endpoint: str | None = None,
     timeout_seconds: float = 10.0,
+    revision: str | None = None,
+    download_dir: str | None = None,
 ) -> ModelSpec:
-    """Turn ``reference`` (a path, a catalog name or a hub repo id) into a ``ModelSpec``."""
+    """Turn ``reference`` (a path, a cached or hub repo id, a catalog name)
+    into a ``ModelSpec``; ``revision`` and ``download_dir`` are vLLM's flags."""
+    local = _local(reference)
+    if local is not None:
+        return local
+    miss: ModelSpecError | None = None
+    try:
+        cached = find_cached(reference, revision=revision, download_dir=download_dir)
+    except ModelSpecError as not_at_revision:
+        cached, miss = None, not_at_revision
+    if cached is not None:
+        return _load_snapshot(cached)
+    entry = find_in_catalog(reference)
+    hub_allowed = allow_network and not is_offline() and looks_like_repo_id(reference)
+    if hub_allowed:
+        try:
+            return _from_hub(reference, hf_endpoint, timeout_seconds, revision, download_dir)
+        except HubError as e:
+            if entry is None or revision is not None:
+                raise
+            return _from_catalog(entry, f"; the hub look-up failed: {e}")
+    if miss is not None and (revision is not None or entry is None):
+        raise miss
+    if entry is not None and revision is None:
+        return _from_catalog(entry)
+    raise _not_found(reference, allow_network, revision, download_dir, in_catalog=entry is not None)
+
+
+def _local(reference: str) -> ModelSpec | None:
+    """A checkpoint directory at ``reference``; None when it is no path."""
     try:
         path = Path(reference).expanduser()
     except RuntimeError:  # "~user" with no such user: not a local path
         path = Path(reference)
     if path.is_dir():
         return load_model_dir(path)
-    entry = find_in_catalog(reference)
-    if entry is not None:
-        return spec_from_config(
-            entry.config,
-            name=entry.repo_id,
-            source=f"embedded catalog ({entry.provenance})",
-            declared_parameters=entry.parameters,
-        )
-    if allow_network and "/" in reference:
-        from gatekeeper.models.hub import fetch_hub_model
+    return None
 
-        model = fetch_hub_model(reference, endpoint=hf_endpoint, timeout_seconds=timeout_seconds)
-        return spec_from_config(
-            model.config, name=reference, source="Hugging Face hub", checkpoint=model.checkpoint
+
+def _load_snapshot(cached: CachedSnapshot) -> ModelSpec:
+    pinned = (
+        cached.commit[:12]
+        if cached.revision == cached.commit
+        else f"{cached.revision} = {cached.commit[:12]}"
+    )
+    return load_model_dir(
+        cached.directory,
+        name=cached.repo_id,
+        source=f"Hugging Face cache ({pinned}, {cached.directory})",
+        reference=cached.repo_id,
+    )
+
+
+def _from_hub(
+    reference: str,
+    endpoint: str | None,
+    timeout_seconds: float,
+    revision: str | None,
+    download_dir: str | None,
+) -> ModelSpec:
+    from gatekeeper.models.hub import fetch_hub_model
+
+    model = fetch_hub_model(
+        reference,
+        endpoint=endpoint,
+        timeout_seconds=timeout_seconds,
+        revision=revision,
+        cache_dir=download_dir,
+    )
+    return spec_from_config(
+        model.config,
+        name=reference,
+        source="Hugging Face hub" + (f" (revision {revision})" if revision else ""),
+        checkpoint=model.checkpoint,
+    )
+
+
+def _from_catalog(entry: CatalogEntry, note: str = "") -> ModelSpec:
+    return spec_from_config(
+        entry.config,
+        name=entry.repo_id,
+        source=f"embedded catalog ({entry.provenance}){note}",
+        declared_parameters=entry.parameters,
+    )
+
+
+def _not_found(
+    reference: str,
+    allow_network: bool,
+    revision: str | None,
+    download_dir: str | None,
+    *,
+    in_catalog: bool,
+) -> ModelSpecError:
+    caches = ", ".join(str(c) for c in cache_dirs(download_dir))
+    at = f" at revision {revision!r}" if revision else ""
+    if in_catalog:
+        what = (
+            f"model: {reference!r}{at} is not in the Hugging Face cache ({caches}); the "
+            "embedded catalog holds one published config and no revisions"
         )
-    hint = (
-        "set GATEKEEPER_ALLOW_NETWORK=true to look it up on the hub, " if not allow_network else ""
-    )
-    raise ModelSpecError(
-        f"model: {reference!r} is not a local directory nor in the catalog "
-        f"({len(catalog_entries())} models: gatekeeper models lists them); {hint}"
-        "or give a directory holding its config.json",
-        field="model",
-        value=reference,
-    )
+        todo = "drop --revision to use the catalog's config, or download that revision"
+    elif not looks_like_repo_id(reference):
+        what = (
+            f"model: {reference!r} is not a local directory or GGUF file, nor in the "
+            f"embedded catalog ({len(catalog_entries())} models: gatekeeper models lists them)"
+        )
+        todo = (
+            "give a checkpoint directory, a GGUF file, a catalog name or a hub repo id (ORG/NAME)"
+        )
+    else:
+        what = (
+            f"model: {reference!r}{at} is not a local directory, not in the Hugging Face "
+            f"cache ({caches}) nor in the embedded catalog ({len(catalog_entries())} models: "
+            "gatekeeper models lists them)"
+        )
+        todo = f"download it (huggingface-cli download {reference} config.json)"
+    if is_offline() and looks_like_repo_id(reference):
+        what += "; HF_HUB_OFFLINE is set, so the hub is not asked"
+        todo += " while online, or unset HF_HUB_OFFLINE"
+    elif not allow_network and looks_like_repo_id(reference):
+        todo += ", or set GATEKEEPER_ALLOW_NETWORK=true to look it up on the hub"
+    return ModelSpecError(f"{what}. {todo[0].upper()}{todo[1:]}", field="model", value=reference)
