@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "model",
-        help="local checkpoint directory, catalog name or hub repo id "
+        help="local checkpoint directory, GGUF file, catalog name or hub repo id "
         "(found in the Hugging Face cache first)",
     )
     add_serving_flags(p)

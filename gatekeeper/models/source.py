@@ -2,7 +2,8 @@
 
 In order:
 
-1. a local checkpoint directory (``config.json`` plus the safetensors headers);
+1. a local path: a checkpoint directory (``config.json`` plus the safetensors headers), or
+   a GGUF file (``gatekeeper.models.gguf``);
 2. the Hugging Face cache (``gatekeeper.models.hf_cache``): ``--download-dir``, then
    ``HF_HUB_CACHE``, at ``--revision`` (a branch or tag through ``refs/``, or a commit),
    offline, the snapshot read as a checkpoint directory;
@@ -84,7 +85,7 @@ def resolve_model(
     revision: str | None = None,
     download_dir: str | None = None,
 ) -> ModelSpec:
-    """Turn ``reference`` (a path, a cached or hub repo id, a catalog name)
+    """Turn ``reference`` (a path, a GGUF file, a cached or hub repo id, a catalog name)
     into a ``ModelSpec``; ``revision`` and ``download_dir`` are vLLM's flags."""
     local = _local(reference)
     if local is not None:
@@ -113,13 +114,30 @@ def resolve_model(
 
 
 def _local(reference: str) -> ModelSpec | None:
-    """A checkpoint directory at ``reference``; None when it is no path."""
+    """A checkpoint directory or a GGUF file at ``reference``; None when it is no path."""
     try:
         path = Path(reference).expanduser()
     except RuntimeError:  # "~user" with no such user: not a local path
         path = Path(reference)
     if path.is_dir():
         return load_model_dir(path)
+    if path.is_file():
+        from gatekeeper.models.gguf import is_gguf_file, load_gguf
+
+        if is_gguf_file(path):
+            return load_gguf(path)
+        raise ModelSpecError(
+            f"model: {reference!r} is a file that is not GGUF; vLLM takes a checkpoint "
+            "directory, a GGUF file or a hub repo id",
+            field="model",
+            value=reference,
+        )
+    if path.suffix.lower() == ".gguf":
+        raise ModelSpecError(
+            f"model: GGUF file {reference!r} does not exist; check the path",
+            field="model",
+            value=reference,
+        )
     return None
 
 
