@@ -29,8 +29,9 @@ key/value metadata and the tensor table; no tensor data is read.
   ``model.layers.N.self_attn.k_proj``, experts, the router). Other names keep their GGUF
   suffix under ``model.layers.N.``.
 
-GGUF loading is absent from vLLM 0.32.0 and 0.33.0 (removed upstream); the spec carries a
-note saying so.
+GGUF loading is gone from vLLM 0.32 (RFC vllm-project/vllm#39583): the spec's
+quantization says so (``removed_in``), and the estimate for such a release refuses it
+with what to do; ``--vllm-version 0.21.0`` sizes it for a release that loads it.
 """
 
 from __future__ import annotations
@@ -46,12 +47,7 @@ from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointTensor, CheckpointWeights, ModelSpec
 
-__all__ = ["GGUF_NOTE", "is_gguf_file", "load_gguf", "read_gguf"]
-
-GGUF_NOTE = (
-    "GGUF: vLLM 0.32.0 and 0.33.0 have no GGUF loader (removed upstream); this is what a "
-    "vLLM release that still loads GGUF holds"
-)
+__all__ = ["is_gguf_file", "load_gguf", "read_gguf"]
 
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "llama"),
@@ -167,7 +163,7 @@ def load_gguf(path: Path) -> ModelSpec:
         checkpoint=checkpoint,
         reference=str(path.resolve()),
     )
-    return replace(spec, quantization=_quant(checkpoint), notes=(*spec.notes, GGUF_NOTE))
+    return replace(spec, quantization=_quant(checkpoint))
 
 
 def _field(fields: Mapping[str, Any], key: str) -> Any:
@@ -280,4 +276,5 @@ def _quant(checkpoint: CheckpointWeights) -> QuantSpec:
         method="gguf",
         weight_bits=max(1, round(bits / elements)) if elements else 16,
         source="checkpoint",
+        removed_in="0.32",
     )

@@ -14,7 +14,6 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gatekeeper.errors import ModelSpecError
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.estimate.vllm_method import GpuTarget, estimate
-from gatekeeper.models.gguf import GGUF_NOTE
 from gatekeeper.models.source import resolve_model
 from gatekeeper.units import GIB
 
@@ -92,7 +91,10 @@ def test_metadata_gives_the_architecture(tmp_path: Path) -> None:
     )
     assert not spec.tie_word_embeddings
     assert spec.quantization is not None and spec.quantization.method == "gguf"
-    assert GGUF_NOTE in spec.notes
+    assert spec.quantization.removed_in == "0.32"
+
+
+OLD = ServeOptions(vllm_version="0.21.0")  # a release that still loads GGUF
 
 
 def test_weights_are_exact_from_the_tensor_table(tmp_path: Path) -> None:
@@ -103,7 +105,8 @@ def test_weights_are_exact_from_the_tensor_table(tmp_path: Path) -> None:
     assert by_type["gguf:Q6_K"] == VOCAB * 210 + LAYERS * (128 * 210 + DOWN)
     # q and k are Q4_K but held at the merged qkv's padded width (210 bytes a row)
     assert by_type["gguf:Q4_K"] == VOCAB * 144 + LAYERS * (384 * 210 + O_PROJ + GATE_UP)
-    e = estimate(spec, ServeOptions(), GpuTarget(total_bytes=16 * GIB))
+    e = estimate(spec, OLD, GpuTarget(total_bytes=16 * GIB))
+    assert e.fits
     assert e.dtype == "bfloat16"  # no torch dtype in GGUF: served in bf16, as vLLM does
     assert e.weights_source == "GGUF tensor table (m.gguf, 21 tensors)"
     assert e.worst.weights_bytes == WEIGHTS
@@ -111,7 +114,8 @@ def test_weights_are_exact_from_the_tensor_table(tmp_path: Path) -> None:
 
 def test_kv_heads_and_vocab_are_sharded_as_vllm_shards_them(tmp_path: Path) -> None:
     spec = resolve_model(str(write_gguf(tmp_path / "m.gguf")))
-    e = estimate(spec, ServeOptions(tensor_parallel_size=2), GpuTarget(total_bytes=16 * GIB))
+    options = ServeOptions(tensor_parallel_size=2, vllm_version="0.21.0")
+    e = estimate(spec, options, GpuTarget(total_bytes=16 * GIB))
     q_o_gate_up_down = (256 * 210 + O_PROJ + GATE_UP + DOWN) // 2
     kv = 2 * 128 * 210 // 2  # one of the two KV heads on each rank
     per_rank = (EMBED + LM_HEAD) // 2 + H * 2 + LAYERS * (q_o_gate_up_down + kv + NORMS) + ROPE
@@ -121,7 +125,7 @@ def test_kv_heads_and_vocab_are_sharded_as_vllm_shards_them(tmp_path: Path) -> N
 def test_tied_embeddings_when_there_is_no_output_tensor(tmp_path: Path) -> None:
     spec = resolve_model(str(write_gguf(tmp_path / "tied.gguf", tied=True)))
     assert spec.tie_word_embeddings
-    e = estimate(spec, ServeOptions(), GpuTarget(total_bytes=16 * GIB))
+    e = estimate(spec, OLD, GpuTarget(total_bytes=16 * GIB))
     assert e.worst.weights_bytes == WEIGHTS - LM_HEAD
 
 
@@ -155,5 +159,12 @@ def test_estimate_of_a_gguf_file_with_its_tokenizer(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "gguf (checkpoint)" in out.stdout and "GGUF tensor table" in out.stdout
-    assert "no GGUF loader" in out.stdout
+    assert "no longer loads gguf" in out.stdout  # the default release, 0.33, cannot
     assert "--tokenizer" not in out.stderr  # accepted: it does not change memory
+    old = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "estimate", str(path), "--vllm-version", "0.21.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert old.returncode == 0 and "verdict: FITS" in old.stdout, old.stderr
