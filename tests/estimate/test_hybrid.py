@@ -248,7 +248,9 @@ def test_mamba_dtypes_tp_and_speculation_change_the_state():
     assert ssm32.state_bytes_per_sequence == 36 * ((8192 + 256) * 3 * 2 + 128 * 64 * 128 * 4)
     tp2 = run(GRANITE_H, tensor_parallel_size=2)
     # 1 group does not divide TP 2: padded to 2 groups, then everything halves
-    assert tp2.state_bytes_per_sequence == 36 * ((8192 + 2 * 2 * 128) // 2 * 3 * 2 + 64 * 64 * 128 * 2)
+    assert tp2.state_bytes_per_sequence == 36 * (
+        (8192 + 2 * 2 * 128) // 2 * 3 * 2 + 64 * 64 * 128 * 2
+    )
     spec = run(GRANITE_H, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert spec.state_bytes_per_sequence == 36 * ((8192 + 256) * (3 + 2) * 2 + 128 * 64 * 128 * 2)
     assert spec.blocks_per_request == cdiv(8192, spec.block_size) + 9 * (2 + 2)
