@@ -25,7 +25,6 @@ from gatekeeper.placement.plan import load_plan, run_plan
 from gatekeeper.placement.render import render_decision
 from gatekeeper.placement.types import Decision, PlacementRequest, auto_parallel
 from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
-from gatekeeper.sidecar.ledger import ledger_usage
 
 __all__ = ["add_parser"]
 
@@ -88,6 +87,8 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     )
     live = args.node is None
     snapshot = _snapshot(settings, args.node)
+    from gatekeeper.sidecar.ledger import ledger_usage  # the CLI loads the sidecar only here
+
     reserved, workers = ledger_usage(settings.state_dir.expanduser()) if live else ({}, {})
     decision = decide(
         request, snapshot, reserved=reserved, workers=workers, policy=placement_policy(settings)

@@ -18,7 +18,6 @@ from typing import Any
 
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source
-from gatekeeper.sidecar.ledger import ledger_usage
 from gatekeeper.units import format_gib
 
 __all__ = ["add_parser", "format_table", "run"]
@@ -51,6 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     source = gpu_source(settings, args.node)
     snapshot = source.snapshot(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    from gatekeeper.sidecar.ledger import ledger_usage  # the CLI loads the sidecar only here
+
     reserved = ledger_usage(settings.state_dir.expanduser())[0] if args.node is None else {}
     if args.json:
         data = snapshot.to_dict()

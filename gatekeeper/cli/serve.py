@@ -10,16 +10,16 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.cli.options import add_serving_flags, positive_int, serve_command
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.settings import Settings, gpu_source
-from gatekeeper.sidecar.rehearsal import SIMULATOR
 from gatekeeper.units import format_gib
+
+if TYPE_CHECKING:  # loaded by the commands that use them, not by every CLI start
+    import httpx
 
 __all__ = ["add_parser"]
 
@@ -81,7 +81,7 @@ def rehearsal_settings(settings: Settings) -> Settings:
         update={
             "state_dir": state,
             "gpus": settings.gpus if gpu_source(settings).is_declared else REHEARSAL_NODE,
-            "worker_command": list(SIMULATOR),
+            "worker_command": list(_simulator()),
             "admin_token": token,
             "allowed_models": settings.allowed_models or [e.repo_id for e in catalog_entries()],
             "restart_backoff_seconds": min(settings.restart_backoff_seconds, 1.0),
@@ -170,7 +170,15 @@ def _endpoint(args: argparse.Namespace, settings: Settings) -> tuple[str, dict[s
     return url.rstrip("/"), {"Authorization": f"Bearer {token}"}
 
 
+def _simulator() -> tuple[str, ...]:
+    from gatekeeper.sidecar.rehearsal import SIMULATOR
+
+    return tuple(SIMULATOR)
+
+
 def _call(method: str, url: str, headers: dict[str, str], **kw: Any) -> httpx.Response:
+    import httpx
+
     try:
         return httpx.request(method, url, headers=headers, timeout=kw.pop("timeout", 60.0), **kw)
     except httpx.TransportError as e:

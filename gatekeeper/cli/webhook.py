@@ -13,10 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Info
-
 from gatekeeper._version import __version__
-from gatekeeper.k8s.server import CertReloader, build_webhook_app, check_tls, webhook_from_settings
 from gatekeeper.settings import Settings
 
 __all__ = ["add_parser", "run_webhook"]
@@ -45,6 +42,14 @@ def add_parser(subparsers: Any) -> None:
 
 def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
+    from prometheus_client import CollectorRegistry, Info
+
+    from gatekeeper.k8s.server import (
+        CertReloader,
+        build_webhook_app,
+        check_tls,
+        webhook_from_settings,
+    )
 
     check_tls(args.cert, args.key)
     registry = CollectorRegistry()

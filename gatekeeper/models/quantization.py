@@ -27,9 +27,9 @@ from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.models.quant_formats import READERS
-from gatekeeper.models.quant_spec import QuantSpec
+from gatekeeper.models.quant_spec import QuantSpec as QuantSpec  # where callers import it
 
-__all__ = ["RUNTIME_METHODS", "QuantSpec", "quant_from_config", "quant_from_flag"]
+__all__ = ["RUNTIME_METHODS", "quant_from_config", "quant_from_flag"]
 
 _FROM_CONFIG = READERS
 
