@@ -1,16 +1,23 @@
 """Turn a Hugging Face ``config.json`` (already parsed) into a ``ModelSpec``.
 
-Pure: no file or network access. Multimodal configs nest the language model in
-``text_config``; the vision tower's parameters are counted from ``vision_config``.
-A missing or invalid field raises ``ModelSpecError`` naming the field.
+No file or network access. The config is first filled with the defaults of its
+transformers config class, as vLLM's ``AutoConfig`` fills it (``config_defaults``; the
+catalog's configs are written out whole and read as they are). Multimodal configs nest
+the language model in ``text_config``; the vision tower's parameters are counted from
+``vision_config``. What vLLM's model class builds (gated MLP, biases, norms) comes from
+``architecture``. A missing or invalid field raises ``ModelSpecError`` naming the field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gatekeeper.errors import ModelSpecError
+from gatekeeper.models.architecture import architecture_facts
+from gatekeeper.models.catalog import find_in_catalog
+from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.spec import (
@@ -35,10 +42,20 @@ _DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
 }
-_BIASED_QKV = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "opt", "gpt_oss"})
-_FOUR_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
-_TIED_BY_DEFAULT = frozenset({"opt", "gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom"})
-_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"})
+_MAX_POSITION_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+"""The keys vLLM reads a model's length from (vllm/transformers_utils/
+model_arch_config_convertor.py, ``possible_keys``); the first present is used here."""
+_FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj"})
+"""No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py)."""
 
 
 def _get(cfg: Mapping[str, Any], name: str, *keys: str, required: bool = True) -> Any:
@@ -49,7 +66,7 @@ def _get(cfg: Mapping[str, Any], name: str, *keys: str, required: bool = True) -
         raise ModelSpecError(
             f"{name}: config.json has none of {', '.join(keys)}; this field is needed to size "
             "the model. Give a complete config.json or a model from the catalog "
-            "(gatekeeper estimate --list-models)",
+            "(gatekeeper models lists them)",
             field=keys[0],
         )
     return None
@@ -131,11 +148,17 @@ def _moe(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[boo
         return None, tuple(False for _ in range(layers))
     per_token = _positive(
         "num_experts_per_tok",
-        _get(cfg, "experts per token", "num_experts_per_tok", "experts_per_token"),
+        _get(cfg, "experts per token", "num_experts_per_tok", "experts_per_token", "top_k_experts"),
     )
     inter = _positive(
         "moe_intermediate_size",
-        _get(cfg, "expert size", "moe_intermediate_size", "intermediate_size"),
+        _get(
+            cfg,
+            "expert size",
+            "moe_intermediate_size",
+            "expert_intermediate_size",
+            "intermediate_size",
+        ),
     )
     shared = int(cfg.get("n_shared_experts") or 0) * inter
     shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
@@ -182,14 +205,10 @@ def _rope(
     cfg: Mapping[str, Any], head_dim: int, mla: MlaSpec | None, max_pos: int
 ) -> tuple[int, int, int]:
     """(rotary_dim, cache positions, number of caches) of the rotary cos/sin cache."""
-    if str(cfg.get("model_type", "")) == "opt":
-        return 0, 0, 0
-    rotary = (
-        mla.qk_rope_head_dim
-        if mla
-        else int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0))
-    )
-    scaling = cfg.get("rope_scaling") or {}
+    # transformers 5 keeps rope_scaling and partial_rotary_factor in rope_parameters
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    factor = cfg.get("partial_rotary_factor") or scaling.get("partial_rotary_factor") or 1.0
+    rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(factor))
     kind = str(scaling.get("rope_type") or scaling.get("type") or "")
     if kind in ("yarn", "deepseek_yarn"):
         original = int(scaling.get("original_max_position_embeddings") or max_pos)
@@ -204,12 +223,12 @@ def _rope(
     return rotary, max_pos, 1
 
 
-def _tied(top: Mapping[str, Any], text: Mapping[str, Any], model_type: str) -> bool:
-    """``tie_word_embeddings``, or the default of the model's transformers config class."""
+def _tied(top: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
+    """``tie_word_embeddings`` (with its class's default filled in; False without one)."""
     for cfg in (top, text):
         if cfg.get("tie_word_embeddings") is not None:
             return bool(cfg["tie_word_embeddings"])
-    return model_type in _TIED_BY_DEFAULT
+    return False
 
 
 def _quant(top: Mapping[str, Any], text: Mapping[str, Any]) -> QuantSpec | None:
@@ -236,9 +255,56 @@ def spec_from_config(
     declared_parameters: int | None = None,
     reference: str = "",
 ) -> ModelSpec:
-    """Build a ``ModelSpec`` from a parsed ``config.json``."""
+    """Build a ``ModelSpec`` from a parsed ``config.json``, read with its transformers
+    config class's defaults, as vLLM reads it."""
     if not isinstance(config, Mapping):
         raise ModelSpecError(f"config.json of {name}: expected a JSON object", field="config")
+    filled = _with_defaults(config, name)
+    try:
+        spec = _read(filled.config, name=name, source=source, checkpoint=checkpoint)
+    except ModelSpecError as e:
+        if not filled.remote_code:
+            raise
+        raise ModelSpecError(
+            f"{e.message}. The model defines its config in remote code ({filled.remote_code}, "
+            "auto_map: vllm serve needs --trust-remote-code), which gatekeeper does not run: "
+            "it reads such a config as plain JSON, and the remote code defines the field's "
+            "default. Add the field to config.json with the value the remote code gives it",
+            field=e.field,
+            value=e.value,
+        ) from e
+    notes = (filled.note,) if filled.note else ()
+    return replace(
+        spec,
+        declared_parameters=declared_parameters,
+        reference=reference,
+        notes=(*spec.notes, *notes),
+    )
+
+
+def _with_defaults(config: Mapping[str, Any], name: str) -> ClassDefaults:
+    """The config with its class's defaults; a catalog config as it is, since the catalog
+    writes its configs out whole (``tests/models/test_hf_config_defaults.py`` checks that
+    the defaults change nothing in them), so that transformers is not imported for it."""
+    entry = find_in_catalog(name)
+    if entry is not None and entry.config == config and written_out(config):
+        return ClassDefaults(dict(config))
+    return class_defaults(config)
+
+
+def written_out(config: Mapping[str, Any]) -> bool:
+    """Whether a catalog config names the class defaults its reading depends on: tied
+    embeddings, and Llama 4's chunked layers (``no_rope_layers``, which Llama4TextConfig
+    derives from ``no_rope_layer_interval``). The catalog leaves no other implicit."""
+    text = config.get("text_config") or config
+    if "tie_word_embeddings" not in config and "tie_word_embeddings" not in text:
+        return False
+    return not text.get("attention_chunk_size") or bool(text.get("no_rope_layers"))
+
+
+def _read(
+    config: Mapping[str, Any], *, name: str, source: str, checkpoint: CheckpointWeights | None
+) -> ModelSpec:
     text: Mapping[str, Any] = config.get("text_config") or config
     layers = _positive(
         "num_hidden_layers", _get(text, "layers", "num_hidden_layers", "n_layer", "num_layers")
@@ -251,21 +317,19 @@ def spec_from_config(
         1 if attention_free else _get(text, "attention heads", "num_attention_heads", "n_head"),
     )
     kv_heads = _positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
-    head_dim = _positive("head_dim", text.get("head_dim") or hidden // heads)
-    max_pos = _positive(
-        "max_position_embeddings",
-        _get(
-            text,
-            "max_position_embeddings",
-            "max_position_embeddings",
-            "n_positions",
-            "max_seq_len",
-            "seq_length",
-        ),
-    )
     mla = _mla(text)
+    # MLA sizes attention from its own fields; DeepseekV3Config's head_dim is the rotary
+    # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
+    written_head_dim = None if mla else text.get("head_dim")
+    head_dim = _positive("head_dim", written_head_dim or hidden // heads)
+    max_pos = _positive(
+        "max_position_embeddings", _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS)
+    )
     moe, layer_moe = _moe(text, layers)
+    facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = _rope(text, head_dim, mla, max_pos)
+    if facts.learned_positions:
+        rotary, rope_positions, rope_caches = 0, 0, 0  # absolute positions, no rotary cache
     hybrid = hybrid_layout(text, layers, model_type)
     if hybrid is not None and not hybrid.rotary:
         rope_positions = 0  # no rotary cache: these attention layers use no positions
@@ -277,7 +341,8 @@ def spec_from_config(
     if attention_free:
         dense_inter = 0  # Mamba blocks: the mixer only, no MLP
     if dense_inter is None and moe is None:
-        dense_inter = _get(text, "intermediate_size", "intermediate_size", "ffn_dim", "n_inner")
+        dense_inter = text.get("n_inner") or (4 * hidden if model_type in _FOUR_X_INNER else None)
+        dense_inter = dense_inter or _get(text, "intermediate_size", "intermediate_size", "ffn_dim")
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
     return ModelSpec(
         name=name,
@@ -297,7 +362,7 @@ def spec_from_config(
         ),
         max_position_embeddings=max_pos,
         torch_dtype=_dtype(config, text),
-        tie_word_embeddings=_tied(config, text, model_type),
+        tie_word_embeddings=_tied(config, text),
         layer_attention=_attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,
@@ -307,18 +372,17 @@ def spec_from_config(
         mla=mla,
         moe=moe,
         quantization=_quant(config, text),
-        gated_mlp=model_type not in ("opt", "gpt2", "gpt_bigcode", "falcon"),
-        attention_bias=bool(text.get("attention_bias")) or model_type in _BIASED_QKV,
-        output_bias=model_type in ("opt", "gpt_oss")
-        or bool(text.get("attention_bias") and model_type != "llama"),
-        mlp_bias=bool(text.get("mlp_bias")) or model_type == "opt",
-        qk_norm=model_type in _QK_NORM,
+        gated_mlp=facts.gated_mlp,
+        attention_bias=facts.qkv_bias,
+        output_bias=facts.output_bias,
+        mlp_bias=facts.mlp_bias,
+        qk_norm=facts.qk_norm,
         attention_sinks=model_type == "gpt_oss",
-        norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
+        norms_per_layer=facts.norm_vectors,
         rotary_dim=rotary,
         rope_cache_positions=rope_positions,
         rope_caches=rope_caches,
-        learned_position_embeddings=max_pos + 2 if model_type == "opt" else 0,
+        learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
         mtp_layers=_mtp_layers(text),
         layer_state=hybrid.stateful if hybrid else (),
@@ -326,9 +390,7 @@ def spec_from_config(
         state=hybrid.state if hybrid else None,
         draft_vocab_size=int(text["draft_vocab_size"]) if text.get("draft_vocab_size") else None,
         checkpoint=checkpoint,
-        declared_parameters=declared_parameters,
         source=source,
-        reference=reference,
     )
 
 

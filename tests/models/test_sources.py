@@ -102,7 +102,7 @@ def test_directory_with_only_config_json_uses_the_architecture(tmp_path):
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"num_hidden_layers": None}, "num_hidden_layers"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),  # absent, LlamaConfig gives 32
         ({"hidden_size": -1}, "hidden_size"),
         ({"torch_dtype": "int4"}, "torch_dtype"),
         ({"quantization_config": {"quant_method": "mystery"}}, "quantization_config"),
