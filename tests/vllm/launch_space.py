@@ -109,6 +109,9 @@ ASKED: dict[str, st.SearchStrategy[Any]] = {
     "convert": vllm_choice("convert"),
     "enable_sleep_mode": st.booleans(),
     "performance_mode": vllm_choice("performance_mode"),
+    "mamba_cache_dtype": vllm_choice("mamba_cache_dtype"),
+    "mamba_ssm_cache_dtype": vllm_choice("mamba_ssm_cache_dtype"),
+    "enable_prefix_caching": optional(st.booleans()),
 }
 """What the operator asked for: the other modelled flags, as the admin API takes them."""
 
