@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.errors import HubError, ModelSpecError
 from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog
@@ -68,12 +69,29 @@ def load_model_dir(
             value=str(path),
         ) from e
     return spec_from_config(
-        config,
+        _with_modelopt_config(config, directory),
         name=name or snapshot_repo_id(directory) or directory.name,
         source=source or f"local directory {directory}",
         checkpoint=read_checkpoint(directory),
         reference=reference or str(directory.resolve()),
     )
+
+
+def _with_modelopt_config(config: Any, directory: Path) -> Any:
+    """ModelOpt checkpoints keep their scheme in ``hf_quant_config.json`` beside the config;
+    vLLM reads it when ``config.json`` has no ``quantization_config``, and so does this."""
+    path = directory / "hf_quant_config.json"
+    if not isinstance(config, dict) or config.get("quantization_config") or not path.is_file():
+        return config
+    try:
+        quant = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelSpecError(
+            f"model: {path} is not valid JSON ({e}); fix or replace the file",
+            field="hf_quant_config.json",
+            value=str(path),
+        ) from e
+    return {**config, "quantization_config": quant} if isinstance(quant, dict) else config
 
 
 def resolve_model(

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.errors import ModelSpecError
 from gatekeeper.estimate.weights import layer_bytes, lm_head_bytes, weight_plan
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.quantization import quant_from_config, quant_from_flag
@@ -419,3 +420,22 @@ def test_mxfp4_quantizes_only_experts_and_pads_them_to_256():
     )
     attention = (1024 * 1024 * 2 + 256 * 1024 * 2) * 2
     assert layer(s) == attention + experts + 4 * 1024 * 2 + NORMS
+
+
+def test_a_modelopt_directory_is_read_with_its_hf_quant_config_json(tmp_path):
+    import json
+
+    from gatekeeper.models.source import load_model_dir
+
+    hf_quant = {
+        "producer": {"name": "modelopt", "version": "0.23.0"},
+        "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(hf_quant))
+    s = load_model_dir(tmp_path)
+    assert s.quantization is not None
+    assert layer(s, 0, s.quantization) == 8_556_600  # as from the config's own section
+    (tmp_path / "hf_quant_config.json").write_text("{not json")
+    with pytest.raises(ModelSpecError, match="hf_quant_config.json"):
+        load_model_dir(tmp_path)
