@@ -437,5 +437,5 @@ def test_a_modelopt_directory_is_read_with_its_hf_quant_config_json(tmp_path):
     assert s.quantization is not None
     assert layer(s, 0, s.quantization) == 8_556_600  # as from the config's own section
     (tmp_path / "hf_quant_config.json").write_text("{not json")
-    with pytest.raises(ModelSpecError, match="hf_quant_config.json"):
+    with pytest.raises(ModelSpecError, match=r"hf_quant_config\.json"):
         load_model_dir(tmp_path)
