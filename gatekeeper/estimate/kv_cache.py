@@ -142,16 +142,18 @@ def kv_layout(
     extra_bytes_per_token: int = 0,
     dcp: int = 1,
     state: StatePages | None = None,
+    chunked_hybrid: bool = False,
 ) -> KvLayout:
     """Group the attention (and recurrent-state) layers of one pipeline stage the way
-    vLLM does."""
+    vLLM does; ``chunked_hybrid``: the hybrid allocator stays on for chunked-local
+    attention (vLLM 0.32 on), else chunked layers turn it off."""
     states = [i for i in layers if spec.has_state(i)] if state is not None else []
     if states and state is not None:
         layout = _hybrid(spec, layers, len(states), tp=tp, kv=kv, block_size=block_size,
                          mla_align=mla_align, state=state)  # fmt: skip
     else:
         layout = _grouped(spec, layers, tp=tp, kv=kv, block_size=block_size, hybrid=hybrid,
-                          mla_align=mla_align)  # fmt: skip
+                          mla_align=mla_align, chunked_hybrid=chunked_hybrid)  # fmt: skip
     if not layout.groups and extra_bytes_per_token:
         layout = KvLayout(block_size, 0, layout.page_bytes_per_token, (KvGroup("full", None),))
     return replace(layout, extra_bytes_per_token=extra_bytes_per_token, dcp=dcp)
@@ -228,6 +230,7 @@ def _grouped(
     block_size: int,
     hybrid: bool,
     mla_align: int,
+    chunked_hybrid: bool = False,
 ) -> KvLayout:
     page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
     kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
@@ -235,8 +238,8 @@ def _grouped(
         return KvLayout(block_size, 0, page, ())
     windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
     distinct = sorted(set(kinds))
-    # vLLM turns the hybrid allocator off for chunked-local attention.
-    if len(distinct) > 1 and (not hybrid or "chunked" in distinct):
+    # Before 0.32 vLLM turned the hybrid allocator off for chunked-local attention.
+    if len(distinct) > 1 and (not hybrid or ("chunked" in distinct and not chunked_hybrid)):
         return KvLayout(block_size, len(kinds), page, (KvGroup("full", None),))
     if len(distinct) == 1:
         kind = distinct[0]

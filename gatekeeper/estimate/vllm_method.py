@@ -493,7 +493,26 @@ def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayo
         extra_bytes_per_token=extra,
         dcp=p.features.dcp,
         state=_state_pages(p),
+        chunked_hybrid=_since(p, CHUNKED_HYBRID_SINCE),
     )
+
+
+CHUNKED_HYBRID_SINCE = (0, 32, 0)
+"""vLLM keeps the hybrid allocator on for chunked-local attention: 0.32's
+``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to 1 (read from the
+0.32.0 CPU wheel's ``envs.py``); earlier releases are kept as modelled before, with the
+allocator off for chunked layers (shared/reference/vllm-memory.md). The conformance test
+(tests/estimate/test_conformance.py) measures it on a tiny Llama 4."""
+MAMBA2_CHECKPOINT_SINCE = (0, 32, 0)
+"""Mamba-2 mixers declare ``num_prefill_checkpoint_blocks=1`` (0.32.0's
+``mamba_mixer2.py::get_kv_cache_spec``): in align mode a request holds
+``2 + 1 + draft tokens`` state blocks per group. Measured by the conformance test on
+Granite 4.0-H and Falcon-H1 shapes."""
+
+
+def _since(p: _Plan, release: tuple[int, int, int]) -> bool:
+    version, _ = parse_vllm_version(p.version)
+    return version >= release
 
 
 def _state_pages(p: _Plan) -> StatePages | None:
@@ -514,7 +533,8 @@ def _state_pages(p: _Plan) -> StatePages | None:
     attends = any(kind != "none" for kind in p.spec.layer_attention)
     caching = p.opts.enable_prefix_caching
     align = attends if caching is None else caching  # vLLM: on for hybrid, off attention-free
-    return StatePages(per_sequence, (2 if align else 1) + k, p.max_model_len)
+    checkpoint = int(align and s.kind == "mamba2" and _since(p, MAMBA2_CHECKPOINT_SINCE))
+    return StatePages(per_sequence, (2 if align else 1) + checkpoint + k, p.max_model_len)
 
 
 def _in_flight(p: _Plan) -> int:

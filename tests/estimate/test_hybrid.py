@@ -164,7 +164,9 @@ def test_granite_4_h_aligns_the_attention_block_to_a_mamba2_state():
     # 4 attention layers, 36 Mamba layers: groups of 4 (1 attention group, 9 Mamba groups)
     bytes_per_block = 4 * attn_per_token * block
     assert e.kv_block_bytes == bytes_per_block
-    per_request = cdiv(8192, block) + 9 * 2  # prefix caching on: 2 state blocks per group
+    # prefix caching on: 2 state blocks per group, + 1 prefill checkpoint block for Mamba-2
+    # (vLLM 0.32's mamba_mixer2.py; measured by tests/estimate/test_conformance.py)
+    per_request = cdiv(8192, block) + 9 * 3
     assert e.blocks_per_request == per_request
     assert e.kv_bytes_per_token == 4 * attn_per_token  # the attention part only
     assert e.state_bytes_per_sequence == 36 * (conv + ssm)
@@ -236,8 +238,8 @@ def test_falcon_h1_has_attention_and_mamba2_in_every_layer():
     ssm = 48 * 64 * 256 * 2
     assert e.state_bytes_per_sequence == 24 * (conv + ssm)
     assert e.kv_bytes_per_token == 24 * 2 * 256 * 2
-    # 24 attention and 24 Mamba layers: two groups of 24
-    assert e.blocks_per_request == cdiv(8192, e.block_size) + 2
+    # 24 attention and 24 Mamba layers: two groups of 24; 3 Mamba-2 state blocks (align)
+    assert e.blocks_per_request == cdiv(8192, e.block_size) + 3
 
 
 def test_mamba_dtypes_tp_and_speculation_change_the_state():
@@ -253,7 +255,7 @@ def test_mamba_dtypes_tp_and_speculation_change_the_state():
     )
     spec = run(GRANITE_H, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert spec.state_bytes_per_sequence == 36 * ((8192 + 256) * (3 + 2) * 2 + 128 * 64 * 128 * 2)
-    assert spec.blocks_per_request == cdiv(8192, spec.block_size) + 9 * (2 + 2)
+    assert spec.blocks_per_request == cdiv(8192, spec.block_size) + 9 * (2 + 1 + 2)
 
 
 def test_pure_attention_models_report_no_state():
