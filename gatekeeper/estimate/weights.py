@@ -9,8 +9,9 @@ Per rank: ``W = column/row-parallel linear shards + vocab shard of the embedding
   tensor. PP: the embedding lives on the first stage, lm_head on the last.
 - MoE: every rank holds all experts with the intermediate split by TP; the router is
   replicated.
-- MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated; vLLM also keeps
-  dequantized ``W_UK_T``/``W_UV`` copies of ``kv_b_proj`` in the model dtype.
+- MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated; when ``kv_b_proj`` is
+  quantized vLLM also keeps dequantized ``W_UK_T``/``W_UV`` copies of it in the model
+  dtype (unquantized, they are views of it).
 - Buffers: the rotary cos/sin cache, ``positions x rotary_dim`` in the model dtype
   (Llama 3.1: 131072 x 128 x 2 B = 32 MiB, which is why vLLM reports 14.99 GiB for
   8.03e9 parameters = 14.96 GiB).
@@ -155,9 +156,21 @@ def _mla_bytes(c: _Ctx, i: int) -> int:
     total += c.vec(m.kv_lora_rank)
     total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
     total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
-    # W_UK_T and W_UV: dequantized copies of kv_b_proj kept by vLLM's MLA backends.
-    total += heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
-    return total
+    return total + _mla_copies(c.spec, c.quant, i, tp, c.dtype_bytes)
+
+
+def _mla_copies(spec: ModelSpec, quant: QuantSpec | None, i: int, tp: int, dtype_bytes: int) -> int:
+    """W_UK_T and W_UV, which vLLM's MLA layers derive from ``kv_b_proj`` after loading
+    (``split_kv_b_proj``): dequantized copies in the model dtype when ``kv_b_proj`` is
+    quantized; when it is not, ``get_and_maybe_dequant_weights`` returns the weight itself
+    and both are views of it, no memory of their own (measured by the conformance test on
+    bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s)."""
+    m = spec.mla
+    scheme = quant.scheme_for(f"model.layers.{i}.self_attn.kv_b_proj") if quant else None
+    if m is None or scheme is None:
+        return 0
+    heads = cdiv(spec.num_attention_heads, tp)
+    return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * dtype_bytes
 
 
 def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
@@ -232,7 +245,15 @@ def _lm_head_bytes(c: _Ctx, vocab: int | None = None) -> int:
     return rows * c.spec.hidden_size * c.dtype_bytes
 
 
+FLOAT32_ROPE_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+"""Architectures whose vLLM class builds its rotary cache in float32 whatever the model
+dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``); measured by
+the conformance test (a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache)."""
+
+
 def _rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
+    if spec.architecture in FLOAT32_ROPE_ARCHITECTURES:
+        dtype_bytes = 4
     return spec.rope_caches * spec.rope_cache_positions * spec.rotary_dim * dtype_bytes
 
 
@@ -440,28 +461,17 @@ def _from_tensors(
             round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
         )
     extras = _rope_cache_bytes(spec, dtype_bytes)
-    if spec.mla is not None:
-        m, heads = spec.mla, cdiv(spec.num_attention_heads, tp)
-        per_layer = heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * dtype_bytes
-        for k, layers in enumerate(stages):
-            totals[k] += per_layer * len(layers)
+    for k, layers in enumerate(stages):
+        totals[k] += sum(_mla_copies(spec, quant, i, tp, dtype_bytes) for i in layers)
     return tuple(b + extras for b in totals), tuple(in_layers)
 
 
 def parameter_count(spec: ModelSpec) -> int:
     """Parameters of the model: the published count when known, else from the architecture
-    (unquantized, unsharded, without buffers)."""
+    (unquantized, unsharded, without buffers; so without MLA's copies of a quantized
+    ``kv_b_proj``)."""
     if spec.declared_parameters:
         return spec.declared_parameters
     ctx = _Ctx(spec, 1, 1, None)
     total = _stage_bytes(ctx, range(spec.num_layers), first=True, last=True)
-    total -= _rope_cache_bytes(spec, 1)
-    if spec.mla is not None:
-        m = spec.mla
-        total -= (
-            spec.num_layers
-            * spec.num_attention_heads
-            * m.kv_lora_rank
-            * (m.qk_nope_head_dim + m.v_head_dim)
-        )
-    return total
+    return total - _rope_cache_bytes(spec, 1)
