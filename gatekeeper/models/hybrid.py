@@ -186,7 +186,10 @@ def hybrid_layout(cfg: Mapping[str, Any], layers: int, model_type: str) -> Hybri
         stateful = tuple(not a for a in attention)
         return HybridLayout(state, attention, stateful, _all(layers, True), moe, rotary=False)
     if model_type == "granitemoehybrid":
-        stateful = _typed_layers(cfg, layers, "mamba")
+        # published configs say "mamba"/"attention"; transformers 5 (and vLLM 0.32's
+        # decoder-layer table) "linear_attention"/"full_attention"
+        mamba, linear = (_typed_layers(cfg, layers, t) for t in ("mamba", "linear_attention"))
+        stateful = tuple(m or lin for m, lin in zip(mamba, linear, strict=True))
         state = _mamba2(cfg, "mamba_", _int(cfg, "mamba_expand", default=2) * int(hidden))
         rotary = cfg.get("position_embedding_type", "rope") != "nope"
         attention = tuple(not s for s in stateful)
