@@ -160,6 +160,11 @@ class ServeOptions:
     enable_prefix_caching: bool | None = None
     """vLLM's default: on, except for attention-free models; for hybrid models it keeps a
     second, block-aligned copy of each state (``mamba_cache_mode`` align)."""
+    revision: str | None = None
+    """Where the model comes from (``--revision``, ``--download-dir``, ``--tokenizer``):
+    no memory of their own; the look-up uses them and the worker is launched with them."""
+    download_dir: str | None = None
+    tokenizer: str | None = None
     performance_mode: str = "balanced"
     """``throughput`` doubles the batch defaults; ``interactivity`` captures finer CUDA
     graphs below 32 tokens (same largest size, so the same pool)."""
@@ -293,6 +298,9 @@ _FIELD_TYPES: dict[str, type] = {
     "mamba_cache_dtype": str,
     "mamba_ssm_cache_dtype": str,
     "enable_prefix_caching": bool,
+    "revision": str,
+    "download_dir": str,
+    "tokenizer": str,
 }
 _OPTIONAL = frozenset(
     {"quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
@@ -300,7 +308,7 @@ _OPTIONAL = frozenset(
      "max_loras", "max_lora_rank", "max_cpu_loras", "speculative_config",
      "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
      "max_cudagraph_capture_size", "compilation_config", "optimization_level",
-     "enable_prefix_caching"}
+     "enable_prefix_caching", "revision", "download_dir", "tokenizer"}
 )  # fmt: skip
 _KIND_NAMES: dict[type, str] = {
     str: "string",

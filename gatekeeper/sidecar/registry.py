@@ -25,14 +25,15 @@ class ModelNotAllowed(GatekeeperError):
 class ModelRegistry:
     entries: tuple[ModelEntry, ...]
     patterns: tuple[str, ...]
-    resolve_spec: Callable[[str], ModelSpec]
+    resolve_spec: Callable[..., ModelSpec]
+    """A model reference to its spec; takes vLLM's ``revision`` and ``download_dir``."""
 
     @classmethod
     def create(
         cls,
         entries: Sequence[ModelEntry],
         patterns: Sequence[str],
-        resolve_spec: Callable[[str], ModelSpec],
+        resolve_spec: Callable[..., ModelSpec],
     ) -> ModelRegistry:
         return cls(tuple(entries), tuple(patterns), resolve_spec)
 
@@ -66,8 +67,11 @@ class ModelRegistry:
             {**entry.options, **(overrides or {})}, where=f"options of {entry.name}"
         )
         draft = draft_reference(serve)
+        # the model as the worker will load it: at the revision, from the download dir
+        located = {k: v for k, v in (("revision", serve.revision),
+                                     ("download_dir", serve.download_dir)) if v}  # fmt: skip
         return PlacementRequest(
-            model=self.resolve_spec(entry.model),
+            model=self.resolve_spec(entry.model, **located),
             options=serve,
             auto_parallel=auto_parallel(given),
             min_kv_tokens=entry.min_kv_tokens,

@@ -106,6 +106,9 @@ def _feature_args(o: ServeOptions) -> list[str]:
         ("convert", o.convert, "auto"),
         ("performance_mode", o.performance_mode, "balanced"),
         ("mamba_cache_dtype", o.mamba_cache_dtype, "auto"),
+        ("revision", o.revision, None),
+        ("download_dir", o.download_dir, None),
+        ("tokenizer", o.tokenizer, None),
         ("mamba_ssm_cache_dtype", o.mamba_ssm_cache_dtype, "auto"),
     ]
     for name, value, default in valued:

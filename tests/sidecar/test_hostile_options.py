@@ -52,7 +52,12 @@ def test_hostile_options_get_a_400_that_names_the_field_and_hold_nothing(tmp_pat
 
 @pytest.mark.parametrize(
     ("options", "flag"),
-    [({"max_model_len": "2k"}, "--max-model-len 2000"), ({"max-num-seqs": 8}, "--max-num-seqs 8")],
+    [
+        ({"max_model_len": "2k"}, "--max-model-len 2000"),
+        ({"max-num-seqs": 8}, "--max-num-seqs 8"),
+        ({"tokenizer": "org/tok"}, "--tokenizer org/tok"),
+        ({"enable_lora": True, "max_loras": 2}, "--enable-lora --max-loras 2"),
+    ],
 )
 def test_vllms_value_forms_reach_the_command_line_normalised(tmp_path: Path, options, flag):
     with running_sidecar(settings_for(tmp_path)) as sc:
@@ -61,3 +66,13 @@ def test_vllms_value_forms_reach_the_command_line_normalised(tmp_path: Path, opt
         args = " ".join(r.json()["deployment"]["vllm_args"])
         assert flag in args
         sc.admin.delete(f"/admin/deployments/{r.json()['deployment']['id']}")
+
+
+def test_a_revision_the_catalog_cannot_give_is_a_400_saying_so(tmp_path: Path):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        r = sc.admin.post(
+            "/admin/deployments", json={"model": "tiny", "options": {"revision": "v2"}}
+        )
+        assert r.status_code == 400, r.text
+        assert "revision 'v2'" in r.json()["error"]["message"]
+        assert sc.admin.get("/admin/deployments").json()["deployments"] == []

@@ -112,6 +112,9 @@ ASKED: dict[str, st.SearchStrategy[Any]] = {
     "mamba_cache_dtype": vllm_choice("mamba_cache_dtype"),
     "mamba_ssm_cache_dtype": vllm_choice("mamba_ssm_cache_dtype"),
     "enable_prefix_caching": optional(st.booleans()),
+    "revision": optional(st.sampled_from(["main", "v1.0", "0" * 40])),
+    "download_dir": optional(st.sampled_from(["/models", "/mnt/hf cache"])),
+    "tokenizer": optional(st.sampled_from(["org/tokenizer", "/models/tok"])),
 }
 """What the operator asked for: the other modelled flags, as the admin API takes them."""
 
