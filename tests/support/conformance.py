@@ -236,8 +236,12 @@ def format_table(rows: Sequence[Row]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         p = r.prediction
-        if r.vllm is None or p is None:
+        if r.vllm is None:
             lines.append(f"{r.family:<17} skipped: {r.error}")
+            continue
+        if p is None:
+            lines.append(f"{r.family:<17} {r.vllm_weights:>13,} {'-':>11} {'-':>8} {'-':>8} "
+                         f"{r.vllm_tokens:>12,} {'-':>11} {'-':>8}  {r.error}")  # fmt: skip
             continue
         blocks = f"{r.vllm.get('num_gpu_blocks')}/{p.num_blocks}"
         lines.append(
