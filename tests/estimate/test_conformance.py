@@ -12,7 +12,7 @@ directory, within 1%:
   ``kv_cache_tokens`` for ``--kv-cache-memory-bytes`` the same, with the same block size,
   max_model_len, max_num_seqs and max_num_batched_tokens; and the blocks themselves.
 
-Every family loads in one vLLM process (tests/support/conformance_vllm.py), about 90 s on
+Every family (22) loads in one vLLM process (tests/support/conformance_vllm.py), about 90 s on
 2 cores. A family vLLM cannot build or load is skipped with vLLM's error. A known
 disagreement is ``xfail(strict=True)`` naming what vLLM allocates against what gatekeeper
 computes. See docs/real-vllm.md.

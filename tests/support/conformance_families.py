@@ -7,6 +7,9 @@ gatekeeper. Sizes are tiny (hidden 128, two heads of 64: the CPU attention suppo
 sizes 32, 64, 80, ..., 128) but every structural feature of the family is there: GQA,
 biases, norms, tied embeddings, sliding windows, experts, MLA, learned positions, state
 mixers. ``vocab_size`` 1000 is not a multiple of 64, so vLLM's vocabulary padding shows.
+Of the catalog's vision-language families, Qwen2.5-VL is built (the CPU environment cannot
+import its vLLM module: torchvision is uninstalled there, see docs/real-vllm.md); Mllama is
+not, since vLLM loads its processor, which needs a tokenizer with its image token.
 
 Each family: ``config`` (the transformers config class), ``model`` (the model class whose
 ``save_pretrained`` writes the checkpoint), ``kwargs`` (the config's fields), and
@@ -128,6 +131,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
                           linear_value_head_dim=64, linear_num_key_heads=2,
                           linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
                           moe_intermediate_size=64, shared_expert_intermediate_size=64),
+    "qwen2_5_vl": _family("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                          text_config=_BASE, image_token_id=3, video_token_id=4,
+                          vision_start_token_id=5, **_TOKENS,
+                          vision_config={"depth": 2, "hidden_size": 64, "intermediate_size": 128,
+                                         "num_heads": 1, "out_hidden_size": 128,
+                                         "fullatt_block_indexes": [1]}),
     "mamba2": _family("Mamba2Config", "Mamba2ForCausalLM", vocab_size=1000, hidden_size=128,
                       num_hidden_layers=2, num_heads=4, head_dim=64, expand=2, n_groups=1,
                       state_size=16, conv_kernel=4, tie_word_embeddings=False, **_TOKENS),

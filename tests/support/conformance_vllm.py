@@ -89,6 +89,7 @@ def held_bytes(*tensor_maps: dict[str, list[Any]]) -> int:
 
 
 _SNAPSHOTS: list[dict[str, Any]] = []
+_INSPECTION_ERRORS: list[str] = []
 
 
 def _patch_vllm() -> None:
@@ -101,7 +102,14 @@ def _patch_vllm() -> None:
     from vllm.model_executor.model_loader import base_loader  # type: ignore[import-not-found, unused-ignore]
     from vllm.model_executor.models import registry  # type: ignore[import-not-found, unused-ignore]
 
-    registry._run_in_subprocess = lambda fn: fn()
+    def inspect(fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # vLLM logs it and raises a generic error: keep the cause
+            _INSPECTION_ERRORS.append(_error(exc))
+            raise
+
+    registry._run_in_subprocess = inspect
 
     original = base_loader.process_weights_after_loading
 
@@ -230,12 +238,16 @@ def main(argv: list[str]) -> int:
         for name, model_dir in dirs.items():
             print(f"conformance: loading {name}", flush=True)
             emit({"family": name, "stage": "start"})
+            _INSPECTION_ERRORS.clear()
             try:
                 row = measure(name, model_dir)
             except Exception as exc:
                 traceback.print_exc()
                 _cleanup()
-                row = {"family": name, "ok": False, "stage": "load", "error": _error(exc)}
+                error = _error(exc)
+                if _INSPECTION_ERRORS:
+                    error = f"{error} (inspecting the model class: {_INSPECTION_ERRORS[-1]})"
+                row = {"family": name, "ok": False, "stage": "load", "error": error}
             emit(row)
     return 0
 
