@@ -546,7 +546,9 @@ def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, fl
     """(kv tokens, max concurrency, largest max_model_len that fits, whether L fits)."""
     length = p.max_model_len
     # never beyond the model's derived maximum: vLLM refuses a longer max_model_len
-    limit = min(max(length, 1), p.spec.max_position_embeddings)
+    limit = max(length, 1)
+    if p.spec.max_position_declared:
+        limit = min(limit, p.spec.max_position_embeddings)
     if not layout.groups:
         return 0, 0.0, limit, True
     if p.acc.engine == "v0":
@@ -636,6 +638,8 @@ def estimate(
 
 
 def _length_beyond_model(p: _Plan) -> bool:
+    if not p.spec.max_position_declared:
+        return False  # vLLM takes --max-model-len as given when the config names no length
     return bool(p.opts.max_model_len) and p.max_model_len > p.spec.max_position_embeddings
 
 

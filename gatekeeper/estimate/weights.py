@@ -123,6 +123,8 @@ def _attention_bytes(c: _Ctx, i: int) -> int:
     k_rank = kv_heads * s.head_dim
     v_rank = kv_heads * s.value_head_dim
     o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
+    if s.attention_output_gate:
+        q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
     total = (
         c.linear(f"{p}.q_proj", h, q_rank)
         + c.linear(f"{p}.k_proj", h, k_rank)

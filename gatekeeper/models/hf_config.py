@@ -42,6 +42,12 @@ _DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
 }
+_OUTPUT_GATED = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"}
+)
+"""Models whose attention gates its output by default (``qwen3_next.py``:
+``getattr(config, "attn_output_gate", True)``)."""
+
 _MAX_POSITION_KEYS = (
     "max_position_embeddings",
     "n_positions",
@@ -209,7 +215,17 @@ def _rope(
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     factor = cfg.get("partial_rotary_factor") or scaling.get("partial_rotary_factor") or 1.0
     rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(factor))
+    local = _local_rope(cfg)
+    if isinstance(scaling.get("full_attention"), Mapping):
+        scaling = scaling["full_attention"]  # per layer type: the full layers' cache scales
     kind = str(scaling.get("rope_type") or scaling.get("type") or "")
+    if kind == "linear":
+        # LinearScalingRotaryEmbedding caches max_position x factor positions; Gemma 3's
+        # sliding layers keep a second, unscaled cache of their own local theta
+        positions = int(max_pos * float(scaling.get("factor") or 1.0))
+        return rotary, positions + (max_pos if local else 0), 1
+    if local:
+        return rotary, max_pos, 2
     if kind in ("yarn", "deepseek_yarn"):
         original = int(scaling.get("original_max_position_embeddings") or max_pos)
         return rotary, int(original * float(scaling.get("factor") or 1.0)), 1
@@ -221,6 +237,14 @@ def _rope(
         )
         return rotary, original + max_pos, 1
     return rotary, max_pos, 1
+
+
+def _local_rope(cfg: Mapping[str, Any]) -> bool:
+    """Sliding-window layers with a rotary cache of their own (Gemma 3's
+    ``rope_local_base_freq``, transformers 5's per-layer-type ``rope_parameters``)."""
+    per_type = cfg.get("rope_parameters")
+    two = isinstance(per_type, Mapping) and {"sliding_attention", "full_attention"} <= set(per_type)
+    return bool(cfg.get("rope_local_base_freq")) or two
 
 
 def _tied(top: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
@@ -322,9 +346,9 @@ def _read(
     # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
     written_head_dim = None if mla else text.get("head_dim")
     head_dim = _positive("head_dim", written_head_dim or hidden // heads)
-    max_pos = _positive(
-        "max_position_embeddings", _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS)
-    )
+    declared = _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS, required=False)
+    # vLLM: no length key at all means 2048, or --max-model-len as given (Mamba2 configs)
+    max_pos = _positive("max_position_embeddings", declared if declared is not None else 2048)
     moe, layer_moe = _moe(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = _rope(text, head_dim, mla, max_pos)
@@ -345,6 +369,8 @@ def _read(
         dense_inter = dense_inter or _get(text, "intermediate_size", "intermediate_size", "ffn_dim")
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
     return ModelSpec(
+        max_position_declared=declared is not None,
+        attention_output_gate=bool(text.get("attn_output_gate", model_type in _OUTPUT_GATED)),
         name=name,
         architecture=str(architecture),
         model_type=model_type,

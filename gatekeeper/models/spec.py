@@ -177,6 +177,11 @@ class ModelSpec:
     output_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    attention_output_gate: bool = False
+    """q_proj also projects a per-head output gate (Qwen3-Next, Qwen3.5): twice q's rows."""
+    max_position_declared: bool = True
+    """The config names a maximum length; when it does not, vLLM assumes 2048 unless
+    ``--max-model-len`` is given, which it then takes as it is."""
     attention_sinks: bool = False
     norms_per_layer: int = 2
     rotary_dim: int = 0

@@ -60,7 +60,7 @@ def train_tokenizer(texts: Sequence[Path]):
         show_progress=False,
     )
     tokenizer.train([str(p) for p in texts], trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         bos_token=BOS,
         eos_token=EOS,

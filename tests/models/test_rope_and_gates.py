@@ -1,0 +1,69 @@
+"""Rotary caches, q's output gate and a config without a length, as vLLM builds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimate.weights import layer_bytes
+from gatekeeper.models.hf_config import spec_from_config
+from gatekeeper.units import GIB
+
+BASE: dict[str, Any] = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "vocab_size": 32000,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
+
+
+def test_linear_rope_scaling_caches_every_scaled_position():
+    # LinearScalingRotaryEmbedding: max_position x factor rows of head_dim
+    spec = spec_from_config(
+        {**BASE, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+         "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+        name="linear",
+    )  # fmt: skip
+    assert spec.rope_cache_positions * spec.rotary_dim * spec.rope_caches == 8192 * 4 * 128
+
+
+def test_gemma3_keeps_a_second_rotary_cache_for_its_sliding_layers():
+    gemma = {**BASE, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+             "sliding_window": 1024, "rope_local_base_freq": 10000.0, "rope_theta": 1e6}  # fmt: skip
+    spec = spec_from_config(gemma, name="gemma3")
+    assert spec.rope_caches * spec.rope_cache_positions == 2 * 8192  # local and global
+    scaled = spec_from_config(
+        {**gemma, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, name="gemma3"
+    )
+    # the global cache scaled by 8, the local one not (gemma-3-27b: 288 MiB in bf16)
+    assert scaled.rope_caches * scaled.rope_cache_positions == 8192 * 8 + 8192
+
+
+def test_qwen3_next_attention_projects_its_output_gate_with_q():
+    cfg = {**BASE, "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+           "layer_types": ["full_attention"] * 6, "linear_num_key_heads": 4,
+           "linear_num_value_heads": 8, "linear_key_head_dim": 64, "linear_value_head_dim": 64}  # fmt: skip
+    spec = spec_from_config(cfg, name="qwen3_next")
+    plain = spec_from_config({**cfg, "attn_output_gate": False}, name="qwen3_next")
+    assert spec.attention_output_gate and not plain.attention_output_gate
+    gated = layer_bytes(spec, 0, tp=1, dtype_bytes=2, quant=None)
+    assert gated - layer_bytes(plain, 0, tp=1, dtype_bytes=2, quant=None) == 1024 * 8 * 128 * 2
+
+
+def test_a_config_without_a_length_takes_max_model_len_as_given():
+    mamba2 = {"model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"],
+              "hidden_size": 1024, "num_hidden_layers": 4, "num_heads": 32, "head_dim": 64,
+              "n_groups": 1, "state_size": 64, "conv_kernel": 4, "expand": 2,
+              "vocab_size": 32000, "torch_dtype": "bfloat16"}  # fmt: skip
+    spec = spec_from_config(mamba2, name="mamba2")
+    assert not spec.max_position_declared and spec.max_position_embeddings == 2048  # vLLM's
+    gpu = GpuTarget(total_bytes=80 * GIB)
+    e = estimate(spec, ServeOptions(max_model_len=65536, kv_cache_memory_bytes=GIB), gpu)
+    assert e.fits and not e.length_beyond_model and e.max_model_len_fit == 65536
