@@ -13,7 +13,7 @@ or a declared node).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -241,7 +241,11 @@ def gpu_source(settings: Settings, node: str | None = None) -> GpuSource:
 
 
 def model_resolver(
-    settings: Settings, *, revision: str | None = None, download_dir: str | None = None
+    settings: Settings,
+    *,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> Callable[[str], ModelSpec]:
     """``resolve_model`` with the settings' hub access (network, endpoint, timeout) and
     vLLM's ``--revision`` and ``--download-dir`` when a command line gave them."""
@@ -254,6 +258,7 @@ def model_resolver(
         timeout_seconds=settings.hub_timeout_seconds,
         revision=revision,
         download_dir=download_dir,
+        hf_overrides=hf_overrides,
     )
 
 

@@ -163,8 +163,12 @@ def model_from_args(args: argparse.Namespace, settings: Settings) -> ModelSpec:
     """The ``ModelSpec`` of a serving command's model, looked up with its ``--revision``
     and ``--download-dir`` as vLLM would."""
     values = serve_command(args).values
+    overrides = values.get("hf_overrides")
     resolve = model_resolver(
-        settings, revision=values.get("revision"), download_dir=values.get("download_dir")
+        settings,
+        revision=values.get("revision"),
+        download_dir=values.get("download_dir"),
+        hf_overrides=overrides if isinstance(overrides, dict) else None,
     )
     return resolve(args.model)
 

@@ -19,6 +19,7 @@ __all__ = [
     "CUDAGRAPH_MODES",
     "KV_DTYPES",
     "CompilationOptions",
+    "HfOverrides",
     "KvDtype",
     "MmLimits",
     "ServeOptions",
@@ -27,6 +28,19 @@ __all__ = [
     "resolve_dtype",
     "resolve_kv_dtype",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class HfOverrides:
+    """``--hf-overrides``: fields laid over the model's config before it is read (vLLM's
+    ``ModelConfig._apply_dict_overrides``); the model look-up applies them."""
+
+    text: str
+    """The flag's JSON as given (canonical), written back at launch and read by the look-up."""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], text: str) -> HfOverrides:
+        return cls(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +174,7 @@ class ServeOptions:
     enable_prefix_caching: bool | None = None
     """vLLM's default: on, except for attention-free models; for hybrid models it keeps a
     second, block-aligned copy of each state (``mamba_cache_mode`` align)."""
+    hf_overrides: HfOverrides | None = None
     revision: str | None = None
     """Where the model comes from (``--revision``, ``--download-dir``, ``--tokenizer``):
     no memory of their own; the look-up uses them and the worker is launched with them."""
@@ -299,6 +314,7 @@ _FIELD_TYPES: dict[str, type] = {
     "mamba_ssm_cache_dtype": str,
     "enable_prefix_caching": bool,
     "revision": str,
+    "hf_overrides": HfOverrides,
     "download_dir": str,
     "tokenizer": str,
 }
@@ -308,7 +324,8 @@ _OPTIONAL = frozenset(
      "max_loras", "max_lora_rank", "max_cpu_loras", "speculative_config",
      "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
      "max_cudagraph_capture_size", "compilation_config", "optimization_level",
-     "enable_prefix_caching", "revision", "download_dir", "tokenizer"}
+     "enable_prefix_caching", "revision", "download_dir", "tokenizer",
+     "hf_overrides"}
 )  # fmt: skip
 _KIND_NAMES: dict[type, str] = {
     str: "string",

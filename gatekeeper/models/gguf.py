@@ -153,7 +153,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], CheckpointWeights]:
     return config, checkpoint
 
 
-def load_gguf(path: Path) -> ModelSpec:
+def load_gguf(path: Path, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
     """A ``ModelSpec`` for one GGUF file: what ``vllm serve FILE.gguf`` would hold."""
     config, checkpoint = read_gguf(path)
     spec = spec_from_config(
@@ -162,6 +162,7 @@ def load_gguf(path: Path) -> ModelSpec:
         source=f"GGUF file {path}",
         checkpoint=checkpoint,
         reference=str(path.resolve()),
+        overrides=overrides,
     )
     return replace(spec, quantization=_quant(checkpoint))
 

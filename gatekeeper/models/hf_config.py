@@ -30,7 +30,7 @@ from gatekeeper.models.spec import (
 )
 from gatekeeper.models.vision import vision_spec
 
-__all__ = ["spec_from_config"]
+__all__ = ["apply_overrides", "spec_from_config"]
 
 _DTYPE_ALIASES = {
     "bfloat16": "bfloat16",
@@ -91,6 +91,22 @@ def _positive(name: str, value: Any) -> int:
             value=value,
         )
     return number
+
+
+def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's ``_apply_dict_overrides``: a nested config (``text_config``,
+    ``vision_config``: a mapping the config already holds) is updated key by key, any
+    other field, dict-valued ones such as ``rope_scaling`` too, is replaced."""
+    out = dict(config)
+    for key, value in overrides.items():
+        current = out.get(key)
+        # a sub-config is updated; quantization_config is a plain dict to vLLM: replaced
+        nested = key.endswith("_config") and key != "quantization_config"
+        if nested and isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = apply_overrides(current, value)
+        else:
+            out[key] = value
+    return out
 
 
 def _mtp_layers(text: Mapping[str, Any]) -> int:
@@ -278,11 +294,14 @@ def spec_from_config(
     checkpoint: CheckpointWeights | None = None,
     declared_parameters: int | None = None,
     reference: str = "",
+    overrides: Mapping[str, Any] | None = None,
 ) -> ModelSpec:
     """Build a ``ModelSpec`` from a parsed ``config.json``, read with its transformers
-    config class's defaults, as vLLM reads it."""
+    config class's defaults, as vLLM reads it; ``overrides`` are ``--hf-overrides``."""
     if not isinstance(config, Mapping):
         raise ModelSpecError(f"config.json of {name}: expected a JSON object", field="config")
+    if overrides:
+        config = apply_overrides(config, overrides)
     filled = _with_defaults(config, name)
     try:
         spec = _read(filled.config, name=name, source=source, checkpoint=checkpoint)

@@ -23,6 +23,7 @@ is named by its repo too, and vLLM is given the path.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,12 @@ tokenizer repo) is accepted and changes nothing."""
 
 
 def load_model_dir(
-    directory: Path, *, name: str | None = None, source: str | None = None, reference: str = ""
+    directory: Path,
+    *,
+    name: str | None = None,
+    source: str | None = None,
+    reference: str = "",
+    overrides: Mapping[str, Any] | None = None,
 ) -> ModelSpec:
     """A local checkpoint directory: ``config.json`` plus safetensors headers if present."""
     path = directory / "config.json"
@@ -74,6 +80,7 @@ def load_model_dir(
         source=source or f"local directory {directory}",
         checkpoint=read_checkpoint(directory),
         reference=reference or str(directory.resolve()),
+        overrides=overrides,
     )
 
 
@@ -102,10 +109,27 @@ def resolve_model(
     timeout_seconds: float = 10.0,
     revision: str | None = None,
     download_dir: str | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> ModelSpec:
     """Turn ``reference`` (a path, a GGUF file, a cached or hub repo id, a catalog name)
-    into a ``ModelSpec``; ``revision`` and ``download_dir`` are vLLM's flags."""
-    local = _local(reference)
+    into a ``ModelSpec``; ``revision``, ``download_dir`` and ``hf_overrides`` are vLLM's
+    flags (the overrides are laid over the config before it is read)."""
+    return _resolve(
+        reference, allow_network, hf_endpoint, timeout_seconds, revision, download_dir,
+        hf_overrides,
+    )  # fmt: skip
+
+
+def _resolve(
+    reference: str,
+    allow_network: bool,
+    hf_endpoint: str | None,
+    timeout_seconds: float,
+    revision: str | None,
+    download_dir: str | None,
+    overrides: Mapping[str, Any] | None,
+) -> ModelSpec:
+    local = _local(reference, overrides)
     if local is not None:
         return local
     miss: ModelSpecError | None = None
@@ -114,36 +138,38 @@ def resolve_model(
     except ModelSpecError as not_at_revision:
         cached, miss = None, not_at_revision
     if cached is not None:
-        return _load_snapshot(cached)
+        return _load_snapshot(cached, overrides)
     entry = find_in_catalog(reference)
     hub_allowed = allow_network and not is_offline() and looks_like_repo_id(reference)
     if hub_allowed:
         try:
-            return _from_hub(reference, hf_endpoint, timeout_seconds, revision, download_dir)
+            return _from_hub(
+                reference, hf_endpoint, timeout_seconds, revision, download_dir, overrides
+            )
         except HubError as e:
             if entry is None or revision is not None:
                 raise
-            return _from_catalog(entry, f"; the hub look-up failed: {e}")
+            return _from_catalog(entry, f"; the hub look-up failed: {e}", overrides)
     if miss is not None and (revision is not None or entry is None):
         raise miss
     if entry is not None and revision is None:
-        return _from_catalog(entry)
+        return _from_catalog(entry, overrides=overrides)
     raise _not_found(reference, allow_network, revision, download_dir, in_catalog=entry is not None)
 
 
-def _local(reference: str) -> ModelSpec | None:
+def _local(reference: str, overrides: Mapping[str, Any] | None = None) -> ModelSpec | None:
     """A checkpoint directory or a GGUF file at ``reference``; None when it is no path."""
     try:
         path = Path(reference).expanduser()
     except RuntimeError:  # "~user" with no such user: not a local path
         path = Path(reference)
     if path.is_dir():
-        return load_model_dir(path)
+        return load_model_dir(path, overrides=overrides)
     if path.is_file():
         from gatekeeper.models.gguf import is_gguf_file, load_gguf
 
         if is_gguf_file(path):
-            return load_gguf(path)
+            return load_gguf(path, overrides)
         raise ModelSpecError(
             f"model: {reference!r} is a file that is not GGUF; vLLM takes a checkpoint "
             "directory, a GGUF file or a hub repo id",
@@ -159,7 +185,7 @@ def _local(reference: str) -> ModelSpec | None:
     return None
 
 
-def _load_snapshot(cached: CachedSnapshot) -> ModelSpec:
+def _load_snapshot(cached: CachedSnapshot, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
     pinned = (
         cached.commit[:12]
         if cached.revision == cached.commit
@@ -170,6 +196,7 @@ def _load_snapshot(cached: CachedSnapshot) -> ModelSpec:
         name=cached.repo_id,
         source=f"Hugging Face cache ({pinned}, {cached.directory})",
         reference=cached.repo_id,
+        overrides=overrides,
     )
 
 
@@ -179,6 +206,7 @@ def _from_hub(
     timeout_seconds: float,
     revision: str | None,
     download_dir: str | None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> ModelSpec:
     from gatekeeper.models.hub import fetch_hub_model
 
@@ -194,15 +222,19 @@ def _from_hub(
         name=reference,
         source="Hugging Face hub" + (f" (revision {revision})" if revision else ""),
         checkpoint=model.checkpoint,
+        overrides=overrides,
     )
 
 
-def _from_catalog(entry: CatalogEntry, note: str = "") -> ModelSpec:
+def _from_catalog(
+    entry: CatalogEntry, note: str = "", overrides: Mapping[str, Any] | None = None
+) -> ModelSpec:
     return spec_from_config(
         entry.config,
         name=entry.repo_id,
         source=f"embedded catalog ({entry.provenance}){note}",
         declared_parameters=entry.parameters,
+        overrides=overrides,
     )
 
 

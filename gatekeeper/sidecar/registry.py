@@ -4,8 +4,10 @@ patterns. A worker is launched only for a name this registry knows."""
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.options import draft_reference
@@ -68,8 +70,13 @@ class ModelRegistry:
         )
         draft = draft_reference(serve)
         # the model as the worker will load it: at the revision, from the download dir
-        located = {k: v for k, v in (("revision", serve.revision),
-                                     ("download_dir", serve.download_dir)) if v}  # fmt: skip
+        located: dict[str, Any] = {
+            k: v
+            for k, v in (("revision", serve.revision), ("download_dir", serve.download_dir))
+            if v
+        }
+        if serve.hf_overrides is not None:
+            located["hf_overrides"] = json.loads(serve.hf_overrides.text)
         return PlacementRequest(
             model=self.resolve_spec(entry.model, **located),
             options=serve,

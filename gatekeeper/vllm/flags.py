@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import CompilationOptions, MmLimits, ServeOptions
+from gatekeeper.estimate.options import CompilationOptions, HfOverrides, MmLimits, ServeOptions
 from gatekeeper.estimate.speculative import parse_speculative
 
 __all__ = [
@@ -258,6 +258,7 @@ def canonical_json(value: object) -> str:
 _JSON_OPTIONS: dict[str, Callable[[Mapping[str, Any], str], Any]] = {
     "speculative_config": parse_speculative,
     "limit_mm_per_prompt": MmLimits.from_mapping,
+    "hf_overrides": HfOverrides.from_mapping,
     "compilation_config": CompilationOptions.from_mapping,
 }
 """Flags whose values are JSON objects, read into the estimator's typed options here (the

@@ -107,6 +107,7 @@ def _feature_args(o: ServeOptions) -> list[str]:
         ("performance_mode", o.performance_mode, "balanced"),
         ("mamba_cache_dtype", o.mamba_cache_dtype, "auto"),
         ("revision", o.revision, None),
+        ("hf_overrides", o.hf_overrides, None),
         ("download_dir", o.download_dir, None),
         ("tokenizer", o.tokenizer, None),
         ("mamba_ssm_cache_dtype", o.mamba_ssm_cache_dtype, "auto"),

@@ -107,10 +107,13 @@ def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
     pasted = gatekeeper(
         "estimate", "vllm", "serve", "Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "4",
         "--kv-cache-memory-bytes", "20G", "--hf-overrides.max_position_embeddings", "8192",
+        "--kv-offloading-size", "4",
         "--json",
     )  # fmt: skip
     assert pasted.returncode == 0, pasted.stderr
-    assert "--hf-overrides read but not modelled" in pasted.stderr
+    assert "--kv-offloading-size read but not modelled" in pasted.stderr
+    assert "--hf-overrides" not in pasted.stderr  # laid over the config, as vLLM does
+    assert json.loads(pasted.stdout)["max_model_len"] == 8192  # the overridden length
     assert json.loads(pasted.stdout)["kv_cache_bytes"] == 20 * 2**30
     assert json.loads(pasted.stdout)["lora_bytes"] > 0  # four rank-16 slots, sized
 

@@ -67,3 +67,19 @@ def test_a_config_without_a_length_takes_max_model_len_as_given():
     gpu = GpuTarget(total_bytes=80 * GIB)
     e = estimate(spec, ServeOptions(max_model_len=65536, kv_cache_memory_bytes=GIB), gpu)
     assert e.fits and not e.length_beyond_model and e.max_model_len_fit == 65536
+
+
+def test_hf_overrides_are_laid_over_the_config_as_vllm_lays_them():
+    from gatekeeper.models.hf_config import apply_overrides
+    from gatekeeper.models.source import resolve_model
+
+    base = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    longer = resolve_model(
+        "meta-llama/Llama-3.1-8B-Instruct", hf_overrides={"max_position_embeddings": 262144}
+    )
+    assert base.max_position_embeddings == 131072 and longer.max_position_embeddings == 262144
+    # a sub-config is updated key by key; any other dict (rope_scaling) is replaced
+    config = {"text_config": {"vocab_size": 10, "hidden_size": 8}, "rope_scaling": {"a": 1}}
+    out = apply_overrides(config, {"text_config": {"vocab_size": 20}, "rope_scaling": {"b": 2}})
+    assert out == {"text_config": {"vocab_size": 20, "hidden_size": 8}, "rope_scaling": {"b": 2}}
+    assert config["text_config"]["vocab_size"] == 10  # the caller's config untouched

@@ -20,7 +20,8 @@ HOSTILE = [
     b'{"model": "tiny", "options": {"dtype": "BF16"}}',
     b'{"model": "tiny", "options": {"max_model_len": true}}',
     b'{"model": "tiny", "options": {"kv_cache_memory_bytes": "20GiB"}}',
-    b'{"model": "tiny", "options": {"hf_overrides": {"num_hidden_layers": 2}}}',
+    b'{"model": "tiny", "options": {"kv_offloading_size": 4.0}}',
+    b'{"model": "tiny", "options": {"hf_overrides": "my_module.override"}}',
     b'{"model": "tiny", "options": {"speculative_config": {"method": "medusa"}}}',
     b'{"model": "tiny", "options": {"speculative_config": {"method": "ngram"}}}',
     b'{"model": "tiny", "options": {"cpu_offload_gb": -1}}',
@@ -57,6 +58,10 @@ def test_hostile_options_get_a_400_that_names_the_field_and_hold_nothing(tmp_pat
         ({"max-num-seqs": 8}, "--max-num-seqs 8"),
         ({"tokenizer": "org/tok"}, "--tokenizer org/tok"),
         ({"enable_lora": True, "max_loras": 2}, "--enable-lora --max-loras 2"),
+        (
+            {"hf_overrides": {"max_position_embeddings": 4096}},
+            '--hf-overrides {"max_position_embeddings":4096}',
+        ),
     ],
 )
 def test_vllms_value_forms_reach_the_command_line_normalised(tmp_path: Path, options, flag):

@@ -113,6 +113,9 @@ ASKED: dict[str, st.SearchStrategy[Any]] = {
     "mamba_ssm_cache_dtype": vllm_choice("mamba_ssm_cache_dtype"),
     "enable_prefix_caching": optional(st.booleans()),
     "revision": optional(st.sampled_from(["main", "v1.0", "0" * 40])),
+    "hf_overrides": optional(
+        st.sampled_from([{"max_position_embeddings": 4096}, {"text_config": {"vocab_size": 8}}])
+    ),
     "download_dir": optional(st.sampled_from(["/models", "/mnt/hf cache"])),
     "tokenizer": optional(st.sampled_from(["org/tokenizer", "/models/tok"])),
 }

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import CompilationOptions, ServeOptions
+from gatekeeper.estimate.options import CompilationOptions, HfOverrides, ServeOptions
 from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.vllm.flags import (
     GATEKEEPER_KEYS,
@@ -105,6 +105,7 @@ def test_a_pasted_command_line_is_read_as_vllm_reads_it():
             '{"cudagraph_capture_sizes":["1","2","4"]}', capture_sizes=(1, 2, 4)
         ),
         optimization_level="3",
+        hf_overrides=HfOverrides('{"rope_scaling":{"factor":2.0}}'),
     )
     assert (
         serve_options(parse_serve_args(["m", "--max-model-len", "auto"]).values) == ServeOptions()
