@@ -35,7 +35,7 @@ __all__ = ["CertReloader", "build_webhook_app", "check_tls", "webhook_from_setti
 
 def webhook_from_settings(
     settings: Settings,
-    resolve: Callable[[str], ModelSpec] | None = None,
+    resolve: Callable[..., ModelSpec] | None = None,
     *,
     registry: CollectorRegistry | None = None,
 ) -> AdmissionWebhook:

@@ -27,6 +27,7 @@ Kubernetes ``Status`` whose message says what is wrong; never a 500.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -39,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gatekeeper.errors import GatekeeperError, HubError
-from gatekeeper.estimate.options import draft_reference
+from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.k8s.fit import (
     Finding,
     GpuChoice,
@@ -67,7 +68,7 @@ from gatekeeper.k8s.workloads import (
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.vllm.command import MODEL_ENV_VARS, VllmCommand
-from gatekeeper.vllm.flags import flag_table
+from gatekeeper.vllm.flags import flag_table, model_location
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -131,13 +132,13 @@ class AdmissionWebhook:
     def __init__(
         self,
         config: WebhookConfig,
-        resolve: Callable[[str], ModelSpec],
+        resolve: Callable[..., ModelSpec],
         *,
         metrics: WebhookMetrics | None = None,
     ) -> None:
         self.config = config
         self._resolve = resolve
-        self._specs: dict[str, ModelSpec] = {}
+        self._specs: dict[tuple[str, str], ModelSpec] = {}
         self.metrics = metrics
 
     # -- HTTP ------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class AdmissionWebhook:
         if count is not None and count.outcome == "deny":
             return findings
         findings += _reading_findings(who, command)
-        spec = self._spec(who, command.model)
+        spec = self._spec(who, command.model, command.options)
         gpu = self._gpu(who, template)
         for part in (spec, gpu):
             if isinstance(part, list):
@@ -249,18 +250,23 @@ class AdmissionWebhook:
         except GatekeeperError as e:
             return draft_finding(who, reference, e)
 
-    def _resolved(self, model: str) -> ModelSpec:
-        """``resolve``, remembered (a bounded cache); raises its ``GatekeeperError``."""
-        cached = self._specs.get(model)
+    def _resolved(self, model: str, options: ServeOptions | None = None) -> ModelSpec:
+        """``resolve`` (with the revision, download dir and config overrides the command
+        line gives), remembered (a bounded cache); raises its ``GatekeeperError``."""
+        located = model_location(options) if options is not None else {}
+        key = (model, json.dumps(located, sort_keys=True))
+        cached = self._specs.get(key)
         if cached is not None:
             return cached
-        spec = self._resolve(model)
+        spec = self._resolve(model, **located)
         if len(self._specs) >= 256:
             self._specs.clear()
-        self._specs[model] = spec
+        self._specs[key] = spec
         return spec
 
-    def _spec(self, who: str, model: str | None) -> ModelSpec | list[Finding]:
+    def _spec(
+        self, who: str, model: str | None, options: ServeOptions | None = None
+    ) -> ModelSpec | list[Finding]:
         if model is None:
             return [
                 Finding(
@@ -270,7 +276,7 @@ class AdmissionWebhook:
                 )
             ]
         try:
-            return self._resolved(model)
+            return self._resolved(model, options)
         except GatekeeperError as e:
             outcome = self.config.unknown_model
             verb = "denied (webhook_unknown_model=deny)" if outcome == "deny" else "not checked"

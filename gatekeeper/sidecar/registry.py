@@ -4,17 +4,15 @@ patterns. A worker is launched only for a name this registry knows."""
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.options import draft_reference
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementRequest, auto_parallel
 from gatekeeper.settings import ModelEntry
-from gatekeeper.vllm.flags import options_from_mapping
+from gatekeeper.vllm.flags import model_location, options_from_mapping
 
 __all__ = ["ModelNotAllowed", "ModelRegistry"]
 
@@ -70,13 +68,7 @@ class ModelRegistry:
         )
         draft = draft_reference(serve)
         # the model as the worker will load it: at the revision, from the download dir
-        located: dict[str, Any] = {
-            k: v
-            for k, v in (("revision", serve.revision), ("download_dir", serve.download_dir))
-            if v
-        }
-        if serve.hf_overrides is not None:
-            located["hf_overrides"] = json.loads(serve.hf_overrides.text)
+        located = model_location(serve)
         return PlacementRequest(
             model=self.resolve_spec(entry.model, **located),
             options=serve,

@@ -38,6 +38,7 @@ __all__ = [
     "FlagTable",
     "flag_table",
     "human_readable_int",
+    "model_location",
     "options_from_mapping",
     "options_record",
     "serve_options",
@@ -278,6 +279,20 @@ def _json_option(name: str, value: Any, read: Callable[[Mapping[str, Any], str],
             f"{name}: give a JSON object, such as '{{\"key\": 1}}'", field=name, value=str(value)
         )
     return read(value, canonical_json(value))
+
+
+def model_location(options: ServeOptions) -> dict[str, Any]:
+    """The look-up's keyword arguments the options carry (``resolve_model``'s
+    ``revision``, ``download_dir`` and ``hf_overrides``), only those given: the model as
+    the worker will load it."""
+    out: dict[str, Any] = {}
+    if options.revision:
+        out["revision"] = options.revision
+    if options.download_dir:
+        out["download_dir"] = options.download_dir
+    if options.hf_overrides is not None:
+        out["hf_overrides"] = json.loads(options.hf_overrides.text)
+    return out
 
 
 def options_record(options: ServeOptions) -> dict[str, Any]:

@@ -496,3 +496,18 @@ def test_data_parallel_times_tensor_parallel_gpus(webhook):
     big = on_l4(webhook, LLAMA_70B, "-dp", "2", "--max-model-len", "8192", nodeSelector=h100,
                 resources={"limits": {"nvidia.com/gpu": 2}})  # fmt: skip
     assert "or --tensor-parallel-size 4 with nvidia.com/gpu: 8." in big["status"]["message"]
+
+
+def test_hf_overrides_reach_the_models_config(webhook):
+    """Llama-3.1-8B derives 131,072 tokens; asking 200,000 is refused by vLLM unless
+    --hf-overrides raises the config's length, which the webhook now reads as vLLM does."""
+    h100 = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+    longer = ["--max-model-len", "200000"]
+    denied = answer(webhook, deployment(args=["serve", LLAMA_8B, *longer], affinity=None, **h100))
+    assert denied["allowed"] is False
+    assert "derived maximum 131072" in denied["status"]["message"]
+    override = ["--hf-overrides", '{"max_position_embeddings": 262144}']
+    allowed = answer(
+        webhook, deployment(args=["serve", LLAMA_8B, *longer, *override], affinity=None, **h100)
+    )
+    assert allowed["allowed"] is True, allowed
