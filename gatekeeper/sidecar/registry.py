@@ -1,9 +1,26 @@
 """Which models the sidecar may serve, and how: the configured entries and the allowed
-patterns. A worker is launched only for a name this registry knows."""
+patterns. A worker is launched only for a name this registry knows.
+
+A pattern matches only a well-formed model reference, so a client cannot walk out of
+it (``Qwen/*`` must not match ``Qwen/../..``):
+
+- a hub repo id ``ORG/NAME`` as the hub allows it (letters, digits, ``_ - .``, each part
+  starting and ending with a letter, digit or ``_``, no ``--`` or ``..``, not ending in
+  ``.git``, at most 96 characters), for a pattern that is not an absolute path;
+- an absolute, normalised local path (no ``.`` or ``..`` segment, no ``//``, no ``~``,
+  backslash or control character, at most 1024 characters), only for a pattern the
+  operator wrote as an absolute path (``/models/*``).
+
+Anything else is refused before any look-up, with a message that does not depend on
+what exists on disk. A ``[[models]]`` entry is matched by its name and may point
+anywhere the operator chose.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,7 +31,44 @@ from gatekeeper.placement.types import PlacementRequest, auto_parallel
 from gatekeeper.settings import ModelEntry
 from gatekeeper.vllm.flags import model_location, options_from_mapping
 
-__all__ = ["ModelNotAllowed", "ModelRegistry"]
+__all__ = ["ModelNotAllowed", "ModelRegistry", "pattern_allows"]
+
+REPO_ID_MAX_CHARS = 96
+"""The hub's limit on a repo id."""
+LOCAL_PATH_MAX_CHARS = 1024
+
+_REPO_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"{_REPO_PART}/{_REPO_PART}")
+_PATH_CHARS = re.compile(r"[A-Za-z0-9_.+@=,:/-]+")
+
+
+def _is_repo_id(name: str) -> bool:
+    return (
+        len(name) <= REPO_ID_MAX_CHARS
+        and _REPO_ID.fullmatch(name) is not None
+        and "--" not in name
+        and ".." not in name
+        and not name.endswith(".git")
+    )
+
+
+def _is_local_path(name: str) -> bool:
+    return (
+        len(name) <= LOCAL_PATH_MAX_CHARS
+        and name.startswith("/")
+        and _PATH_CHARS.fullmatch(name) is not None
+        and posixpath.normpath(name) == name
+        and not any(part in (".", "..") for part in name.split("/"))
+    )
+
+
+def pattern_allows(pattern: str, name: str) -> bool:
+    """Whether ``allowed_models`` pattern ``pattern`` lets a client ask for ``name``: a
+    well-formed repo id for a hub pattern, a normalised absolute path for a pattern
+    written as an absolute path; never anything else."""
+    if pattern.startswith("/"):
+        return _is_local_path(name) and fnmatch.fnmatchcase(name, pattern)
+    return _is_repo_id(name) and fnmatch.fnmatchcase(name, pattern)
 
 
 class ModelNotAllowed(GatekeeperError):
@@ -42,7 +96,7 @@ class ModelRegistry:
         for e in self.entries:
             if e.name == name:
                 return e
-        if any(fnmatch.fnmatchcase(name, p) for p in self.patterns):
+        if any(pattern_allows(p, name) for p in self.patterns):
             return ModelEntry(name=name, model=name)
         return None
 
@@ -50,12 +104,14 @@ class ModelRegistry:
         entry = self.entry(name)
         if entry is None:
             known = ", ".join(e.name for e in self.entries) or "none configured"
+            shown = name if len(name) <= 200 else name[:200] + "..."
             raise ModelNotAllowed(
-                f"model: {name!r} is not allowed on this node (configured: {known}; patterns: "
-                f"{', '.join(self.patterns) or 'none'}); add it to GATEKEEPER_MODELS or "
-                "GATEKEEPER_ALLOWED_MODELS",
+                f"model: {shown!r} is not allowed on this node (configured: {known}; patterns: "
+                f"{', '.join(self.patterns) or 'none'}; a pattern matches only a hub repo id "
+                "ORG/NAME, or a normalised path under a pattern written as an absolute path); "
+                "add it to GATEKEEPER_MODELS or GATEKEEPER_ALLOWED_MODELS",
                 field="model",
-                value=name,
+                value=shown,
             )
         return entry
 
