@@ -76,9 +76,21 @@ def worker_argv(spec: LaunchSpec) -> list[str]:
     return [*spec.command, *spec.args, "--host", spec.host, "--port", str(spec.port)]
 
 
+SIDECAR_ONLY_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+SETTINGS_ENV_PREFIX = "GATEKEEPER_"
+"""The sidecar's settings (the admin token among them) come from these variables, in any
+case (the settings read them case-insensitively); a worker never sees them."""
+
+
 def worker_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
-    # The worker is another program with its own environment: drop the sidecar's.
-    env = {k: v for k, v in base.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    """The sidecar's environment without its own variables (the Python ones and every
+    ``GATEKEEPER_*`` setting, the admin token included), then the worker's own: scratch
+    and cache directories, GPUs, and ``worker_env`` from the settings last."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if k not in SIDECAR_ONLY_ENV and not k.upper().startswith(SETTINGS_ENV_PREFIX)
+    }
     env.update(
         {
             "TMPDIR": str(scratch_dir(spec.worker_id)),
