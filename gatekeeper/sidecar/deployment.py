@@ -25,6 +25,7 @@ __all__ = [
     "ManagerConfig",
     "State",
     "free_port",
+    "process_start_ticks",
     "recorded_admission",
     "resolve_request",
     "slug",
@@ -60,6 +61,10 @@ class DeploymentRecord:
     log_path: str
     work_dir: str
     created_at: float
+    pid_start_ticks: int | None = None
+    """The worker's start time (``/proc/PID/stat`` field 22, clock ticks since boot), so
+    that an adopting sidecar tells the worker from a later process given the same pid.
+    Absent from records written before it was recorded: such a pid is unverifiable."""
 
 
 @dataclass(slots=True)
@@ -94,6 +99,8 @@ class Deployment:
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)
     supervisor: asyncio.Task[None] | None = None
     stopping: bool = False
+    pid_start_ticks: int | None = None
+    """The worker's start time, read at launch (see ``DeploymentRecord``)."""
 
     @property
     def model(self) -> str:
@@ -197,6 +204,18 @@ class ManagerConfig:
     policy: PlacementPolicy
     rehearsal: bool = False
     """Workers are the simulator: tell it the predicted figures to report."""
+
+
+def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field
+    22), or None when there is no such process. A pid and its start time name one
+    process for the life of the machine, a pid alone only until it is reused."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        # Field 2 (the command name) is in parentheses and may hold spaces or ')'.
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def worker_view(d: Deployment) -> WorkerView:

@@ -46,6 +46,7 @@ from gatekeeper.sidecar.deployment import (
     ManagerConfig,
     State,
     free_port,
+    process_start_ticks,
     recorded_admission,
     resolve_request,
     slug,
@@ -206,6 +207,9 @@ class DeploymentManager:
             started = time.monotonic()
             self._set(d, "launching")
             d.worker = await WorkerProcess.start(spec, self.base_env)
+            # Read before anything awaits: the child cannot have been reaped yet, so the
+            # pid is still the worker's (a zombie's stat keeps its start time).
+            d.pid_start_ticks = process_start_ticks(d.worker.pid)
             await asyncio.to_thread(self.ledger.set_pid, d.id, d.worker.pid)
             self._write_record(d)
             self._set(d, "loading")
@@ -344,6 +348,7 @@ class DeploymentManager:
             log_path=str(spec.log_path),
             work_dir=str(spec.work_dir),
             created_at=d.created_at,
+            pid_start_ticks=d.pid_start_ticks,
         )
         path = self.records_dir / f"{d.id}.json"
         tmp = path.with_suffix(".tmp")
@@ -393,11 +398,10 @@ class DeploymentManager:
             work_dir=Path(record.work_dir),
             env=self.config.worker_env,
         )
-        healthy = record.pid is not None and process_group_alive(record.pid)
-        if healthy:
-            healthy = await self._health(record.host, record.port)
+        ours = recorded_worker_alive(record)
+        healthy = ours and await self._health(record.host, record.port)
         if record.id not in live or not healthy or record.pid is None:
-            if record.pid is not None and process_group_alive(record.pid):
+            if ours and record.pid is not None:
                 stale = WorkerProcess.adopt(spec, record.pid)
                 await stale.stop(self.config.stop_grace_seconds)
             await asyncio.to_thread(self.ledger.release, record.id)
@@ -419,6 +423,7 @@ class DeploymentManager:
             port=record.port,
             created_at=record.created_at,
             ready_at=time.time(),
+            pid_start_ticks=record.pid_start_ticks,
         )
         d.worker = WorkerProcess.adopt(spec, record.pid)
         d.actual = d.worker.startup().memory
@@ -455,3 +460,21 @@ class DeploymentManager:
     def _set(self, d: Deployment, state: State) -> None:
         d.state = state
         self.on_change(d)
+
+
+def recorded_worker_alive(record: DeploymentRecord, proc: Path = Path("/proc")) -> bool:
+    """True when the recorded worker's process group is alive and is the worker's: the
+    only case in which adoption may signal it.
+
+    The pid alone is not enough, the kernel hands it on once the worker is gone: the
+    process holding it must have the recorded start time. A record without one (written
+    before start times were recorded) is unverifiable and never signalled. A group
+    whose leader is gone is the worker's leftovers (its engine and TP processes): Linux
+    reuses no pid while a process group of that id lives.
+    """
+    if record.pid is None or record.pid_start_ticks is None:
+        return False
+    ticks = process_start_ticks(record.pid, proc)
+    if ticks is not None and ticks != record.pid_start_ticks:
+        return False
+    return process_group_alive(record.pid, proc)
