@@ -13,6 +13,8 @@ or a declared node).
 from __future__ import annotations
 
 import os
+import re
+import tomllib
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -24,6 +26,9 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
+)
+from pydantic_settings import (
+    SettingsError as PydanticSettingsError,
 )
 
 from gatekeeper.errors import GatekeeperError
@@ -265,31 +270,107 @@ def model_resolver(
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Build ``Settings`` from the environment and an optional TOML file.
 
-    Raises ``SettingsError`` naming the field and the source when a value is invalid.
+    Raises ``SettingsError`` naming the source (the file and line, or the environment
+    variable), the value and what to do when the file does not parse or a value is
+    invalid.
     """
-    if config_file is not None and not config_file.is_file():
-        raise SettingsError(
-            f"config: {str(config_file)!r} is not a readable file; "
-            "give the path of a TOML settings file",
-            field="config",
-            value=str(config_file),
-        )
     previous = os.environ.get("GATEKEEPER_CONFIG_FILE")
     if config_file is not None:
+        _check_toml(config_file, "config")
+    elif previous:
+        _check_toml(Path(previous), "GATEKEEPER_CONFIG_FILE")
+    if config_file is not None:
         os.environ["GATEKEEPER_CONFIG_FILE"] = str(config_file)
+    toml_file = config_file or (Path(previous) if previous else None)
     try:
         return Settings(**overrides)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise SettingsError(
-            f"settings: {field} = {first.get('input')!r} is invalid ({first['msg']}); "
-            f"set GATEKEEPER_{field.upper()} or the '{field}' key of the TOML file to a valid value",
-            field=field,
-            value=first.get("input"),
-        ) from e
+        raise _invalid_value(e, toml_file, overrides) from e
+    except PydanticSettingsError as e:  # a complex value (list, dict) that is not JSON
+        raise _unparsable_env(e) from e
     finally:
         if previous is None:
             os.environ.pop("GATEKEEPER_CONFIG_FILE", None)
         else:
             os.environ["GATEKEEPER_CONFIG_FILE"] = previous
+
+
+def _check_toml(path: Path, where: str) -> None:
+    """A TOML settings file that exists and parses, or ``SettingsError`` saying why."""
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise SettingsError(
+            f"{where}: {str(path)!r} is not a readable file ({e.strerror or e}); "
+            "give the path of a TOML settings file",
+            field="config",
+            value=str(path),
+        ) from e
+    try:
+        tomllib.loads(text.decode("utf-8", "replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(
+            f"settings file {str(path)!r} is not valid TOML: {e}; "
+            "fix the TOML syntax there (keys as in `key = value`, strings quoted)",
+            field="config",
+            value=str(path),
+        ) from e
+
+
+def _env_value(field: str) -> tuple[str, str] | None:
+    """The ``GATEKEEPER_*`` variable that sets ``field`` and its value, if one does
+    (pydantic-settings matches the names case-insensitively)."""
+    wanted = f"GATEKEEPER_{field}".lower()
+    for name, value in os.environ.items():
+        if name.lower() == wanted:
+            return name, value
+    return None
+
+
+def _invalid_value(
+    e: ValidationError, toml_file: Path | None, overrides: Mapping[str, Any]
+) -> SettingsError:
+    first = e.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    top = str(first["loc"][0]) if first["loc"] else field
+    value = first.get("input")
+    env = _env_value(top)
+    if top in overrides:
+        source = f"settings: {field} = {value!r} (given by the command)"
+        fix = "give a valid value"
+    elif env is not None:
+        source = f"settings: {field}: environment variable {env[0]}={env[1]!r}"
+        source += f" ({field} = {value!r})" if field != top else ""
+        fix = f"set {env[0]} to a valid value or unset it"
+    elif toml_file is not None:
+        source = f"settings file {str(toml_file)!r}: {field} = {value!r}"
+        fix = f"set the '{top}' key there to a valid value"
+    else:
+        source = f"settings: {field} = {value!r}"
+        fix = f"set GATEKEEPER_{top.upper()} or the '{top}' key of the TOML file to a valid value"
+    return SettingsError(f"{source} is invalid ({first['msg']}); {fix}", field=field, value=value)
+
+
+def _unparsable_env(e: PydanticSettingsError) -> SettingsError:
+    match = re.search(r'field "(\w+)"', str(e))
+    field = match.group(1) if match else "?"
+    env = _env_value(field)
+    name, value = env if env is not None else (f"GATEKEEPER_{field.upper()}", "")
+    return SettingsError(
+        f"settings: {field}: environment variable {name}={value!r} cannot be parsed ({e.__cause__ or e}); "
+        f"{field} is a list or table: give it as JSON, e.g. {name}='{_json_example(field)}', "
+        "or set it in the TOML file",
+        field=field,
+        value=value,
+    )
+
+
+def _json_example(field: str) -> str:
+    annotation = (
+        str(Settings.model_fields[field].annotation) if field in Settings.model_fields else ""
+    )
+    if annotation.startswith("dict"):
+        return '{"KEY": "VALUE"}'
+    if "ModelEntry" in annotation:
+        return '[{"name": "NAME", "model": "MODEL"}]'
+    return '["VALUE"]'
