@@ -137,8 +137,11 @@ class Settings(BaseSettings):
     """Models the sidecar may serve, with their options."""
 
     allowed_models: list[str] = Field(default_factory=list)
-    """Further model references (fnmatch patterns, e.g. ``meta-llama/*``) that may be
-    deployed with default options; a worker is never launched for anything else."""
+    """Further model references that may be deployed with default options, as shell-style
+    patterns (``meta-llama/*``) over well-formed hub repo ids ``ORG/NAME`` only, or over
+    normalised absolute paths when the pattern is itself one (``/models/*``): ``..``,
+    ``~``, backslashes and the like never match. A worker is never launched for anything
+    else; models without an ``ORG/`` part go in ``[[models]]``."""
 
     worker_command: list[str] = Field(default_factory=lambda: ["vllm", "serve"])
     """The worker program and its first arguments; the model and flags follow."""
