@@ -180,6 +180,13 @@ class Settings(BaseSettings):
     request_wait_seconds: float = Field(default=60.0, ge=0)
     """How long a request waits for an on-demand or loading worker before 503."""
 
+    start_failure_backoff_seconds: float = Field(default=30.0, ge=0)
+    """After an on-demand worker of a model fails at start, requests naming that model
+    are answered at once with 503 and the reason vLLM's log gave, and no launch is tried
+    for this long; doubled after each further failure in a row, at most an hour (or this
+    value, if larger). A worker of the model that turns ready clears it; an admin deploy
+    is never blocked."""
+
     idle_eviction: bool = False
     """Stop the least recently used idle workers when a new model needs their room."""
 

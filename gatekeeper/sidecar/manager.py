@@ -95,6 +95,8 @@ class DeploymentManager:
         self.on_change = on_change or (lambda d: None)
         self.in_flight: Callable[[str], int] = lambda deployment_id: 0
         """Requests the proxy has in flight to a deployment (set by the app)."""
+        self.on_start_failure: Callable[[Deployment], None] = lambda d: None
+        """Called when a launch ends before the worker is ready (set by the router)."""
         self.records_dir = config.state_dir / "deployments"
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.estimates = EstimateCache()
@@ -194,6 +196,8 @@ class DeploymentManager:
                     return
                 d.error = f"worker exited with code {d.worker.returncode} while serving"
             await self._fail(d)
+            if not ok and not d.stopping:
+                self.on_start_failure(d)
             if not await self._should_restart(d):
                 return
 

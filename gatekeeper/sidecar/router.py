@@ -1,11 +1,16 @@
 """The proxy's view of the deployments: which workers serve a model, launching on
-demand (bounded wait) and evicting idle workers when a new model needs their room."""
+demand (bounded wait) and evicting idle workers when a new model needs their room.
+
+A model whose on-demand worker fails at start is remembered with vLLM's reason: its
+deployment is stopped (no restarts), and requests naming the model are answered at once
+with that reason until a back-off has passed, doubling after each failure in a row."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
@@ -21,6 +26,7 @@ from gatekeeper.sidecar.registry import ModelRegistry
 __all__ = ["ModelRouter"]
 
 LIVE = ("admitted", "launching", "loading", "ready")
+MAX_BACKOFF_SECONDS = 3600.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -29,6 +35,17 @@ class RouterConfig:
     request_wait_seconds: float
     idle_eviction: bool
     idle_seconds: float
+    start_failure_backoff_seconds: float = 30.0
+
+
+@dataclasses.dataclass(slots=True)
+class StartFailure:
+    """A model's last failures at start: vLLM's reason and when to try again."""
+
+    reason: str
+    failures: int
+    retry_at: float
+    """On the router's clock (monotonic seconds)."""
 
 
 class ModelRouter:
@@ -41,6 +58,13 @@ class ModelRouter:
         self.registry = registry
         self.config = config
         self._launching: dict[str, asyncio.Lock] = {}
+        self._failures: dict[str, StartFailure] = {}
+        self._failed: dict[str, asyncio.Event] = {}
+        """Set when a launch of the model fails at start, to wake its waiting requests."""
+        self._on_demand: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.clock: Callable[[], float] = time.monotonic
+        manager.on_start_failure = self._start_failed
 
     def _endpoint(self, d: Deployment) -> Endpoint:
         host = self.manager.config.worker_host
@@ -56,18 +80,48 @@ class ModelRouter:
             )
         live = [d for d in self.manager.by_name(model) if d.state in LIVE]
         if not live:
+            self._refuse_if_failed(model)
             await self._launch(model)
             live = [d for d in self.manager.by_name(model) if d.state in LIVE]
         ready = [d for d in live if d.state == "ready"]
         if not ready:
             ready = await self._wait_ready(model, live)
+        self._failures.pop(model, None)
         now = time.time()
         for d in ready:
             d.last_used = now
         return [self._endpoint(d) for d in ready]
 
+    def _start_failed(self, d: Deployment) -> None:
+        """The manager's hook: remember why ``d`` failed at start, stop an on-demand one."""
+        startup = d.worker.startup() if d.worker is not None else None
+        reason = (startup.failure if startup is not None else None) or (
+            (d.error or "unknown").splitlines()[0]
+        )
+        last = self._failures.get(d.name)
+        failures = 1 if last is None else last.failures + 1
+        base = self.config.start_failure_backoff_seconds
+        backoff = min(base * 2 ** (failures - 1), max(base, MAX_BACKOFF_SECONDS))
+        self._failures[d.name] = StartFailure(reason, failures, self.clock() + backoff)
+        self._failed.pop(d.name, asyncio.Event()).set()
+        if d.id in self._on_demand:
+            self._on_demand.discard(d.id)
+            task = asyncio.get_running_loop().create_task(self.manager.undeploy(d.id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _refuse_if_failed(self, model: str) -> None:
+        failure = self._failures.get(model)
+        if failure is None:
+            return
+        left = failure.retry_at - self.clock()
+        if left > 0:
+            raise _start_failure_error(model, failure, left)
+
     async def _wait_ready(self, model: str, live: list[Deployment]) -> list[Deployment]:
+        failed_at_start = self._failed.setdefault(model, asyncio.Event())
         waits = [asyncio.ensure_future(d.ready_event.wait()) for d in live]
+        waits.append(asyncio.ensure_future(failed_at_start.wait()))
         try:
             await asyncio.wait(
                 waits, timeout=self.config.request_wait_seconds, return_when=asyncio.FIRST_COMPLETED
@@ -78,6 +132,9 @@ class ModelRouter:
         ready = [d for d in live if d.state == "ready"]
         if ready:
             return ready
+        failure = self._failures.get(model)
+        if failed_at_start.is_set() and failure is not None:
+            raise _start_failure_error(model, failure, failure.retry_at - self.clock())
         failed = [d for d in live if d.state == "failed"]
         if failed and len(failed) == len(live):
             raise RouteError(
@@ -111,13 +168,15 @@ class ModelRouter:
             try:
                 entry = self.registry.allowed(model)
                 request = self.registry.request(entry)
-                decision, _ = await self.manager.deploy(entry.name, request)
+                decision, d = await self.manager.deploy(entry.name, request)
                 if (
                     not decision.admitted
                     and self.config.idle_eviction
                     and await self.evict_for(request)
                 ):
-                    decision, _ = await self.manager.deploy(entry.name, request)
+                    decision, d = await self.manager.deploy(entry.name, request)
+                if d is not None:
+                    self._on_demand.add(d.id)
             except DeploymentError as e:
                 if e.status == 409:  # deployed meanwhile (admin API): route to it
                     return
@@ -209,6 +268,19 @@ def _freed(snapshot: InventorySnapshot, victims: list[Deployment]) -> InventoryS
         for g in snapshot.gpus
     )
     return dataclasses.replace(snapshot, gpus=gpus)
+
+
+def _start_failure_error(model: str, failure: StartFailure, left_seconds: float) -> RouteError:
+    left = max(1.0, left_seconds)
+    return RouteError(
+        503,
+        f"The model `{model}` failed to start ({failure.failures} time(s) in a row): "
+        f"{failure.reason}. No new launch for {left:.0f} s; fix the cause (see the worker's "
+        "log), or deploy it through the admin API.",
+        type="ServiceUnavailableError",
+        code="worker_failed",
+        retry_after=left,
+    )
 
 
 def _rejection_text(model: str, decision: Decision) -> str:
