@@ -117,6 +117,7 @@ def build_app(
             request_wait_seconds=settings.request_wait_seconds,
             idle_eviction=settings.idle_eviction,
             idle_seconds=settings.idle_seconds,
+            start_failure_backoff_seconds=settings.start_failure_backoff_seconds,
         ),
     )
     proxy = Proxy(router, upstream, metrics=metrics)

@@ -32,11 +32,13 @@ def _settle(sc: Sidecar) -> list[dict[str, Any]]:
 
 
 def test_a_start_up_failure_is_remembered_and_backed_off(tmp_path: Path):
-    settings = settings_for(tmp_path, restart_limit=3, request_wait_seconds=20.0)
+    settings = settings_for(
+        tmp_path, restart_limit=3, request_wait_seconds=20.0, start_failure_backoff_seconds=40.0
+    )
     settings.worker_env["GATEKEEPER_SIM_FAIL"] = "max-model-len"
     with running_sidecar(settings) as sc:
         router = sc.app.state.router
-        router.config.start_failure_backoff_seconds = 30.0
+        assert router.config.start_failure_backoff_seconds == 40.0  # the setting reaches it
         now = [1000.0]
         router.clock = lambda: now[0]
         proxy = httpx.Client(base_url=sc.url, timeout=60)
@@ -57,16 +59,16 @@ def test_a_start_up_failure_is_remembered_and_backed_off(tmp_path: Path):
         assert second.status_code == 503
         assert second.json()["error"]["code"] == "worker_failed"
         assert "max_model_len check" in second.json()["error"]["message"]
-        assert 1 <= int(second.headers["retry-after"]) <= 30
+        assert 1 <= int(second.headers["retry-after"]) <= 40
         assert _launches(sc) == 1
 
-        now[0] += 31  # the back-off has passed: a launch is tried again
+        now[0] += 41  # the back-off has passed: a launch is tried again
         third = proxy.post("/v1/completions", json=BODY)
         assert third.status_code == 503 and "max_model_len check" in third.text
         ds = _settle(sc)
         assert len(ds) == 2 and _launches(sc) == 2
         fourth = proxy.post("/v1/completions", json=BODY)
-        assert 30 < int(fourth.headers["retry-after"]) <= 60  # doubled
+        assert 40 < int(fourth.headers["retry-after"]) <= 80  # doubled
         assert _launches(sc) == 2
         proxy.close()
 
