@@ -419,8 +419,9 @@ def check_parallelism(
         heads = spec.state.num_heads or spec.state.intermediate_size  # the mixer is split
     if heads % tp:
         divisors = [d for d in (1, 2, 4, 8, 16, 32, 64) if heads % d == 0]
+        what = "mixer heads (or channels)" if attention_free else "attention heads"
         raise ServeOptionsError(
-            f"tensor_parallel_size: {tp} does not divide {spec.name}'s {heads} attention heads; "
+            f"tensor_parallel_size: {tp} does not divide {spec.name}'s {heads} {what}; "
             f"use one of {', '.join(map(str, divisors))}",
             field="tensor_parallel_size",
             value=tp,

@@ -26,9 +26,7 @@ from __future__ import annotations
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec, StateSpec
 from gatekeeper.units import cdiv
 
-__all__ = ["MAMBA_DTYPES", "mixer_weight_bytes", "state_bytes"]
-
-MAMBA_DTYPES = ("auto", "bfloat16", "float16", "float32")
+__all__ = ["mixer_weight_bytes", "state_bytes"]
 
 
 def _groups(state: StateSpec, tp: int) -> int:
