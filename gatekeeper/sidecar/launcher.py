@@ -226,6 +226,11 @@ class WorkerProcess:
             _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.exited.wait(), grace_seconds)
+        # SIGKILL is delivered, not yet done: return only once the group is gone (bounded),
+        # so "stopped" means no process of the worker is left holding its GPU memory
+        deadline = asyncio.get_running_loop().time() + grace_seconds
+        while process_group_alive(self.pid) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
         await asyncio.gather(self._watch, return_exceptions=True)
         shutil.rmtree(scratch_dir(self.spec.worker_id), ignore_errors=True)
 
