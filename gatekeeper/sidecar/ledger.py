@@ -252,6 +252,19 @@ class Ledger:
             (deployment_id, self._clock()),
         )
 
+    def adopt_ready(self, deployment_id: str) -> int:
+        """A worker found serving after a sidecar restart: every row of its deployment
+        becomes ready again, pending or already swept for expiry (the worker is
+        healthy and its memory is in NVML's figure, so it must not be stopped for the
+        lateness of its sidecar); returns the count. Call it only for a worker whose
+        identity (pid and start time) and health were checked."""
+        _require_id("deployment_id", deployment_id)
+        return self._update(
+            "UPDATE reservations SET state = 'ready', released_at = NULL "
+            "WHERE deployment_id = ? AND state != 'ready'",
+            (deployment_id,),
+        )
+
     def release(self, deployment_id: str) -> int:
         """Every unreleased reservation of a deployment becomes released; returns the count."""
         _require_id("deployment_id", deployment_id)

@@ -156,6 +156,21 @@ def test_ready_reservations_are_not_swept(ledger: Ledger, clock: FakeClock) -> N
     assert [r.state for r in ledger.live()] == ["ready"]
 
 
+def test_an_adopted_serving_worker_is_ready_again_even_after_its_row_expired(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    ledger.admit("loading", "m", fit({"GPU-0": 10 * GiB}, 6 * GiB), ttl_seconds=30)
+    ledger.admit("late", "m", fit({"GPU-1": 10 * GiB}, 6 * GiB), ttl_seconds=30)
+    clock.now += 31  # the sidecar was down while both loaded: the rows were swept
+    assert ledger.sweep() == 2
+    assert ledger.adopt_ready("late") == 1
+    assert [(r.deployment_id, r.state) for r in ledger.live()] == [("late", "ready")]
+    assert ledger.outstanding() == (), "a ready row is in NVML's figure, not promised"
+    clock.now += 3600
+    assert ledger.sweep() == 0
+    assert [r.deployment_id for r in ledger.live()] == ["late"]
+
+
 def test_prune_deletes_only_old_released_rows(ledger: Ledger, clock: FakeClock) -> None:
     ledger.admit("gone", "m", fit({"GPU-0": 4 * GiB}, GiB), ttl_seconds=60)
     ledger.admit("kept", "m", fit({"GPU-0": 4 * GiB}, GiB), ttl_seconds=60)
