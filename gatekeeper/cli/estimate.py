@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_REJECTED
 from gatekeeper.cli.options import (
     add_serving_flags,
     model_from_args,
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))
         return 0
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result, spec))
-    return 0
+    return EXIT_OK if result.fits else EXIT_REJECTED
 
 
 def _simple_json(spec: ModelSpec, result: Estimate, options: ServeOptions) -> dict[str, Any]:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import check, estimate, gpus, serve, webhook
+from gatekeeper.cli import check, estimate, exit_codes, gpus, serve, webhook
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import load_settings
 
 __all__ = ["EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
 
-EXIT_USAGE = 2
+EXIT_USAGE = exit_codes.EXIT_USAGE
 EXIT_INTERNAL = 70
 
 

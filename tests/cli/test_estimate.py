@@ -140,3 +140,9 @@ def test_a_pasted_line_with_a_path_to_vllm_and_model_flag_names_the_model():
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert payload["model"] == "Qwen/Qwen3-8B"
+
+
+def test_a_model_that_does_not_fit_exits_1_like_check():
+    out = gatekeeper("estimate", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "L4")
+    assert "verdict: DOES NOT FIT" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 1
