@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -115,19 +116,53 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
                 "or set GATEKEEPER_GPUS=2xH100-80GB to rehearse on a declared node"
             )
     inventory = source.inventory(visible_devices=visible)
+    # Bound before the app exists: a port already taken ends the command here, before the
+    # lifespan adopts or launches any worker (uvicorn.run binds only after the lifespan).
+    sock = _bind(host, port)
     state = settings.state_dir.expanduser()
     state.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path(state))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
     _banner(settings, host, port, declared, args.rehearsal)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         ledger.close()
         close = getattr(inventory, "close", None)
         if close is not None:
             close()
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The sidecar's listening socket, bound and listening, or a clear error naming the
+    address and what to do."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise GatekeeperError(
+            f"host: {host!r} cannot be resolved ({e.strerror}); give an address such as "
+            "127.0.0.1 or 0.0.0.0 with --host or GATEKEEPER_HOST",
+            field="host",
+        ) from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise GatekeeperError(
+            f"port: cannot listen on {host}:{port} ({e.strerror}); another process holds it "
+            "or the address is not this machine's: stop that process, or choose another "
+            "port with --port or GATEKEEPER_PORT",
+            field="port",
+        ) from None
+    sock.set_inheritable(False)
+    return sock
 
 
 def _banner(settings: Settings, host: str, port: int, declared: bool, rehearsal: bool) -> None:
