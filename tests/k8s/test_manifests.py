@@ -281,9 +281,9 @@ def test_the_dockerfile_lints_clean_with_hadolint():
 
 
 def test_the_prometheus_operator_objects_are_an_optional_component():
-    base = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    base = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     assert not {"servicemonitor.yaml", "podmonitor.yaml"} & set(base["resources"])
-    folder = DEPLOY / "kubernetes" / "components" / "prometheus-operator"
+    folder = DEPLOY / "components" / "prometheus-operator"
     component = yaml.safe_load((folder / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
     assert sorted(component["resources"]) == ["podmonitor.yaml", "servicemonitor.yaml"]
