@@ -282,21 +282,24 @@ class DeploymentManager:
 
     async def _should_restart(self, d: Deployment) -> bool:
         c = self.config
-        if d.stopping or c.restart_policy == "never" or d.restarts >= c.restart_limit:
+        if c.restart_policy == "never":
             return False
-        await asyncio.sleep(c.restart_backoff_seconds * (2**d.restarts))
-        if d.stopping:
-            return False
-        d.restarts += 1
-        d.request = self._calibrated(d.request)
-        decision = await self._admit(d.id, d.request)
-        if self.metrics is not None:
-            self.metrics.decision(decision)
-        if not decision.admitted:
+        # A refused admission (the GPU momentarily busy) is retried with the same
+        # back-off, each try counting against restart_limit (#13 item 10).
+        while not d.stopping and d.restarts < c.restart_limit:
+            await asyncio.sleep(c.restart_backoff_seconds * (2**d.restarts))
+            if d.stopping:
+                return False
+            d.restarts += 1
+            d.request = self._calibrated(d.request)
+            decision = await self._admit(d.id, d.request)
+            if self.metrics is not None:
+                self.metrics.decision(decision)
+            if decision.admitted:
+                d.use_decision(decision)
+                return True
             d.error = "restart not admitted: " + "; ".join(decision.reasons[:2])
-            return False
-        d.use_decision(decision)
-        return True
+        return False
 
     # -- stop ---------------------------------------------------------------------------
 
