@@ -101,8 +101,8 @@ def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
         "estimate", "-tp", "2", "meta-llama/Llama-3.3-70B-Instruct", "--max_model_len", "32k",
         "--gpu", "H100-80GB", "--json",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
+    assert out.returncode == (0 if payload["fits"] else 1), out.stderr
     assert payload["max_model_len"] == 32000
     pasted = gatekeeper(
         "estimate", "vllm", "serve", "Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "4",
@@ -110,7 +110,7 @@ def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
         "--kv-offloading-size", "4",
         "--json",
     )  # fmt: skip
-    assert pasted.returncode == 0, pasted.stderr
+    assert pasted.returncode == (0 if json.loads(pasted.stdout)["fits"] else 1), pasted.stderr
     assert "--kv-offloading-size read but not modelled" in pasted.stderr
     assert "--hf-overrides" not in pasted.stderr  # laid over the config, as vLLM does
     assert json.loads(pasted.stdout)["max_model_len"] == 8192  # the overridden length
