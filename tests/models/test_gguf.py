@@ -157,7 +157,7 @@ def test_estimate_of_a_gguf_file_with_its_tokenizer(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # DOES NOT FIT: the default release cannot load it
     assert "gguf (checkpoint)" in out.stdout and "GGUF tensor table" in out.stdout
     assert "no longer loads gguf" in out.stdout  # the default release, 0.33, cannot
     assert "--tokenizer" not in out.stderr  # accepted: it does not change memory
