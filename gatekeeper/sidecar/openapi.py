@@ -19,8 +19,16 @@ _ERROR = {
 }
 
 
+_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
 def _op(
-    summary: str, responses: dict[str, str], body: bool = False, secured: bool = True
+    summary: str,
+    responses: dict[str, str],
+    body: bool = False,
+    secured: bool = True,
+    api_key: bool = False,
+    path_id: bool = False,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
@@ -43,6 +51,11 @@ def _op(
         }
     if secured:
         op["security"] = [{"bearer": []}]
+    if api_key:
+        # optional: an empty requirement means "no key" is accepted when api_keys is unset
+        op["security"] = [{}, {"api_key": []}]
+    if path_id:
+        op["parameters"] = _ID
     return op
 
 
@@ -64,7 +77,10 @@ def openapi_schema(version: str) -> dict[str, Any]:
             "description": "Admission control for vLLM: admin API and OpenAI-compatible proxy.",
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "api_key": {"type": "http", "scheme": "bearer"},
+            },
             "schemas": {"DeployBody": DeployBody.model_json_schema()},
         },
         "paths": {
@@ -87,17 +103,21 @@ def openapi_schema(version: str) -> dict[str, Any]:
             },
             "/admin/deployments/{id}": {
                 "get": _op(
-                    "One deployment", {"200": "the deployment", "404": "unknown id", **admin_errors}
+                    "One deployment",
+                    {"200": "the deployment", "404": "unknown id", **admin_errors},
+                    path_id=True,
                 ),
                 "delete": _op(
                     "Drain, then stop a deployment",
                     {"200": "stopped", "404": "unknown id", **admin_errors},
+                    path_id=True,
                 ),
             },
             "/admin/deployments/{id}/log": {
                 "get": _op(
                     "The worker's log from a byte offset, with its start-up phase",
-                    {"200": "lines and the next offset", **admin_errors},
+                    {"200": "lines and the next offset", "404": "unknown id", **admin_errors},
+                    path_id=True,
                 )
             },
             "/admin/gpus": {
@@ -107,21 +127,39 @@ def openapi_schema(version: str) -> dict[str, Any]:
                 )
             },
             "/v1/chat/completions": {
-                "post": _op("OpenAI chat completions, routed by model", openai, secured=False)
+                "post": _op(
+                    "OpenAI chat completions, routed by model", openai, secured=False, api_key=True
+                )
             },
             "/v1/completions": {
-                "post": _op("OpenAI completions, routed by model", openai, secured=False)
+                "post": _op(
+                    "OpenAI completions, routed by model", openai, secured=False, api_key=True
+                )
             },
             "/v1/embeddings": {
-                "post": _op("OpenAI embeddings, routed by model", openai, secured=False)
+                "post": _op(
+                    "OpenAI embeddings, routed by model", openai, secured=False, api_key=True
+                )
             },
             "/v1/models": {
                 "get": _op(
                     "Served models and allowed models not running",
                     {"200": "model list"},
                     secured=False,
+                    api_key=True,
                 )
             },
             "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
+            "/metrics": {
+                "get": _op("Prometheus metrics (text format)", {"200": "metrics"}, secured=False)
+            },
+            "/openapi.json": {"get": _op("This schema", {"200": "the schema"}, secured=False)},
+            "/k8s/validate": {
+                "post": _op(
+                    "Kubernetes validating admission webhook (AdmissionReview v1)",
+                    {"200": "AdmissionReview with the verdict", "400": "not an AdmissionReview"},
+                    secured=False,
+                )
+            },
         },
     }
