@@ -38,9 +38,11 @@ from gatekeeper.vllm.log import StartupLog
 
 __all__ = [
     "LOG_GENERATIONS",
+    "WORKER_MARKER_ENV",
     "LaunchSpec",
     "WorkerProcess",
     "WorkerStartError",
+    "marked_workers",
     "process_group_alive",
     "rotate_logs",
     "scratch_dir",
@@ -103,7 +105,38 @@ def worker_environment(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, s
     )
     env.update(worker_cuda_env(spec.gpu_indices))
     env.update(spec.env)
+    env[WORKER_MARKER_ENV] = str(spec.work_dir)
     return env
+
+
+WORKER_MARKER_ENV = "GK_WORKER"
+"""Set in every worker's environment (last, so ``worker_env`` cannot override it) to the
+worker's work directory, ``STATE_DIR/work/ID``: a restarted sidecar finds by it a worker
+whose record was never written (killed between spawn and record) and stops it."""
+
+
+def marked_workers(work_root: Path, proc: Path = Path("/proc")) -> dict[int, str]:
+    """Process-group leaders carrying the worker marker of a directory under
+    ``work_root``: pid -> worker id. Processes of other users are not readable and skipped."""
+    root = str(work_root)
+    found: dict[int, str] = {}
+    for entry in proc.glob("[0-9]*"):
+        try:
+            pid = int(entry.name)
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[2]) != pid:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        prefix = f"{WORKER_MARKER_ENV}=".encode()
+        for item in environ:
+            if item.startswith(prefix):
+                work_dir = Path(item[len(prefix) :].decode("utf-8", "replace"))
+                if str(work_dir.parent) == root:
+                    found[pid] = work_dir.name
+                break
+    return found
 
 
 def rotate_logs(path: Path, generations: int = LOG_GENERATIONS) -> None:

@@ -56,6 +56,7 @@ from gatekeeper.sidecar.launcher import (
     LaunchSpec,
     WorkerProcess,
     WorkerStartError,
+    marked_workers,
     process_group_alive,
 )
 from gatekeeper.sidecar.ledger import Ledger
@@ -376,13 +377,44 @@ class DeploymentManager:
         process group is alive and its ``/health`` answers 200. ``resolve`` rebuilds a
         deployment's request from its recorded model and options.
         """
-        live = {r.deployment_id for r in await asyncio.to_thread(self.ledger.live)}
+        rows = await asyncio.to_thread(self.ledger.live)
+        live = {r.deployment_id for r in rows}
         adopted = []
         for path in sorted(self.records_dir.glob("*.json")):
             d = await self._adopt_one(path, live, resolve)
             if d is not None:
                 adopted.append(d.id)
+        await self._stop_unrecorded_workers(set(adopted))
+        # A reservation whose deployment was not adopted has no worker behind it (the
+        # sidecar died between admission and launch, or its record was unreadable): it
+        # would block its GPU until it expired. One sidecar owns a state directory.
+        for deployment_id in sorted(live - set(adopted)):
+            await asyncio.to_thread(self.ledger.release, deployment_id)
         return adopted
+
+    async def _stop_unrecorded_workers(self, adopted: set[str]) -> None:
+        """Stop the workers an earlier sidecar spawned but never recorded (killed between
+        spawn and record): found by the marker in their environment."""
+        work_root = self.config.state_dir / "work"
+        found = await asyncio.to_thread(marked_workers, work_root)
+        for pid, worker_id in found.items():
+            if worker_id in adopted:
+                continue
+            logger.warning(
+                "stopping worker %s (pid %d): it has no deployment record", worker_id, pid
+            )
+            spec = LaunchSpec(
+                worker_id=worker_id,
+                command=self.config.worker_command,
+                args=(),
+                host=self.config.worker_host,
+                port=0,
+                gpu_indices=(),
+                log_path=self.config.state_dir / "logs" / f"{worker_id}.log",
+                work_dir=work_root / worker_id,
+                env={},
+            )
+            await WorkerProcess.adopt(spec, pid).stop(self.config.stop_grace_seconds)
 
     async def _adopt_one(
         self, path: Path, live: set[str], resolve: Callable[[str], PlacementRequest]
@@ -405,15 +437,22 @@ class DeploymentManager:
             work_dir=Path(record.work_dir),
             env=self.config.worker_env,
         )
-        ours = recorded_worker_alive(record)
+        ours = recorded_worker_alive(record) and record.pid is not None
         healthy = ours and await self._health(record.host, record.port)
-        if record.id not in live or not healthy or record.pid is None:
+        # Serving: adopted whatever its row says (a row left pending by a sidecar killed
+        # while the worker loaded may have expired by now; the worker's memory is in
+        # NVML's figure). Still loading with a live row: adopted and awaited.
+        loading = ours and not healthy and record.id in live
+        if not (healthy or loading):
             if ours and record.pid is not None:
                 stale = WorkerProcess.adopt(spec, record.pid)
                 await stale.stop(self.config.stop_grace_seconds)
             await asyncio.to_thread(self.ledger.release, record.id)
             path.unlink(missing_ok=True)
             return None
+        assert record.pid is not None
+        if healthy:
+            await asyncio.to_thread(self.ledger.adopt_ready, record.id)
         recorded = data.get("decision")
         prediction, promise = recorded_admission(recorded)
         d = Deployment(
@@ -429,19 +468,51 @@ class DeploymentManager:
             args=tuple(a for a in record.args),
             port=record.port,
             created_at=record.created_at,
-            ready_at=time.time(),
+            ready_at=time.time() if healthy else None,
             pid_start_ticks=record.pid_start_ticks,
         )
         d.worker = WorkerProcess.adopt(spec, record.pid)
         d.actual = d.worker.startup().memory
         self.deployments[d.id] = d
-        self._set(d, "ready")
-        d.ready_event.set()
+        if healthy:
+            self._set(d, "ready")
+            d.ready_event.set()
+        else:
+            self._set(d, "loading")
         d.supervisor = asyncio.get_running_loop().create_task(self._watch_adopted(d))
         return d
 
+    async def _await_adopted_loading(self, d: Deployment) -> bool:
+        """An adopted worker that was still loading: wait for it as a launch would (the
+        rest of its start-up time); True once it is ready and its row is."""
+        assert d.worker is not None
+        elapsed = time.time() - d.created_at
+        remaining = max(1.0, self.config.startup_timeout_seconds - elapsed)
+        try:
+            log = await d.worker.wait_ready(self.client, remaining)
+        except WorkerStartError as e:
+            d.error = str(e)
+            return False
+        d.actual = log.memory
+        if d.stopping:
+            return True
+        await asyncio.to_thread(self.ledger.adopt_ready, d.id)
+        d.ready_at = time.time()
+        d.error = None
+        self._set(d, "ready")
+        d.ready_event.set()
+        return True
+
     async def _watch_adopted(self, d: Deployment) -> None:
         assert d.worker is not None
+        if d.state == "loading" and not await self._await_adopted_loading(d):
+            if d.stopping:
+                return
+            await self._fail(d)
+            self.on_start_failure(d)
+            if await self._should_restart(d):
+                await self._run(d)
+            return
         await d.worker.exited.wait()
         if d.stopping:
             return
