@@ -174,6 +174,11 @@ class Settings(BaseSettings):
     restart_backoff_seconds: float = Field(default=5.0, ge=0)
     """Wait before the first restart; doubled at each further one."""
 
+    admission_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Longest an admission (estimate and placement) may take; past it the request gets
+    503 and nothing is reserved (an estimate that never ends holds one thread, never the
+    ledger or the other admissions)."""
+
     on_demand: bool = True
     """Launch an allowed model when a request names it and no worker serves it."""
 

@@ -65,6 +65,7 @@ def manager_config(settings: Settings) -> ManagerConfig:
         restart_backoff_seconds=settings.restart_backoff_seconds,
         policy=placement_policy(settings),
         rehearsal=is_simulator(settings.worker_command),
+        admission_timeout_seconds=settings.admission_timeout_seconds,
     )
 
 

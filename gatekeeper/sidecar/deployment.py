@@ -203,6 +203,7 @@ class ManagerConfig:
     restart_backoff_seconds: float
     policy: PlacementPolicy
     rehearsal: bool = False
+    admission_timeout_seconds: float = 30.0
     """Workers are the simulator: tell it the predicted figures to report."""
 
 

@@ -103,6 +103,8 @@ class DeploymentManager:
         self.estimates = EstimateCache()
         """Estimates kept across admissions (the same model is placed again and again)."""
         self._lock = asyncio.Lock()
+        self._late_releases: set[asyncio.Future[int]] = set()
+        """Releases of admissions that finished after their time limit."""
 
     # -- queries ------------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ class DeploymentManager:
                     value=name,
                 )
             deployment_id = f"{slug(name)}-{uuid.uuid4().hex[:8]}"
-            decision = await self._admit(deployment_id, request)
+            decision = await self._admit_within_limit(deployment_id, request)
             if self.metrics is not None:
                 self.metrics.decision(decision)
             if not decision.admitted:
@@ -293,7 +295,7 @@ class DeploymentManager:
                 return False
             d.restarts += 1
             d.request = self._calibrated(d.request)
-            decision = await self._admit(d.id, d.request)
+            decision = await self._admit_within_limit(d.id, d.request)
             if self.metrics is not None:
                 self.metrics.decision(decision)
             if decision.admitted:
