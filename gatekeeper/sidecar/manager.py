@@ -176,6 +176,34 @@ class DeploymentManager:
             cache=self.estimates,
         )
 
+    async def _admit_within_limit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+        """``_admit`` bounded by ``admission_timeout_seconds``. The admission's thread
+        cannot be interrupted: if it admits after all, its reservation is released."""
+        limit = self.config.admission_timeout_seconds
+        task = asyncio.ensure_future(self._admit(deployment_id, request))
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if task in done:
+            return task.result()
+
+        def late(t: asyncio.Task[Decision]) -> None:
+            if not t.cancelled() and t.exception() is None and t.result().admitted:
+                release = asyncio.to_thread(self.ledger.release, deployment_id)
+                future = asyncio.ensure_future(release)
+                self._late_releases.add(future)
+                future.add_done_callback(self._late_releases.discard)
+
+        task.add_done_callback(late)
+        if self.metrics is not None:
+            self.metrics.admission("error")
+        raise DeploymentError(
+            f"admission of {request.model.name!r} did not finish in {limit:g} s; nothing was "
+            "reserved. Retry; if it recurs, the estimate is pathological (check the model's "
+            "options) or raise GATEKEEPER_ADMISSION_TIMEOUT_SECONDS",
+            status=503,
+            field="admission_timeout_seconds",
+            value=limit,
+        )
+
     async def _run(self, d: Deployment) -> None:
         """Launch, wait for readiness, watch the worker, restart per policy.
 
