@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.sidecar.deployment import DeploymentError
-from gatekeeper.sidecar.ledger import promised_bytes
+from gatekeeper.sidecar.ledger import LedgerError, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
@@ -107,6 +107,10 @@ class AdminApi:
             except ModelNotAllowed as e:
                 return _error(
                     403, str(e), kind="model_not_allowed", field=e.field, value=_plain(e.value)
+                )
+            except LedgerError as e:  # the state directory, not the request
+                return _error(
+                    503, str(e), kind="state_unavailable", field=e.field, value=_plain(e.value)
                 )
             except GatekeeperError as e:
                 return _error(400, str(e), kind="bad_request", field=e.field, value=_plain(e.value))

@@ -494,6 +494,16 @@ def _translated(path: Path, timeout_seconds: float) -> Iterator[None]:
                 f"another writer held it for more than {timeout_seconds} s; look for a hung "
                 f"process holding it (fuser {path}) or raise timeout_seconds"
             )
+        elif "disk is full" in text or "disk I/O error" in text:
+            advice = (
+                f"the disk holding {path.parent} is full or failing: free space there (or set "
+                "GATEKEEPER_STATE_DIR to another disk); nothing was written"
+            )
+        elif "readonly" in text or "read-only" in text:
+            advice = (
+                f"{path.parent} is read-only: remount it read-write, fix its permissions, or "
+                "set GATEKEEPER_STATE_DIR to a writable directory; nothing was written"
+            )
         elif "unable to open" in text:
             advice = "check its permissions, or set GATEKEEPER_STATE_DIR to a writable directory"
         else:

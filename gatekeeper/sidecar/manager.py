@@ -59,7 +59,7 @@ from gatekeeper.sidecar.launcher import (
     marked_workers,
     process_group_alive,
 )
-from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.ledger import Ledger, LedgerError
 from gatekeeper.sidecar.rehearsal import simulator_env
 from gatekeeper.vllm.flags import options_record
 
@@ -104,7 +104,8 @@ class DeploymentManager:
         """Estimates kept across admissions (the same model is placed again and again)."""
         self._lock = asyncio.Lock()
         self._late_releases: set[asyncio.Future[int]] = set()
-        """Releases of admissions that finished after their time limit."""
+        """Releases still to happen: of admissions that finished after their time limit,
+        and of undeployments whose release the ledger refused (retried)."""
 
     # -- queries ------------------------------------------------------------------------
 
@@ -352,18 +353,58 @@ class DeploymentManager:
         if d.worker is not None and d.worker.alive:
             # A restart may have launched a new worker while the old one was stopped.
             await d.worker.stop(self.config.stop_grace_seconds)
-        await asyncio.to_thread(self.ledger.release, d.id)
         d.ready_event.clear()
+        try:
+            await asyncio.to_thread(self.ledger.release, d.id)
+        except LedgerError as e:
+            # The worker is gone but its reservation could not be released (a full or
+            # read-only state directory): keep retrying, and say so, rather than leave
+            # the GPU promised to nobody until the row expires.
+            d.error = f"worker stopped, reservation not yet released: {e}"
+            self._set(d, "stopping")
+            retry = asyncio.get_running_loop().create_task(self._release_until_done(d))
+            self._late_releases.add(retry)
+            retry.add_done_callback(self._late_releases.discard)
+            raise DeploymentError(
+                f"deployment {d.id}: the worker is stopped but its reservation could not be "
+                f"released ({e}); it is retried in the background. Free space in or fix the "
+                f"permissions of {self.config.state_dir}",
+                status=503,
+                field="state_dir",
+                value=str(self.config.state_dir),
+            ) from e
+        self._stopped(d)
+        return d
+
+    def _stopped(self, d: Deployment) -> None:
         self._set(d, "stopped")
         with contextlib.suppress(FileNotFoundError):
             (self.records_dir / f"{d.id}.json").unlink()
-        return d
+
+    async def _release_until_done(self, d: Deployment, first_wait: float = 0.5) -> int:
+        """Release a stopped deployment's reservation, retrying with back-off (at most a
+        minute apart) until the ledger takes the write."""
+        wait = first_wait
+        while True:
+            await asyncio.sleep(wait)
+            try:
+                count = await asyncio.to_thread(self.ledger.release, d.id)
+            except LedgerError as e:
+                logger.warning("deployment %s: release failed again: %s", d.id, e)
+                wait = min(wait * 2, 60.0)
+                continue
+            d.error = None
+            self._stopped(d)
+            return count
 
     async def close(self, *, stop_workers: bool) -> None:
         """Sidecar shutdown: stop the workers, or leave them running to be adopted."""
         for d in list(self.deployments.values()):
             if stop_workers:
-                await self.undeploy(d.id)
+                try:
+                    await self.undeploy(d.id)
+                except DeploymentError as e:  # the worker is stopped; the row waits
+                    logger.warning("deployment %s: %s", d.id, e)
             elif d.supervisor is not None:
                 d.supervisor.cancel()
                 await asyncio.gather(d.supervisor, return_exceptions=True)
