@@ -14,7 +14,9 @@ Lifecycle (one row per GPU)::
 
 A pending row past ``expires_at`` is dead everywhere (not outstanding, not live,
 cannot become ready). ``ready`` rows no longer count (the worker's usage is in NVML's
-figure) but are kept for adoption after a restart (``live()``). See docs/ledger.md.
+figure) but are kept for adoption after a restart (``live()``); ``ready_at`` records
+when a row became ready, so that ``admit(since=…)`` can still count a row that turned
+ready after the caller's GPU snapshot was taken. See docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ ReservationState = Literal["pending", "ready", "released"]
 LEDGER_FILENAME = "reservations.sqlite3"
 """The ledger's file name inside the state directory."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of the schema this module writes."""
 
 _MAX_BYTES = 2**63 - 1  # SQLite's INTEGER range
@@ -72,15 +74,22 @@ CREATE TABLE reservations (
     expires_at REAL NOT NULL,
     released_at REAL,
     pid INTEGER,
-    payload TEXT NOT NULL
+    payload TEXT NOT NULL,
+    ready_at REAL
 );
 CREATE INDEX reservations_by_state ON reservations (state, expires_at);
 CREATE INDEX reservations_by_deployment ON reservations (deployment_id);
 """
 
-_COLUMNS = "id, deployment_id, model, gpu_uuid, bytes, state, created_at, expires_at, pid, payload"
+_COLUMNS = (
+    "id, deployment_id, model, gpu_uuid, bytes, state, created_at, expires_at, pid, payload,"
+    " ready_at"
+)
 _OUTSTANDING = "state = 'pending' AND expires_at > ?"
 _LIVE = "(state = 'ready' OR (state = 'pending' AND expires_at > ?))"
+_READY_SINCE = "state = 'ready' AND ready_at >= ?"
+_MIGRATIONS = {1: ("ALTER TABLE reservations ADD COLUMN ready_at REAL",)}
+"""Statements that bring a file of schema version ``key`` to ``key + 1``."""
 
 
 class LedgerError(GatekeeperError):
@@ -108,6 +117,9 @@ class Reservation:
     """The worker's pid once launched (for adoption after a restart), else ``None``."""
     payload: str
     """JSON text stored by the caller with the reservation (the decision)."""
+    ready_at: float | None = None
+    """Clock seconds when the row became ready (``mark_ready``/``adopt_ready``), else
+    ``None`` (still pending, released before ready, or a ready row from schema 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +214,11 @@ class Ledger:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def now(self) -> float:
+        """The ledger's clock: the time ``ready_at`` is written in (pass it to ``admit``
+        as ``since``)."""
+        return self._clock()
+
     def admit(
         self,
         deployment_id: str,
@@ -210,6 +227,7 @@ class Ledger:
         *,
         ttl_seconds: float,
         payload: Callable[[T], str] = default_payload,
+        since: float | None = None,
     ) -> T:
         """Decide and reserve in one transaction; return the decision.
 
@@ -218,14 +236,29 @@ class Ledger:
         reservation per promise, expiring ``ttl_seconds`` from now. ``decide`` must be
         pure and fast (other writers wait for it) and must not call the ledger. If it
         (or ``payload``) raises, nothing is written and the exception propagates.
+
+        ``since`` closes the gap between the caller's GPU snapshot and this
+        transaction: take ``since = ledger.now()`` *before* reading the snapshot, and
+        the rows that became ready at or after ``since`` are handed to ``decide`` too
+        (after the pending ones), counted as promised. A worker that turned ready in
+        between may be in the snapshot's used memory as well, so it can be counted
+        twice (a conservative refusal) but never zero times (an over-commit).
+        ``None`` hands over the pending rows only.
         """
         _require_id("deployment_id", deployment_id)
         _require_id("model", model)
         _require_seconds("ttl_seconds", ttl_seconds, "how long a starting worker may hold it")
+        if since is not None and not (
+            not isinstance(since, bool) and isinstance(since, int | float) and math.isfinite(since)
+        ):
+            raise _invalid("since", since, "give the ledger time (ledger.now()) or None")
         with self._write() as conn:
             now = self._clock()
             _sweep(conn, now)
-            decision, promises = decide(_select(conn, _OUTSTANDING, (now,)))
+            counted = _select(conn, _OUTSTANDING, (now,))
+            if since is not None:
+                counted += _select(conn, _READY_SINCE, (since,))
+            decision, promises = decide(counted)
             checked = _check_promises(promises)
             if checked:
                 _require_not_live(conn, deployment_id, now)
@@ -248,8 +281,9 @@ class Ledger:
         one, so the caller should stop it (or admit it again)."""
         _require_id("deployment_id", deployment_id)
         return self._update(
-            f"UPDATE reservations SET state = 'ready' WHERE deployment_id = ? AND {_OUTSTANDING}",
-            (deployment_id, self._clock()),
+            "UPDATE reservations SET state = 'ready', ready_at = ?1 "
+            "WHERE deployment_id = ?2 AND state = 'pending' AND expires_at > ?1",
+            (self._clock(), deployment_id),
         )
 
     def adopt_ready(self, deployment_id: str) -> int:
@@ -260,9 +294,9 @@ class Ledger:
         identity (pid and start time) and health were checked."""
         _require_id("deployment_id", deployment_id)
         return self._update(
-            "UPDATE reservations SET state = 'ready', released_at = NULL "
+            "UPDATE reservations SET state = 'ready', released_at = NULL, ready_at = ? "
             "WHERE deployment_id = ? AND state != 'ready'",
-            (deployment_id,),
+            (self._clock(), deployment_id),
         )
 
     def release(self, deployment_id: str) -> int:
@@ -399,7 +433,9 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Create the schema in a new file; refuse a file this version cannot read."""
+    """Create the schema in a new file, bring an older one up to date (``_MIGRATIONS``:
+    version 1 gains ``ready_at``, NULL on its rows); refuse a file this version cannot
+    read."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version == 0:
         for statement in _SCHEMA.split(";"):
@@ -415,6 +451,11 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             f"it is not a ledger this gatekeeper reads (schema version {version}, this one "
             f"writes {SCHEMA_VERSION}); move it aside (a new ledger is started) or upgrade",
         )
+    while version < SCHEMA_VERSION:
+        for statement in _MIGRATIONS[version]:
+            conn.execute(statement)
+        version += 1
+        conn.execute(f"PRAGMA user_version = {version}")
 
 
 def _sweep(conn: sqlite3.Connection, now: float) -> int:

@@ -22,6 +22,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.sidecar.ledger import (
     LEDGER_FILENAME,
+    SCHEMA_VERSION,
     Ledger,
     LedgerError,
     Promise,
@@ -154,6 +155,127 @@ def test_ready_reservations_are_not_swept(ledger: Ledger, clock: FakeClock) -> N
     clock.now += 3600
     assert ledger.sweep() == 0
     assert [r.state for r in ledger.live()] == ["ready"]
+
+
+def recording(seen: list[tuple[Reservation, ...]]) -> Decide:
+    """A decide that records what it was handed and promises nothing."""
+
+    def decide(counted: tuple[Reservation, ...]) -> tuple[str | None, tuple[Promise, ...]]:
+        seen.append(counted)
+        return None, ()
+
+    return decide
+
+
+def test_a_row_ready_since_the_snapshot_is_handed_to_decide(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    ledger.admit("before", "m", fit({"GPU-0": 80 * GiB}, 10 * GiB), ttl_seconds=60)
+    ledger.mark_ready("before")  # ready before the snapshot: in its used memory
+    clock.now += 1
+    ledger.admit("after", "m", fit({"GPU-0": 80 * GiB}, 20 * GiB), ttl_seconds=60)
+    ledger.admit("pending", "m", fit({"GPU-0": 80 * GiB}, 30 * GiB), ttl_seconds=60)
+    since = ledger.now()
+    assert since == clock.now
+    # ... the caller reads its GPU snapshot here; meanwhile "after" turns ready ...
+    clock.now += 0.5
+    assert ledger.mark_ready("after") == 1
+    (row,) = [r for r in ledger.live() if r.deployment_id == "after"]
+    assert (row.state, row.ready_at) == ("ready", clock.now)
+    seen: list[tuple[Reservation, ...]] = []
+    ledger.admit("new", "m", recording(seen), ttl_seconds=60, since=since)
+    ledger.admit("new", "m", recording(seen), ttl_seconds=60)
+    with_since, without = seen
+    assert [(r.deployment_id, r.state) for r in with_since] == [
+        ("pending", "pending"),
+        ("after", "ready"),
+    ], "the row that turned ready after since counts; the one ready before does not"
+    assert promised(with_since, "GPU-0") == 50 * GiB
+    assert [r.deployment_id for r in without] == ["pending"]
+    # A row ready exactly at since counts too (twice, perhaps, but never zero times).
+    seen.clear()
+    ledger.admit("new", "m", recording(seen), ttl_seconds=60, since=clock.now)
+    assert [r.deployment_id for r in seen[0]] == ["pending", "after"]
+
+
+def test_a_ready_row_fills_the_gpu_for_an_admission_since_before_it(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    free = {"GPU-0": 10 * GiB}  # the snapshot, read when nothing was ready yet
+    since = ledger.now()
+    assert ledger.admit("a", "m", fit(free, 6 * GiB), ttl_seconds=60) == "GPU-0"
+    clock.now += 1
+    ledger.mark_ready("a")
+    assert ledger.admit("b", "m", fit(free, 6 * GiB), ttl_seconds=60, since=since) is None
+    assert ledger.admit("b", "m", fit(free, 6 * GiB), ttl_seconds=60) == "GPU-0", (
+        "without since the ready row counts nowhere: the over-commit of issue #13"
+    )
+
+
+def test_adopt_ready_sets_ready_at(ledger: Ledger, clock: FakeClock) -> None:
+    ledger.admit("d1", "m", fit({"GPU-0": GiB}, GiB), ttl_seconds=5)
+    clock.now += 10
+    ledger.sweep()
+    assert ledger.adopt_ready("d1") == 1
+    assert [r.ready_at for r in ledger.live()] == [clock.now]
+
+
+@pytest.mark.parametrize("since", [float("nan"), float("inf"), "now", True])
+def test_bad_since_names_the_field(ledger: Ledger, since: object) -> None:
+    with pytest.raises(LedgerError, match="since") as info:
+        ledger.admit("d1", "m", fit({"GPU-0": GiB}, GiB), ttl_seconds=5, since=since)  # type: ignore[arg-type]
+    assert info.value.field == "since"
+    assert ledger.by_deployment("d1") == ()
+
+
+V1_SCHEMA = (
+    "CREATE TABLE reservations (id TEXT PRIMARY KEY, deployment_id TEXT NOT NULL,"
+    " model TEXT NOT NULL, gpu_uuid TEXT NOT NULL, bytes INTEGER NOT NULL CHECK (bytes > 0),"
+    " state TEXT NOT NULL CHECK (state IN ('pending', 'ready', 'released')),"
+    " created_at REAL NOT NULL, expires_at REAL NOT NULL, released_at REAL, pid INTEGER,"
+    " payload TEXT NOT NULL);"
+    " CREATE INDEX reservations_by_state ON reservations (state, expires_at);"
+    " CREATE INDEX reservations_by_deployment ON reservations (deployment_id);"
+)
+"""The schema of version 1 files, as gatekeeper 1 wrote it (no ``ready_at``)."""
+
+
+def test_a_version_1_file_is_migrated(tmp_path: Path, clock: FakeClock) -> None:
+    path = ledger_path(tmp_path)
+    conn = sqlite3.connect(path)
+    conn.executescript(V1_SCHEMA)
+    insert = (
+        "INSERT INTO reservations (id, deployment_id, model, gpu_uuid, bytes, state,"
+        " created_at, expires_at, pid, payload) VALUES (?, ?, 'm', 'GPU-0', ?, ?, 990, 2000, ?, '{}')"
+    )
+    conn.execute(insert, ("r1", "old-ready", GiB, "ready", 11))
+    conn.execute(insert, ("r2", "old-pending", 2 * GiB, "pending", None))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Ledger(path, clock=clock) as ledger:
+        assert [(r.deployment_id, r.state, r.ready_at) for r in ledger.live()] == [
+            ("old-ready", "ready", None),
+            ("old-pending", "pending", None),
+        ]
+        assert ledger.mark_ready("old-pending") == 1
+        assert [r.ready_at for r in ledger.live()] == [None, clock.now]
+    with Ledger(path, clock=clock) as again:  # opening a migrated file is a no-op
+        assert len(again.live()) == 2
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    conn.close()
+
+
+def test_a_new_file_has_ready_at(tmp_path: Path) -> None:
+    path = ledger_path(tmp_path)
+    Ledger(path).close()
+    conn = sqlite3.connect(path)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(reservations)")]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    conn.close()
+    assert "ready_at" in columns
+    assert version == 2
 
 
 def test_an_adopted_serving_worker_is_ready_again_even_after_its_row_expired(
