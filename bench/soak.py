@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -97,7 +97,7 @@ def one_round(
     client: httpx.Client, record: collections.Counter[str], latencies: list[float]
 ) -> None:
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-    calls = [
+    calls: list[tuple[str, Callable[[], httpx.Response]]] = [
         ("chat", lambda: client.post("/v1/chat/completions", json=chat)),
         (
             "completion",
