@@ -133,6 +133,27 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     """Bearer token of the admin API; without one the admin API is off."""
 
+    api_keys: list[str] = Field(default_factory=list, repr=False)
+    """Keys a client of the OpenAI API (``/v1/...``) must send as ``Authorization: Bearer
+    <key>``, any one of them (vLLM's ``--api-key``); ``GATEKEEPER_API_KEYS`` takes a JSON
+    list. Empty (the default): ``/v1`` is open. ``/healthz``, ``/metrics`` and
+    ``/openapi.json`` stay open either way; the admin API keeps ``admin_token``."""
+
+    request_body_timeout_seconds: float = Field(default=30.0, gt=0)
+    """How long the sidecar waits for each next chunk of a request body; a client that
+    stalls longer gets 408 and its connection is closed."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys_are_tokens(cls, value: list[str]) -> list[str]:
+        for i, key in enumerate(value):
+            if not key or key != key.strip() or any(c.isspace() for c in key):
+                raise ValueError(
+                    f"api_keys[{i}] is empty or holds whitespace ({len(key)} characters); "
+                    "give each key as one non-empty word, or leave api_keys empty to keep /v1 open"
+                )
+        return value
+
     models: list[ModelEntry] = Field(default_factory=list)
     """Models the sidecar may serve, with their options."""
 

@@ -18,6 +18,7 @@ import anyio
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,6 +37,7 @@ from gatekeeper.settings import ModelEntry, Settings, model_resolver, placement_
 from gatekeeper.sidecar.admin_api import AdminApi
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
+from gatekeeper.sidecar.http_guard import HttpGuard
 from gatekeeper.sidecar.ledger import Ledger, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.openapi import openapi_schema
@@ -170,7 +172,12 @@ def build_app(
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    guard = Middleware(
+        HttpGuard,
+        api_keys=settings.api_keys,
+        body_timeout_seconds=settings.request_body_timeout_seconds,
+    )
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[guard])
     app.state.manager = manager
     app.state.router = router
     app.state.proxy = proxy
