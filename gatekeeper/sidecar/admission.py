@@ -3,6 +3,8 @@
 The GPU snapshot is read, and the estimates computed, before the transaction (neither
 NVML calls nor the estimator belong inside it);
 inside, the ledger hands the outstanding promises to the pure ``placement.decide``,
+together with the rows that turned ready since ``since`` (taken before the snapshot:
+a worker turning ready in between is counted by the snapshot, the ledger, or both),
 and an admitted decision's promises are written before the transaction commits. Two
 admissions, from threads or from processes, can therefore never promise the same
 bytes. Suggestions for a rejection are worked out after the transaction.
@@ -36,9 +38,12 @@ def admit(
     policy: PlacementPolicy,
     ttl_seconds: float,
     cache: EstimateCache | None = None,
+    since: float | None = None,
 ) -> Decision:
     """Decide and reserve atomically; a rejection comes back with its suggestions.
-    ``cache`` keeps estimates across admissions.
+    ``cache`` keeps estimates across admissions. ``since`` is ``ledger.now()`` read
+    before ``snapshot`` was: rows that became ready from then on count as promised
+    (``Ledger.admit``).
 
     The estimates are computed before the ledger's write lock is taken (a search against
     the promises as they stand), so that the decision inside the transaction only adds
@@ -54,11 +59,15 @@ def admit(
         cache=cache,
     )
 
+    counted: dict[str, int] = {}
+
     def decide_locked(outstanding: tuple[Reservation, ...]) -> tuple[Decision, tuple[Promise, ...]]:
+        counted.clear()
+        counted.update(promised_bytes(outstanding))
         d = decide(
             request,
             snapshot,
-            reserved=promised_bytes(outstanding),
+            reserved=counted,
             workers=workers,
             policy=policy,
             suggest=False,
@@ -72,13 +81,17 @@ def admit(
         decide_locked,
         ttl_seconds=ttl_seconds,
         payload=lambda d: json.dumps(d.to_json()),
+        since=since,
     )
     if decision.admitted:
         return decision
+    # The suggestions are worked out against what the transaction counted: re-reading
+    # the ledger could find less (rows released or turned ready since) and turn the
+    # refusal into an admission that reserved nothing.
     return decide(
         request,
         snapshot,
-        reserved=promised_bytes(ledger.outstanding()),
+        reserved=counted,
         workers=workers,
         policy=policy,
         cache=cache,

@@ -88,7 +88,7 @@ def build_app(
     resolve = resolve_spec or model_resolver(settings)
     holder: dict[str, DeploymentManager] = {}
     if rehearsal:
-        inventory = RehearsalInventory(inventory, lambda: _held(holder["manager"]))
+        inventory = RehearsalInventory(inventory, lambda: _held(ledger))
     registry_metrics = CollectorRegistry()
     calibrator = Calibrator.in_state_dir(
         settings.state_dir.expanduser(), enabled=settings.calibration
@@ -185,12 +185,9 @@ def build_app(
     return app
 
 
-def _held(manager: DeploymentManager) -> dict[str, int]:
-    """Bytes each GPU gives to ready workers, from their admission decisions."""
-    held: dict[str, int] = {}
-    for d in manager.deployments.values():
-        if d.state != "ready":
-            continue
-        for uuid, promise in zip(d.gpu_uuids, d.promise_bytes, strict=False):
-            held[uuid] = held.get(uuid, 0) + promise
-    return held
+def _held(ledger: Ledger) -> dict[str, int]:
+    """Bytes each GPU gives to ready workers: their ready rows in the ledger. Read from
+    the ledger, not from the deployments' states, so a worker is held from the moment
+    its row stops being outstanding (``mark_ready``), with no gap in which it counts
+    nowhere."""
+    return promised_bytes(r for r in ledger.live() if r.state == "ready")

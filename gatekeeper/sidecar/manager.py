@@ -165,6 +165,9 @@ class DeploymentManager:
         return decision, d
 
     async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+        # Before the snapshot: a worker turning ready after this is counted by the
+        # ledger transaction even if the snapshot missed it (Ledger.admit's since).
+        since = self.ledger.now()
         snapshot = await self.snapshot()
         return await asyncio.to_thread(
             admit,
@@ -175,6 +178,7 @@ class DeploymentManager:
             policy=self.config.policy,
             ttl_seconds=self.config.startup_timeout_seconds + 60,
             cache=self.estimates,
+            since=since,
         )
 
     async def _admit_within_limit(self, deployment_id: str, request: PlacementRequest) -> Decision:

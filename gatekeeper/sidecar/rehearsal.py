@@ -8,7 +8,9 @@ as its GPUs. The one module that knows the simulator's protocol.
   ``worker_env`` still overrides it, to rehearse a wrong prediction.
 - A declared node has no driver to report memory, so once a worker is ready (and its
   reservation stops counting) the node would look empty again. ``RehearsalInventory``
-  subtracts what the ready workers were promised, as NVML's used memory would.
+  subtracts what the ready workers were promised, as NVML's used memory would; the
+  sidecar feeds it the ledger's ready rows, so a worker is held from the moment its
+  row stops being outstanding.
 """
 
 from __future__ import annotations
