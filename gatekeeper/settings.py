@@ -363,6 +363,14 @@ def _env_value(field: str) -> tuple[str, str] | None:
     return None
 
 
+SECRET_FIELDS = frozenset({"admin_token", "api_keys"})
+"""Settings whose values no message shows."""
+
+
+def _hidden(value: object) -> str:
+    return f"<hidden, {len(str(value))} characters>"
+
+
 def _invalid_value(
     e: ValidationError, toml_file: Path | None, overrides: Mapping[str, Any]
 ) -> SettingsError:
@@ -371,6 +379,9 @@ def _invalid_value(
     top = str(first["loc"][0]) if first["loc"] else field
     value = first.get("input")
     env = _env_value(top)
+    if top in SECRET_FIELDS:  # an error message must not print a secret
+        value = _hidden(value)
+        env = (env[0], _hidden(env[1])) if env is not None else None
     if top in overrides:
         source = f"settings: {field} = {value!r} (given by the command)"
         fix = "give a valid value"
@@ -392,6 +403,8 @@ def _unparsable_env(e: PydanticSettingsError) -> SettingsError:
     field = match.group(1) if match else "?"
     env = _env_value(field)
     name, value = env if env is not None else (f"GATEKEEPER_{field.upper()}", "")
+    if field in SECRET_FIELDS:
+        value = _hidden(value)
     return SettingsError(
         f"settings: {field}: environment variable {name}={value!r} cannot be parsed ({e.__cause__ or e}); "
         f"{field} is a list or table: give it as JSON, e.g. {name}='{_json_example(field)}', "

@@ -78,3 +78,18 @@ def test_an_invalid_value_in_the_toml_file_names_the_file_and_key(tmp_path: Path
     path.write_text('port = "abc"\n')
     out = gatekeeper("--config", str(path), "gpus", "--node", "1xL4")
     assert_clean_error(out, str(path), "'port'", "'abc'")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("GATEKEEPER_API_KEYS", '["sk-secret-1", "sk secret"]'),
+        ("GATEKEEPER_API_KEYS", "sk-secret-2"),
+    ],
+)
+def test_an_invalid_secret_is_named_but_never_shown(tmp_path: Path, variable: str, value: str):
+    out = gatekeeper(
+        "gpus", "--node", "1xL4", env={variable: value, "GATEKEEPER_STATE_DIR": str(tmp_path)}
+    )
+    assert_clean_error(out, variable, "hidden")
+    assert "secret" not in out.stderr, out.stderr
