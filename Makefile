@@ -38,6 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/snapshot_latency.py
 	$(BIN)/python bench/placement.py
 	$(BIN)/python -m bench.metrics_scrape
+	$(BIN)/python -m bench.fuzz --cases 3000
+	$(BIN)/python -m bench.soak --duration 180
 	$(BIN)/python -m bench.proxy
 
 clean:

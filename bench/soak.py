@@ -7,7 +7,7 @@ completion, a text completion, ``/v1/models``, the admin deployment list and a
 sidecar's resident memory (VmRSS, MiB) and open file descriptors at the start (after a
 warm-up), the peak and the end. A leak shows as an end far above the start.
 
-    python bench/soak.py --duration 180
+    python -m bench.soak --duration 180
 """
 
 from __future__ import annotations
@@ -15,62 +15,19 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-TOKEN = "soak-token"
-SIMULATOR = [sys.executable, "-m", "gatekeeper.simulator", "serve"]
+from bench.serve_process import TOKEN, free_port, sidecar
 
-
-def gatekeeper_command() -> list[str]:
-    found = shutil.which("gatekeeper") or str(Path(sys.executable).parent / "gatekeeper")
-    return [found] if Path(found).exists() else [sys.executable, "-m", "gatekeeper"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def sidecar(work: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    config = work / "gatekeeper.toml"
-    config.write_text(
-        f"worker_port_min = {port + 1}\nworker_port_max = {port + 19}\n"
-        f"worker_command = {json.dumps(SIMULATOR)}\n"
-        'gpus = "2xH100-80GB"\nallowed_models = ["Qwen/*"]\nstop_workers_on_exit = true\n'
-        'worker_env = { GATEKEEPER_SIM_STARTUP_SECONDS = "0.3", GATEKEEPER_SIM_TOKEN_SECONDS = "0.001" }\n'
-        '[[models]]\nname = "tiny"\nmodel = "Qwen/Qwen3-0.6B"\npreload = true\n'
-        "options = { max_model_len = 4096 }\n"
-    )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    env = {**clean, "GATEKEEPER_STATE_DIR": str(work / "state"), "GATEKEEPER_ADMIN_TOKEN": TOKEN}
-    argv = [*gatekeeper_command(), "--config", str(config), "serve", "--port", str(port)]
-    with (work / "sidecar.log").open("ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+WORKER_ENV = '{ GATEKEEPER_SIM_STARTUP_SECONDS = "0.3", GATEKEEPER_SIM_TOKEN_SECONDS = "0.001" }'
 
 
 def usage(pid: int) -> tuple[float, int]:
@@ -136,7 +93,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="concurrent client threads")
     args = parser.parse_args()
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="gk-soak-") as tmp, sidecar(Path(tmp), port) as proc:
+    with (
+        tempfile.TemporaryDirectory(prefix="gk-soak-") as tmp,
+        sidecar(Path(tmp), port, preload=True, worker_env=WORKER_ENV) as proc,
+    ):
         headers = {"Authorization": f"Bearer {TOKEN}"}
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, headers=headers, timeout=30) as c:

@@ -177,12 +177,35 @@ def build_app(
         api_keys=settings.api_keys,
         body_timeout_seconds=settings.request_body_timeout_seconds,
     )
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[guard])
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[guard],
+        exception_handlers={404: _no_route, 405: _no_route},
+    )
     app.state.manager = manager
     app.state.router = router
     app.state.proxy = proxy
     app.state.metrics_registry = registry_metrics
     return app
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An unknown path or method answers in the error shape of every other answer (JSON
+    with ``error.message``), not Starlette's plain text."""
+    status = getattr(exc, "status_code", 404)
+    what = "method" if status == 405 else "path"
+    body = {
+        "error": {
+            "message": f"no such {what}: {request.method} {request.url.path}; the routes are "
+            "listed in /openapi.json",
+            "type": "not_found_error" if status == 404 else "invalid_request_error",
+            "param": None,
+            "code": status,
+        }
+    }
+    headers = getattr(exc, "headers", None)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _held(ledger: Ledger) -> dict[str, int]:

@@ -1,0 +1,61 @@
+"""``gatekeeper serve`` as operators run it, for the benches: the installed command in a
+subprocess on a declared node (``2xH100-80GB``), the simulator as its worker, one model
+``tiny`` (Qwen/Qwen3-0.6B), a state directory of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+TOKEN = "bench-token"
+SIMULATOR = [sys.executable, "-m", "gatekeeper.simulator", "serve"]
+
+
+def gatekeeper_command() -> list[str]:
+    found = shutil.which("gatekeeper") or str(Path(sys.executable).parent / "gatekeeper")
+    return [found] if Path(found).exists() else [sys.executable, "-m", "gatekeeper"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def sidecar(
+    work: Path, port: int, *, preload: bool, worker_env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run it until the block ends (SIGTERM, so it stops its workers); ``worker_env`` is
+    a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables."""
+    config = work / "gatekeeper.toml"
+    config.write_text(
+        f"worker_port_min = {port + 1}\nworker_port_max = {port + 19}\n"
+        f"worker_command = {json.dumps(SIMULATOR)}\n"
+        'gpus = "2xH100-80GB"\nallowed_models = ["Qwen/*"]\nstop_workers_on_exit = true\n'
+        f"worker_env = {worker_env}\n"
+        '[[models]]\nname = "tiny"\nmodel = "Qwen/Qwen3-0.6B"\n'
+        f"preload = {'true' if preload else 'false'}\n"
+        "options = { max_model_len = 4096 }\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
+    env = {**clean, "GATEKEEPER_STATE_DIR": str(work / "state"), "GATEKEEPER_ADMIN_TOKEN": TOKEN}
+    argv = [*gatekeeper_command(), "--config", str(config), "serve", "--port", str(port)]
+    with (work / "sidecar.log").open("ab") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
