@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.metrics_scrape
 	$(BIN)/python -m bench.fuzz --cases 3000
 	$(BIN)/python -m bench.soak --duration 180
+	$(BIN)/python -m bench.storm --admissions 1000 --clients 50
 	$(BIN)/python -m bench.proxy
 
 clean:

@@ -31,16 +31,23 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def sidecar(
-    work: Path, port: int, *, preload: bool, worker_env: str
+    work: Path,
+    port: int,
+    *,
+    preload: bool,
+    worker_env: str,
+    gpus: str = "2xH100-80GB",
+    extra: str = "",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run it until the block ends (SIGTERM, so it stops its workers); ``worker_env`` is
-    a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables."""
+    a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables, ``extra`` more
+    top-level TOML settings lines."""
     config = work / "gatekeeper.toml"
     config.write_text(
-        f"worker_port_min = {port + 1}\nworker_port_max = {port + 19}\n"
+        f"worker_port_min = {port + 1}\nworker_port_max = {port + 99}\n"
         f"worker_command = {json.dumps(SIMULATOR)}\n"
-        'gpus = "2xH100-80GB"\nallowed_models = ["Qwen/*"]\nstop_workers_on_exit = true\n'
-        f"worker_env = {worker_env}\n"
+        f'gpus = "{gpus}"\nallowed_models = ["Qwen/*"]\nstop_workers_on_exit = true\n'
+        f"worker_env = {worker_env}\n{extra}"
         '[[models]]\nname = "tiny"\nmodel = "Qwen/Qwen3-0.6B"\n'
         f"preload = {'true' if preload else 'false'}\n"
         "options = { max_model_len = 4096 }\n"
