@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
+
 from gatekeeper.sidecar.launcher import WORKER_MARKER_ENV, process_group_alive
 from gatekeeper.sidecar.ledger import Ledger, Promise, ledger_path
 from tests.support.sidecar_harness import running_sidecar, settings_for
@@ -45,8 +47,6 @@ def test_a_worker_still_loading_is_adopted_awaited_and_its_row_made_ready(tmp_pa
 
 
 def httpx_chat(url: str) -> int:
-    import httpx
-
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code
 
