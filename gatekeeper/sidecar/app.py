@@ -31,6 +31,7 @@ from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
 from gatekeeper.metrics.workers import WorkerCollector
 from gatekeeper.models.spec import ModelSpec
+from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.serving import Proxy
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.settings import ModelEntry, Settings, model_resolver, placement_policy
@@ -195,17 +196,15 @@ async def _no_route(request: Request, exc: Exception) -> Response:
     with ``error.message``), not Starlette's plain text."""
     status = getattr(exc, "status_code", 404)
     what = "method" if status == 405 else "path"
-    body = {
-        "error": {
-            "message": f"no such {what}: {request.method} {request.url.path}; the routes are "
-            "listed in /openapi.json",
-            "type": "not_found_error" if status == 404 else "invalid_request_error",
-            "param": None,
-            "code": status,
-        }
-    }
-    headers = getattr(exc, "headers", None)
-    return JSONResponse(body, status_code=status, headers=headers)
+    response = error_response(
+        status,
+        f"no such {what}: {request.method} {request.url.path}; the routes are listed in "
+        "/openapi.json",
+        type="not_found_error" if status == 404 else "invalid_request_error",
+        code=status,
+    )
+    response.headers.update(getattr(exc, "headers", None) or {})  # 405's Allow
+    return response
 
 
 def _held(ledger: Ledger) -> dict[str, int]:

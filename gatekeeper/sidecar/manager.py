@@ -264,11 +264,7 @@ class DeploymentManager:
         d.actual = log.memory
         if d.stopping:  # undeployed while loading: never announce it ready
             return True
-        await asyncio.to_thread(self.ledger.mark_ready, d.id)
-        d.ready_at = time.time()
-        d.error = None
-        self._set(d, "ready")
-        d.ready_event.set()
+        await self._became_ready(d, self.ledger.mark_ready)
         try:
             await self._observe_ready(d, time.monotonic() - started)
         except Exception:  # metrics or calibration must not end the supervision
@@ -569,14 +565,17 @@ class DeploymentManager:
             d.error = str(e)
             return False
         d.actual = log.memory
-        if d.stopping:
-            return True
-        await asyncio.to_thread(self.ledger.adopt_ready, d.id)
+        if not d.stopping:
+            await self._became_ready(d, self.ledger.adopt_ready)
+        return True
+
+    async def _became_ready(self, d: Deployment, mark: Callable[[str], int]) -> None:
+        """The worker serves: its rows become ready (``mark``), then the deployment."""
+        await asyncio.to_thread(mark, d.id)
         d.ready_at = time.time()
         d.error = None
         self._set(d, "ready")
         d.ready_event.set()
-        return True
 
     async def _watch_adopted(self, d: Deployment) -> None:
         assert d.worker is not None
