@@ -11,8 +11,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
 
 TOKEN = "bench-token"
 SIMULATOR = [sys.executable, "-m", "gatekeeper.simulator", "serve"]
@@ -29,6 +32,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    with httpx.Client(base_url=base, timeout=5) as probe:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"gatekeeper serve exited {proc.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.TransportError):
+                if probe.get("/healthz").status_code == 200:
+                    return
+            time.sleep(0.1)
+    raise SystemExit(f"gatekeeper serve did not answer /healthz in 60 s:\n{log.read_text()}")
+
+
 @contextlib.contextmanager
 def sidecar(
     work: Path,
@@ -39,7 +55,8 @@ def sidecar(
     gpus: str = "2xH100-80GB",
     extra: str = "",
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run it until the block ends (SIGTERM, so it stops its workers); ``worker_env`` is
+    """Run it, once its ``/healthz`` answers, until the block ends (SIGTERM, so it stops
+    its workers); ``worker_env`` is
     a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables, ``extra`` more
     top-level TOML settings lines."""
     config = work / "gatekeeper.toml"
@@ -58,6 +75,7 @@ def sidecar(
     with (work / "sidecar.log").open("ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}", work / "sidecar.log")
         yield proc
     finally:
         proc.terminate()

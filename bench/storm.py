@@ -117,19 +117,6 @@ class Storm:
         return seconds
 
 
-def wait_healthy(base: str) -> None:
-    with httpx.Client(base_url=base, timeout=5) as probe:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if probe.get("/healthz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-    raise SystemExit("the sidecar did not start")
-
-
 def storm(admissions: int, clients: int, share: bool) -> str:
     port = free_port()
     extra = f"share_gpus = {'true' if share else 'false'}\nstop_grace_seconds = 1.0\ndrain_seconds = 0.1\n"
@@ -137,7 +124,6 @@ def storm(admissions: int, clients: int, share: bool) -> str:
         work = Path(tmp)
         with sidecar(work, port, preload=False, worker_env=WORKER_ENV, gpus=GPUS, extra=extra):
             base = f"http://127.0.0.1:{port}"
-            wait_healthy(base)
             s = Storm(base, work / "state", share, admissions)
             seconds = s.run(clients)
     c = s.counts
