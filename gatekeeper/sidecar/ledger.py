@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import threading
 import time
@@ -181,8 +182,8 @@ def default_payload(decision: object) -> str:
 class Ledger:
     """The reservations ledger in one SQLite file; safe across threads and processes.
 
-    One connection per ``Ledger``, used under a lock; SQLite's own locking (WAL mode,
-    ``busy_timeout``) serialises writers across processes. ``timeout_seconds`` bounds
+    One connection per ``Ledger``, used under a lock; SQLite's own file locking
+    (rollback journal, ``busy_timeout``) serialises writers across processes. ``timeout_seconds`` bounds
     how long a call waits for another writer before raising ``LedgerError``.
     """
 
@@ -410,8 +411,20 @@ def _connect(path: Path, timeout_seconds: float) -> sqlite3.Connection:
     try:
         with _translated(path, timeout_seconds):
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_seconds * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            # No memory-mapped I/O anywhere: WAL's index (-shm) is an mmap, and a page of
+            # it that the kernel cannot back (the file truncated by another opener, a disk
+            # gone read-only or full) is a SIGBUS that kills the sidecar. With a rollback
+            # journal and mmap_size 0 every failure is an error from a read or write call,
+            # which _translated turns into an answer. A file left in WAL mode by an older
+            # gatekeeper is converted here (its WAL is checkpointed first).
+            conn.execute("PRAGMA mmap_size = 0")
+            mode = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
+            if str(mode).lower() != "delete":
+                raise sqlite3.OperationalError(
+                    f"database is locked: its journal mode stays {mode!r} while another "
+                    "process has it open in WAL mode"
+                )
+            conn.execute("PRAGMA synchronous = FULL")
             with _transaction(conn):
                 _migrate(conn, path)
     except LedgerError:
@@ -540,13 +553,16 @@ def _translated(path: Path, timeout_seconds: float) -> Iterator[None]:
                 f"the disk holding {path.parent} is full or failing: free space there (or set "
                 "GATEKEEPER_STATE_DIR to another disk); nothing was written"
             )
-        elif "readonly" in text or "read-only" in text:
+        elif "readonly" in text or "read-only" in text or _read_only(path.parent):
             advice = (
                 f"{path.parent} is read-only: remount it read-write, fix its permissions, or "
                 "set GATEKEEPER_STATE_DIR to a writable directory; nothing was written"
             )
         elif "unable to open" in text:
-            advice = "check its permissions, or set GATEKEEPER_STATE_DIR to a writable directory"
+            advice = (
+                f"check the permissions of {path.parent} and of the file (SQLite creates its "
+                "journal beside it), or set GATEKEEPER_STATE_DIR to a writable directory"
+            )
         else:
             advice = (
                 "it is unreadable or damaged; move it aside (gatekeeper starts a new ledger; "
@@ -555,3 +571,12 @@ def _translated(path: Path, timeout_seconds: float) -> Iterator[None]:
         raise LedgerError(
             f"ledger: {path} failed ({text}): {advice}", field="path", value=str(path)
         ) from e
+
+
+def _read_only(directory: Path) -> bool:
+    """Whether ``directory`` is on a read-only mount (SQLite says only "unable to open"
+    when it cannot create its journal there)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

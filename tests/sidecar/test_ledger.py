@@ -130,7 +130,7 @@ def test_reopen_sees_the_same_rows(tmp_path: Path, clock: FakeClock) -> None:
         assert second.live() == before
         assert [r.deployment_id for r in second.outstanding()] == ["d1"]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     conn.close()
 
 
