@@ -156,6 +156,11 @@ class Settings(BaseSettings):
 
     models: list[ModelEntry] = Field(default_factory=list)
     """Models the sidecar may serve, with their options."""
+    request_header_timeout_seconds: float = Field(default=30.0, gt=0)
+    """How long a client may take to send a request's headers, from the connection's
+    start or the request's first byte; past it the client gets 408 and its connection is
+    closed (uvicorn alone would wait forever)."""
+
 
     allowed_models: list[str] = Field(default_factory=list)
     """Further model references that may be deployed with default options, as shell-style

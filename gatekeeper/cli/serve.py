@@ -100,6 +100,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from gatekeeper.sidecar.app import build_app
+    from gatekeeper.sidecar.header_deadline import header_deadline_protocol
     from gatekeeper.sidecar.ledger import Ledger, ledger_path
 
     if args.rehearsal:
@@ -124,7 +125,14 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     ledger = Ledger(ledger_path(state))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
     _banner(settings, host, port, declared, args.rehearsal)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        http=header_deadline_protocol(settings.request_header_timeout_seconds),
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
