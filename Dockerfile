@@ -2,7 +2,7 @@
 # (`gatekeeper webhook`) in one small image that runs as a non-root user.
 #
 #   docker build -t gatekeeper:0.1.0 .
-#   docker build -t gatekeeper:0.1.0-vllm --build-arg VLLM_VERSION=0.11.0 .
+#   docker build -t gatekeeper:0.1.0-vllm --build-arg VLLM_VERSION=0.33.0 .
 #
 # Without VLLM_VERSION the image has no vLLM (about 250 MB): the webhook, and a sidecar that
 # watches the GPUs or plans for declared nodes. With it, vLLM goes into its own virtual
