@@ -1,7 +1,12 @@
 """The OpenAI-compatible proxy: route each request by its ``model`` to a ready worker.
 
-``Proxy(resolver, client).routes()`` gives the Starlette routes the sidecar mounts:
-``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``GET /v1/models``.
+``Proxy(resolver, client).routes()`` gives the Starlette routes the sidecar mounts: every
+``POST`` route of vLLM's API server whose body names the model (``protocol.JSON_ROUTES``,
+``/v1/chat/completions``, ``/v1/responses``, ``/tokenize``, ``/rerank``…, and the
+``multipart/form-data`` ``protocol.FORM_ROUTES``, ``/v1/audio/transcriptions`` and
+``/v1/audio/translations``, whose ``model`` is a form field), ``GET`` and ``POST …/cancel``
+of ``/v1/responses/{id}`` routed by a ``?model=`` query parameter (nothing else in them names
+the model), ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
 - **Routing.** The body is parsed once; its ``model`` goes to the ``Resolver``, which
   answers with the ready workers serving it (launching one on demand if it may) or raises
@@ -14,8 +19,9 @@
 - **Cancellation.** When the client goes away the connection to the worker is closed,
   so the worker sees the disconnect and aborts the generation (vLLM does), streaming or
   not.
-- **Errors** in OpenAI's shape (``protocol``): 400 for a body that is not a JSON
-  object with a string ``model``, 413 over ``max_body_bytes``, the resolver's 404, 503
+- **Errors** in vLLM's shape (``protocol``): 400 for a body that is not a JSON
+  object with a string ``model`` (or a form without one), 413 over ``max_body_bytes``
+  (a form too: it is read within the same bound), the resolver's 404, 503
   (with ``Retry-After``), 507 or 409, and 502 when the worker refuses the connection or
   fails mid-request; a stream that has started ends with a ``data: {"error": ...}``
   event. The worker's own answers, 4xx included, pass through as they are.
@@ -44,7 +50,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gatekeeper.proxy.protocol import bad_request, error_response, too_large, upstream_failed
+from gatekeeper.proxy.protocol import (
+    FORM_ROUTES,
+    JSON_ROUTES,
+    bad_request,
+    error_response,
+    form_boundary,
+    form_field,
+    too_large,
+    upstream_failed,
+)
 from gatekeeper.proxy.relay import DisconnectWatch, Outcome, StreamRelay, WholeAnswer
 from gatekeeper.proxy.upstream import (
     Answer,
@@ -58,6 +73,7 @@ __all__ = [
     "CompletionRequest",
     "EmbeddingRequest",
     "Endpoint",
+    "FormRequest",
     "NoMetrics",
     "Proxy",
     "ProxyMetrics",
@@ -102,6 +118,7 @@ class RouteError(Exception):
         code: str | None = None,
         param: str | None = "model",
         retry_after: float | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -110,6 +127,8 @@ class RouteError(Exception):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        self.should_retry = should_retry
+        """``x-should-retry``; None leaves it to the status (``protocol.error_response``)."""
 
 
 class Resolver(Protocol):
@@ -121,8 +140,8 @@ class Resolver(Protocol):
         409 when it cannot be admitted (the message carries the reasons)."""
         ...
 
-    def models(self) -> list[dict[str, Any]]:
-        """The ``data`` entries of ``GET /v1/models``."""
+    async def models(self) -> list[dict[str, Any]]:
+        """The ``data`` entries of ``GET /v1/models``: vLLM's model cards."""
         ...
 
     def report(self, endpoint: Endpoint, outcome: str) -> None:
@@ -164,6 +183,18 @@ class EmbeddingRequest(OpenAIRequest):
     """``POST /v1/embeddings``."""
 
 
+class FormRequest(OpenAIRequest):
+    """A ``multipart/form-data`` request (``/v1/audio/transcriptions``): ``model`` is a
+    form field; ``body`` and ``span`` let an alias be replaced in place."""
+
+    body: bytes = b""
+    span: tuple[int, int] = (0, 0)
+
+    def renamed(self, served_name: str) -> bytes:
+        start, end = self.span
+        return self.body[:start] + served_name.encode() + self.body[end:]
+
+
 class _Failed(Exception):
     """An error response to send instead of forwarding."""
 
@@ -184,25 +215,78 @@ class Proxy:
     ) -> None:
         self._resolver = resolver
         self._upstream = pool_for(client)
+        self._client = client
         self._metrics: ProxyMetrics = metrics if metrics is not None else NoMetrics()
         self._max_body_bytes = max_body_bytes
         self._outstanding: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
-        kinds = [
-            ("/v1/chat/completions", ChatCompletionRequest),
-            ("/v1/completions", CompletionRequest),
-            ("/v1/embeddings", EmbeddingRequest),
+        kinds = {
+            "/v1/chat/completions": ChatCompletionRequest,
+            "/v1/completions": CompletionRequest,
+            "/v1/embeddings": EmbeddingRequest,
+        }
+        posts = [
+            Route(path, _Forward(self, path, kinds.get(path, OpenAIRequest)), methods=["POST"])
+            for path in JSON_ROUTES
         ]
-        posts = [Route(path, _Forward(self, path, kind), methods=["POST"]) for path, kind in kinds]
-        return [*posts, Route("/v1/models", self.list_models, methods=["GET"])]
+        forms = [Route(p, _Forward(self, p, FormRequest), methods=["POST"]) for p in FORM_ROUTES]
+        stored = "/v1/responses/{response_id}"
+        return [
+            *posts,
+            *forms,
+            Route(stored, self.by_query, methods=["GET"]),
+            Route(stored + "/cancel", self.by_query, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model_id}", self.model_card, methods=["GET"]),
+            Route("/v1/models/{org}/{model_id}", self.model_card, methods=["GET"]),
+        ]
 
     def outstanding(self, worker_id: str) -> int:
         """Requests in flight to ``worker_id`` through this proxy (a drain waits for 0)."""
         return self._outstanding.get(worker_id, 0)
 
+    def direct_routes(self) -> dict[str, ASGIApp]:
+        """The forwarding POST routes by exact path, as bare ASGI apps, for a dispatcher
+        in front of the router (the sidecar's ``HttpGuard``)."""
+        return {r.path: r.app for r in self.routes() if isinstance(r.app, _Forward)}
+
     async def list_models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": self._resolver.models()})
+        return JSONResponse({"object": "list", "data": await self._resolver.models()})
+
+    async def model_card(self, request: Request) -> Response:
+        """``GET /v1/models/{id}`` (an id may be ``ORG/NAME``): the one card, or the 404."""
+        model_id = "/".join(request.path_params.values())
+        for card in await self._resolver.models():
+            if card.get("id") == model_id:
+                return JSONResponse(card)
+        message = f"The model `{model_id}` does not exist. GET /v1/models lists the names."
+        return error_response(404, message, param="model", code="model_not_found")
+
+    async def by_query(self, request: Request) -> Response:
+        """``/v1/responses/{id}`` (``GET``, ``POST …/cancel``): vLLM keeps a stored
+        response in the worker that made it, and nothing in these requests names the
+        model, so the client says it with ``?model=``; the worker's answer comes back whole."""
+        model = request.query_params.get("model")
+        if not model:
+            message = (
+                f"{request.method} {request.url.path} names no model, and the sidecar routes "
+                "by model: add the query parameter ?model=<the model that made the response> "
+                "(openai client: extra_query={'model': ...})."
+            )
+            return error_response(400, message, param="model", code="missing_model")
+        try:
+            endpoint = (await self._candidates(model))[0]
+        except _Failed as failed:
+            return failed.response
+        query = request.url.query
+        url = f"{endpoint.base_url}{request.url.path}" + (f"?{query}" if query else "")
+        try:
+            answer = await self._client.request(request.method, url, timeout=30.0)
+        except httpx.HTTPError as e:
+            return upstream_failed(endpoint.worker_id, e)
+        headers = {k: v for k, v in answer.headers.items() if k.encode() not in _SKIP_RESPONSE}
+        return Response(answer.content, status_code=answer.status_code, headers=headers)
 
     async def forward(
         self, scope: Scope, receive: Receive, path: str, kind: type[OpenAIRequest]
@@ -212,7 +296,7 @@ class Proxy:
         model = "-"
         try:
             body = await self._read_body(scope, receive)
-            parsed = _parse(body, kind)
+            parsed = _parse(body, kind, scope)
             model = parsed.model
             candidates = await self._candidates(model)
         except _Failed as failed:
@@ -230,7 +314,7 @@ class Proxy:
             f"({endpoint.base_url}). It may have exited; retry, and see the worker's log."
         )
         self._metrics.observe(model, 502, time.perf_counter() - start)
-        return error_response(502, message, type="upstream_error", param=None, code=502)
+        return error_response(502, message, type="upstream_error", code=502)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_body_bytes
@@ -266,18 +350,21 @@ class Proxy:
                     param=e.param,
                     code=e.code,
                     retry_after=e.retry_after,
+                    should_retry=e.should_retry,
                 )
             ) from e
         if not endpoints:
-            message = f"No worker serving {model!r} is ready. Retry in a moment."
-            raise _Failed(error_response(503, message, type="service_unavailable", retry_after=1.0))
+            message = f"No worker serving `{model}` is ready. Retry in a moment."
+            raise _Failed(error_response(503, message, code="model_loading", retry_after=1.0))
         if len(endpoints) == 1:
             return endpoints
         # Least outstanding first; sorted() is stable, so ties keep the resolver's order.
         return sorted(endpoints, key=lambda e: self._outstanding.get(e.worker_id, 0))
 
 
-def _parse(body: bytes, kind: type[OpenAIRequest]) -> OpenAIRequest:
+def _parse(body: bytes, kind: type[OpenAIRequest], scope: Scope) -> OpenAIRequest:
+    if kind is FormRequest:
+        return _parse_form(body, scope)
     try:
         parsed = kind.model_validate_json(body)
     except ValidationError as e:
@@ -287,8 +374,30 @@ def _parse(body: bytes, kind: type[OpenAIRequest]) -> OpenAIRequest:
     return parsed
 
 
+def _parse_form(body: bytes, scope: Scope) -> FormRequest:
+    content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    boundary = form_boundary(content_type)
+    field = form_field(body, boundary, "model") if boundary else None
+    if field is None or not field.value:
+        what = "has no 'model' field" if boundary else "is not multipart/form-data"
+        message = (
+            f"Invalid request: the body {what}. Send multipart/form-data with a 'file' "
+            "and a 'model' field (the sidecar routes by it; GET /v1/models lists the names)."
+        )
+        raise _Failed(error_response(400, message, param="model"))
+    stream = form_field(body, boundary, "stream") if boundary else None
+    return FormRequest(
+        model=field.value,
+        stream=stream is not None and stream.value.strip().lower() == "true",
+        body=body,
+        span=(field.start, field.end),
+    )
+
+
 def _rewrite(parsed: OpenAIRequest, endpoint: Endpoint) -> bytes:
     """The body with the alias replaced by the worker's served name."""
+    if isinstance(parsed, FormRequest):
+        return parsed.renamed(endpoint.served_name)
     renamed = parsed.model_copy(update={"model": endpoint.served_name})
     return renamed.model_dump_json(exclude_unset=True).encode()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gatekeeper.proxy.protocol import FORM_ROUTES, JSON_ROUTES
 from gatekeeper.sidecar.admin_api import DeployBody
 
 __all__ = ["openapi_schema"]
@@ -57,6 +58,35 @@ def _op(
     if path_id:
         op["parameters"] = _ID
     return op
+
+
+def _proxy_paths(openai: dict[str, str]) -> dict[str, Any]:
+    """vLLM's routes the proxy passes through (``gatekeeper.proxy.protocol``)."""
+
+    def op(summary: str, responses: dict[str, str], params: tuple[str, ...] = ()) -> Any:
+        found = _op(summary, responses, secured=False, api_key=True)
+        if params:
+            found["parameters"] = [{**_ID[0], "name": name} for name in params]
+        return found
+
+    paths: dict[str, Any] = {
+        path: {"post": op(f"vLLM's {path}, routed by the body's model", openai)}
+        for path in JSON_ROUTES
+    }
+    for path in FORM_ROUTES:
+        paths[path] = {"post": op(f"vLLM's {path} (multipart/form-data), routed by model", openai)}
+    stored = {**openai, "400": "no ?model= query parameter"}
+    summary = "vLLM's stored response, routed by the ?model= query parameter"
+    paths["/v1/responses/{response_id}"] = {"get": op(summary, stored, ("response_id",))}
+    paths["/v1/responses/{response_id}/cancel"] = {"post": op(summary, stored, ("response_id",))}
+    listing = "Every model a client may call: vLLM's model cards with state and max_model_len"
+    paths["/v1/models"] = {"get": op(listing, {"200": "model list"})}
+    card = {"200": "vLLM's model card with state", "404": "unknown model"}
+    paths["/v1/models/{model_id}"] = {"get": op("One model card", card, ("model_id",))}
+    paths["/v1/models/{org}/{model_id}"] = {
+        "get": op("One model card (an ORG/NAME id)", card, ("org", "model_id"))
+    }
+    return paths
 
 
 def openapi_schema(version: str) -> dict[str, Any]:
@@ -126,29 +156,7 @@ def openapi_schema(version: str) -> dict[str, Any]:
                     {"200": "snapshot", **admin_errors},
                 )
             },
-            "/v1/chat/completions": {
-                "post": _op(
-                    "OpenAI chat completions, routed by model", openai, secured=False, api_key=True
-                )
-            },
-            "/v1/completions": {
-                "post": _op(
-                    "OpenAI completions, routed by model", openai, secured=False, api_key=True
-                )
-            },
-            "/v1/embeddings": {
-                "post": _op(
-                    "OpenAI embeddings, routed by model", openai, secured=False, api_key=True
-                )
-            },
-            "/v1/models": {
-                "get": _op(
-                    "Served models and allowed models not running",
-                    {"200": "model list"},
-                    secured=False,
-                    api_key=True,
-                )
-            },
+            **_proxy_paths(openai),
             "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
             "/metrics": {
                 "get": _op("Prometheus metrics (text format)", {"200": "metrics"}, secured=False)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.options import draft_reference
+from gatekeeper.models.catalog import catalog_entries, find_in_catalog
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementRequest, auto_parallel
 from gatekeeper.settings import ModelEntry
@@ -99,6 +100,25 @@ class ModelRegistry:
         if any(pattern_allows(p, name) for p in self.patterns):
             return ModelEntry(name=name, model=name)
         return None
+
+    def alias(self, name: str) -> str | None:
+        """The allowed model a catalog alias (``gemma3``, ``qwen3:0.6b``) stands for:
+        its repo id, when the configuration allows it; else None."""
+        found = find_in_catalog(name)
+        if found is None or self.entry(found.repo_id) is None:
+            return None
+        return found.repo_id
+
+    def listed(self) -> list[ModelEntry]:
+        """The models to list for clients: the configured entries, then the catalog's
+        models that a pattern allows (a pattern cannot be listed otherwise)."""
+        named = {e.name for e in self.entries}
+        matched = [
+            ModelEntry(name=c.repo_id, model=c.repo_id)
+            for c in catalog_entries()
+            if c.repo_id not in named and any(pattern_allows(p, c.repo_id) for p in self.patterns)
+        ]
+        return [*self.entries, *matched]
 
     def allowed(self, name: str) -> ModelEntry:
         entry = self.entry(name)

@@ -1,6 +1,14 @@
 """The proxy's view of the deployments: which workers serve a model, launching on
 demand (bounded wait) and evicting idle workers when a new model needs their room.
 
+A request may name a deployment, a configured or allowed model, or a catalog alias
+(``gemma3``, ``qwen3:0.6b``) of an allowed model, which reaches that model as if named by
+its repo id; an alias of a model the config does not allow is a 404 like any unknown name.
+``models()`` gives vLLM's model cards for every name a client may call: the running
+deployments, the configured entries and the catalog models an ``allowed_models`` pattern
+matches, each with its ``state`` and ``max_model_len`` (the worker's own, from its
+``/v1/models``, or the configured or model's length when it is not running).
+
 A model whose on-demand worker fails at start is remembered with vLLM's reason: its
 deployment is stopped (no restarts), and requests naming the model are answered at once
 with that reason until a back-off has passed, doubling after each failure in a row."""
@@ -13,20 +21,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.search import search
 from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.proxy.serving import Endpoint, RouteError
+from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger import promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
+from gatekeeper.units import format_gib
 
-__all__ = ["ModelRouter"]
+__all__ = ["ModelRouter", "rejection_text"]
 
 LIVE = ("admitted", "launching", "loading", "ready")
 MAX_BACKOFF_SECONDS = 3600.0
+CARD_FETCH_SECONDS = 2.0
+"""How long ``models()`` waits for a worker's own ``/v1/models``."""
+_STATES = {"admitted": "loading", "launching": "loading", "loading": "loading", "ready": "ready"}
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,6 +78,9 @@ class ModelRouter:
         """Set when a launch of the model fails at start, to wake its waiting requests."""
         self._on_demand: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._worker_lengths: dict[str, int | None] = {}
+        """max_model_len per deployment id, from the worker's own /v1/models."""
+        self._entry_lengths: dict[str, int | None] = {}
         self.clock: Callable[[], float] = time.monotonic
         manager.on_start_failure = self._start_failed
 
@@ -70,11 +88,20 @@ class ModelRouter:
         host = self.manager.config.worker_host
         return Endpoint(worker_id=d.id, base_url=f"http://{host}:{d.port}", served_name=d.name)
 
+    def canonical(self, model: str) -> str:
+        """The name ``model`` reaches: itself when deployed, configured or allowed, else
+        the allowed model a catalog alias stands for; unknown names come back as they are."""
+        if self.manager.by_name(model) or self.registry.entry(model) is not None:
+            return model
+        return self.registry.alias(model) or model
+
     async def endpoints(self, model: str) -> list[Endpoint]:
+        model = self.canonical(model)
         if self.registry.entry(model) is None and not self.manager.by_name(model):
             raise RouteError(
                 404,
-                f"The model `{model}` does not exist.",
+                f"The model `{model}` does not exist. GET /v1/models lists the models "
+                "this node serves or may launch.",
                 type="NotFoundError",
                 code="model_not_found",
             )
@@ -146,7 +173,8 @@ class ModelRouter:
             )
         raise RouteError(
             503,
-            f"The model `{model}` is loading; retry shortly.",
+            f"The model `{model}` is loading (waited {self.config.request_wait_seconds:.0f} s); "
+            "retry after the Retry-After seconds.",
             type="ServiceUnavailableError",
             code="model_loading",
             retry_after=5,
@@ -160,10 +188,11 @@ class ModelRouter:
             if not self.config.on_demand:
                 raise RouteError(
                     503,
-                    f"The model `{model}` is allowed but not running, and on-demand launch is off; deploy it first.",
+                    f"The model `{model}` is allowed but not running, and on-demand launch "
+                    "is off (on_demand = false); deploy it first (POST /admin/deployments).",
                     type="ServiceUnavailableError",
                     code="model_not_running",
-                    retry_after=60,
+                    should_retry=False,
                 )
             try:
                 entry = self.registry.allowed(model)
@@ -184,12 +213,12 @@ class ModelRouter:
                     e.status, str(e), type="ServiceUnavailableError", retry_after=5
                 ) from e
             except GatekeeperError as e:
-                raise RouteError(400, str(e), type="BadRequestError") from e
+                raise RouteError(400, str(e), type="BadRequestError", code="bad_model") from e
             if not decision.admitted:
                 raise RouteError(
                     507,
-                    _rejection_text(model, decision),
-                    type="InsufficientCapacityError",
+                    rejection_text(model, decision),
+                    type="Insufficient Storage",
                     code="model_does_not_fit",
                 )
 
@@ -223,31 +252,48 @@ class ModelRouter:
                 return True
         return False
 
-    def models(self) -> list[dict[str, Any]]:
-        seen: dict[str, dict[str, Any]] = {}
-        for d in self.manager.deployments.values():
-            if d.state in LIVE:
-                seen[d.name] = {
-                    "id": d.name,
-                    "object": "model",
-                    "created": int(d.created_at),
-                    "owned_by": "gatekeeper",
-                    "status": d.state,
-                    "root": d.model,
-                }
-        for e in self.registry.entries:
-            seen.setdefault(
-                e.name,
-                {
-                    "id": e.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "gatekeeper",
-                    "status": "not running",
-                    "root": e.model,
-                },
-            )
-        return list(seen.values())
+    async def models(self) -> list[dict[str, Any]]:
+        cards: dict[str, dict[str, Any]] = {}
+        for d in list(self.manager.deployments.values()):
+            if d.state in LIVE or (d.state == "failed" and d.name not in cards):
+                length = await self._worker_length(d)
+                cards[d.name] = _card(d.name, d.model, _STATES.get(d.state, "failed"), length)
+                cards[d.name]["created"] = int(d.created_at)
+        for entry in self.registry.listed():
+            if entry.name not in cards:
+                state = "failed" if entry.name in self._failures else "not running"
+                length = await self._entry_length(entry)
+                cards[entry.name] = _card(entry.name, entry.model, state, length)
+        return list(cards.values())
+
+    async def _worker_length(self, d: Deployment) -> int | None:
+        """The worker's own max_model_len (its /v1/models), else the admission's."""
+        if d.id in self._worker_lengths:
+            return self._worker_lengths[d.id]
+        placement = d.decision.placement if d.decision is not None else None
+        admitted = placement.estimate.max_model_len if placement is not None else None
+        if d.state != "ready":
+            return admitted
+        url = f"{self._endpoint(d).base_url}/v1/models"
+        try:
+            answer = await self.manager.client.get(url, timeout=CARD_FETCH_SECONDS)
+            served = [c for c in answer.json()["data"] if c.get("id") == d.name]
+            length = served[0]["max_model_len"] if served else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return admitted
+        self._worker_lengths[d.id] = length if isinstance(length, int) else admitted
+        return self._worker_lengths[d.id]
+
+    async def _entry_length(self, entry: ModelEntry) -> int | None:
+        """The max_model_len a launch would get: the entry's option, else the model's."""
+        if entry.name not in self._entry_lengths:
+            try:
+                request = await asyncio.to_thread(self.registry.request, entry)
+                length = request.options.max_model_len or request.model.max_position_embeddings
+            except GatekeeperError:
+                length = None
+            self._entry_lengths[entry.name] = length
+        return self._entry_lengths[entry.name]
 
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         d = self.manager.deployments.get(endpoint.worker_id)
@@ -283,8 +329,50 @@ def _start_failure_error(model: str, failure: StartFailure, left_seconds: float)
     )
 
 
-def _rejection_text(model: str, decision: Decision) -> str:
-    lines = [f"The model `{model}` does not fit on this node now."]
-    lines += list(decision.reasons[:4])
-    lines += [f"Would fit: {s.text}" for s in decision.suggestions[:3]]
-    return " ".join(lines)
+def _card(name: str, model: str, state: str, max_model_len: int | None) -> dict[str, Any]:
+    """vLLM's ``ModelCard`` fields, and gatekeeper's ``state``."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "gatekeeper",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [],
+        "state": state,
+    }
+
+
+def rejection_text(model: str, decision: Decision) -> str:
+    """The 507 message: what the model needs, one line per GPU, then what would fit, or
+    plainly that nothing does and which GPU comes closest."""
+    gpu_lines = {g.text() for g in decision.gpus}
+    needs = [r for r in decision.reasons if r not in gpu_lines]
+    lines = [f"The model `{model}` does not fit on this node now.", *needs[:3]]
+    lines += [g.text() for g in decision.gpus]
+    fits = [s for s in decision.suggestions if s.kind != "none"]
+    if fits:
+        lines += [f"Would fit: {s.text}." for s in fits[:3]]
+    else:
+        lines.append(_nothing_fits(decision))
+    return "\n".join(lines)
+
+
+def _nothing_fits(decision: Decision) -> str:
+    tried = (
+        "a shorter max_model_len, an fp8 KV cache, fp8 weights, more tensor parallelism, "
+        "the GPUs idle"
+    )
+    why = next((s.text for s in decision.suggestions if s.kind == "none"), "")
+    short = [g for g in decision.gpus if g.need_bytes is not None]
+    closest = ""
+    if short:
+        best = min(short, key=lambda g: (g.need_bytes or 0) - g.usable_bytes)
+        gap = format_gib((best.need_bytes or 0) - best.usable_bytes)
+        closest = f" The closest is GPU {best.index} ({best.name}), short by {gap}."
+    return (
+        f"No setting fits on this node ({tried} were tried){': ' + why if why else ''}."
+        f"{closest} Serve it on a node with more GPU memory, or pick a smaller or "
+        "quantised model."
+    )

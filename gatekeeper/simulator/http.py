@@ -7,7 +7,11 @@ vLLM 0.33 serves, in its shapes: ``GET /health`` and ``GET|POST /ping`` (200, em
 server-sent events with ``stream: true``: a role chunk for chat, one chunk per token,
 the last carrying ``finish_reason``, a usage chunk with
 ``stream_options.include_usage``, then ``data: [DONE]``), ``POST /v1/embeddings``,
-``GET /metrics`` (Prometheus text with ``vllm:`` series) and ``GET /version``.
+``GET /metrics`` (Prometheus text with ``vllm:`` series) and ``GET /version``; and, with
+answers made from the request's words, ``/tokenize``, ``/detokenize``, ``/v1/responses``
+(and ``GET /v1/responses/{id}``), ``/score``, ``/rerank`` (``/v1``, ``/v2``),
+``/pooling``, ``/classify`` and ``/v1/audio/transcriptions|translations``
+(``multipart/form-data``).
 
 The text is deterministic: the words of the prompt (the last user message), cycled,
 one word per token, exactly ``max_tokens`` of them (default 16), so ``finish_reason``
@@ -29,6 +33,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
 from typing import Any, Literal
 
 from starlette.applications import Starlette
@@ -348,6 +354,163 @@ def _metric(name: str, kind: str, help_text: str, samples: list[tuple[str, str, 
     return "\n".join(lines)
 
 
+# vLLM's other model routes, answered in vLLM 0.32's shapes from the request's words.
+
+
+def _texts(value: Any) -> list[str]:
+    """The texts of a prompt, input, query, documents or messages field."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v.get("content") if isinstance(v, dict) else v)]
+    return [] if value is None else [str(value)]
+
+
+def _token_ids(text: str) -> list[int]:
+    return [int.from_bytes(hashlib.sha256(w.encode()).digest()[:2], "little") for w in text.split()]
+
+
+def _score(a: str, b: str) -> float:
+    return sum(x * y for x, y in zip(_embedding(a, 16), _embedding(b, 16), strict=True))
+
+
+def _tokenize(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    ids = _token_ids(" ".join(_texts(body.get("prompt") or body.get("messages"))))
+    limit = server.config.max_model_len
+    return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None}
+
+
+def _detokenize(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise ApiError(400, "tokens: a list of token ids is required", "BadRequestError", "tokens")
+    return {"prompt": " ".join(f"<{t}>" for t in tokens)}
+
+
+def _listing(server: _Server, model: str, kind: str, data: list[Any]) -> dict[str, Any]:
+    head = {"id": f"{kind}-{uuid.uuid4().hex}", "object": "list", "created": server.created}
+    usage = {"prompt_tokens": len(data), "total_tokens": len(data), "completion_tokens": 0}
+    return head | {"model": model, "data": data, "usage": usage}
+
+
+def _scores(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    first = " ".join(_texts(body.get("text_1") or body.get("queries")))
+    second = _texts(body.get("text_2") or body.get("documents") or body.get("items"))
+    data = [
+        {"index": i, "object": "score", "score": _score(first, t)} for i, t in enumerate(second)
+    ]
+    return _listing(server, model, "score", data)
+
+
+def _rerank(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    query = " ".join(_texts(body.get("query")))
+    documents = _texts(body.get("documents"))
+    scored = sorted(((_score(query, d), i, d) for i, d in enumerate(documents)), reverse=True)
+    results = [
+        {"index": i, "document": {"text": d}, "relevance_score": score} for score, i, d in scored
+    ]
+    usage = {"total_tokens": sum(len(d.split()) for d in [query, *documents])}
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": usage, "results": results}
+
+
+def _pooling(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    texts = _texts(body.get("input") or body.get("messages"))
+    data = [
+        {"index": i, "object": "pooling", "data": _embedding(t, 8)} for i, t in enumerate(texts)
+    ]
+    return _listing(server, model, "pool", data)
+
+
+def _classify(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    data = []
+    for i, text in enumerate(_texts(body.get("input") or body.get("messages"))):
+        p = (_embedding(text, 1)[0] + 1) / 2
+        data.append({"index": i, "label": "LABEL_0" if p >= 0.5 else "LABEL_1",
+                     "probs": [p, 1 - p], "num_classes": 2})  # fmt: skip
+    return _listing(server, model, "classify", data)
+
+
+def _response(server: _Server, body: dict[str, Any], model: str) -> dict[str, Any]:
+    words = " ".join(_texts(body.get("input"))).split() or ["simulated"]
+    count = body.get("max_output_tokens") or DEFAULT_MAX_TOKENS
+    text = " ".join(words[i % len(words)] for i in range(int(count)))
+    content: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    content["logprobs"] = None
+    message: dict[str, Any] = {"type": "message", "id": f"msg_{uuid.uuid4().hex}"}
+    message["role"] = "assistant"
+    message |= {"status": "completed", "content": [content]}
+    usage = {"input_tokens": len(words), "output_tokens": int(count)}
+    usage |= {"total_tokens": len(words) + int(count)}
+    head = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": server.created}
+    return head | {"model": model, "status": "completed", "output": [message], "usage": usage}
+
+
+_REPLIES: dict[str, Callable[[_Server, dict[str, Any], str], dict[str, Any]]] = {
+    "/tokenize": _tokenize,
+    "/detokenize": _detokenize,
+    "/score": _scores,
+    "/v1/score": _scores,
+    "/rerank": _rerank,
+    "/v1/rerank": _rerank,
+    "/v2/rerank": _rerank,
+    "/pooling": _pooling,
+    "/classify": _classify,
+    "/v1/responses": _response,
+}
+
+
+async def _form(request: Request) -> dict[str, Any]:
+    """A multipart/form-data body's fields (stdlib ``email``: no python-multipart)."""
+    head = b"Content-Type: " + request.headers.get("content-type", "").encode() + b"\r\n\r\n"
+    message = BytesParser(policy=HTTP).parsebytes(head + await request.body())
+    if not message.is_multipart():
+        raise ApiError(400, "The request body must be multipart/form-data.", "BadRequestError")
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        fields[str(name)] = payload if part.get_filename() else bytes(payload or b"").decode()
+    return fields
+
+
+def _extra_routes(server: _Server) -> list[Route]:
+    stored: dict[str, dict[str, Any]] = {}
+
+    async def reply(request: Request) -> Response:
+        try:
+            body = await _body(request)
+            model = server.check_model(body)
+            answer = _REPLIES[request.url.path](server, body, model)
+        except ApiError as e:
+            return e.response()
+        if request.url.path == "/v1/responses":
+            stored[answer["id"]] = answer
+        return JSONResponse(answer)
+
+    async def stored_response(request: Request) -> Response:
+        answer = stored.get(request.path_params["response_id"])
+        if answer is None:
+            return ApiError(404, "Response not found", "NotFoundError", "response_id").response()
+        return JSONResponse(answer)
+
+    async def audio(request: Request) -> Response:
+        try:
+            fields = await _form(request)
+            model = server.check_model(fields)
+        except ApiError as e:
+            return e.response()
+        size = len(fields.get("file") or b"")
+        return JSONResponse({"text": f"{size} bytes of audio for {model}", "usage": None})
+
+    posts = [Route(path, reply, methods=["POST"]) for path in _REPLIES]
+    return [
+        *posts,
+        Route("/v1/responses/{response_id}", stored_response, methods=["GET"]),
+        Route("/v1/audio/transcriptions", audio, methods=["POST"]),
+        Route("/v1/audio/translations", audio, methods=["POST"]),
+    ]
+
+
 def build_app(config: ServingConfig, counters: ServingCounters | None = None) -> Starlette:
     """The simulator's ASGI app; ``counters`` are shared with the caller if given."""
     server = _Server(config, counters or ServingCounters())
@@ -361,6 +524,7 @@ def build_app(config: ServingConfig, counters: ServingCounters | None = None) ->
             Route("/v1/chat/completions", server.chat, methods=["POST"]),
             Route("/v1/completions", server.completions, methods=["POST"]),
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
+            *_extra_routes(server),
         ]
     )
 

@@ -37,9 +37,9 @@ class TableResolver:
             raise RouteError(404, message, type="invalid_request_error", code="model_not_found")
         return self.table[model]
 
-    def models(self) -> list[dict[str, Any]]:
+    async def models(self) -> list[dict[str, Any]]:
         served = [{"id": m, "object": "model", "owned_by": "gatekeeper"} for m in self.table]
-        return [*served, {"id": "later", "object": "model", "status": "not running"}]
+        return [*served, {"id": "later", "object": "model", "state": "not running"}]
 
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         self.reports.append((endpoint.worker_id, outcome))
@@ -372,14 +372,17 @@ def test_worker_dying_mid_stream_ends_with_an_error_event(rig: Rig, oai: openai.
 )
 def test_malformed_body_is_400(http: httpx.Client, body: bytes, param: str | None) -> None:
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
-        error = assert_openai_error(http.post(path, content=body), 400)
-        assert error["type"] == "invalid_request_error" and error["param"] == param
+        answer = http.post(path, content=body)
+        error = assert_openai_error(answer, 400)
+        assert error["type"] == "BadRequestError" and error["param"] == param
+        assert error["code"] == 400 and answer.headers["x-should-retry"] == "false"
 
 
 def test_huge_body_is_413(http: httpx.Client) -> None:
     huge = b'{"model": "m", "prompt": "' + b"x" * (2 << 20) + b'"}'
-    error = assert_openai_error(http.post("/v1/completions", content=huge), 413)
-    assert error["code"] == "request_too_large"
+    answer = http.post("/v1/completions", content=huge)
+    error = assert_openai_error(answer, 413)
+    assert error["code"] == "request_too_large" and answer.headers["x-should-retry"] == "false"
 
     def chunked() -> Iterator[bytes]:  # no content-length: counted while read
         step = 64 << 10
