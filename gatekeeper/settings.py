@@ -1,5 +1,9 @@
 """gatekeeper's settings: one class, read from ``GATEKEEPER_*`` environment variables
-and an optional TOML file (``GATEKEEPER_CONFIG`` or ``--config``).
+and an optional TOML file (``--config PATH``, else ``GATEKEEPER_CONFIG_FILE``; the
+environment wins over the file). An unknown key in the file is an error that names the
+nearest setting; an unknown ``GATEKEEPER_*`` variable is reported by
+``unknown_environment`` (the CLI prints it as a warning); ``GATEKEEPER_CONFIG``, a
+name people try, is refused with the right one.
 
 Only the entry points construct or read ``Settings`` (``gatekeeper.cli``, and what the
 sidecar and the webhook read at start: ``gatekeeper.sidecar.app``,
@@ -12,6 +16,7 @@ or a declared node).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -48,6 +53,8 @@ __all__ = [
     "load_settings",
     "model_resolver",
     "placement_policy",
+    "setting_source",
+    "unknown_environment",
 ]
 
 
@@ -130,6 +137,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     """Port of the OpenAI-compatible proxy, the admin API and /metrics."""
 
+    node_name: str | None = None
+    """The node's name in the ``Hostname`` and ``node`` labels of the GPU and worker
+    metrics and of the discovered workers (DCGM exporter's and kube-state-metrics'
+    names); unset: the host name. In Kubernetes set ``GATEKEEPER_NODE_NAME`` from the
+    downward API (``spec.nodeName``), as DCGM exporter's ``NODE_NAME``."""
+
     admin_token: str | None = None
     """Bearer token of the admin API; without one the admin API is off."""
 
@@ -142,6 +155,11 @@ class Settings(BaseSettings):
     request_body_timeout_seconds: float = Field(default=30.0, gt=0)
     """How long the sidecar waits for each next chunk of a request body; a client that
     stalls longer gets 408 and its connection is closed."""
+
+    request_header_timeout_seconds: float = Field(default=30.0, gt=0)
+    """How long a client may take to send a request's headers, from the connection's
+    start or the request's first byte; past it the client gets 408 and its connection is
+    closed (uvicorn alone would wait forever)."""
 
     @field_validator("api_keys")
     @classmethod
@@ -156,11 +174,6 @@ class Settings(BaseSettings):
 
     models: list[ModelEntry] = Field(default_factory=list)
     """Models the sidecar may serve, with their options."""
-    request_header_timeout_seconds: float = Field(default=30.0, gt=0)
-    """How long a client may take to send a request's headers, from the connection's
-    start or the request's first byte; past it the client gets 408 and its connection is
-    closed (uvicorn alone would wait forever)."""
-
 
     allowed_models: list[str] = Field(default_factory=list)
     """Further model references that may be deployed with default options, as shell-style
@@ -315,6 +328,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     variable), the value and what to do when the file does not parse or a value is
     invalid.
     """
+    _refuse_config_alias()
     previous = os.environ.get("GATEKEEPER_CONFIG_FILE")
     if config_file is not None:
         _check_toml(config_file, "config")
@@ -334,6 +348,81 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             os.environ.pop("GATEKEEPER_CONFIG_FILE", None)
         else:
             os.environ["GATEKEEPER_CONFIG_FILE"] = previous
+
+
+CONFIG_ALIAS = "GATEKEEPER_CONFIG"
+"""A name people try for the settings file; never read, so refused rather than ignored."""
+
+
+def _refuse_config_alias() -> None:
+    if CONFIG_ALIAS in os.environ:
+        raise SettingsError(
+            f"settings: environment variable {CONFIG_ALIAS}={os.environ[CONFIG_ALIAS]!r} is "
+            "not read; name the settings file with GATEKEEPER_CONFIG_FILE=PATH (or "
+            f"`gatekeeper --config PATH`) and unset {CONFIG_ALIAS}",
+            field="config_file",
+            value=os.environ[CONFIG_ALIAS],
+        )
+
+
+NOT_SETTINGS = ("GATEKEEPER_DEBUG", "GATEKEEPER_SIM_", "GATEKEEPER_SKIP_VLLM_CPU")
+"""``GATEKEEPER_*`` variables that are not settings: the CLI's traceback switch, the
+simulator's variables (a prefix) and the test set-up's."""
+
+
+def unknown_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``GATEKEEPER_*`` variable that names no setting (pydantic-settings
+    would ignore it), with the nearest setting's variable when one is close."""
+    environ = os.environ if environ is None else environ
+    fields = list(Settings.model_fields)
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        key = upper.removeprefix("GATEKEEPER_").lower()
+        if key == upper.lower() or key in fields or upper == CONFIG_ALIAS:
+            continue
+        if any(upper.startswith(known) for known in NOT_SETTINGS):
+            continue
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = (
+            f"; did you mean GATEKEEPER_{close[0].upper()}?"
+            if close
+            else "; the settings are listed in gatekeeper/settings.py"
+        )
+        lines.append(f"environment variable {name} is not a gatekeeper setting{hint}")
+    return lines
+
+
+def setting_source(settings: Settings, field: str) -> str:
+    """Where ``field``'s value came from, for people: the environment variable, the
+    settings file, or the default (the environment wins over the file)."""
+    env = _env_value(field)
+    if env is not None:
+        return f"environment variable {env[0]}"
+    path = settings.config_file
+    if path is not None:
+        try:
+            data = tomllib.loads(path.expanduser().read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            data = {}
+        if field in data:
+            return f"settings file {str(path)!r} ({field})"
+    return "default"
+
+
+def _unknown_key(loc: tuple[Any, ...], value: object, where: str) -> str:
+    """'unknown setting 'prot' in FILE; did you mean 'port'?' for an extra key at ``loc``
+    (a top-level setting, or a key of a ``[[models]]`` entry)."""
+    key = str(loc[-1])
+    model: type[BaseModel] = ModelEntry if len(loc) > 1 and loc[0] == "models" else Settings
+    names = [n for n in model.model_fields if n != "config_file"]
+    close = difflib.get_close_matches(key, names, n=1)
+    shown = _hidden(value) if close and close[0] in SECRET_FIELDS else repr(value)
+    what = f"unknown setting {key!r}"
+    if len(loc) > 1:
+        what = f"unknown key {key!r} in {loc[0]}[{loc[1]}]"
+    hint = f"did you mean {close[0]!r}?" if close else f"the keys are: {', '.join(names)}"
+    return f"{what} in {where} ({key} = {shown}); {hint}"
 
 
 def _check_toml(path: Path, where: str) -> None:
@@ -379,7 +468,8 @@ def _hidden(value: object) -> str:
 def _invalid_value(
     e: ValidationError, toml_file: Path | None, overrides: Mapping[str, Any]
 ) -> SettingsError:
-    first = e.errors()[0]
+    errors = e.errors()
+    first = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     field = ".".join(str(p) for p in first["loc"])
     top = str(first["loc"][0]) if first["loc"] else field
     value = first.get("input")
@@ -387,6 +477,11 @@ def _invalid_value(
     if top in SECRET_FIELDS:  # an error message must not print a secret
         value = _hidden(value)
         env = (env[0], _hidden(env[1])) if env is not None else None
+    if first["type"] == "extra_forbidden":
+        where = f"settings file {str(toml_file)!r}" if toml_file is not None else "the settings"
+        if top in overrides:
+            where = "the settings given by the command"
+        return SettingsError(_unknown_key(first["loc"], value, where), field=field, value=value)
     if top in overrides:
         source = f"settings: {field} = {value!r} (given by the command)"
         fix = "give a valid value"

@@ -1,10 +1,11 @@
 """The ``gatekeeper`` command (entry point ``gatekeeper.cli:main``).
 
 ``main`` builds the parser from the commands' modules, each with ``add_parser``:
-``estimate`` (and ``models``), ``gpus``, ``check`` (and ``plan``), ``serve`` (and
-``deploy``, ``ps``, ``undeploy``), ``webhook``; ``options`` holds the serving flags they
-share. Errors raised on purpose end the command with exit code 2 and one line that says
-what to do.
+``estimate`` (and ``models``), ``gpus``, ``check`` (and ``plan``), ``serve``,
+``operator`` (``deploy``, ``ps``, ``undeploy``), ``webhook``; ``options`` holds the
+serving flags they share. ``output`` ends every command: exit codes 0 fits or done, 1
+rejected, 2 bad input, 3 sidecar unreachable (``exit_codes``), one line that says what
+to do, or with ``--json`` one JSON object on stdout, errors included.
 
 May import every other wing; nothing imports it.
 """

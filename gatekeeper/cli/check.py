@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_REJECTED
 from gatekeeper.cli.options import (
     add_serving_flags,
     model_from_args,
@@ -17,7 +18,7 @@ from gatekeeper.cli.options import (
     positive_int,
     serve_command,
 )
-from gatekeeper.errors import GatekeeperError
+from gatekeeper.cli.output import GpusUnreadable
 from gatekeeper.estimate.options import draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decide import decide
@@ -48,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--node", default=None, help="declared node (default: the file's, else settings)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
     p.set_defaults(func=run_plan_command)
 
 
@@ -58,16 +59,18 @@ def _add_request_flags(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
     c.add_argument("--min-sequences", type=positive_int("--min-sequences"), default=1)
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
 
 
 def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
     source = gpu_source(settings, node)
     snapshot = source.snapshot(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     if not snapshot.ok:
-        raise GatekeeperError(
+        raise GpusUnreadable(
             f"gpus: cannot read the GPUs ({snapshot.error}); "
-            "pass --node 2xH100-80GB (or set GATEKEEPER_GPUS) to plan for a declared node"
+            "pass --node 2xH100-80GB (or set GATEKEEPER_GPUS) to plan for a declared node",
+            field="gpus",
+            value=snapshot.source,
         )
     return snapshot
 
@@ -95,7 +98,7 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     )
     note_unmodelled(args, "decision")
     _print(decision, args.json)
-    return 0 if decision.admitted else 1
+    return EXIT_OK if decision.admitted else EXIT_REJECTED
 
 
 def _print(decision: Decision, as_json: bool) -> None:
@@ -107,4 +110,4 @@ def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
     snapshot = _snapshot(settings, args.node or plan.node)
     result = run_plan(plan, snapshot, placement_policy(settings), model_resolver(settings))
     print(json.dumps(result.to_json(), indent=2) if args.json else result.render())
-    return 0 if all(d.admitted for d in result.decisions) else 1
+    return EXIT_OK if all(d.admitted for d in result.decisions) else EXIT_REJECTED

@@ -14,7 +14,6 @@ from gatekeeper.cli.options import (
     options_from_args,
 )
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.accounting import accounting_by_name
 from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.estimate.simple_method import simple_estimate
 from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
@@ -46,10 +45,10 @@ def add_parser(subparsers: Any) -> None:
     gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
     gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
     p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
     p.set_defaults(func=run)
     m = subparsers.add_parser("models", help="list the embedded catalog")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=run_models)
 
 
@@ -80,8 +79,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.method == "simple":
         payload = _simple_json(spec, result, options)
         print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))
-        return 0
-    print(json.dumps(result.to_json(), indent=2) if args.json else render(result, spec))
+        return EXIT_OK if payload["fits"] else EXIT_REJECTED
+    payload = {**result.to_json(), "config_source": config_source(spec)}
+    print(json.dumps(payload, indent=2) if args.json else render(result, spec))
     return EXIT_OK if result.fits else EXIT_REJECTED
 
 
@@ -123,7 +123,9 @@ def _render_simple(payload: dict[str, Any]) -> str:
     return (
         f"{payload['model']}: simple method M = P x Q/8 x 1.2\n"
         f"  P = {payload['parameters']:,} parameters, Q = {payload['bits']} bits\n"
-        f"  weights {format_gib(payload['weights_bytes'])}, total {format_gib(payload['total_bytes'])}"
+        f"  weights {format_gib(payload['weights_bytes'])}, total {format_gib(payload['total_bytes'])}\n"
+        f"  verdict: {'FITS' if payload['fits'] else 'DOES NOT FIT'}"
+        + "".join(f"\n    - {r}" for r in payload["reasons"])
     )
 
 
@@ -137,8 +139,8 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         f"{e.model} on a {gib(e.gpu_total_bytes):.2f} GiB GPU, TP={e.tensor_parallel_size} "
         f"PP={e.pipeline_parallel_size}, {e.dtype}, KV {e.kv_cache_dtype}"
         + (f", {e.quantization}" if e.quantization else ""),
-        f"vLLM {e.vllm_version} accounting ({e.accounting}: "
-        f"{accounting_by_name(e.accounting).description}); per GPU ({rank}most loaded rank)",
+        f"vLLM {e.vllm_version} accounting, per GPU ({rank}most loaded rank); "
+        f"config from {config_source(spec)}",
         f"  max_model_len {e.max_model_len}, max_num_seqs {e.max_num_seqs}, "
         f"max_num_batched_tokens {e.max_num_batched_tokens}, "
         f"gpu_memory_utilization {e.gpu_memory_utilization}",
@@ -175,6 +177,22 @@ def render(e: Estimate, spec: ModelSpec) -> str:
     lines += [f"    ! {n}" for n in spec.notes]
     lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
     return "\n".join(lines)
+
+
+CATALOG_SOURCE = "embedded catalog"
+
+
+def config_source(spec: ModelSpec) -> str:
+    """Where the model's config was read, as an operator finds it again: the embedded
+    catalog (``gatekeeper models``), a Hugging Face cache snapshot or a local directory
+    with its path, a GGUF file, or the hub; not the catalog's provenance notes (the
+    files it was copied from), which are the project's, not the operator's."""
+    source = spec.source or "unknown"
+    if source.startswith(CATALOG_SOURCE):
+        fallback = source.rpartition("; the hub look-up failed: ")
+        note = f"; the hub look-up failed: {fallback[2]}" if fallback[1] else ""
+        return f"{CATALOG_SOURCE} (`gatekeeper models` lists it){note}"
+    return source
 
 
 def _parallel_lines(e: Estimate) -> list[str]:

@@ -3,26 +3,26 @@
 The source is ``--node`` when given, else the ``gpus`` setting (``GATEKEEPER_GPUS``):
 ``nvml`` reads the driver, honouring ``CUDA_VISIBLE_DEVICES``; anything else is a
 declared node (``2xH100-80GB``, ``1xA100-40GB,1xL4``, or a JSON file of GPUs or a
-recorded snapshot). Exit status: 0 when the reading succeeded, 1 when it failed (no
-driver: the message says how to use a declared node), 2 for a bad declared node.
+recorded snapshot). Exit status: 0 when the reading succeeded; 2 when it failed (no
+driver, or ``CUDA_VISIBLE_DEVICES`` naming a GPU that is not there: the message says how
+to use a declared node) or for a bad declared node, as for ``check`` and ``plan``. With
+``--json`` a failed reading is the error object of every command, with the snapshot
+(``ok: false``) beside it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
+from gatekeeper.cli.output import GpusUnreadable, print_json, report
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source
 from gatekeeper.units import format_gib
 
 __all__ = ["add_parser", "format_table", "run"]
-
-EXIT_FAILED = 1
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -53,16 +53,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from gatekeeper.sidecar.ledger import ledger_usage  # the CLI loads the sidecar only here
 
     reserved = ledger_usage(settings.state_dir.expanduser())[0] if args.node is None else {}
+    data = snapshot.to_dict()
+    if not snapshot.ok:
+        error = GpusUnreadable(str(snapshot.error), field="gpus", value=snapshot.source)
+        return report(error, as_json=args.json, extra={"snapshot": data})
     if args.json:
-        data = snapshot.to_dict()
         for gpu in data.get("gpus", []):
             gpu["reserved_by_gatekeeper_bytes"] = reserved.get(gpu.get("uuid", ""), 0)
-        print(json.dumps(data, indent=2))
-    elif snapshot.ok:
+        print_json(data)
+    else:
         print(format_table(snapshot, reserved))
-    if not snapshot.ok:
-        print(f"gatekeeper: error: {snapshot.error}", file=sys.stderr)
-        return EXIT_FAILED
     return 0
 
 

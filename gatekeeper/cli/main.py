@@ -2,8 +2,10 @@
 
 Each subcommand lives in its own module of ``gatekeeper.cli`` exposing
 ``add_parser(subparsers)``; the parser it adds sets ``run(args, settings) -> int`` as
-its ``func``. Errors raised on purpose (``GatekeeperError``) end the command with
-exit code 2 and one line that says what to do; no traceback reaches the user.
+its ``func``. Every command ends through ``gatekeeper.cli.output``: the same exit codes
+(0 fits or done, 1 rejected, 2 bad input, 3 sidecar unreachable, 70 a bug) and, with
+``--json``, one JSON object on stdout even for an error (argparse's included). No
+traceback reaches the user.
 """
 
 from __future__ import annotations
@@ -16,22 +18,23 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import check, estimate, exit_codes, gpus, serve, webhook
+from gatekeeper.cli import check, estimate, exit_codes, gpus, operator, serve, webhook
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
+from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.settings import load_settings
+from gatekeeper.settings import load_settings, unknown_environment
 
 __all__ = ["EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
 
 EXIT_USAGE = exit_codes.EXIT_USAGE
-EXIT_INTERNAL = 70
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error prints one line (no usage block) and exits 2."""
+    """argparse, but a usage error is one line (no usage block), exit code 2, and JSON
+    with ``--json`` (``gatekeeper.cli.output``)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"gatekeeper: error: {message} (see {self.prog} --help)\n")
+        raise UsageError(f"{message} (see {self.prog} --help)", field="arguments")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
-    for command in (estimate, gpus, check, serve, webhook):
+    for command in (estimate, gpus, check, serve, operator, webhook):
         command.add_parser(subparsers)
     return parser
 
@@ -67,25 +70,33 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = _parse(parser, sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
     try:
-        settings = load_settings(args.config)
-        code: int = args.func(args, settings)
+        return _run(argv)
     except GatekeeperError as e:
-        print(f"gatekeeper: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return report(e, as_json=as_json)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gatekeeper ... | head`: the reader left, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exit_codes.EXIT_OK
     except Exception as e:  # a bug: one line for the user, the traceback on request
         if os.environ.get("GATEKEEPER_DEBUG"):
             raise
-        print(
-            f"gatekeeper: internal error: {type(e).__name__}: {e} "
-            "(rerun with GATEKEEPER_DEBUG=1 for the traceback, and please report it)",
-            file=sys.stderr,
+        message = (
+            f"{type(e).__name__}: {e} (rerun with GATEKEEPER_DEBUG=1 for the traceback, "
+            "and please report it)"
         )
-        return EXIT_INTERNAL
+        return report(e, as_json=as_json, message=message)
+
+
+def _run(argv: list[str]) -> int:
+    args = _parse(build_parser(), argv)
+    settings = load_settings(args.config)
+    for line in unknown_environment():
+        print(f"gatekeeper: warning: {line}", file=sys.stderr)
+    code: int = args.func(args, settings)
     return code
 
 

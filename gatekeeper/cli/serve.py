@@ -1,28 +1,23 @@
-"""``gatekeeper serve`` (the sidecar) and the operator commands that talk to its admin
-API: ``deploy``, ``ps``, ``undeploy``."""
+"""``gatekeeper serve``: the sidecar (``--rehearsal``: on a declared node with the
+simulator as the worker), and its start-up banner, which names where the admin token
+came from (``--json``: the banner as one JSON object). The commands that talk to a
+running sidecar are ``gatekeeper.cli.operator``'s."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import socket
-import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gatekeeper.cli.options import add_serving_flags, positive_int, serve_command
+from gatekeeper.cli.output import print_json
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
-from gatekeeper.settings import Settings, gpu_source
-from gatekeeper.units import format_gib
+from gatekeeper.settings import Settings, gpu_source, setting_source
 
-if TYPE_CHECKING:  # loaded by the commands that use them, not by every CLI start
-    import httpx
-
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "rehearsal_settings", "stored_token"]
 
 REHEARSAL_NODE = "2xH100-80GB"
 
@@ -36,49 +31,31 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="no GPU needed: a declared node, the catalog, and the simulator as the worker",
     )
+    s.add_argument("--json", action="store_true", help="print the banner as one JSON object")
     s.set_defaults(func=run_serve)
-    d = subparsers.add_parser("deploy", help="admit and launch a model through the admin API")
-    d.add_argument("model")
-    d.add_argument("--name", default=None, help="the name clients use (default: the model)")
-    add_serving_flags(d)
-    d.add_argument("--min-sequences", type=positive_int("--min-sequences"))
-    d.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
-    d.add_argument("--wait", action="store_true", help="follow the start-up until ready")
-    _client_flags(d)
-    d.set_defaults(func=run_deploy)
-    p = subparsers.add_parser("ps", help="list deployments")
-    _client_flags(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run_ps)
-    u = subparsers.add_parser("undeploy", help="drain and stop a deployment")
-    u.add_argument("id")
-    _client_flags(u)
-    u.set_defaults(func=run_undeploy)
-
-
-def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url", default=None, help="the sidecar (default: http://HOST:PORT from settings)"
-    )
-    p.add_argument(
-        "--token",
-        default=None,
-        help="admin token (default: GATEKEEPER_ADMIN_TOKEN or the rehearsal's)",
-    )
 
 
 # -- serve -----------------------------------------------------------------------------
 
 
-def rehearsal_settings(settings: Settings) -> Settings:
-    """The embedded default: a declared node, the catalog allowed, the simulator as worker."""
+def rehearsal_settings(settings: Settings) -> tuple[Settings, str]:
+    """The embedded default: a declared node, the catalog allowed, the simulator as
+    worker; and where its admin token came from (the token is always written to
+    ``state_dir/rehearsal/admin-token`` for the operator commands)."""
     state = settings.state_dir.expanduser() / "rehearsal"
-    token = settings.admin_token or _stored_token(state) or secrets.token_urlsafe(24)
-    state.mkdir(parents=True, exist_ok=True)
     token_file = state / "admin-token"
+    stored = _read_token(token_file)
+    if settings.admin_token:
+        token, where = settings.admin_token, setting_source(settings, "admin_token")
+        where += f", written to {token_file}"
+    elif stored:
+        token, where = stored, f"kept from an earlier rehearsal in {token_file}"
+    else:
+        token, where = secrets.token_urlsafe(24), f"generated and written to {token_file}"
+    state.mkdir(parents=True, exist_ok=True)
     token_file.write_text(token)
     token_file.chmod(0o600)
-    return settings.model_copy(
+    rehearsed = settings.model_copy(
         update={
             "state_dir": state,
             "gpus": settings.gpus if gpu_source(settings).is_declared else REHEARSAL_NODE,
@@ -89,11 +66,16 @@ def rehearsal_settings(settings: Settings) -> Settings:
             "startup_timeout_seconds": min(settings.startup_timeout_seconds, 120.0),
         }
     )
+    return rehearsed, where
 
 
-def _stored_token(state: Path) -> str | None:
-    path = state / "admin-token"
-    return path.read_text().strip() if path.is_file() else None
+def _read_token(path: Path) -> str | None:
+    return path.read_text().strip() or None if path.is_file() else None
+
+
+def stored_token(settings: Settings) -> str | None:
+    """The token a rehearsal under ``settings.state_dir`` wrote, if one did."""
+    return _read_token(settings.state_dir.expanduser() / "rehearsal" / "admin-token")
 
 
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -103,8 +85,9 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     from gatekeeper.sidecar.header_deadline import header_deadline_protocol
     from gatekeeper.sidecar.ledger import Ledger, ledger_path
 
+    token_source = setting_source(settings, "admin_token")
     if args.rehearsal:
-        settings = rehearsal_settings(settings)
+        settings, token_source = rehearsal_settings(settings)
     host, port = args.host or settings.host, settings.port if args.port is None else args.port
     source = gpu_source(settings)
     declared = source.is_declared
@@ -124,7 +107,11 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     state.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path(state))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
-    _banner(settings, host, port, declared, args.rehearsal)
+    banner = _banner(settings, host, port, declared, args.rehearsal, token_source)
+    if args.json:
+        print_json(banner)
+    else:
+        print("\n".join(banner["lines"]), flush=True)
     config = uvicorn.Config(
         app,
         host=host,
@@ -173,8 +160,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _banner(settings: Settings, host: str, port: int, declared: bool, rehearsal: bool) -> None:
-    lines = [f"gatekeeper sidecar on http://{host}:{port} (OpenAI proxy /v1, admin API /admin)"]
+def _banner(
+    settings: Settings, host: str, port: int, declared: bool, rehearsal: bool, token_source: str
+) -> dict[str, Any]:
+    """What the sidecar says at start: its address, REHEARSAL or the declared node, the
+    state directory, and where the admin token came from (never the token itself)."""
+    url = f"http://{host}:{port}"
+    lines = [f"gatekeeper sidecar on {url} (OpenAI proxy /v1, admin API /admin)"]
     if rehearsal:
         lines.append(
             f"REHEARSAL: declared node {settings.gpus}, workers are the gatekeeper simulator "
@@ -182,168 +174,26 @@ def _banner(settings: Settings, host: str, port: int, declared: bool, rehearsal:
         )
     elif declared:
         lines.append(f"declared node {settings.gpus}: placement follows the declaration, not NVML")
-    lines.append(f"state directory: {settings.state_dir.expanduser()}")
+    state = settings.state_dir.expanduser()
+    lines.append(f"state directory: {state}")
     if settings.admin_token:
-        where = settings.state_dir.expanduser() / "admin-token"
-        shown = f"in {where}" if rehearsal else "from GATEKEEPER_ADMIN_TOKEN"
-        lines.append(
-            f"admin token {shown}; export GATEKEEPER_ADMIN_TOKEN=$(cat {where})"
-            if rehearsal
-            else f"admin token {shown}"
-        )
+        lines.append(f"admin token from {token_source}")
+        if rehearsal:
+            lines.append(f"  export GATEKEEPER_ADMIN_TOKEN=$(cat {state / 'admin-token'})")
     else:
         lines.append("admin API off: set GATEKEEPER_ADMIN_TOKEN to turn it on")
-    print("\n".join(lines), flush=True)
-
-
-# -- operator commands -----------------------------------------------------------------
-
-
-def _endpoint(args: argparse.Namespace, settings: Settings) -> tuple[str, dict[str, str]]:
-    url = args.url or f"http://{settings.host}:{settings.port}"
-    token = (
-        args.token
-        or settings.admin_token
-        or _stored_token(settings.state_dir.expanduser() / "rehearsal")
-    )
-    if not token:
-        raise GatekeeperError(
-            "admin token: none given; pass --token or set GATEKEEPER_ADMIN_TOKEN", field="token"
-        )
-    return url.rstrip("/"), {"Authorization": f"Bearer {token}"}
+    return {
+        "url": url,
+        "rehearsal": rehearsal,
+        "declared_node": settings.gpus if declared else None,
+        "state_dir": str(state),
+        "admin_api": bool(settings.admin_token),
+        "admin_token_source": token_source if settings.admin_token else None,
+        "lines": lines,
+    }
 
 
 def _simulator() -> tuple[str, ...]:
     from gatekeeper.sidecar.rehearsal import SIMULATOR
 
     return tuple(SIMULATOR)
-
-
-def _call(method: str, url: str, headers: dict[str, str], **kw: Any) -> httpx.Response:
-    import httpx
-
-    try:
-        return httpx.request(method, url, headers=headers, timeout=kw.pop("timeout", 60.0), **kw)
-    except httpx.TransportError as e:
-        raise GatekeeperError(
-            f"sidecar: cannot reach {url} ({type(e).__name__}); start it with `gatekeeper serve` "
-            "or pass --url", field="url", value=url,
-        ) from e  # fmt: skip
-
-
-def _fail(response: httpx.Response) -> int:
-    """One line with the sidecar's error, then a rejection's reasons and suggestions."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    body = body if isinstance(body, dict) else {}
-    message = (body.get("error") or {}).get("message") or response.text
-    print(f"gatekeeper: error: {response.status_code}: {message}", file=sys.stderr)
-    decision = body.get("decision")
-    if decision:
-        for line in decision.get("reasons", [])[1:]:
-            print(f"  - {line}", file=sys.stderr)
-        for hint in decision.get("suggestions", []):
-            print(f"  * {hint['text']}", file=sys.stderr)
-    return 1
-
-
-def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
-    url, headers = _endpoint(args, settings)
-    options = _options_dict(args)
-    body: dict[str, Any] = {"model": args.model, "options": options}
-    if args.name:
-        body["name"] = args.name
-    if args.min_sequences:
-        body["min_sequences"] = args.min_sequences
-    if args.min_kv_tokens:
-        body["min_kv_tokens"] = args.min_kv_tokens
-    start = time.monotonic()
-    response = _call("POST", f"{url}/admin/deployments", headers, json=body)
-    if response.status_code != 201:
-        return _fail(response)
-    data = response.json()
-    dep = data["deployment"]
-    print(
-        f"[{time.monotonic() - start:6.1f}s] admitted {dep['name']} as {dep['id']} on GPU {','.join(map(str, dep['gpus']))}"
-    )
-    print(f"          vllm serve {' '.join(dep['vllm_args'])}")
-    if not args.wait:
-        return 0
-    return _follow(url, headers, dep["id"], start)
-
-
-def _options_dict(args: argparse.Namespace) -> dict[str, Any]:
-    """Only the serving flags the operator gave, by vLLM's names (the sidecar checks them
-    and fills in the rest)."""
-    out = dict(serve_command(args).values)
-    if args.vllm_version:
-        out["vllm_version"] = args.vllm_version
-    if args.embedded:
-        out["embedded"] = True
-    return out
-
-
-def _follow(url: str, headers: dict[str, str], deployment_id: str, start: float) -> int:
-    offset, last = 0, ""
-    while True:
-        response = _call(
-            "GET",
-            f"{url}/admin/deployments/{deployment_id}/log",
-            headers,
-            params={"offset": offset},
-        )
-        if response.status_code != 200:
-            return _fail(response)
-        data = response.json()
-        offset = data["offset"]
-        label = data["phase"] or data["state"]
-        if label != last:
-            print(f"[{time.monotonic() - start:6.1f}s] {label}")
-            last = label
-        if data["state"] == "ready":
-            _print_memory(data)
-            return 0
-        if data["state"] in ("failed", "stopped"):
-            print(f"gatekeeper: error: {data['error']}", file=sys.stderr)
-            return 1
-        time.sleep(0.3)
-
-
-def _print_memory(data: dict[str, Any]) -> None:
-    predicted, actual = data.get("predicted") or {}, data.get("actual") or {}
-    print(f"  {'component':<18}{'predicted':>14}{'actual (vLLM log)':>20}")
-    for name in ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph"):
-        p = predicted.get(f"{name}_bytes")
-        a = actual.get(name)
-        print(
-            f"  {name:<18}{format_gib(p) if p is not None else '-':>14}{format_gib(a) if a is not None else '-':>20}"
-        )
-
-
-def run_ps(args: argparse.Namespace, settings: Settings) -> int:
-    url, headers = _endpoint(args, settings)
-    response = _call("GET", f"{url}/admin/deployments", headers)
-    if response.status_code != 200:
-        return _fail(response)
-    deployments = response.json()["deployments"]
-    if args.json:
-        print(json.dumps(deployments, indent=2))
-        return 0
-    print(f"{'ID':<30} {'NAME':<36} {'STATE':<9} {'GPUS':<6} {'PORT':<6} {'UPTIME':>8}")
-    for d in deployments:
-        uptime = f"{d['uptime_seconds']:.0f}s" if d.get("uptime_seconds") else "-"
-        print(
-            f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {','.join(map(str, d['gpus'])):<6} {d['port']:<6} {uptime:>8}"
-        )
-    return 0
-
-
-def run_undeploy(args: argparse.Namespace, settings: Settings) -> int:
-    url, headers = _endpoint(args, settings)
-    response = _call("DELETE", f"{url}/admin/deployments/{args.id}", headers, timeout=600.0)
-    if response.status_code != 200:
-        return _fail(response)
-    print(f"stopped {args.id}")
-    return 0

@@ -1,17 +1,31 @@
 """The admin API: deploy, list, inspect and stop workers; read the GPUs.
 
 Every route needs ``Authorization: Bearer <GATEKEEPER_ADMIN_TOKEN>``; without a
-configured token the admin API is off (403). Errors are JSON ``{"error": {"message",
-"type", "field", "value"}}`` with the status that says what happened: 400 bad input,
-401 no or wrong token, 403 off or model not allowed, 404 unknown deployment, 409 name
-already deployed, 507 does not fit (with the decision's reasons and suggestions).
+configured token the admin API is off (403). Every answer past the token check says
+whether the sidecar is a rehearsal (``"rehearsal": true``: its workers are the
+gatekeeper simulator, whose memory figures echo the prediction).
+
+Errors are in the proxy's shape (``gatekeeper.proxy.protocol.error_response``):
+``{"error": {"message", "type", "param", "code"}}``, the message naming the field, the
+value and what to do, ``param`` the field. ``type`` says what happened, with the status:
+400 ``bad_request`` (a body that is not a JSON object, a missing, unknown or mistyped
+field, an invalid option, an unknown model), 401 ``unauthorized``, 403
+``admin_disabled`` or ``model_not_allowed``, 404 and 409 ``deployment_error`` (unknown
+deployment, name already deployed), 413 ``bad_request`` (body too large), 503
+``state_unavailable`` (the state directory) or ``deployment_error`` (admission timed
+out), 507 ``does_not_fit`` (with the decision's reasons and suggestions in
+``decision``), 500 ``internal_error`` (a bug; the traceback goes to the sidecar's log).
+``error.field`` and ``error.value`` are the earlier names of ``param`` and the value,
+kept for one release (DEPRECATED: use ``param``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.proxy.protocol import error_response
 from gatekeeper.sidecar.deployment import DeploymentError
 from gatekeeper.sidecar.ledger import LedgerError, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
@@ -29,6 +44,8 @@ from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 __all__ = ["AdminApi", "DeployBody"]
 
 MAX_BODY_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 class DeployBody(BaseModel):
@@ -44,6 +61,19 @@ class DeployBody(BaseModel):
     min_kv_tokens: int | None = Field(default=None, gt=0)
 
 
+FIELD_HELP = {
+    "model": "a configured model name or a hub repo id an allowed pattern matches, as a "
+    'string ("Qwen/Qwen3-8B")',
+    "name": "the name clients will send as 'model', a non-empty string",
+    "options": 'an object of vllm serve flags by vLLM\'s names ({"max_model_len": 8192})',
+    "min_sequences": "a whole number above 0 (sequences that must fit at max_model_len)",
+    "min_kv_tokens": "a whole number above 0 (KV-cache tokens the placement must hold)",
+}
+"""What each field of ``DeployBody`` takes, for the 400 that names it."""
+
+EXAMPLE = '{"model": "NAME", "options": {"max_model_len": 8192}}'
+
+
 def _error(
     status: int,
     message: str,
@@ -52,12 +82,54 @@ def _error(
     field: str | None = None,
     value: object = None,
     **extra: Any,
-) -> JSONResponse:
-    body: dict[str, Any] = {
-        "error": {"message": message, "type": kind, "field": field, "value": value}
-    }
+) -> Response:
+    """``error_response``'s answer (its shape and retry headers), with ``extra`` beside
+    ``error`` (``decision``, ``rehearsal``) and the deprecated ``field``/``value``."""
+    response = error_response(status, message, type=kind, param=field)
+    body = json.loads(bytes(response.body))
+    body["error"].update(field=field, value=_plain(value))
     body.update(extra)
-    return JSONResponse(body, status_code=status)
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+_BODY_HEADERS = frozenset({"content-length", "content-type"})
+
+
+def body_error(e: ValidationError) -> tuple[str, str]:
+    """(message, field) for a ``DeployBody`` that did not validate: the field, the value
+    given, and what to send instead."""
+    first = e.errors(include_url=False)[0]
+    loc = [str(p) for p in first["loc"]]
+    given = _shown(first.get("input"))
+    if first["type"] == "json_invalid":
+        return f"the body is not valid JSON ({first['msg']}); send a JSON object: {EXAMPLE}", "body"
+    if not loc:
+        return (
+            f"the body must be a JSON object, not {given}; send one such as {EXAMPLE}",
+            "body",
+        )
+    field = ".".join(loc)
+    top = loc[0]
+    if first["type"] == "missing":
+        return f"'{field}' is missing; give {FIELD_HELP.get(top, 'it')}: {EXAMPLE}", field
+    if first["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(top, FIELD_HELP, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return (
+            f"'{field}' (= {given}) is not a field of the deploy body; {hint}the fields are "
+            f"{', '.join(FIELD_HELP)}, and vllm serve flags go inside 'options'",
+            field,
+        )
+    return (
+        f"'{field}' = {given} is invalid ({first['msg']}); give {FIELD_HELP.get(top, 'a valid value')}",
+        field,
+    )
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    text = json.dumps(_plain(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -70,6 +142,14 @@ class AdminApi:
         self.manager = manager
         self.registry = registry
         self.token = token
+        self.rehearsal = manager.config.rehearsal
+
+    def _answer(self, body: dict[str, Any], status: int = 200) -> JSONResponse:
+        return JSONResponse({**body, "rehearsal": self.rehearsal}, status_code=status)
+
+    def _fail(self, status: int, message: str, **fields: Any) -> Response:
+        """``_error`` (``kind``, ``field``, ``value``, extras) saying ``rehearsal``."""
+        return _error(status, message, rehearsal=self.rehearsal, **fields)
 
     def routes(self) -> list[Route]:
         g = self._guard
@@ -100,40 +180,48 @@ class AdminApi:
                 )
             try:
                 return await handler(request)
-            except DeploymentError as e:
-                return _error(
-                    e.status, str(e), kind="deployment_error", field=e.field, value=_plain(e.value)
-                )
-            except ModelNotAllowed as e:
-                return _error(
-                    403, str(e), kind="model_not_allowed", field=e.field, value=_plain(e.value)
-                )
-            except LedgerError as e:  # the state directory, not the request
-                return _error(
-                    503, str(e), kind="state_unavailable", field=e.field, value=_plain(e.value)
-                )
-            except GatekeeperError as e:
-                return _error(400, str(e), kind="bad_request", field=e.field, value=_plain(e.value))
+            except Exception as e:  # every failure answers in the error shape
+                return self._failure(request, e)
 
         return guarded
+
+    def _failure(self, request: Request, e: Exception) -> Response:
+        fail = self._fail
+        if isinstance(e, DeploymentError):
+            kind, status = "deployment_error", e.status
+        elif isinstance(e, ModelNotAllowed):
+            kind, status = "model_not_allowed", 403
+        elif isinstance(e, LedgerError):  # the state directory, not the request
+            kind, status = "state_unavailable", 503
+        elif isinstance(e, GatekeeperError):
+            kind, status = "bad_request", 400
+        else:
+            log.exception("admin API: %s %s failed", request.method, request.url.path)
+            return fail(
+                500,
+                f"internal error ({type(e).__name__}); the sidecar's log has the traceback: "
+                "please report it",
+                kind="internal_error",
+            )
+        return fail(status, str(e), kind=kind, field=e.field, value=_plain(e.value))
 
     async def create(self, request: Request) -> Response:
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
-            return _error(
-                413, f"body of {len(raw)} bytes is larger than {MAX_BODY_BYTES}", kind="bad_request"
+            return self._fail(
+                413,
+                f"the body is {len(raw)} bytes, more than the {MAX_BODY_BYTES} the admin API "
+                f"reads; send only the deployment: {EXAMPLE}",
+                kind="bad_request",
+                field="body",
             )
         try:
             body = DeployBody.model_validate_json(raw)
         except ValidationError as e:
+            message, field = body_error(e)
             first = e.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "body"
-            return _error(
-                400,
-                f'{field}: {first["msg"]}; send JSON like {{"model": "NAME", "options": {{"max_model_len": 8192}}}}',
-                kind="bad_request",
-                field=field,
-            )
+            given = first.get("input") if field != "body" and first["type"] != "missing" else None
+            return self._fail(400, message, kind="bad_request", field=field, value=_plain(given))
         entry = self.registry.allowed(body.model)
         if body.name:
             entry = entry.model_copy(update={"name": body.name})
@@ -148,40 +236,46 @@ class AdminApi:
         decision, deployment = await self.manager.deploy(entry.name, placement_request)
         if deployment is None:
             reason = decision.reasons[0] if decision.reasons else "it does not fit"
-            return _error(
+            return self._fail(
                 507,
                 f"{entry.name} does not fit on this node: {reason}",
                 kind="does_not_fit",
                 decision=decision.to_json(),
             )
-        return JSONResponse(
-            {"deployment": deployment.summary(), "decision": decision.to_json()}, status_code=201
+        return self._answer(
+            {"deployment": deployment.summary(), "decision": decision.to_json()}, status=201
         )
 
     async def list(self, request: Request) -> Response:
         m = self.manager
-        return JSONResponse(
+        return self._answer(
             {"deployments": [d.summary(m.in_flight(d.id)) for d in m.deployments.values()]}
         )
 
     async def show(self, request: Request) -> Response:
         d = self.manager.get(request.path_params["id"])
-        return JSONResponse(d.summary(self.manager.in_flight(d.id)))
+        return self._answer(d.summary(self.manager.in_flight(d.id)))
 
     async def delete(self, request: Request) -> Response:
         d = await self.manager.undeploy(request.path_params["id"])
-        return JSONResponse(d.summary())
+        return self._answer(d.summary())
 
     async def log(self, request: Request) -> Response:
         d = self.manager.get(request.path_params["id"])
+        given = request.query_params.get("offset", "0")
         try:
-            offset = max(0, int(request.query_params.get("offset", "0")))
+            offset = max(0, int(given))
         except ValueError:
-            return _error(
-                400, "offset: must be an integer byte offset", kind="bad_request", field="offset"
+            return self._fail(
+                400,
+                f"offset = {given!r} is not a whole number of bytes; send ?offset=0 first, "
+                "then the offset the last answer gave",
+                kind="bad_request",
+                field="offset",
+                value=given,
             )
         lines, new_offset = _read_log(d.worker.spec.log_path if d.worker else None, offset)
-        return JSONResponse({"offset": new_offset, "lines": lines, **d.summary()})
+        return self._answer({"offset": new_offset, "lines": lines, **d.summary()})
 
     async def gpus(self, request: Request) -> Response:
         snapshot = await self.manager.snapshot()
@@ -189,7 +283,7 @@ class AdminApi:
         data = snapshot.to_dict()
         for gpu in data.get("gpus", []):
             gpu["reserved_by_gatekeeper_bytes"] = reserved.get(gpu.get("uuid", ""), 0)
-        return JSONResponse(data)
+        return self._answer(data)
 
 
 def _read_log(path: Any, offset: int, limit: int = 256 * 1024) -> tuple[list[str], int]:

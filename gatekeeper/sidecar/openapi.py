@@ -14,7 +14,11 @@ _ERROR = {
     "properties": {
         "error": {
             "type": "object",
-            "properties": {k: {"type": ["string", "null"]} for k in ("message", "type", "field")},
+            "properties": {
+                **{k: {"type": ["string", "null"]} for k in ("message", "type", "param")},
+                "code": {"type": ["string", "integer", "null"]},
+                "field": {"type": ["string", "null"], "deprecated": True},
+            },
         }
     },
 }

@@ -29,7 +29,7 @@ def test_deploy_sends_vllms_flags_and_the_sidecar_refuses_what_it_cannot_size(tm
         overrides = gatekeeper(
             "deploy", "tiny", "--name", "t3", "--kv-offloading-size", "4", *client
         )
-        assert overrides.returncode == 1
+        assert overrides.returncode == 2  # the sidecar's 400: bad input, not a rejection
         assert "400" in overrides.stderr and "kv_offloading_size" in overrides.stderr
         assert "does not size" in overrides.stderr
         typo = gatekeeper("deploy", "tiny", "--max-modle-len", "4096", *client)

@@ -64,14 +64,14 @@ def test_nvml_through_the_stand_in(
     ) in out
 
 
-def test_nvml_failure_exits_1(
+def test_nvml_failure_exits_2_like_check(
     fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_nvml.set(gpus=[h100(0)], failures=[FakeFailure(9, symbol="nvmlInitWithFlags")])
     code = commands_gpus.run(_args(), Settings(gpus="nvml"))
     captured = capsys.readouterr()
-    assert code == 1 and captured.out == ""
+    assert code == 2 and captured.out == ""  # the gpus setting does not fit this machine
     assert captured.err.startswith("gatekeeper: error: NVML is unavailable")
 
 

@@ -82,7 +82,7 @@ def test_cuda_visible_devices_in_the_environment(nvml_stub_lib: Path, state: Pat
     assert result.returncode == 0, result.stderr
     assert [g["index"] for g in json.loads(result.stdout)["gpus"]] == [1]
     bad = _gatekeeper("gpus", library_dir=nvml_stub_lib.parent, state=state, visible="0,9")
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # the setting names a GPU that is not there: bad input
     assert "CUDA_VISIBLE_DEVICES='0,9' names GPU 9" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -110,14 +110,18 @@ def test_missing_library_is_one_clear_error(tmp_path: Path) -> None:
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("a real libnvidia-ml is installed here, so NVML cannot be missing")
     result = _gatekeeper("gpus", library_dir=tmp_path, state=None)
-    assert result.returncode == 1
+    assert result.returncode == 2  # as check and plan: the gpus setting does not fit here
     assert result.stdout == ""
     assert result.stderr.startswith("gatekeeper: error: NVML is unavailable")
     assert "NVML_ERROR_LIBRARY_NOT_FOUND" in result.stderr
     assert "--node 2xH100-80GB" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     as_json = _gatekeeper("gpus", "--json", library_dir=tmp_path, state=None)
-    assert as_json.returncode == 1 and json.loads(as_json.stdout)["ok"] is False
+    payload = json.loads(as_json.stdout)
+    assert as_json.returncode == 2 == payload["exit_code"] and as_json.stderr == ""
+    assert payload["error"]["code"] == "gpus_unreadable"
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in payload["error"]["message"]
+    assert payload["snapshot"]["ok"] is False
 
 
 def test_declared_node_needs_no_driver(tmp_path: Path) -> None:

@@ -1,0 +1,289 @@
+"""The operator commands that talk to a running sidecar's admin API: ``deploy``, ``ps``,
+``undeploy``.
+
+Each ends as every command does (``gatekeeper.cli.output``): 0 done; 1 the sidecar
+turned the request down (does not fit, not allowed, name taken) or the worker failed to
+start; 2 the request was wrong (a bad flag or option, an unknown model or deployment, a
+wrong token); 3 the sidecar could not be reached. With ``--json`` stdout is one JSON
+object. When the sidecar is a rehearsal (its workers are the gatekeeper simulator; the
+admin API says ``"rehearsal": true``), the output says REHEARSAL on its first line, or
+``"rehearsal": true`` in JSON, and the "actual" memory is labelled simulated: the
+simulator reports the prediction back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from gatekeeper.cli.options import add_serving_flags, positive_int, serve_command
+from gatekeeper.cli.output import (
+    REHEARSAL_BANNER,
+    SidecarRefused,
+    SidecarUnreachable,
+    WorkerFailed,
+    print_json,
+)
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.settings import Settings
+from gatekeeper.units import format_gib
+
+__all__ = ["SidecarClient", "add_parser"]
+
+COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+
+
+def add_parser(subparsers: Any) -> None:
+    d = subparsers.add_parser("deploy", help="admit and launch a model through the admin API")
+    d.add_argument("model")
+    d.add_argument("--name", default=None, help="the name clients use (default: the model)")
+    add_serving_flags(d)
+    d.add_argument("--min-sequences", type=positive_int("--min-sequences"))
+    d.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
+    d.add_argument("--wait", action="store_true", help="follow the start-up until ready")
+    _client_flags(d)
+    d.set_defaults(func=run_deploy)
+    p = subparsers.add_parser("ps", help="list deployments")
+    _client_flags(p)
+    p.set_defaults(func=run_ps)
+    u = subparsers.add_parser("undeploy", help="drain and stop a deployment")
+    u.add_argument("id")
+    _client_flags(u)
+    u.set_defaults(func=run_undeploy)
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url", default=None, help="the sidecar (default: http://HOST:PORT from settings)"
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="admin token (default: GATEKEEPER_ADMIN_TOKEN or the rehearsal's)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for each answer (default 60; undeploy 600, it drains); "
+        "past it the sidecar counts as unreachable (exit code 3)",
+    )
+
+
+class SidecarClient:
+    """The admin API over HTTP; every failure becomes the error that gives its exit code."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
+        from gatekeeper.cli.serve import stored_token
+
+        self.url = (args.url or f"http://{settings.host}:{settings.port}").rstrip("/")
+        token = args.token or settings.admin_token or stored_token(settings)
+        if not token:
+            raise GatekeeperError(
+                "admin token: none given; pass --token or set GATEKEEPER_ADMIN_TOKEN",
+                field="token",
+            )
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.timeout: float | None = args.timeout
+        if self.timeout is not None and not self.timeout > 0:
+            raise GatekeeperError(
+                f"--timeout: {self.timeout} must be a positive number of seconds",
+                field="timeout",
+                value=self.timeout,
+            )
+
+    def call(
+        self, method: str, path: str, *, ok: int = 200, timeout: float = 60.0, **kw: Any
+    ) -> dict[str, Any]:
+        """The JSON object the sidecar answered with status ``ok``."""
+        import httpx
+
+        url = f"{self.url}{path}"
+        timeout = self.timeout or timeout
+        try:
+            response = httpx.request(method, url, headers=self.headers, timeout=timeout, **kw)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
+            raise GatekeeperError(
+                f"url: {self.url!r} is not an http:// or https:// URL ({e}); give one such "
+                "as http://127.0.0.1:8080 with --url",
+                field="url",
+                value=self.url,
+            ) from None
+        except httpx.TransportError as e:
+            raise SidecarUnreachable(
+                f"sidecar: cannot reach {self.url} ({type(e).__name__}: {e or 'no answer'}); "
+                "start it with `gatekeeper serve`, or point --url (or GATEKEEPER_HOST and "
+                "GATEKEEPER_PORT) at it",
+                field="url",
+                value=self.url,
+            ) from None
+        body = _json_object(response)
+        if response.status_code != ok:
+            error = body.get("error")
+            message = error.get("message") if isinstance(error, dict) else None
+            kind = error.get("type") if isinstance(error, dict) else None
+            raise SidecarRefused(
+                response.status_code,
+                str(message or response.text.strip() or response.reason_phrase),
+                str(kind or "http_error"),
+                body,
+            )
+        if not body:
+            raise SidecarUnreachable(
+                f"sidecar: {url} answered {response.status_code} without a JSON object; is "
+                "--url a gatekeeper sidecar?",
+                field="url",
+                value=self.url,
+            )
+        return body
+
+
+def _json_object(response: Any) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _banner(rehearsal: bool, *, to_stderr: bool = False) -> None:
+    if rehearsal:
+        print(REHEARSAL_BANNER, file=sys.stderr if to_stderr else sys.stdout)
+
+
+def actual_label(rehearsal: bool) -> str:
+    """The heading of measured memory: the simulator echoes the prediction."""
+    return "actual (simulated)" if rehearsal else "actual (vLLM log)"
+
+
+# -- deploy ----------------------------------------------------------------------------
+
+
+def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
+    client = SidecarClient(args, settings)
+    body: dict[str, Any] = {"model": args.model, "options": _options_dict(args)}
+    for key in ("name", "min_sequences", "min_kv_tokens"):
+        if getattr(args, key):
+            body[key] = getattr(args, key)
+    start = time.monotonic()
+    data = client.call("POST", "/admin/deployments", ok=201, json=body)
+    rehearsal = bool(data.get("rehearsal"))
+    dep = data["deployment"]
+    lines = [
+        f"[{time.monotonic() - start:6.1f}s] admitted {dep['name']} as {dep['id']} on GPU "
+        + ",".join(map(str, dep["gpus"])),
+        f"          {'simulator (as ' if rehearsal else ''}vllm serve "
+        f"{' '.join(dep['vllm_args'])}{')' if rehearsal else ''}",
+    ]
+    if not args.json:
+        _banner(rehearsal)
+        print("\n".join(lines), flush=True)
+    if args.wait:
+        if args.json:
+            _banner(rehearsal, to_stderr=True)
+            print("\n".join(lines), file=sys.stderr, flush=True)
+        data["deployment"] = _follow(client, dep["id"], start, progress_to_stderr=args.json)
+        if not args.json:
+            _print_memory(data["deployment"], rehearsal)
+    if args.json:
+        print_json({**data, "rehearsal": rehearsal})
+    return 0
+
+
+def _options_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """Only the serving flags the operator gave, by vLLM's names (the sidecar checks them
+    and fills in the rest)."""
+    out = dict(serve_command(args).values)
+    if args.vllm_version:
+        out["vllm_version"] = args.vllm_version
+    if args.embedded:
+        out["embedded"] = True
+    return out
+
+
+def _follow(
+    client: SidecarClient, deployment_id: str, start: float, *, progress_to_stderr: bool
+) -> dict[str, Any]:
+    """The deployment once ready (its summary), printing each phase on the way; a worker
+    that fails or stops raises ``WorkerFailed``."""
+    offset, last = 0, ""
+    out = sys.stderr if progress_to_stderr else sys.stdout
+    while True:
+        data = client.call(
+            "GET", f"/admin/deployments/{deployment_id}/log", params={"offset": offset}
+        )
+        offset = data["offset"]
+        label = data["phase"] or data["state"]
+        if label != last:
+            print(f"[{time.monotonic() - start:6.1f}s] {label}", file=out, flush=True)
+            last = label
+        if data["state"] == "ready":
+            return {k: v for k, v in data.items() if k not in ("lines", "offset", "rehearsal")}
+        if data["state"] in ("failed", "stopped"):
+            raise WorkerFailed(
+                f"deployment {deployment_id} {data['state']}: {data['error']}",
+                field="deployment",
+                value=deployment_id,
+            )
+        time.sleep(0.3)
+
+
+def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
+    predicted, actual = deployment.get("predicted") or {}, deployment.get("actual") or {}
+    label = actual_label(rehearsal)
+    print(f"  {'component':<18}{'predicted':>14}{label:>20}")
+    for name in COMPONENTS:
+        p, a = predicted.get(f"{name}_bytes"), actual.get(name)
+        shown_p = format_gib(p) if p is not None else "-"
+        shown_a = format_gib(a) if a is not None else "-"
+        print(f"  {name:<18}{shown_p:>14}{shown_a:>20}")
+
+
+# -- ps, undeploy ----------------------------------------------------------------------
+
+
+def run_ps(args: argparse.Namespace, settings: Settings) -> int:
+    data = SidecarClient(args, settings).call("GET", "/admin/deployments")
+    rehearsal = bool(data.get("rehearsal"))
+    if args.json:
+        print_json({"deployments": data["deployments"], "rehearsal": rehearsal})
+        return 0
+    _banner(rehearsal)
+    actual = actual_label(rehearsal).upper()
+    print(
+        f"{'ID':<30} {'NAME':<36} {'STATE':<9} {'GPUS':<6} {'PORT':<6} {'UPTIME':>8} "
+        f"{'PREDICTED':>11} {actual:>20}"
+    )
+    for d in data["deployments"]:
+        uptime = f"{d['uptime_seconds']:.0f}s" if d.get("uptime_seconds") else "-"
+        gpus = ",".join(map(str, d["gpus"]))
+        print(
+            f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {gpus:<6} {d['port']:<6} "
+            f"{uptime:>8} {_total(d.get('predicted'), '_bytes'):>11} "
+            f"{_total(d.get('actual'), ''):>20}"
+        )
+    return 0
+
+
+def _total(figures: Any, suffix: str) -> str:
+    """The sum of a deployment's memory components per GPU, in GiB, or '-'."""
+    if not isinstance(figures, dict):
+        return "-"
+    values = [figures.get(f"{name}{suffix}") for name in COMPONENTS]
+    known = [v for v in values if isinstance(v, int)]
+    return format_gib(sum(known)) if known else "-"
+
+
+def run_undeploy(args: argparse.Namespace, settings: Settings) -> int:
+    client = SidecarClient(args, settings)
+    data = client.call("DELETE", f"/admin/deployments/{args.id}", timeout=600.0)
+    rehearsal = bool(data.pop("rehearsal", False))
+    if args.json:
+        print_json({"deployment": data, "rehearsal": rehearsal})
+        return 0
+    _banner(rehearsal)
+    print(f"stopped {args.id}")
+    return 0
