@@ -18,7 +18,6 @@ import anyio
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -173,16 +172,18 @@ def build_app(
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
     ]
-    guard = Middleware(
-        HttpGuard,
-        api_keys=settings.api_keys,
-        body_timeout_seconds=settings.request_body_timeout_seconds,
-    )
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[guard],
         exception_handlers={404: _no_route, 405: _no_route},
+    )
+    # The guard is outermost, so the proxy's POSTs skip Starlette's error middleware and
+    # router (http_guard: direct routes; issue #15).
+    app.middleware_stack = HttpGuard(
+        app.build_middleware_stack(),
+        api_keys=settings.api_keys,
+        body_timeout_seconds=settings.request_body_timeout_seconds,
+        direct=proxy.direct_routes(),
     )
     app.state.manager = manager
     app.state.router = router
