@@ -175,8 +175,12 @@ class Simulator:
             self.cleanup()
 
     def bind(self) -> socket.socket:
-        """Bind now, listen when ready: connections are refused while loading."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        """Bind now, listen when ready: connections are refused while loading. The protocol
+        is named (``IPPROTO_TCP``, not 0) because asyncio sets ``TCP_NODELAY`` only on
+        accepted sockets whose protocol says TCP: without it, a response written in two
+        pieces (headers, then body; or one SSE event after another) waits for the
+        client's delayed ACK, about 40 ms a request."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.args.host or "", self.args.port))
