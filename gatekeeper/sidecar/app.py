@@ -201,8 +201,6 @@ async def _no_route(request: Request, exc: Exception) -> Response:
         status,
         f"no such {what}: {request.method} {request.url.path}; the routes are listed in "
         "/openapi.json",
-        type="not_found_error" if status == 404 else "invalid_request_error",
-        code=status,
     )
     response.headers.update(getattr(exc, "headers", None) or {})  # 405's Allow
     return response
