@@ -525,8 +525,18 @@ def build_app(config: ServingConfig, counters: ServingCounters | None = None) ->
             Route("/v1/completions", server.completions, methods=["POST"]),
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
             *_extra_routes(server),
-        ]
+        ],
+        exception_handlers={404: _not_served, 405: _not_served},
     )
+
+
+async def _not_served(request: Request, exc: Exception) -> Response:
+    """A route the simulator does not serve (vLLM's ``/v1/messages``, ``/v2/embed``…),
+    in vLLM's error shape."""
+    status = int(getattr(exc, "status_code", 404))
+    message = f"The simulator does not serve {request.method} {request.url.path}."
+    kind = "NotFoundError" if status == 404 else "Method Not Allowed"
+    return ApiError(status, message, kind).response()
 
 
 def _metrics_text(config: ServingConfig, c: ServingCounters) -> str:
