@@ -199,8 +199,8 @@ class AdminApi:
             log.exception("admin API: %s %s failed", request.method, request.url.path)
             return fail(
                 500,
-                f"internal error ({type(e).__name__}); the sidecar's log has the traceback: "
-                "please report it",
+                f"internal error in {request.method} {request.url.path}; the sidecar's log "
+                "has the traceback: please report it with the request",
                 kind="internal_error",
             )
         return fail(status, str(e), kind=kind, field=e.field, value=_plain(e.value))

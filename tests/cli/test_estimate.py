@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,19 @@ def test_a_model_that_does_not_fit_exits_1_like_check():
     out = gatekeeper("estimate", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "L4")
     assert "verdict: DOES NOT FIT" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 1
+
+
+def test_the_second_line_says_where_the_config_came_from_not_internal_files(tmp_path):
+    out = gatekeeper("estimate", "qwen3-0.6b")
+    second = out.stdout.splitlines()[1]
+    assert second == (
+        "vLLM 0.33.0 accounting, per GPU (most loaded rank); "
+        "config from embedded catalog (`gatekeeper models` lists it)"
+    )
+    assert ".md" not in out.stdout and "shared/" not in out.stdout and ".py" not in out.stdout
+    catalog = Path(__file__).parents[2] / "gatekeeper" / "catalog" / "Qwen__Qwen3-0.6B.json"
+    (tmp_path / "config.json").write_text(json.dumps(json.loads(catalog.read_text())["config"]))
+    local = gatekeeper("estimate", str(tmp_path), "--json")
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout)["config_source"] == f"local directory {tmp_path}"
+    assert f"config from local directory {tmp_path}" in gatekeeper("estimate", str(tmp_path)).stdout

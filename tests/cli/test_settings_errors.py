@@ -93,3 +93,32 @@ def test_an_invalid_secret_is_named_but_never_shown(tmp_path: Path, variable: st
     )
     assert_clean_error(out, variable, "hidden")
     assert "secret" not in out.stderr, out.stderr
+
+
+def test_an_unknown_key_gets_did_you_mean_not_a_variable_to_set(tmp_path: Path):
+    path = tmp_path / "gatekeeper.toml"
+    path.write_text("prot = 18123\n")
+    out = gatekeeper("gpus", "--node", "1xL4", env={"GATEKEEPER_CONFIG_FILE": str(path)})
+    assert_clean_error(out, f"unknown setting 'prot' in settings file {str(path)!r}")
+    assert "did you mean 'port'?" in out.stderr and "GATEKEEPER_PROT" not in out.stderr
+
+
+def test_gatekeeper_config_is_not_silently_ignored(tmp_path: Path):
+    path = tmp_path / "gatekeeper.toml"
+    path.write_text("port = 9000\n")
+    out = gatekeeper("gpus", "--node", "1xL4", env={"GATEKEEPER_CONFIG": str(path)})
+    assert_clean_error(out, "GATEKEEPER_CONFIG=", "GATEKEEPER_CONFIG_FILE=PATH")
+
+
+def test_an_unknown_variable_is_a_warning_and_the_command_still_runs(tmp_path: Path):
+    out = gatekeeper(
+        "gpus",
+        "--node",
+        "1xL4",
+        env={"GATEKEEPER_PROT": "9000", "GATEKEEPER_STATE_DIR": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == (
+        "gatekeeper: warning: environment variable GATEKEEPER_PROT is not a gatekeeper "
+        "setting; did you mean GATEKEEPER_PORT?\n"
+    )
