@@ -1,10 +1,18 @@
 """The collectors read at scrape time: GPU memory and health (``GpuCollector``) and the
 learned calibration factors (``CalibrationCollector``); ``gatekeeper.metrics``
-documents the names and their cardinality."""
+documents the names and their cardinality.
+
+Per-GPU series carry DCGM exporter's label names, so that they join its series without
+``label_replace``: ``gpu`` (the NVML index), ``UUID``, ``modelName``, ``device``
+(``nvidia<index>``) and ``Hostname``; and ``node``, kube-state-metrics' name for the same
+node. ``Hostname`` and ``node`` are the sidecar's node name (setting ``node_name``, the
+host name by default).
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -16,8 +24,10 @@ from gatekeeper.gpus.inventory import GpuInfo, GpuInventory
 from gatekeeper.placement.types import PlacementPolicy
 
 __all__ = [
+    "GPU_LABELS",
     "CalibrationCollector",
     "GpuCollector",
+    "gpu_label_values",
     "policy_margin",
 ]
 
@@ -33,23 +43,37 @@ def policy_margin(policy: PlacementPolicy) -> Callable[[GpuInfo], int]:
     return margin
 
 
-_GPU_LABELS = ["gpu", "uuid", "name"]
+GPU_LABELS = ("gpu", "UUID", "modelName", "device", "Hostname", "node")
+"""The labels of every per-GPU series: DCGM exporter's names, and kube-state-metrics'
+``node``."""
+
+
+def gpu_label_values(index: int, uuid: str, model_name: str, node: str) -> list[str]:
+    """The values of ``GPU_LABELS`` for one GPU on node ``node``."""
+    return [str(index), uuid, model_name, f"nvidia{index}", node, node]
 
 
 class GpuCollector(Collector):
-    """GPU memory and health, read from the inventory at scrape time."""
+    """GPU memory and health, read from the inventory at scrape time.
+
+    ``promised`` gives the bytes promised per GPU UUID to workers still starting (the
+    ledger's outstanding reservations); ``node`` is the node name of the ``Hostname``
+    and ``node`` labels (the host name when not given).
+    """
 
     def __init__(
         self,
         inventory: GpuInventory,
-        reserved: Callable[[], Mapping[str, int]],
+        promised: Callable[[], Mapping[str, int]],
         margin: Callable[[GpuInfo], int],
         *,
+        node: str | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._inventory = inventory
-        self._reserved = reserved
+        self._promised = promised
         self._margin = margin
+        self._node = node or socket.gethostname()
         self._errors = 0
         self._lock = threading.Lock()
         if registry is not None:
@@ -91,16 +115,17 @@ class GpuCollector(Collector):
         if not snap.ok:
             logger.warning("GPU metrics: %s", snap.error)
             return False
-        reserved = self._reserved() if snap.gpus else {}
+        promised = self._promised() if snap.gpus else {}
         for gpu in snap.gpus:
-            labels = [str(gpu.index), gpu.uuid, gpu.name]
+            labels = gpu_label_values(gpu.index, gpu.uuid, gpu.name, self._node)
             data["healthy"].add_metric(labels, 1.0 if gpu.healthy else 0.0)
             if not gpu.healthy:
                 continue
             data["total"].add_metric(labels, gpu.total_bytes)
             data["used"].add_metric(labels, gpu.used_bytes)
             data["free"].add_metric(labels, gpu.free_bytes)
-            held = reserved.get(gpu.uuid, 0)
+            held = promised.get(gpu.uuid, 0)
+            data["promised"].add_metric(labels, held)
             data["reserved"].add_metric(labels, held)
             if gpu.placeable:
                 headroom = gpu.free_bytes - held - self._margin(gpu)
@@ -110,19 +135,35 @@ class GpuCollector(Collector):
 
 def _gpu_families() -> dict[str, GaugeMetricFamily]:
     def g(name: str, doc: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=_GPU_LABELS)
+        return GaugeMetricFamily(name, doc, labels=GPU_LABELS)
 
     return {
-        "total": g("gatekeeper_gpu_memory_total_bytes", "Total GPU memory (the driver's)."),
-        "used": g("gatekeeper_gpu_memory_used_bytes", "GPU memory in use, NVML's figure."),
-        "free": g("gatekeeper_gpu_memory_free_bytes", "GPU memory free, NVML's figure."),
+        "total": g(
+            "gatekeeper_gpu_memory_total_bytes",
+            "Total GPU memory, NVML's total (DCGM's FB_TOTAL, in bytes).",
+        ),
+        "used": g(
+            "gatekeeper_gpu_memory_used_bytes",
+            "GPU memory in use, NVML's used (with NVML's v2 memory info the driver's "
+            "reserved memory is not in it, as in DCGM's FB_USED).",
+        ),
+        "free": g(
+            "gatekeeper_gpu_memory_free_bytes",
+            "GPU memory free, NVML's free (DCGM's FB_FREE, in bytes).",
+        ),
+        "promised": g(
+            "gatekeeper_gpu_memory_promised_bytes",
+            "Bytes gatekeeper promised to workers still starting (pending admissions); "
+            "not the driver's reserved memory.",
+        ),
         "reserved": g(
             "gatekeeper_gpu_memory_reserved_bytes",
-            "Bytes gatekeeper promised to workers still starting (outstanding reservations).",
+            "DEPRECATED: use gatekeeper_gpu_memory_promised_bytes (same value; NVML and "
+            "DCGM call the driver's own memory reserved).",
         ),
         "headroom": g(
             "gatekeeper_gpu_headroom_bytes",
-            "Bytes placement could still promise: free - reserved - safety margin.",
+            "Bytes placement could still promise: free - promised - safety margin.",
         ),
         "healthy": g("gatekeeper_gpu_healthy", "1 if NVML answers for the GPU, 0 if not."),
     }

@@ -1,11 +1,14 @@
 """Per-worker memory metrics, read at scrape time: predicted versus actual.
 
 ``WorkerCollector(workers, inventory)`` yields, for each live deployment (labels
-``model``, ``worker``, ``gpu``): the predicted bytes per component (``component`` =
-weights, kv_cache, activation, non_torch, cuda_graph) and in total, the actual bytes
-NVML reports over the worker's process tree (vLLM's engine core and TP ranks are child
-processes), the actual components from the start-up log, the current prediction error
-per component, the restarts; and ``gatekeeper_workers{state}`` for every state.
+``model``, ``worker``, ``gpu``, and DCGM exporter's ``UUID`` and ``Hostname`` with
+kube-state-metrics' ``node``, as on the GPU series): the predicted bytes per component
+(``component`` = weights, kv_cache, activation, non_torch, cuda_graph) and in total, the
+actual bytes NVML reports over the worker's process tree (vLLM's engine core and TP
+ranks are child processes), the actual components from the start-up log, the bytes of
+its promise a worker still starting has yet to take (``pending``), the current
+prediction error per component, the restarts; and ``gatekeeper_workers{state}`` for
+every state.
 
 The sidecar describes each deployment with a ``WorkerView`` so that this module does
 not depend on the deployment manager. Per-rank figures (predicted and log components)
@@ -21,6 +24,7 @@ About 20 series per single-GPU worker.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,7 +33,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gatekeeper.gpus.attribution import worker_usage
-from gatekeeper.gpus.inventory import GpuInventory
+from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.gpus.proctree import descendants, read_parent_map
 
 __all__ = [
@@ -52,6 +56,8 @@ WORKER_STATES = ("admitted", "launching", "loading", "ready", "failed", "stoppin
 """``gatekeeper.sidecar.deployment.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
 
 _LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "stopping"})
+_PENDING_STATES = frozenset({"admitted", "launching", "loading"})
+"""States in which a worker's promise is outstanding (its reservation not yet ready)."""
 
 _PREDICTED_KEYS: Mapping[Component, str] = {
     "weights": "weights_bytes",
@@ -118,7 +124,7 @@ class WorkerView:
         return sum(self.predicted.values())
 
 
-_WORKER_LABELS = ["model", "worker", "gpu"]
+_WORKER_LABELS = ("model", "worker", "gpu", "UUID", "Hostname", "node")
 
 
 class WorkerCollector(Collector):
@@ -126,7 +132,8 @@ class WorkerCollector(Collector):
 
     ``workers`` lists the deployments; ``inventory`` gives NVML's per-process usage
     (share a ``CachedInventory`` with ``GpuCollector``); ``parent_map`` maps every pid
-    to its parent (``/proc`` once per scrape).
+    to its parent (``/proc`` once per scrape); ``node`` is the node name of the
+    ``Hostname`` and ``node`` labels (the host name when not given).
     """
 
     def __init__(
@@ -135,11 +142,13 @@ class WorkerCollector(Collector):
         inventory: GpuInventory,
         *,
         parent_map: Callable[[], Mapping[int, int]] = read_parent_map,
+        node: str | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._workers = workers
         self._inventory = inventory
         self._parent_map = parent_map
+        self._node = node or socket.gethostname()
         if registry is not None:
             registry.register(self)
 
@@ -154,10 +163,14 @@ class WorkerCollector(Collector):
             logger.exception("worker metrics: listing the deployments failed")
             views = []
         live = [v for v in views if v.state in _LIVE_STATES]
-        usage = self._usage(live)
+        snap = self._snapshot() if live else None
+        usage = self._usage(live, snap)
+        uuids = {g.index: g.uuid for g in snap.gpus} if snap is not None else {}
         f = _worker_families()
         for v in live:
-            _fill_worker(f, v, usage.get(v.worker))
+            labels = [[v.model, v.worker, str(i), uuids.get(i, ""), self._node, self._node]
+                      for i in v.gpu_indices]  # fmt: skip
+            _fill_worker(f, v, labels, usage.get(v.worker), v.worker in usage or v.pid is None)
         for v in views:
             if v.state != "stopped":
                 f.restarts.add_metric([v.model, v.worker], v.restarts)
@@ -168,18 +181,26 @@ class WorkerCollector(Collector):
             f.workers.add_metric([state], counts[state])
         yield from f.all()
 
-    def _usage(self, views: Collection[WorkerView]) -> dict[str, dict[int, int]]:
-        """NVML bytes per GPU index for each worker with a pid; {} when NVML fails."""
-        with_pid = [v for v in views if v.pid is not None]
-        if not with_pid:
-            return {}
+    def _snapshot(self) -> InventorySnapshot | None:
+        """NVML's reading, or None when it fails."""
         try:
             snap = self._inventory.snapshot()
-            parents = self._parent_map() if snap.ok else {}
         except Exception:
-            logger.exception("worker metrics: reading NVML or /proc failed")
+            logger.exception("worker metrics: reading NVML failed")
+            return None
+        return snap if snap.ok else None
+
+    def _usage(
+        self, views: Collection[WorkerView], snap: InventorySnapshot | None
+    ) -> dict[str, dict[int, int]]:
+        """NVML bytes per GPU index for each worker with a pid; {} when NVML fails."""
+        with_pid = [v for v in views if v.pid is not None]
+        if not with_pid or snap is None:
             return {}
-        if not snap.ok:
+        try:
+            parents = self._parent_map()
+        except Exception:
+            logger.exception("worker metrics: reading /proc failed")
             return {}
         out: dict[str, dict[int, int]] = {}
         for v in with_pid:
@@ -201,6 +222,7 @@ class _WorkerFamilies:
     predicted_total: GaugeMetricFamily
     actual: GaugeMetricFamily
     actual_component: GaugeMetricFamily
+    pending: GaugeMetricFamily
     error: GaugeMetricFamily
     restarts: CounterMetricFamily
     workers: GaugeMetricFamily
@@ -211,6 +233,7 @@ class _WorkerFamilies:
             self.predicted_total,
             self.actual,
             self.actual_component,
+            self.pending,
             self.error,
             self.restarts,
             self.workers,
@@ -219,6 +242,7 @@ class _WorkerFamilies:
 
 def _worker_families() -> _WorkerFamilies:
     comp = [*_WORKER_LABELS, "component"]
+    labels = list(_WORKER_LABELS)
     return _WorkerFamilies(
         predicted=GaugeMetricFamily(
             "gatekeeper_worker_predicted_bytes",
@@ -228,17 +252,23 @@ def _worker_families() -> _WorkerFamilies:
         predicted_total=GaugeMetricFamily(
             "gatekeeper_worker_predicted_total_bytes",
             "Predicted NVML bytes of the worker on the GPU (the admission's promise).",
-            labels=_WORKER_LABELS,
+            labels=labels,
         ),
         actual=GaugeMetricFamily(
             "gatekeeper_worker_actual_bytes",
             "Bytes NVML reports for the worker's process tree on the GPU.",
-            labels=_WORKER_LABELS,
+            labels=labels,
         ),
         actual_component=GaugeMetricFamily(
             "gatekeeper_worker_actual_component_bytes",
             "Bytes per component the worker's start-up log reported (per rank).",
             labels=comp,
+        ),
+        pending=GaugeMetricFamily(
+            "gatekeeper_worker_pending_bytes",
+            "Bytes of its promise a worker still starting has yet to take on the GPU: the "
+            "promise less what NVML already reports for it, at least 0.",
+            labels=labels,
         ),
         error=GaugeMetricFamily(
             "gatekeeper_worker_prediction_error_ratio",
@@ -257,9 +287,17 @@ def _worker_families() -> _WorkerFamilies:
     )
 
 
-def _fill_worker(f: _WorkerFamilies, v: WorkerView, nvml: Mapping[int, int] | None) -> None:
-    for position, index in enumerate(v.gpu_indices):
-        labels = [v.model, v.worker, str(index)]
+def _fill_worker(
+    f: _WorkerFamilies,
+    v: WorkerView,
+    per_gpu_labels: list[list[str]],
+    nvml: Mapping[int, int] | None,
+    usage_known: bool,
+) -> None:
+    """One worker's series; ``per_gpu_labels`` in ``gpu_indices`` order. A pending
+    worker's ``pending`` is exported only where its usage is known (a worker without a
+    process yet uses nothing)."""
+    for position, (index, labels) in enumerate(zip(v.gpu_indices, per_gpu_labels, strict=True)):
         for component in COMPONENTS:
             if component in v.predicted:
                 f.predicted.add_metric([*labels, component], v.predicted[component])
@@ -268,6 +306,9 @@ def _fill_worker(f: _WorkerFamilies, v: WorkerView, nvml: Mapping[int, int] | No
         f.predicted_total.add_metric(labels, v.predicted_total(position))
         if nvml is not None:
             f.actual.add_metric(labels, nvml.get(index, 0))
+        if v.state in _PENDING_STATES and usage_known:
+            used = (nvml or {}).get(index, 0)
+            f.pending.add_metric(labels, max(0, v.predicted_total(position) - used))
     for component in COMPONENTS:
         predicted = v.predicted.get(component)
         actual = v.actual.get(component)

@@ -19,6 +19,8 @@ from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import GIB, MIB
 
 GPU2_UUID = "GPU-00000002-aaaa-bbbb-cccc-000000000002"
+NODE = "node-a"
+"""The node name of the ``Hostname`` and ``node`` labels."""
 
 # The TP=2 worker of tests/fixtures/gpus/h100_80g_x8.json: root 210, ranks 211 and 212.
 PARENTS: Mapping[int, int] = {210: 1, 211: 210, 212: 210, 3456: 1}
@@ -94,9 +96,10 @@ def sidecar_registry(
     cached = CachedInventory(inventory)
     held = {GPU2_UUID: 20 * GIB} if reserved is None else dict(reserved)
     view_list = list(views)
-    gpus = GpuCollector(cached, lambda: held, policy_margin(PlacementPolicy()), registry=registry)
+    margin = policy_margin(PlacementPolicy())
+    gpus = GpuCollector(cached, lambda: held, margin, node=NODE, registry=registry)
     workers = WorkerCollector(
-        lambda: view_list, cached, parent_map=lambda: parents, registry=registry
+        lambda: view_list, cached, parent_map=lambda: parents, node=NODE, registry=registry
     )
     CalibrationCollector(
         lambda: {("llama", "activation"): (1.2, 1), ("llama", "cuda_graph"): (1.25, 2)},
