@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import anyio
@@ -37,6 +38,7 @@ from gatekeeper.settings import ModelEntry, Settings, model_resolver, placement_
 from gatekeeper.sidecar.admin_api import AdminApi
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
+from gatekeeper.sidecar.discovery import advertised_host, worker_targets
 from gatekeeper.sidecar.http_guard import HttpGuard
 from gatekeeper.sidecar.ledger import Ledger, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
@@ -127,15 +129,18 @@ def build_app(
     manager.in_flight = proxy.outstanding
     admin = AdminApi(manager, registry, settings.admin_token)
     scrape_inventory = CachedInventory(inventory)
+    node = settings.node_name or socket.gethostname()
     GpuCollector(
         scrape_inventory,
         lambda: promised_bytes(ledger.outstanding()),
         policy_margin(placement_policy(settings)),
+        node=node,
         registry=registry_metrics,
     )
     WorkerCollector(
         lambda: [worker_view(d) for d in list(manager.deployments.values())],
         scrape_inventory,
+        node=node,
         registry=registry_metrics,
     )
     CalibrationCollector(calibrator.metric_items, registry=registry_metrics)
@@ -143,6 +148,12 @@ def build_app(
     async def metrics_endpoint(request: Request) -> Response:
         body = await anyio.to_thread.run_sync(generate_latest, registry_metrics)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def discovery(request: Request) -> Response:
+        """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""
+        host = advertised_host(settings.worker_host, request.url.hostname or "127.0.0.1")
+        workers = list(manager.deployments.values())
+        return JSONResponse(worker_targets(workers, host=host, node=node))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -169,6 +180,7 @@ def build_app(
         *admin.routes(),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/discovery/workers", discovery, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
     ]

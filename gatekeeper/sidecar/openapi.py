@@ -165,6 +165,14 @@ def openapi_schema(version: str) -> dict[str, Any]:
             "/metrics": {
                 "get": _op("Prometheus metrics (text format)", {"200": "metrics"}, secured=False)
             },
+            "/discovery/workers": {
+                "get": _op(
+                    "Prometheus HTTP service discovery: the serving workers' /metrics as "
+                    "target groups with model, worker, gpu, UUID, Hostname and node labels",
+                    {"200": "a JSON list of target groups"},
+                    secured=False,
+                )
+            },
             "/openapi.json": {"get": _op("This schema", {"200": "the schema"}, secured=False)},
             "/k8s/validate": {
                 "post": _op(

@@ -48,6 +48,9 @@ __all__ = ["SIMULATOR_NOTE", "HangApp", "ServingConfig", "ServingCounters", "bui
 SIMULATOR_NOTE = "gatekeeper simulator, not vLLM"
 DEFAULT_MAX_TOKENS = 16
 EMBEDDING_DIMENSIONS = 64
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, math.inf)  # fmt: skip
+"""vLLM's buckets of ``vllm:time_to_first_token_seconds`` (the first sixteen)."""
 
 Kind = Literal["chat", "completion"]
 
@@ -79,6 +82,14 @@ class ServingCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    first_token: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    """Cumulative counts of ``vllm:time_to_first_token_seconds`` per bucket of ``TTFT_BUCKETS``."""
+    first_token_seconds: float = 0.0
+
+    def observe_first_token(self, seconds: float) -> None:
+        for i, bound in enumerate(TTFT_BUCKETS):
+            self.first_token[i] += int(seconds <= bound)
+        self.first_token_seconds += seconds
 
 
 class ApiError(Exception):
@@ -201,6 +212,7 @@ class _Server:
         counters.prompt_tokens += g.prompt_tokens
         counters.tokens_in_use += g.prompt_tokens
         done = 0
+        start = time.monotonic()
         try:
             for i in range(g.max_tokens):
                 if i == crash_at:
@@ -210,6 +222,8 @@ class _Server:
                     self._aborted(g, done)
                     return
                 done += 1
+                if done == 1:
+                    counters.observe_first_token(time.monotonic() - start)
                 counters.generation_tokens += 1
                 counters.tokens_in_use += 1
                 yield g.token(i)
@@ -554,7 +568,17 @@ def _metrics_text(config: ServingConfig, c: ServingCounters) -> str:
         ("prompt_tokens", "counter", "Number of prefill tokens processed."),
         ("generation_tokens", "counter", "Number of generation tokens processed."),
         ("request_success", "counter", "Count of successfully processed requests."),
+        (
+            "time_to_first_token_seconds",
+            "histogram",
+            "Histogram of time to first token in seconds.",
+        ),
     ]
+    ttft = [
+        ("_bucket", f'{labels},le="{"+Inf" if b == math.inf else b}"', float(n))
+        for b, n in zip(TTFT_BUCKETS, c.first_token, strict=True)
+    ]
+    ttft += [("_sum", labels, c.first_token_seconds), ("_count", labels, float(c.first_token[-1]))]
     samples: list[list[tuple[str, str, float]]] = [
         [("", labels, float(c.running))],
         [("", labels, 0.0)],
@@ -563,6 +587,7 @@ def _metrics_text(config: ServingConfig, c: ServingCounters) -> str:
         [("_total", labels, float(c.prompt_tokens))],
         [("_total", labels, float(c.generation_tokens))],
         finished,
+        ttft,
     ]
     text = [_metric(f"vllm:{n}", k, h, v) for (n, k, h), v in zip(families, samples, strict=True)]
     return "\n".join(text) + "\n"

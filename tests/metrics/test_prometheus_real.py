@@ -1,9 +1,10 @@
 """A real Prometheus (Debian's ``prometheus`` package) scraping gatekeeper's collectors.
 
 A small HTTP server on 127.0.0.1 exposes every collector over a declared node with a
-few workers; Prometheus scrapes it every second. Then every dashboard expression and
-every alert expression runs through Prometheus' HTTP API, and ``promtool test rules``
-runs the alert unit tests.
+few workers, and another a vLLM worker's ``/metrics`` (``data/vllm_worker.prom``, with
+the target labels ``/discovery/workers`` gives); Prometheus scrapes both every second.
+Then every dashboard expression and every alert expression runs through Prometheus'
+HTTP API, and ``promtool test rules`` runs the alert unit tests.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import start_http_server
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.units import GIB
+from tests.metrics.text_exporter import VLLM_WORKER, serve_text, serving
 from tests.support.metrics_fixtures import (
     FAILED,
     LLAMA,
@@ -29,6 +31,7 @@ from tests.support.metrics_fixtures import (
     record_events,
     sidecar_registry,
 )
+from tests.support.metrics_fixtures import NODE as NODE_NAME
 from tests.support.prometheus_server import MISSING, SKIP_REASON, query, run_prometheus
 from tests.support.promql_sources import (
     ALERTS,
@@ -36,12 +39,14 @@ from tests.support.promql_sources import (
     alert_expressions,
     dashboard_expressions,
     metric_names,
+    vllm_names,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)]
 
-# Two H100s held by the TP=2 llama worker's ranks (211, 212 under root 210), a free
-# H100 for the loading qwen worker, and an L4 that is nearly full (headroom alert).
+# Two H100s held by the TP=2 llama worker's ranks (211, 212 under root 210): a whole-card
+# worker, no alert. A free H100 for the loading qwen worker, and an L4 that another
+# process nearly filled after a worker was admitted to it (the pending-workers alert).
 NODE = {
     "gpus": [
         {"name": "H100-80GB", "used": "60GiB", "processes": [{"pid": 211, "used": "60GiB"}]},
@@ -52,7 +57,14 @@ NODE = {
 }
 # The llama worker holds 120 GiB where 80 GiB were predicted: +50% (the error alert).
 OVER = dataclasses.replace(LLAMA, predicted_total_bytes=(40 * GIB, 40 * GIB))
-FIRING = {"alert GatekeeperGpuHeadroomLow", "alert GatekeeperPredictionErrorHigh"}
+ADMITTED = dataclasses.replace(
+    QWEN, worker="qwen-7b-0a1b2c3d", state="admitted", gpu_indices=(3,), pid=None
+)
+FIRING = {
+    "alert GatekeeperGpuShortForPendingWorkers",
+    "alert GatekeeperPredictionDrift",
+    "alert GatekeeperWorkerFailed",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,22 +73,33 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     node_file = tmp_path_factory.mktemp("node") / "node.json"
     node_file.write_text(json.dumps(NODE))
     inventory = StaticInventory(parse_declared_node(str(node_file)))
-    sidecar = sidecar_registry(inventory, (OVER, QWEN, FAILED, STOPPED))
+    sidecar = sidecar_registry(inventory, (OVER, QWEN, ADMITTED, FAILED, STOPPED))
     record_events(sidecar.metrics)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=sidecar.registry)
-    try:
-        yield f"127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server, thread) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
-def prometheus(exporter: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A real Prometheus scraping ``exporter`` every second, with the alert rules loaded."""
+def vllm_worker() -> Iterator[str]:
+    """A vLLM worker's /metrics (vLLM 0.32's names) on 127.0.0.1; yields host:port."""
+    with serve_text(VLLM_WORKER.read_text()) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    exporter: str, vllm_worker: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """A real Prometheus scraping ``exporter`` and ``vllm_worker`` every second, with the
+    alert rules loaded; the worker has the labels /discovery/workers gives it."""
     work = tmp_path_factory.mktemp("prometheus")
-    with run_prometheus([exporter], work, rule_files=[ALERTS]) as client:
+    labels = {"model": OVER.model, "worker": OVER.worker, "gpu": "0,1", "Hostname": NODE_NAME}
+    workers = {
+        "job_name": "gatekeeper-workers",
+        "static_configs": [{"targets": [vllm_worker], "labels": labels | {"node": NODE_NAME}}],
+    }
+    with run_prometheus([exporter], work, rule_files=[ALERTS], scrape_configs=[workers]) as client:
         yield client
 
 
@@ -88,10 +111,21 @@ def test_dashboard_expression_returns_series(prometheus, where, expr):
 @pytest.mark.parametrize(("where", "expr"), alert_expressions(), ids=lambda x: str(x)[:60])
 def test_alert_expression_runs_and_its_metrics_have_series(prometheus, where, expr):
     result = query(prometheus, expr)
-    for name in metric_names(expr):
+    for name in metric_names(expr) | vllm_names(expr):
         assert query(prometheus, name), f"{where}: {name} has no series"
     if where in FIRING:
         assert result, f"{where} should match the fixture node: {expr}"
+    else:
+        assert not result, f"{where} should not match the fixture node: {result}"
+
+
+def test_only_the_gpu_promised_to_a_starting_worker_is_short(prometheus):
+    """The whole-card llama worker (GPUs 0, 1) and the loading qwen worker (GPU 2) are
+    healthy; the worker admitted to the L4 (GPU 3) another process filled is not."""
+    (expr,) = [e for w, e in alert_expressions() if w.endswith("ShortForPendingWorkers")]
+    (short,) = query(prometheus, expr)
+    assert short["metric"]["gpu"] == "3" and short["metric"]["Hostname"] == NODE_NAME
+    assert float(short["value"][1]) == 20 * GIB
 
 
 def test_the_core_series_hold_the_collectors_values(prometheus):

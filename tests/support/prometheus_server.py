@@ -42,14 +42,17 @@ def run_prometheus(
     rule_files: Sequence[Path] = (),
     min_scrapes: int = 3,
     timeout_seconds: float = 45.0,
+    scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> Iterator[httpx.Client]:
-    """Prometheus scraping ``targets`` (``host:port``) every second; yields a client on
-    its HTTP API once ``min_scrapes`` scrapes are stored (rate() needs two)."""
+    """Prometheus scraping ``targets`` (``host:port``) every second, as the job
+    ``gatekeeper``, and the further jobs of ``scrape_configs``; yields a client on its
+    HTTP API once ``min_scrapes`` scrapes are stored (rate() needs two)."""
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
-            {"job_name": "gatekeeper", "static_configs": [{"targets": list(targets)}]}
+            {"job_name": "gatekeeper", "static_configs": [{"targets": list(targets)}]},
+            *scrape_configs,
         ],
     }
     (work_dir / "prometheus.yml").write_text(yaml.safe_dump(config))

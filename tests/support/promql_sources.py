@@ -24,9 +24,12 @@ MACROS = {
     "$__range": "5m",
     "$instance": ".*",
     "$gpu": ".*",
+    "$hostname": ".*",
 }
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$")
 METRIC_NAME = re.compile(r"\bgatekeeper_[a-z0-9_]+")
+VLLM_NAME = re.compile(r"\bvllm:[a-z0-9_]+")
+"""The workers' own series (vLLM's names), scraped through /discovery/workers."""
 
 
 def load_dashboard() -> dict[str, Any]:
@@ -82,3 +85,7 @@ def alert_expressions() -> list[tuple[str, str]]:
 
 def metric_names(expr: str) -> set[str]:
     return set(METRIC_NAME.findall(expr))
+
+
+def vllm_names(expr: str) -> set[str]:
+    return set(VLLM_NAME.findall(expr))
