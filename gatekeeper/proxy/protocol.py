@@ -199,7 +199,7 @@ def upstream_failed(worker_id: str, e: Exception) -> Response:
         f"The worker {worker_id} failed mid-request ({e}). It may have exited; retry, "
         "and see the worker's log."
     )
-    return error_response(502, message, type="upstream_error", code=502)
+    return error_response(502, message, code="worker_failed_mid_request")
 
 
 @dataclass(frozen=True, slots=True)

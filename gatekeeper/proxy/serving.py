@@ -314,7 +314,7 @@ class Proxy:
             f"({endpoint.base_url}). It may have exited; retry, and see the worker's log."
         )
         self._metrics.observe(model, 502, time.perf_counter() - start)
-        return error_response(502, message, type="upstream_error", code=502)
+        return error_response(502, message, code="worker_refused_connection")
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_body_bytes

@@ -360,11 +360,8 @@ def rejection_text(model: str, decision: Decision) -> str:
 
 
 def _nothing_fits(decision: Decision) -> str:
-    tried = (
-        "a shorter max_model_len, an fp8 KV cache, fp8 weights, more tensor parallelism, "
-        "the GPUs idle"
-    )
     why = next((s.text for s in decision.suggestions if s.kind == "none"), "")
+    why = why.removeprefix("nothing fits on this node: ")
     short = [g for g in decision.gpus if g.need_bytes is not None]
     closest = ""
     if short:
@@ -372,7 +369,8 @@ def _nothing_fits(decision: Decision) -> str:
         gap = format_gib((best.need_bytes or 0) - best.usable_bytes)
         closest = f" The closest is GPU {best.index} ({best.name}), short by {gap}."
     return (
-        f"No setting fits on this node ({tried} were tried){': ' + why if why else ''}."
+        "No setting fits on this node: none of a shorter max_model_len, an fp8 KV cache, "
+        f"fp8 weights or more tensor parallelism fits now{', and ' + why if why else ''}."
         f"{closest} Serve it on a node with more GPU memory, or pick a smaller or "
         "quantised model."
     )

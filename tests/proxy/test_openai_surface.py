@@ -1,6 +1,6 @@
 """vLLM's wire format in the proxy: the error shape and its retry headers, the multipart
 ``model`` field, and the proxy in front of a simulator worker (uvicorn on loopback) with a
-small body limit, for the routes that are not JSON."""
+small body limit, for the routes that are not JSON; and the 507 message of a real decision."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.gpus.static import StaticInventory
+from gatekeeper.models.source import resolve_model
+from gatekeeper.placement.decide import decide
 from gatekeeper.proxy.protocol import (
     FORM_ROUTES,
     JSON_ROUTES,
@@ -23,6 +27,8 @@ from gatekeeper.proxy.protocol import (
 )
 from gatekeeper.proxy.serving import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.upstream import upstream_client
+from gatekeeper.sidecar.registry import ModelRegistry
+from gatekeeper.sidecar.router import rejection_text
 from gatekeeper.simulator.http import ServingConfig, build_app
 from tests.support.fake_upstream import serve_in_thread
 
@@ -183,3 +189,30 @@ def test_model_card_and_its_404(proxy_url: str) -> None:
         missing = http.get("/v1/models/org/none")
     assert missing.status_code == 404 and missing.headers["x-should-retry"] == "false"
     assert missing.json()["error"]["message"].startswith("The model `org/none` does not exist")
+
+
+def rejected(model: str, node: str) -> str:
+    registry = ModelRegistry.create([], ["*/*"], resolve_model)
+    request = registry.request(registry.allowed(model))
+    decision = decide(request, StaticInventory(parse_declared_node(node)).snapshot())
+    assert not decision.admitted
+    return rejection_text(model, decision)
+
+
+def test_the_507_message_says_what_would_fit() -> None:
+    lines = rejected("meta-llama/Llama-3.1-70B-Instruct", "2xH100-80GB").splitlines()
+    assert (
+        lines[0] == "The model `meta-llama/Llama-3.1-70B-Instruct` does not fit on this node now."
+    )
+    assert [line.split(" (")[0] for line in lines if line.startswith("GPU ")] == ["GPU 0", "GPU 1"]
+    fits = [line for line in lines if line.startswith("Would fit: ")]
+    assert fits and fits[0].startswith("Would fit: max_model_len ")
+    assert not any("No setting fits" in line for line in lines)
+
+
+def test_the_507_message_says_plainly_when_nothing_fits() -> None:
+    lines = rejected("meta-llama/Llama-3.1-70B-Instruct", "1xH100-80GB").splitlines()
+    assert not any(line.startswith("Would fit") for line in lines)
+    assert lines[-1].startswith("No setting fits on this node: none of a shorter max_model_len")
+    assert "even idle, its 1 GPU(s) cannot hold" in lines[-1]
+    assert "The closest is GPU 0 (H100-80GB), short by 99.83 GiB." in lines[-1]

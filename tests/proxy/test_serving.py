@@ -335,7 +335,7 @@ def test_refused_connection_falls_over_to_the_next_worker(rig: Rig, oai: openai.
 def test_worker_dying_mid_answer_is_502(rig: Rig, http: httpx.Client) -> None:
     body = {"model": "m", **fake(fail_after=0)}
     error = assert_openai_error(http.post("/v1/chat/completions", json=body), 502)
-    assert error["type"] == "upstream_error" and "failed mid-request" in error["message"]
+    assert error["type"] == "Bad Gateway" and "failed mid-request" in error["message"]
     assert eventually(lambda: ("A", "upstream_error") in rig.resolver.reports)
 
 
