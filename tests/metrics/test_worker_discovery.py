@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, h100
@@ -22,48 +23,13 @@ from tests.support.sidecar_harness import Sidecar, running_sidecar, settings_for
 
 NODE = "node-a"
 """The node name of the sidecar (setting node_name) and of the DCGM and KSM fixtures."""
+DAEMONSET = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "daemonset.yaml"
 
 
 def ready_worker(sc: Sidecar, model: str = "tiny") -> dict[str, Any]:
     r = sc.admin.post("/admin/deployments", json={"model": model})
     assert r.status_code == 201, r.text
     return sc.wait_state(r.json()["deployment"]["id"], ("ready",))
-
-
-def test_discovery_lists_serving_workers_with_their_labels(tmp_path: Path):
-    settings = settings_for(tmp_path, node_name=NODE)
-    with running_sidecar(settings) as sc:
-        assert httpx.get(f"{sc.url}/discovery/workers").json() == []
-        d = ready_worker(sc)
-        response = httpx.get(f"{sc.url}/discovery/workers")  # no token: as open as /metrics
-        assert response.status_code == 200
-        assert response.headers["content-type"] == "application/json"
-        (group,) = response.json()
-        assert group["targets"] == [f"127.0.0.1:{d['port']}"]
-        gpus = sc.admin.get("/admin/gpus").json()["gpus"]
-        (gpu,) = d["gpus"]
-        assert group["labels"] == {
-            "model": "tiny",
-            "worker": d["id"],
-            "gpu": str(gpu),
-            "UUID": next(g["uuid"] for g in gpus if g["index"] == gpu),
-            "Hostname": NODE,
-            "node": NODE,
-        }
-        worker_metrics = httpx.get(f"http://{group['targets'][0]}/metrics").text
-        assert "vllm:kv_cache_usage_perc" in worker_metrics
-        sc.admin.delete(f"/admin/deployments/{d['id']}")
-        assert httpx.get(f"{sc.url}/discovery/workers").json() == []
-
-
-def test_workers_on_every_interface_are_given_the_host_prometheus_asked(tmp_path: Path):
-    settings = settings_for(tmp_path, node_name=NODE, worker_host="0.0.0.0")
-    with running_sidecar(settings) as sc:
-        d = ready_worker(sc)
-        port = sc.url.rsplit(":", 1)[1]
-        (group,) = httpx.get(f"http://localhost:{port}/discovery/workers").json()
-        assert group["targets"] == [f"localhost:{d['port']}"]
-        sc.admin.delete(f"/admin/deployments/{d['id']}")
 
 
 def targets(prometheus: httpx.Client, job: str, timeout: float = 30.0) -> list[dict[str, Any]]:
@@ -148,3 +114,10 @@ def check_joins(prom: httpx.Client, d: dict[str, Any]) -> None:
         assert r["metric"]["kernel_version"] == "6.1.0-18-amd64"
     total = query(prom, f'gatekeeper_gpu_memory_total_bytes{{gpu="{gpu}"}}')[0]["value"][1]
     assert float(total) > 79_000 * MIB
+
+
+def test_the_daemonset_names_the_node_as_dcgm_exporter_does():
+    (container,) = yaml.safe_load(DAEMONSET.read_text())["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    source = env["GATEKEEPER_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert source == "spec.nodeName"
