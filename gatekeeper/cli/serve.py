@@ -177,7 +177,7 @@ def _banner(
     state = settings.state_dir.expanduser()
     lines.append(f"state directory: {state}")
     if settings.admin_token:
-        lines.append(f"admin token from {token_source}")
+        lines.append(f"admin token: {token_source}")
         if rehearsal:
             lines.append(f"  export GATEKEEPER_ADMIN_TOKEN=$(cat {state / 'admin-token'})")
     else:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper._version import __version__
+from gatekeeper.cli.output import print_json
 from gatekeeper.settings import Settings
 
 __all__ = ["add_parser", "run_webhook"]
@@ -37,6 +38,7 @@ def add_parser(subparsers: Any) -> None:
         default=60.0,
         help="how often the certificate files are checked for renewal (default 60)",
     )
+    w.add_argument("--json", action="store_true", help="print the start line as one JSON object")
     w.set_defaults(func=run_webhook)
 
 
@@ -70,6 +72,10 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     )
     config.load()
     reloader.context = config.ssl
-    print(f"gatekeeper admission webhook on https://{host}:{args.port}/k8s/validate", flush=True)
+    url = f"https://{host}:{args.port}/k8s/validate"
+    if args.json:
+        print_json({"url": url, "cert": str(args.cert), "reload_seconds": args.reload_seconds})
+    else:
+        print(f"gatekeeper admission webhook on {url}", flush=True)
     uvicorn.Server(config).run()
     return 0

@@ -128,6 +128,7 @@ def test_estimate_check_and_plan_exit_1_when_it_does_not_fit(tmp_path: Path):
         (["check", "Qwen/Qwen3-8B", "--node", "3xNOPE"], "bad_input"),
         (["gpus", "--node", "3xNOPE"], "bad_input"),
         (["plan", "/nonexistent/plan.toml"], "bad_input"),
+        (["webhook", "--cert", "/nonexistent.crt", "--key", "/nonexistent.key"], "bad_input"),
     ],
 )
 def test_bad_input_exits_2_on_every_command(tmp_path: Path, args: list[str], code: str):
@@ -137,6 +138,17 @@ def test_bad_input_exits_2_on_every_command(tmp_path: Path, args: list[str], cod
     assert len(human.stderr.strip().splitlines()) == 1, human.stderr
     payload = json_error(gatekeeper(*args, "--json", state=tmp_path), code, 2)
     assert payload["error"]["message"] in human.stderr
+
+
+def test_serve_on_a_port_already_taken_exits_2(tmp_path: Path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = str(holder.getsockname()[1])
+        human = gatekeeper("serve", "--rehearsal", "--port", port, state=tmp_path)
+        as_json = gatekeeper("serve", "--rehearsal", "--port", port, "--json", state=tmp_path)
+    assert human.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in human.stderr
+    assert json_error(as_json, "bad_input", 2)["error"]["field"] == "port"
 
 
 def test_bad_settings_exit_2_with_json(tmp_path: Path):

@@ -52,7 +52,7 @@ def test_the_token_from_the_environment(tmp_path: Path):
     }
     shown = banner("serve", env=env)
     assert shown["admin_token_source"] == "environment variable GATEKEEPER_ADMIN_TOKEN"
-    assert "admin token from environment variable GATEKEEPER_ADMIN_TOKEN" in shown["lines"]
+    assert "admin token: environment variable GATEKEEPER_ADMIN_TOKEN" in shown["lines"]
     assert shown["rehearsal"] is False and shown["declared_node"] == "1xL4"
 
 
