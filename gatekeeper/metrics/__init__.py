@@ -4,17 +4,19 @@ event metrics.
 Names follow Prometheus' conventions: the ``gatekeeper_`` prefix, base units (bytes,
 seconds), ``_total`` on counters, ``_ratio`` on ratios, and ``gatekeeper_build_info``.
 
-- ``GpuCollector(inventory, reserved, margin)`` reads the GPUs **at scrape time**, as
-  ``prometheus_client``'s ``ProcessCollector`` reads ``/proc``: per GPU (labels ``gpu``,
-  ``uuid``, ``name``) total, used, free, reserved-by-gatekeeper and headroom bytes, and
+- ``GpuCollector(inventory, promised, margin, node=)`` reads the GPUs **at scrape
+  time**, as ``prometheus_client``'s ``ProcessCollector`` reads ``/proc``: per GPU
+  (DCGM exporter's labels ``gpu``, ``UUID``, ``modelName``, ``device``, ``Hostname``,
+  and kube-state-metrics' ``node``) total, used, free, promised-by-gatekeeper (pending
+  admissions; ``…_reserved_bytes`` is its deprecated name) and headroom bytes, and
   ``gatekeeper_gpu_healthy``. It always yields its own health series first
   (``gatekeeper_gpu_collect_success``, ``…_duration_seconds``, ``…_errors_total``): a
   failed snapshot, or an exception from the inventory or the reservations, never
-  breaks the scrape. Headroom is ``free - reserved - margin`` (what placement could
+  breaks the scrape. Headroom is ``free - promised - margin`` (what placement could
   still promise; it can be negative), for placeable GPUs only; an unhealthy GPU has
   only ``gatekeeper_gpu_healthy 0``.
 - ``WorkerCollector`` and ``WorkerView`` (``workers``): predicted versus actual memory
-  per worker.
+  per worker, and what a starting worker has yet to take of its promise.
 - ``CalibrationCollector(factors)``: ``gatekeeper_calibration_factor_ratio``.
 - ``SidecarMetrics(registry)`` (``events``):
   instrumentation objects for events: admissions by outcome and reason, reservations
@@ -22,8 +24,8 @@ seconds), ``_total`` on counters, ``_ratio`` on ratios, and ``gatekeeper_build_i
   proxy's ``ProxyMetrics``), and the prediction error histogram observed once per
   worker when it becomes ready.
 
-**Cardinality** is bounded by construction: ``gpu``/``uuid``/``name`` by the node's
-GPUs; ``reason``/``outcome``/``component``/``state`` are closed sets; ``model`` on the
+**Cardinality** is bounded by construction: the GPU labels by the node's GPUs
+(``Hostname``/``node`` are one value per sidecar); ``reason``/``outcome``/``component``/``state`` are closed sets; ``model`` on the
 proxy's series is a configured model or ``other`` (a client can send any name);
 ``code`` is an HTTP status; ``family`` is a configured model's ``model_type``.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,7 +39,10 @@ from tests.support.promql_sources import (
     ALERTS_TEST,
     alert_expressions,
     dashboard_expressions,
+    load_dashboard,
     metric_names,
+    panels,
+    substitute,
     vllm_names,
 )
 
@@ -117,6 +121,20 @@ def test_alert_expression_runs_and_its_metrics_have_series(prometheus, where, ex
         assert result, f"{where} should match the fixture node: {expr}"
     else:
         assert not result, f"{where} should not match the fixture node: {result}"
+
+
+LEGENDS = [
+    (f"panel {p['id']} {t['refId']}", substitute(t["expr"]), label)
+    for p in panels(load_dashboard())
+    for t in p.get("targets", [])
+    for label in re.findall(r"\{\{(\w+)\}\}", t.get("legendFormat", ""))
+]
+
+
+@pytest.mark.parametrize(("where", "expr", "label"), LEGENDS, ids=lambda x: str(x)[:40])
+def test_every_legend_label_is_on_its_series(prometheus, where, expr, label):
+    result = query(prometheus, expr)
+    assert result and all(label in r["metric"] for r in result), f"{where}: no {label}"
 
 
 def test_only_the_gpu_promised_to_a_starting_worker_is_short(prometheus):
