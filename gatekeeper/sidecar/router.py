@@ -88,23 +88,21 @@ class ModelRouter:
         host = self.manager.config.worker_host
         return Endpoint(worker_id=d.id, base_url=f"http://{host}:{d.port}", served_name=d.name)
 
-    def canonical(self, model: str) -> str:
-        """The name ``model`` reaches: itself when deployed, configured or allowed, else
-        the allowed model a catalog alias stands for; unknown names come back as they are."""
-        if self.manager.by_name(model) or self.registry.entry(model) is not None:
-            return model
-        return self.registry.alias(model) or model
+    def _known(self, model: str) -> bool:
+        """Deployed, configured or allowed (a catalog alias is none of these)."""
+        return self.registry.entry(model) is not None or bool(self.manager.by_name(model))
 
     async def endpoints(self, model: str) -> list[Endpoint]:
-        model = self.canonical(model)
-        if self.registry.entry(model) is None and not self.manager.by_name(model):
-            raise RouteError(
-                404,
-                f"The model `{model}` does not exist. GET /v1/models lists the models "
-                "this node serves or may launch.",
-                type="NotFoundError",
-                code="model_not_found",
-            )
+        if not self._known(model):
+            model = self.registry.alias(model) or model
+            if not self._known(model):
+                raise RouteError(
+                    404,
+                    f"The model `{model}` does not exist. GET /v1/models lists the models "
+                    "this node serves or may launch.",
+                    type="NotFoundError",
+                    code="model_not_found",
+                )
         live = [d for d in self.manager.by_name(model) if d.state in LIVE]
         if not live:
             self._refuse_if_failed(model)
