@@ -117,6 +117,11 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         host=host,
         port=port,
         log_level="warning",
+        # No access log: at "warning" it never prints, yet uvicorn formats each line's
+        # arguments per response. uvloop and httptools (the protocol's base) are
+        # dependencies, named so that the proxy's hot path does not depend on "auto".
+        access_log=False,
+        loop="uvloop",
         lifespan="on",
         http=header_deadline_protocol(settings.request_header_timeout_seconds),
     )

@@ -11,12 +11,19 @@ series exist from the start, at 0). ``model`` is a configured model or ``other``
 client can send any name, so names outside ``known_models`` (or beyond the first
 ``max_models`` seen when that is not given) are counted as ``other``. ``code`` is an
 HTTP status code.
+
+**Cost per request.** ``observe`` is on the proxy's path, once per request (never per
+streamed chunk): the labelled children are kept per ``(label, code)`` instead of asked of
+``labels()`` each time, and a model found in ``known_models`` is remembered for
+``KNOWN_MODELS_SECONDS`` instead of building the set per request; a name not found asks
+again each time, so a model deployed a moment ago is counted under its name at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Literal
 
@@ -30,6 +37,7 @@ from gatekeeper.placement.types import Decision
 __all__ = [
     "ADMISSION_REASONS",
     "ERROR_BUCKETS",
+    "KNOWN_MODELS_SECONDS",
     "LATENCY_BUCKETS",
     "LAUNCH_BUCKETS",
     "OTHER_MODEL",
@@ -62,6 +70,8 @@ _UNUSABLE = ("unhealthy", "fenced", "not allowed")
 
 OTHER_MODEL = "other"
 """The ``model`` label of proxied requests for a model that is not configured."""
+KNOWN_MODELS_SECONDS = 1.0
+"""How long a model found in ``known_models`` keeps its own label without asking again."""
 
 LAUNCH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -115,6 +125,9 @@ class SidecarMetrics:
         self._max_models = max_models
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._known_names: set[str] = set()
+        self._known_until = 0.0
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         r = registry
         self.admissions = Counter(
             "gatekeeper_admissions", "Admission decisions by outcome and reason.",
@@ -155,8 +168,12 @@ class SidecarMetrics:
     def observe(self, model: str, status: int, seconds: float) -> None:
         """``ProxyMetrics.observe``: one proxied request."""
         label = self._model_label(model)
-        self.requests.labels(label, str(status)).inc()
-        self.latency.labels(label).observe(seconds)
+        children = self._children.get((label, status))
+        if children is None:
+            children = (self.requests.labels(label, str(status)), self.latency.labels(label))
+            self._children[label, status] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def worker_ready(self, view: WorkerView, launch_seconds: float | None = None) -> None:
         """Call once when a worker becomes ready: launch time and prediction error."""
@@ -170,11 +187,19 @@ class SidecarMetrics:
 
     def _model_label(self, model: str) -> str:
         if self._known is not None:
+            now = time.monotonic()
+            if now >= self._known_until:
+                self._known_names, self._known_until = set(), now + KNOWN_MODELS_SECONDS
+            if model in self._known_names:
+                return model
             try:
-                return model if model in self._known() else OTHER_MODEL
+                known = model in self._known()
             except Exception:
                 logger.exception("proxy metrics: reading the configured models failed")
                 return OTHER_MODEL
+            if known:
+                self._known_names.add(model)
+            return model if known else OTHER_MODEL
         with self._lock:
             if model in self._seen:
                 return model

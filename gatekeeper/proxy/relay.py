@@ -1,7 +1,8 @@
 """Sending a worker's answer to the client, and noticing when the client leaves.
 
 - ``WholeAnswer``: a complete answer, sent as received.
-- ``StreamRelay``: a worker's event stream, relayed chunk by chunk as it arrives; when
+- ``StreamRelay``: a worker's event stream, relayed as it arrives (what one read from
+  the worker brought is one send to the client, never held for more); when
   the worker fails mid-stream the stream ends with a ``data: {"error": ...}`` event.
   However it ends (done, worker failed, client gone), the upstream answer is closed and
   ``done(outcome)`` is called once.

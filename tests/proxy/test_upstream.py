@@ -1,6 +1,7 @@
 """The proxy's lean HTTP/1.1 client (``gatekeeper.proxy.upstream``) against raw asyncio servers
 on loopback that answer in ways uvicorn does not: HTTP/1.0 read to close, chunked with
-extensions and trailers, a kept connection closed unanswered, a body cut short."""
+extensions and trailers, a kept connection closed unanswered, a body cut short, an
+interim 100, an answer that is not HTTP, a body larger than the read-ahead bound."""
 
 from __future__ import annotations
 
@@ -68,8 +69,69 @@ def test_upstream_reads_http10_to_close_and_chunked_with_trailers() -> None:
             await answer.aclose()
             answer = await pool.request(url, "/x", b"{}", [(b"x-b", b"2")])
             assert answer.header(b"x-a") == b"1"
-            assert [chunk async for chunk in answer.chunks()] == [b"abc", b"de"]
+            # Chunks that arrived together come as one item: nothing waits for more.
+            assert [chunk async for chunk in answer.chunks()] == [b"abcde"]
             await answer.aclose()
+        finally:
+            await pool.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
+
+
+def test_upstream_hands_each_chunk_on_as_it_arrives() -> None:
+    """The worker sends the next event only once the client has seen the previous one."""
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in (b"data: 1\n\n", b"data: 2\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            assert await asyncio.wait_for(seen.get(), 5) == event
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def client(url: str) -> None:
+        pool = Upstream()
+        try:
+            answer = await pool.request(url, "/x", b"{}", [])
+            async for chunk in answer.chunks():
+                seen.put_nowait(chunk)
+            await answer.aclose()
+        finally:
+            await pool.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
+
+
+def test_upstream_skips_interim_answers_and_refuses_what_is_not_http() -> None:
+    big = b"x" * (3 << 20)  # past the read-ahead bound: reading pauses and resumes
+    answers = [
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big),
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+    ]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while answers:
+            await read_request(reader)
+            writer.write(answers.pop(0))
+            await writer.drain()
+        await reader.read()
+
+    async def client(url: str) -> None:
+        pool = Upstream()
+        try:
+            answer = await pool.request(url, "/x", b"{}", [])
+            assert (answer.status, await answer.read()) == (201, b"ok")
+            await answer.aclose()
+            answer = await pool.request(url, "/x", b"{}", [])
+            assert await answer.read() == big
+            await answer.aclose()
+            with pytest.raises(UpstreamClosed, match=r"not an HTTP/1\.x answer"):
+                await pool.request(url, "/x", b"{}", [])
         finally:
             await pool.aclose()
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.source import resolve_model
@@ -95,8 +96,15 @@ def test_the_endpoint_lists_the_sidecar_s_serving_workers(tmp_path: Path):
             "Hostname": NODE,
             "node": NODE,
         }
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(f"{sc.url}/v1/chat/completions", json=body).status_code == 200
         worker_metrics = httpx.get(f"http://{group['targets'][0]}/metrics").text
         assert "vllm:kv_cache_usage_perc" in worker_metrics
+        # The simulator's time to first token: one request observed, in the +Inf bucket.
+        families = {f.name: f for f in text_string_to_metric_families(worker_metrics)}
+        ttft = {s.name: s for s in families["vllm:time_to_first_token_seconds"].samples}
+        assert ttft["vllm:time_to_first_token_seconds_count"].value == 1
+        assert 0 < ttft["vllm:time_to_first_token_seconds_sum"].value < 5
         sc.admin.delete(f"/admin/deployments/{d['id']}")
         assert httpx.get(f"{sc.url}/discovery/workers").json() == []
 
