@@ -223,3 +223,14 @@ def test_a_sidecar_that_never_answers_exits_3_after_the_timeout(tmp_path: Path):
 def test_a_name_that_does_not_resolve_exits_3(tmp_path: Path):
     out = gatekeeper("ps", "--url", "http://nosuch.invalid:8080", "--token", "x", "--json")
     json_error(out, "sidecar_unreachable", 3)
+
+
+def test_a_reader_that_leaves_early_is_not_an_internal_error():
+    out = subprocess.run(
+        ["bash", "-c", f"'{GATEKEEPER}' models | head -1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 1
+    assert "internal error" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr

@@ -28,8 +28,14 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
-async def with_raw_server(handler: Handler, client: Callable[[str], Awaitable[None]]) -> None:
-    """Serve ``handler`` on a free port while ``client(url)`` runs; closes every socket."""
+async def with_raw_server(
+    handler: Handler,
+    client: Callable[[str, Upstream], Awaitable[None]],
+    pool: Upstream | None = None,
+) -> None:
+    """Serve ``handler`` on a free port while ``client(url, pool)`` runs; closes every
+    socket, the pool's too."""
+    pool = pool or Upstream()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -42,8 +48,9 @@ async def with_raw_server(handler: Handler, client: Callable[[str], Awaitable[No
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        await client(f"http://127.0.0.1:{port}")
+        await client(f"http://127.0.0.1:{port}", pool)
     finally:
+        await pool.aclose()
         server.close()
         await server.wait_closed()
 
@@ -61,19 +68,15 @@ def test_upstream_reads_http10_to_close_and_chunked_with_trailers() -> None:
         await writer.drain()
         writer.close()
 
-    async def client(url: str) -> None:
-        pool = Upstream()
-        try:
-            answer = await pool.request(url, "/x", b"{}", [])
-            assert (answer.status, await answer.read()) == (200, b"until close")
-            await answer.aclose()
-            answer = await pool.request(url, "/x", b"{}", [(b"x-b", b"2")])
-            assert answer.header(b"x-a") == b"1"
-            # Chunks that arrived together come as one item: nothing waits for more.
-            assert [chunk async for chunk in answer.chunks()] == [b"abcde"]
-            await answer.aclose()
-        finally:
-            await pool.aclose()
+    async def client(url: str, pool: Upstream) -> None:
+        answer = await pool.request(url, "/x", b"{}", [])
+        assert (answer.status, await answer.read()) == (200, b"until close")
+        await answer.aclose()
+        answer = await pool.request(url, "/x", b"{}", [(b"x-b", b"2")])
+        assert answer.header(b"x-a") == b"1"
+        # Chunks that arrived together come as one item: nothing waits for more.
+        assert [chunk async for chunk in answer.chunks()] == [b"abcde"]
+        await answer.aclose()
 
     asyncio.run(with_raw_server(handler, client))
 
@@ -93,15 +96,11 @@ def test_upstream_hands_each_chunk_on_as_it_arrives() -> None:
         await writer.drain()
         await reader.read()
 
-    async def client(url: str) -> None:
-        pool = Upstream()
-        try:
-            answer = await pool.request(url, "/x", b"{}", [])
-            async for chunk in answer.chunks():
-                seen.put_nowait(chunk)
-            await answer.aclose()
-        finally:
-            await pool.aclose()
+    async def client(url: str, pool: Upstream) -> None:
+        answer = await pool.request(url, "/x", b"{}", [])
+        async for chunk in answer.chunks():
+            seen.put_nowait(chunk)
+        await answer.aclose()
 
     asyncio.run(with_raw_server(handler, client))
 
@@ -121,19 +120,15 @@ def test_upstream_skips_interim_answers_and_refuses_what_is_not_http() -> None:
             await writer.drain()
         await reader.read()
 
-    async def client(url: str) -> None:
-        pool = Upstream()
-        try:
-            answer = await pool.request(url, "/x", b"{}", [])
-            assert (answer.status, await answer.read()) == (201, b"ok")
-            await answer.aclose()
-            answer = await pool.request(url, "/x", b"{}", [])
-            assert await answer.read() == big
-            await answer.aclose()
-            with pytest.raises(UpstreamClosed, match=r"not an HTTP/1\.x answer"):
-                await pool.request(url, "/x", b"{}", [])
-        finally:
-            await pool.aclose()
+    async def client(url: str, pool: Upstream) -> None:
+        answer = await pool.request(url, "/x", b"{}", [])
+        assert (answer.status, await answer.read()) == (201, b"ok")
+        await answer.aclose()
+        answer = await pool.request(url, "/x", b"{}", [])
+        assert await answer.read() == big
+        await answer.aclose()
+        with pytest.raises(UpstreamClosed, match=r"not an HTTP/1\.x answer"):
+            await pool.request(url, "/x", b"{}", [])
 
     asyncio.run(with_raw_server(handler, client))
 
@@ -149,15 +144,11 @@ def test_upstream_resends_once_when_a_kept_connection_was_closed() -> None:
         await reader.readuntil(b"\r\n\r\n")  # the next request on this connection:
         writer.close()  # closed unanswered, as at the end of a keep-alive timeout
 
-    async def client(url: str) -> None:
-        pool = Upstream()
-        try:
-            for _ in range(3):
-                answer = await pool.request(url, "/x", b"{}", [])
-                assert await answer.read() == b"ok"
-                await answer.aclose()
-        finally:
-            await pool.aclose()
+    async def client(url: str, pool: Upstream) -> None:
+        for _ in range(3):
+            answer = await pool.request(url, "/x", b"{}", [])
+            assert await answer.read() == b"ok"
+            await answer.aclose()
 
     asyncio.run(with_raw_server(handler, client))
     assert len(connections) == 3
@@ -170,21 +161,17 @@ def test_upstream_errors() -> None:
         await writer.drain()
         writer.close()
 
-    async def client(url: str) -> None:
-        pool = Upstream(connect_timeout_seconds=1.0)
-        try:
-            answer = await pool.request(url, "/x", b"{}", [])
-            with pytest.raises(UpstreamClosed):
-                await answer.read()
-            await answer.aclose()
-            with pytest.raises(UpstreamConnectError):
-                await pool.request(f"http://127.0.0.1:{closed_port()}", "/x", b"{}", [])
-            with pytest.raises(ValueError, match="http://host:port"):
-                await pool.request("https://example.com", "/x", b"{}", [])
-        finally:
-            await pool.aclose()
+    async def client(url: str, pool: Upstream) -> None:
+        answer = await pool.request(url, "/x", b"{}", [])
+        with pytest.raises(UpstreamClosed):
+            await answer.read()
+        await answer.aclose()
+        with pytest.raises(UpstreamConnectError):
+            await pool.request(f"http://127.0.0.1:{closed_port()}", "/x", b"{}", [])
+        with pytest.raises(ValueError, match="http://host:port"):
+            await pool.request("https://example.com", "/x", b"{}", [])
 
-    asyncio.run(with_raw_server(handler, client))
+    asyncio.run(with_raw_server(handler, client, Upstream(connect_timeout_seconds=1.0)))
 
 
 def test_upstream_client_is_an_httpx_client_that_closes_its_pool() -> None:
