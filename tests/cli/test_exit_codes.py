@@ -234,3 +234,22 @@ def test_a_reader_that_leaves_early_is_not_an_internal_error():
     )
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 1
     assert "internal error" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+def test_a_worker_that_fails_to_start_ends_deploy_wait_with_1(tmp_path: Path):
+    settings = settings_for(
+        tmp_path,
+        restart_limit=0,
+        worker_env={"GATEKEEPER_SIM_STARTUP_SECONDS": "0.2", "GATEKEEPER_SIM_FAIL": "oom-load"},
+    )
+    with running_sidecar(settings) as failing:
+        args = ("deploy", "tiny", "--wait", "--url", failing.url, "--token", TOKEN)
+        human = gatekeeper(*args)
+        as_json = gatekeeper(*args, "--name", "again", "--json")
+    assert human.returncode == 1 and "gatekeeper: error: deployment tiny-" in human.stderr
+    assert "ready" not in human.stdout.splitlines()[-1]
+    # the message quotes the worker's log (vLLM's own traceback there), so not json_error
+    payload = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 == payload["exit_code"]
+    assert payload["error"]["code"] == "worker_failed" and payload["error"]["field"] == "deployment"
+    assert "out of memory while loading" in payload["error"]["message"]
