@@ -7,6 +7,7 @@ and catalog aliases reach the model they name."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -212,3 +213,30 @@ def test_unknown_paths_and_methods_answer_in_the_same_shape(sidecar: Sidecar) ->
     }
     assert method.status_code == 405 and method.json()["error"]["type"] == "Method Not Allowed"
     assert method.headers["allow"] == "POST"
+
+
+def test_a_loading_model_is_503_with_retry_after_and_listed_loading(tmp_path: Path) -> None:
+    env = {"GATEKEEPER_SIM_STARTUP_SECONDS": "3", "GATEKEEPER_SIM_TOKEN_SECONDS": "0.01"}
+    settings = settings_for(tmp_path, request_wait_seconds=0.3, worker_env=env)
+    with running_sidecar(settings) as sc:
+        c = Counted(sc.url, max_retries=0)
+        with c.http:
+            with pytest.raises(openai.APIStatusError) as caught:
+                c.client.completions.create(model="tiny", prompt="x", max_tokens=1)
+            e = caught.value
+            assert (e.status_code, e.type) == (503, "ServiceUnavailableError")
+            assert e.code == "model_loading" and e.response.headers["retry-after"] == "5"
+            assert "x-should-retry" not in e.response.headers  # waiting helps: may retry
+            assert c.client.models.retrieve("tiny").model_dump()["state"] == "loading"
+
+
+def test_on_demand_off_is_503_that_is_not_retried(tmp_path: Path) -> None:
+    with running_sidecar(settings_for(tmp_path, on_demand=False)) as sc:
+        c = Counted(sc.url, max_retries=2)
+        with c.http, pytest.raises(openai.InternalServerError) as caught:
+            c.client.completions.create(model="tiny", prompt="x", max_tokens=1)
+        assert len(c.sent) == 1
+        e = caught.value
+        assert (e.status_code, e.code) == (503, "model_not_running")
+        assert e.response.headers["x-should-retry"] == "false"
+        assert "on_demand = false" in e.message
