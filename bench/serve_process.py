@@ -54,11 +54,13 @@ def sidecar(
     worker_env: str,
     gpus: str = "2xH100-80GB",
     extra: str = "",
+    rehearsal: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run it, once its ``/healthz`` answers, until the block ends (SIGTERM, so it stops
     its workers); ``worker_env`` is
     a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables, ``extra`` more
-    top-level TOML settings lines."""
+    top-level TOML settings lines; ``rehearsal`` adds ``--rehearsal`` (state under
+    ``state/rehearsal``, the settings' node, token and models kept)."""
     config = work / "gatekeeper.toml"
     config.write_text(
         f"worker_port_min = {port + 1}\nworker_port_max = {port + 99}\n"
@@ -72,15 +74,21 @@ def sidecar(
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     env = {**clean, "GATEKEEPER_STATE_DIR": str(work / "state"), "GATEKEEPER_ADMIN_TOKEN": TOKEN}
     argv = [*gatekeeper_command(), "--config", str(config), "serve", "--port", str(port)]
+    argv += ["--rehearsal"] if rehearsal else []
     with (work / "sidecar.log").open("ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}", work / "sidecar.log")
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 60)
+
+
+def stop(proc: subprocess.Popen[bytes], seconds: float) -> None:
+    """SIGTERM, and SIGKILL if it is still running ``seconds`` later."""
+    proc.terminate()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,160 @@
+"""The proxies ``bench/proxy.py`` puts in front of gatekeeper's worker, as child processes:
+vllm-router (``--policy round_robin``, the worker as its one static backend) and nginx
+(a minimal config: upstream keepalive, HTTP/1.1 to the worker, no buffering, so a
+stream's chunks pass as they come); and the CPU time of a set of processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.serve_process import free_port, stop
+
+TICK_SECONDS = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """The simulator worker the sidecar launched."""
+
+    port: int
+    pid: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A proxy in front of the worker: its port and its (main) process."""
+
+    port: int
+    pid: int
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time of these processes, all their threads: the run time the scheduler counts
+    (``/proc/PID/task/TID/schedstat``, nanoseconds), or where that is missing user +
+    system time (``/proc/PID/stat``, in clock ticks of 10 ms: too coarse for the few
+    hundred milliseconds a round costs). A thread that ended since the last reading
+    drops out of the first (the targets keep theirs: event loops, thread pools)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+                total += sum(_run_nanoseconds(pid, tid) for tid in tasks) / 1e9
+            except OSError:
+                fields = _stat(pid)
+                total += (int(fields[11]) + int(fields[12])) * TICK_SECONDS
+    return total
+
+
+def _run_nanoseconds(pid: int, tid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except FileNotFoundError:  # the thread just ended
+        return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (nginx: the master and its workers)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError):
+                parents[int(entry)] = int(_stat(int(entry))[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sorted(tree)
+
+
+@contextlib.contextmanager
+def child(
+    argv: list[str], port: int, health: str, log: Path, env: dict[str, str] | None = None
+) -> Iterator[Running]:
+    """Run ``argv`` until the block ends, once ``health`` on ``port`` answers 200."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}{health}", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(
+                    f"{argv[0]} did not start (exit {proc.poll()}):\n{log.read_text()[-2000:]}"
+                )
+            time.sleep(0.1)
+        yield Running(port, proc.pid)
+    finally:
+        stop(proc, 10)
+
+
+@contextlib.contextmanager
+def vllm_router(path: str, worker: Worker, work: Path) -> Iterator[Running]:
+    port = free_port()
+    argv = [path, "--worker-urls", worker.url, "--policy", "round_robin"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    with child(argv, port, "/health", work / "vllm-router.log") as running:
+        yield running
+
+
+NGINX_CONF = """\
+worker_processes auto;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream worker {{
+    server 127.0.0.1:{worker_port};
+    keepalive 128;
+  }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://worker;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx(path: str, worker: Worker, work: Path) -> Iterator[Running]:
+    port = free_port()
+    conf = work / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=work, worker_port=worker.port, port=port))
+    argv = [path, "-c", str(conf), "-p", str(work), "-e", str(work / "nginx-error.log")]
+    argv += ["-g", "daemon off;"]
+    with child(argv, port, "/health", work / "nginx.log") as running:
+        yield running
