@@ -149,8 +149,9 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(default_factory=list, repr=False)
     """Keys a client of the OpenAI API (``/v1/...``) must send as ``Authorization: Bearer
     <key>``, any one of them (vLLM's ``--api-key``); ``GATEKEEPER_API_KEYS`` takes a JSON
-    list. Empty (the default): ``/v1`` is open. ``/healthz``, ``/metrics`` and
-    ``/openapi.json`` stay open either way; the admin API keeps ``admin_token``."""
+    list. Empty (the default): ``/v1`` is open. ``/healthz``, ``/metrics``,
+    ``/discovery/workers`` and ``/openapi.json`` stay open either way; the admin API
+    keeps ``admin_token``."""
 
     request_body_timeout_seconds: float = Field(default=30.0, gt=0)
     """How long the sidecar waits for each next chunk of a request body; a client that
