@@ -188,6 +188,8 @@ class DeploymentManager:
         task = asyncio.ensure_future(self._admit(deployment_id, request))
         done, _ = await asyncio.wait({task}, timeout=limit)
         if task in done:
+            if isinstance(task.exception(), LedgerError) and self.metrics is not None:
+                self.metrics.admission("error")  # no decision: the state dir refused it
             return task.result()
 
         def late(t: asyncio.Task[Decision]) -> None:

@@ -51,6 +51,8 @@ def test_a_state_dir_turned_read_only_is_a_503_and_the_sidecar_goes_on(tmp_path:
                 assert str(state) in error["message"] and "read-only" in error["message"]
                 assert sc.admin.get("/healthz").status_code == 200
                 assert sc.admin.get("/admin/deployments").status_code == 200
+                scraped = sc.admin.get("/metrics").text
+                assert 'gatekeeper_admissions_total{outcome="error",reason="error"} 1.0' in scraped
             r = sc.admin.post("/admin/deployments", json={"model": "tiny"})
             assert r.status_code == 201, r.text
             sc.wait_state(r.json()["deployment"]["id"], ("ready",))
