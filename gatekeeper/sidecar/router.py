@@ -251,12 +251,18 @@ class ModelRouter:
         return False
 
     async def models(self) -> list[dict[str, Any]]:
-        cards: dict[str, dict[str, Any]] = {}
+        rank = {"ready": 0, "loading": 1, "failed": 2}
+        shown: dict[str, tuple[str, Deployment]] = {}  # the best state per name
         for d in list(self.manager.deployments.values()):
-            if d.state in LIVE or (d.state == "failed" and d.name not in cards):
-                length = await self._worker_length(d)
-                cards[d.name] = _card(d.name, d.model, _STATES.get(d.state, "failed"), length)
-                cards[d.name]["created"] = int(d.created_at)
+            if d.state in LIVE or d.state == "failed":
+                state = _STATES.get(d.state, "failed")
+                if d.name not in shown or rank[state] < rank[shown[d.name][0]]:
+                    shown[d.name] = (state, d)
+        deployed = list(shown.values())
+        lengths = await asyncio.gather(*(self._worker_length(d) for _, d in deployed))
+        cards: dict[str, dict[str, Any]] = {}
+        for (state, d), length in zip(deployed, lengths, strict=True):
+            cards[d.name] = _card(d.name, d.model, state, length) | {"created": int(d.created_at)}
         for entry in self.registry.listed():
             if entry.name not in cards:
                 state = "failed" if entry.name in self._failures else "not running"

@@ -147,6 +147,12 @@ def test_an_alias_reaches_the_allowed_model(oai: openai.OpenAI, sidecar: Sidecar
     answer = oai.completions.create(model="qwen3:0.6b", prompt="via alias", max_tokens=2)
     assert answer.model == "Qwen/Qwen3-0.6B" and answer.choices[0].text == "via alias"
     assert "Qwen/Qwen3-0.6B" in deployment_names(sidecar)
+    # its card shows the worker's own max_model_len, as the worker's /v1/models says it
+    listed = sidecar.admin.get("/admin/deployments").json()["deployments"]
+    port = next(d["port"] for d in listed if d["name"] == "Qwen/Qwen3-0.6B")
+    own = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["max_model_len"]
+    card = oai.models.retrieve("Qwen/Qwen3-0.6B").model_dump()
+    assert (card["state"], card["max_model_len"]) == ("ready", own)
 
 
 def test_an_alias_of_a_model_not_allowed_launches_nothing(
