@@ -140,7 +140,8 @@ _V1_033 = replace(
     _V1_021,
     name="v1-0.33",
     since=(0, 33, 0),
-    description="vLLM 0.33 accounting (the source read for reference/vllm-memory.md)",
+    description="V1 as since 0.21 (CUDA-graph memory profiled and subtracted from the KV "
+    "cache), checked against vLLM 0.33's source",
 )
 
 ACCOUNTINGS: tuple[Accounting, ...] = (

@@ -22,7 +22,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -267,7 +267,7 @@ estimator parses no JSON); each keeps its canonical text for the command line.""
 
 
 def _json_option(name: str, value: Any, read: Callable[[Mapping[str, Any], str], Any]) -> Any:
-    if not isinstance(value, str | Mapping):
+    if is_dataclass(value) and not isinstance(value, type):
         return value  # already read (an options object handed back in)
     if isinstance(value, str):
         try:
