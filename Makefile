@@ -41,7 +41,9 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.fuzz --cases 3000
 	$(BIN)/python -m bench.soak --duration 180
 	$(BIN)/python -m bench.storm --admissions 1000 --clients 50
+	bash scripts/bench-deps.sh
 	$(BIN)/python -m bench.proxy
+	$(BIN)/python -m bench.upstream_clients
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

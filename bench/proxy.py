@@ -10,10 +10,11 @@ each target (the worker itself, gatekeeper, vllm-router, nginx):
 - latency of non-streaming chat completions (16 tokens), one at a time on a keep-alive
   connection (p50, p99), and the time to the first streamed chunk (TTFT); "added" is
   the target's figure minus the worker's, measured in the same rounds;
-- CPU of the target's process per request and per (16-token) stream, from
-  ``/proc/PID/stat`` (utime + stime) before and after: for gatekeeper the sidecar
-  process only (not its worker), for nginx the master and its workers, for vllm-router
-  its process and any children;
+- CPU of the target's processes per request and per (16-token) stream, before and
+  after: utime + stime, read in nanoseconds from each process's CPU-time clock rather
+  than in ``/proc/PID/stat``'s 10 ms ticks; for gatekeeper the sidecar process only
+  (not its worker), for nginx the master and its workers, for vllm-router its process
+  and any children;
 - idle CPU: the same figure over a quiet stretch before any traffic, per second;
 - throughput at 64 concurrent streams against a worker that paces its tokens (8 tokens
   40 ms apart by default, ``--token-seconds``, as a GPU would: at most 64 / 0.32 s =

@@ -1,19 +1,24 @@
 """What each HTTP client for the proxy's worker connection costs in CPU.
 
 The client that ``gatekeeper.proxy`` forwards through (its calls to the worker) could be
-the hand-written one in ``gatekeeper/proxy/upstream.py`` (``Upstream``), aiohttp's
-``ClientSession`` or httpx's ``AsyncClient``. This bench starts one simulator worker
-(``GATEKEEPER_SIM_TOKEN_SECONDS=0``) and, for each client in turn (interleaved, the
-order rotating round by round), a fresh process that uses it as the proxy would: POST a
-chat completion body already in memory, read the answer whole (16 tokens), or stream it
-chunk by chunk as it arrives (16 tokens); on keep-alive connections, one request at a
-time and then 16 at once. Each process runs on uvloop when it is installed (as
-``gatekeeper serve`` does under uvicorn) and reports its own CPU time
-(``time.process_time``) per request; the loop and the process around the client cost
-the same for all three, so the differences are the clients'.
+the hand-written one in ``gatekeeper/proxy/upstream.py`` (``upstream_client().pool``),
+aiohttp's ``ClientSession`` or httpx's ``AsyncClient``. This bench starts one simulator
+worker (``GATEKEEPER_SIM_TOKEN_SECONDS=0``, 16 tokens an answer) and measures each client
+in turn (interleaved, the order rotating round by round), each time in a fresh process
+on uvloop when it is installed (as ``gatekeeper serve`` runs under uvicorn), two ways:
 
-Run ``python -m bench.upstream_clients`` (``--quick`` for a short run; aiohttp is
-installed by ``scripts/bench-deps.sh``; a client that is missing is named and skipped).
+- client alone: the process POSTs a chat completion body already in memory and reads
+  the answer whole, or chunk by chunk as it arrives (a stream), on keep-alive
+  connections, one at a time and then 16 at once; its CPU time
+  (``time.process_time``) per request;
+- proxied: the process is a minimal proxy (a bare ASGI app under uvicorn, httptools)
+  that forwards each request through the client and relays the answer (a stream chunk
+  by chunk); the bench's own load generator sends to it one request at a time, and the
+  proxy process's CPU time per request is read from ``/proc``. The server side costs
+  the same for all three clients, so the differences are the clients'.
+
+Run ``python -m bench.upstream_clients`` (``--quick`` for a short run). aiohttp is
+installed by ``scripts/bench-deps.sh``; a client that is missing is named and skipped.
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.proxy_targets import child
+from bench.proxy import Connection
+from bench.proxy_targets import child, cpu_seconds
 from bench.serve_process import free_port
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16'
@@ -46,79 +52,94 @@ HEADERS = [(b"content-type", b"application/json")]
 CLIENTS = ("upstream.py", "aiohttp", "httpx")
 CONCURRENCY = 16
 
-Send = Callable[[bytes, bool], Awaitable[int]]
-"""Sends one request (body, streamed?) and reads the answer; returns the status."""
+_Head = tuple[int, list[tuple[bytes, bytes]]]
+Exchange = Callable[[bytes], AbstractAsyncContextManager[tuple[_Head, AsyncIterator[bytes]]]]
+"""POSTs a body to the worker: (status, content headers) and the body's chunks."""
+Client = tuple[Exchange, Callable[[], Awaitable[None]]]
+"""An exchange and how to close the client."""
+RELAYED = (b"content-type", b"content-length")
 
 
-# --- one client, in its own process -----------------------------------------------------------
+# --- the three clients ---------------------------------------------------------------------
 
 
-async def _upstream(base: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+def _upstream(base: str) -> Client:
     from gatekeeper.proxy import upstream_client
 
     client = upstream_client()
     pool = client.pool  # the hand-written pool the proxy forwards through
 
-    async def send(body: bytes, stream: bool) -> int:
+    @asynccontextmanager
+    async def exchange(body: bytes) -> AsyncIterator[tuple[_Head, AsyncIterator[bytes]]]:
         answer = await pool.request(base, PATH, body, HEADERS)
         try:
-            if stream:
-                async for _ in answer.chunks():
-                    pass
-            else:
-                await answer.read()
+            headers = [(k, v) for k, v in answer.headers if k in RELAYED]
+            yield (answer.status, headers), answer.chunks()
         finally:
             await answer.aclose()
-        return answer.status
 
-    return send, client.aclose
+    return exchange, client.aclose
 
 
-async def _aiohttp(base: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
-    import aiohttp
+def _aiohttp(base: str) -> Client:
+    aiohttp = _aiohttp_module()
 
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     session = aiohttp.ClientSession(
         base_url=base, connector=connector, auto_decompress=False, trust_env=False
     )
-    headers = {k.decode(): v.decode() for k, v in HEADERS}
+    sent = {k.decode(): v.decode() for k, v in HEADERS}
 
-    async def send(body: bytes, stream: bool) -> int:
-        async with session.post(PATH, data=body, headers=headers) as answer:
-            if stream:
-                async for _ in answer.content.iter_any():
-                    pass
-            else:
-                await answer.read()
-            return int(answer.status)
+    @asynccontextmanager
+    async def exchange(body: bytes) -> AsyncIterator[tuple[_Head, AsyncIterator[bytes]]]:
+        async with session.post(PATH, data=body, headers=sent) as answer:
+            raw = answer.raw_headers
+            headers = [(k.lower(), v) for k, v in raw if k.lower() in RELAYED]
+            yield (int(answer.status), headers), answer.content.iter_any()
 
-    return send, session.close
+    return exchange, session.close
 
 
-async def _httpx(base: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+def _aiohttp_module() -> Any:
+    """aiohttp, imported by name: it is in the bench extra only, and ``make test`` type-checks
+    bench/ where it may not be installed."""
+    return importlib.import_module("aiohttp")
+
+
+def _httpx(base: str) -> Client:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     client = httpx.AsyncClient(base_url=base, limits=limits, timeout=None, trust_env=False)
 
-    async def send(body: bytes, stream: bool) -> int:
+    @asynccontextmanager
+    async def exchange(body: bytes) -> AsyncIterator[tuple[_Head, AsyncIterator[bytes]]]:
         request = client.build_request("POST", PATH, content=body, headers=HEADERS)
         answer = await client.send(request, stream=True)
         try:
-            async for _ in answer.aiter_raw():
-                pass
+            headers = [(k.lower(), v) for k, v in answer.headers.raw if k.lower() in RELAYED]
+            yield (answer.status_code, headers), answer.aiter_raw()
         finally:
             await answer.aclose()
-        return answer.status_code
 
-    return send, client.aclose
-
-
-MAKERS = {"upstream.py": _upstream, "aiohttp": _aiohttp, "httpx": _httpx}
+    return exchange, client.aclose
 
 
-async def _cpu_per_request(send: Send, body: bytes, stream: bool, n: int, at_once: int) -> float:
+MAKERS: dict[str, Callable[[str], Client]] = {
+    "upstream.py": _upstream,
+    "aiohttp": _aiohttp,
+    "httpx": _httpx,
+}
+
+
+# --- in the measured process ---------------------------------------------------------------
+
+
+async def _cpu_per_request(exchange: Exchange, body: bytes, n: int, at_once: int) -> float:
     async def worker(count: int) -> None:
         for _ in range(count):
-            assert await send(body, stream) == 200
+            async with exchange(body) as ((status, _), chunks):
+                async for _ in chunks:
+                    pass
+            assert status == 200, status
 
     await asyncio.gather(*(worker(5) for _ in range(at_once)))  # connections, imports
     start = time.process_time()
@@ -126,30 +147,66 @@ async def _cpu_per_request(send: Send, body: bytes, stream: bool, n: int, at_onc
     return (time.process_time() - start) / (n // at_once * at_once)
 
 
-async def _one(kind: str, base: str, n: int) -> dict[str, float]:
-    send, close = await MAKERS[kind](base)
+async def _alone(kind: str, base: str, n: int) -> dict[str, float]:
+    exchange, close = MAKERS[kind](base)
     try:
         return {
-            "whole": await _cpu_per_request(send, WHOLE, False, n, 1),
-            "stream": await _cpu_per_request(send, STREAM, True, n, 1),
-            "whole16": await _cpu_per_request(send, WHOLE, False, n, CONCURRENCY),
-            "stream16": await _cpu_per_request(send, STREAM, True, n, CONCURRENCY),
+            "whole": await _cpu_per_request(exchange, WHOLE, n, 1),
+            "stream": await _cpu_per_request(exchange, STREAM, n, 1),
+            "whole16": await _cpu_per_request(exchange, WHOLE, n, CONCURRENCY),
+            "stream16": await _cpu_per_request(exchange, STREAM, n, CONCURRENCY),
         }
     finally:
         await close()
 
 
-def one(kind: str, base: str, n: int) -> None:
-    """The ``one`` subcommand: measure ``kind`` and print the figures as JSON."""
+def alone(kind: str, base: str, n: int) -> None:
+    """The ``alone`` subcommand: measure ``kind`` and print the figures as JSON."""
     if importlib.util.find_spec("uvloop"):
         import uvloop
 
-        print(json.dumps(uvloop.run(_one(kind, base, n))))
+        print(json.dumps(uvloop.run(_alone(kind, base, n))))
     else:
-        print(json.dumps(asyncio.run(_one(kind, base, n))))
+        print(json.dumps(asyncio.run(_alone(kind, base, n))))
 
 
-# --- the bench --------------------------------------------------------------------------------
+def proxy_app(make: Callable[[], Client]) -> Callable[..., Awaitable[None]]:
+    """A bare ASGI proxy: each request's body to the worker, the answer relayed as it
+    comes (``GET /health`` answers 200 itself); the client is made on the first request,
+    in the server's event loop."""
+    made: list[Exchange] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if not made:
+            made.append(make()[0])
+        async with made[0](body) as ((status, headers), chunks):
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def serve_proxy(kind: str, base: str, port: int) -> None:
+    """The ``proxy`` subcommand: the bare proxy on ``port`` through ``kind``."""
+    import uvicorn
+
+    app = proxy_app(lambda: MAKERS[kind](base))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# --- the bench ---------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -164,8 +221,8 @@ def simulator(work: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def measure(kind: str, base: str, n: int) -> dict[str, float]:
-    argv = [sys.executable, "-m", "bench.upstream_clients", "one", kind, base, str(n)]
+def measure_alone(kind: str, base: str, n: int) -> dict[str, float]:
+    argv = [sys.executable, "-m", "bench.upstream_clients", "alone", kind, base, str(n)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{kind}: exit {done.returncode}\n{done.stderr[-2000:]}")
@@ -173,9 +230,31 @@ def measure(kind: str, base: str, n: int) -> dict[str, float]:
     return figures
 
 
-def report(results: dict[str, list[dict[str, float]]]) -> list[str]:
-    columns = [("whole", "whole"), ("stream", "stream"), ("whole16", "whole x16")]
-    columns.append(("stream16", "stream x16"))
+async def _drive(port: int, pid: int, n: int) -> dict[str, float]:
+    conn = await Connection(port).open()
+    figures = {}
+    try:
+        for name, body in (("whole", WHOLE), ("stream", STREAM)):
+            for _ in range(20):
+                await conn.post(PATH, body)
+            cpu = cpu_seconds([pid])
+            for _ in range(n):
+                status, _, _ = await conn.post(PATH, body)
+                assert status == 200, status
+            figures[name] = (cpu_seconds([pid]) - cpu) / n
+    finally:
+        conn.close()
+    return figures
+
+
+def measure_proxied(kind: str, base: str, n: int, work: Path) -> dict[str, float]:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.upstream_clients", "proxy", kind, base, str(port)]
+    with child(argv, port, "/health", work / f"proxy-{kind}.log") as proxy:
+        return asyncio.run(_drive(port, proxy.pid, n))
+
+
+def table(results: dict[str, list[dict[str, float]]], columns: list[tuple[str, str]]) -> list[str]:
     rows = [f"{'client':<12}" + "".join(f"{title:>12}" for _, title in columns)]
     for kind, runs in results.items():
         cells = [statistics.median(r[key] for r in runs) for key, _ in columns]
@@ -183,9 +262,20 @@ def report(results: dict[str, list[dict[str, float]]]) -> list[str]:
     return rows
 
 
+def versions(kinds: list[str]) -> str:
+    found: dict[str, Any] = {"httpx": httpx.__version__}
+    if "aiohttp" in kinds:
+        found["aiohttp"] = _aiohttp_module().__version__
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"{loop}, " + ", ".join(f"{k} {v}" for k, v in found.items())
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["one"]:
-        one(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    if sys.argv[1:2] == ["alone"]:
+        alone(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    if sys.argv[1:2] == ["proxy"]:
+        serve_proxy(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -195,7 +285,8 @@ def main() -> None:
     if args.quick:
         args.rounds, args.requests = 1, 160
     kinds = [k for k in CLIENTS if k != "aiohttp" or importlib.util.find_spec("aiohttp")]
-    results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    by_itself: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    proxied: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     start = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="gk-bench-clients-") as tmp,
@@ -203,22 +294,20 @@ def main() -> None:
     ):
         for r in range(args.rounds):
             for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
-                results[kind].append(measure(kind, base, args.requests))
-    versions: dict[str, Any] = {"httpx": httpx.__version__}
-    if "aiohttp" in kinds:
-        import aiohttp
-
-        versions["aiohttp"] = aiohttp.__version__
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+                by_itself[kind].append(measure_alone(kind, base, args.requests))
+                proxied[kind].append(measure_proxied(kind, base, args.requests, Path(tmp)))
     print(
         f"# bench/upstream_clients.py: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-        f"{loop}, {' '.join(f'{k} {v}' for k, v in versions.items())}, "
-        f"{time.perf_counter() - start:.0f} s; CPU ms per request (median of {args.rounds} "
-        f"rounds x {args.requests}), 16 tokens, one at a time and {CONCURRENCY} at once"
+        f"{versions(kinds)}, {time.perf_counter() - start:.0f} s; CPU ms per request, "
+        f"16 tokens, median of {args.rounds} rounds x {args.requests} requests"
     )
     if "aiohttp" not in kinds:
         print("# aiohttp not installed: not measured (scripts/bench-deps.sh installs it)")
-    print("\n".join(report(results)))
+    print(f"# the client alone, one at a time and {CONCURRENCY} at once")
+    columns = [("whole", "whole"), ("stream", "stream"), ("whole16", f"whole x{CONCURRENCY}")]
+    print("\n".join(table(by_itself, [*columns, ("stream16", f"stream x{CONCURRENCY}")])))
+    print("# proxied: a bare ASGI proxy under uvicorn through the client, its process's CPU")
+    print("\n".join(table(proxied, [("whole", "whole"), ("stream", "stream")])))
 
 
 if __name__ == "__main__":
