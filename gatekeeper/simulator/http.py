@@ -513,8 +513,14 @@ def _extra_routes(server: _Server) -> list[Route]:
             model = server.check_model(fields)
         except ApiError as e:
             return e.response()
-        size = len(fields.get("file") or b"")
-        return JSONResponse({"text": f"{size} bytes of audio for {model}", "usage": None})
+        text = f"{len(fields.get('file') or b'')} bytes of audio for {model}"
+        if fields.get("stream") != "true":
+            return JSONResponse({"text": text, "usage": None})
+        head: dict[str, Any] = {"id": f"trsc-{uuid.uuid4().hex}", "object": "transcription.chunk"}
+        head |= {"created": server.created, "model": model}
+        chunks = [head | {"choices": [{"delta": {"content": w}}]} for w in text.split()]
+        events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+        return Response(b"".join([*events, b"data: [DONE]\n\n"]), media_type="text/event-stream")
 
     posts = [Route(path, reply, methods=["POST"]) for path in _REPLIES]
     return [

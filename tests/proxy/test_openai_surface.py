@@ -175,6 +175,20 @@ def test_a_form_over_the_limit_is_413_counted_as_read(proxy_url: str) -> None:
         assert answer.json()["text"] == "100 bytes of audio for sim"  # the alias replaced
 
 
+def test_a_form_asking_for_a_stream_is_relayed_as_one(proxy_url: str) -> None:
+    body = multipart(
+        [("file", bytes(10), "a.wav"), ("model", "sim", None), ("stream", "true", None)], "S"
+    )
+    headers = {"content-type": "multipart/form-data; boundary=S"}
+    with httpx.Client(base_url=proxy_url, timeout=10) as http:
+        answer = http.post("/v1/audio/transcriptions", content=body, headers=headers)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    words = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]]
+    assert words == ["10", "bytes", "of", "audio", "for", "sim"]
+
+
 def test_a_json_body_on_a_form_route_is_400(proxy_url: str) -> None:
     with httpx.Client(base_url=proxy_url, timeout=10) as http:
         answer = http.post("/v1/audio/translations", json={"model": "sim"})
