@@ -183,6 +183,7 @@ def test_a_form_asking_for_a_stream_is_relayed_as_one(proxy_url: str) -> None:
     with httpx.Client(base_url=proxy_url, timeout=10) as http:
         answer = http.post("/v1/audio/transcriptions", content=body, headers=headers)
     assert answer.headers["content-type"].startswith("text/event-stream")
+    assert "content-length" not in answer.headers  # relayed chunk by chunk, not whole
     events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     words = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]]
