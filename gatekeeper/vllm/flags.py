@@ -371,10 +371,20 @@ def serve_values(
     return out
 
 
+def _shown(value: Any) -> str:
+    """A value as its sender wrote it: JSON (``true``, ``"no"``, ``["a"]``), not a repr."""
+    try:
+        return json.dumps(value, allow_nan=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def _typed(flag: Flag, value: Any, where: str) -> Any:
     def bad(advice: str) -> ServeOptionsError:
         return ServeOptionsError(
-            f"{where}: {flag.dest} = {value!r} is invalid: {advice}", field=flag.dest, value=value
+            f"{where}: {flag.dest} = {_shown(value)} is invalid: {advice}",
+            field=flag.dest,
+            value=value,
         )
 
     if value is None:

@@ -420,3 +420,18 @@ def test_dotted_fields_merge_and_lists_join_as_vllm_does(tmp_path: Path):
     assert cmd.model == "m" and "model" not in cmd.values
     with pytest.raises(ServeOptionsError, match="more than one"):
         parse_serve_args(["m", "--config", str(config), "--config", str(config)])
+
+
+@pytest.mark.parametrize(
+    ("data", "shown"),
+    [
+        ({"enforce_eager": "no"}, 'enforce_eager = "no" is invalid'),
+        ({"max_model_len": True}, "max_model_len = true is invalid"),
+        ({"dtype": ["bfloat16"]}, 'dtype = ["bfloat16"] is invalid'),
+        ({"gpu_memory_utilization": math.nan}, "gpu_memory_utilization = NaN is invalid"),
+    ],
+)
+def test_a_bad_value_is_shown_as_the_json_it_came_as(data: dict[str, object], shown: str) -> None:
+    with pytest.raises(ServeOptionsError) as raised:
+        serve_values(data, where="options")
+    assert shown in str(raised.value)
