@@ -169,8 +169,19 @@ def build_app(
             await client.aclose()
             await upstream.aclose()
 
+    simulated = is_simulator(settings.worker_command)
+
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "version": __version__, "rehearsal": rehearsal})
+        # "rehearsal" as the admin API means it (simulator workers); "declared_gpus" for a
+        # node read from GATEKEEPER_GPUS instead of NVML.
+        return JSONResponse(
+            {
+                "status": "ok",
+                "version": __version__,
+                "rehearsal": simulated,
+                "declared_gpus": rehearsal,
+            }
+        )
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_schema(__version__))

@@ -112,3 +112,5 @@ def test_the_admin_api_says_whether_it_is_a_rehearsal(rehearsal: Sidecar, real: 
     assert rehearsal.admin.get("/admin/gpus").json()["rehearsal"] is True
     missing = rehearsal.admin.get("/admin/deployments/nope").json()
     assert missing["rehearsal"] is True and missing["error"]["param"] == "id"
+    assert rehearsal.admin.get("/healthz").json()["rehearsal"] is True
+    assert real.admin.get("/healthz").json()["rehearsal"] is False
