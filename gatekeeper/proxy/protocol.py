@@ -239,8 +239,7 @@ def form_field(body: bytes, boundary: bytes, name: str) -> FormField | None:
         following = body.find(b"\r\n" + delimiter, head_end + 4)
         if following < 0:
             return None
-        head = body[head_start:head_end].lower()
-        if _names(head, wanted):
+        if _names(body[head_start:head_end], wanted):
             value = body[head_end + 4 : following]
             try:
                 text = value.decode()
@@ -252,9 +251,12 @@ def form_field(body: bytes, boundary: bytes, name: str) -> FormField | None:
 
 
 def _names(head: bytes, wanted: bytes) -> bool:
+    """Whether a part's headers name it ``wanted`` (a field, not a file). Header names
+    and parameters are case-insensitive; the field's name is not (RFC 7578)."""
     for line in head.split(b"\r\n"):
-        if line.startswith(b"content-disposition:") and b"filename=" not in line:
-            fields = [part.strip() for part in line.split(b";")]
-            if wanted.lower() in fields:
+        lowered = line.lower()
+        if lowered.startswith(b"content-disposition:") and b"filename=" not in lowered:
+            parameters = [part.strip() for part in line.split(b";")]
+            if any(p.lower().startswith(b"name=") and p[5:] == wanted[5:] for p in parameters):
                 return True
     return False

@@ -74,8 +74,13 @@ def test_form_field_finds_the_model_after_a_file() -> None:
 
 
 def test_form_field_ignores_files_and_other_names() -> None:
-    body = multipart([("model", b"x", "model.bin"), ("models", "m", None)], "B1")
+    body = multipart(
+        [("model", b"x", "model.bin"), ("models", "m", None), ("Model", "M", None)], "B1"
+    )
     assert form_field(body, b"B1", "model") is None
+    upper = b'--B3\r\nCONTENT-DISPOSITION: form-data; NAME="model"\r\n\r\nm\r\n--B3--\r\n'
+    found = form_field(upper, b"B3", "model")
+    assert found is not None and found.value == "m"
     assert form_field(b"garbage without parts", b"B1", "model") is None
     truncated = multipart([("model", "m", None)], "B2")[:-12]
     assert form_field(truncated, b"B2", "model") is None
