@@ -91,8 +91,15 @@ class _Connection(asyncio.Protocol):
     """One connection to a worker, answering one request at a time; httptools calls the
     ``on_*`` methods as it parses what ``data_received`` brings."""
 
+    __slots__ = (
+        "_buffered", "_loop", "_parser", "_paused", "_to_close", "_transport", "_waiter",
+        "body", "broken", "complete", "head_done", "headers", "keep_alive", "lost",
+        "received", "status",
+    )  # fmt: skip
+
     def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
@@ -110,7 +117,8 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self._to_close = False
-        self._body: list[bytes] = []
+        self.body: list[bytes] = []
+        """Body bytes received and not yet taken."""
         self._buffered = 0
 
     # asyncio.Protocol
@@ -154,7 +162,7 @@ class _Connection(asyncio.Protocol):
         self._to_close = not sized and status not in (204, 304)
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        self.body.append(body)
         self._buffered += len(body)
 
     def on_message_complete(self) -> None:
@@ -180,18 +188,15 @@ class _Connection(asyncio.Protocol):
 
     def take(self) -> bytes:
         """The body bytes received since the last ``take``."""
-        body, self._body, self._buffered = self._body, [], 0
+        body, self.body, self._buffered = self.body, [], 0
         if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
         return body[0] if len(body) == 1 else b"".join(body)
 
-    def pending(self) -> bool:
-        return bool(self._body)
-
     async def wait(self) -> None:
         """Until ``data_received`` or ``connection_lost`` next runs."""
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:
@@ -232,29 +237,36 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body."""
-        return b"".join([chunk async for chunk in self.chunks()])
+        parts = []
+        while (part := await self._next()) is not None:
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives: what each read from the socket brought."""
+        while (part := await self._next()) is not None:
+            yield part
+
+    async def _next(self) -> bytes | None:
+        """The body bytes received since the last call, once there are any; None at the end."""
         conn = self._conn
         assert conn is not None, "the body was already read or the response closed"
         while True:
-            if conn.pending():
-                yield conn.take()
-            elif conn.complete:
-                return
-            elif conn.broken is not None or conn.lost is not None:
+            if conn.body:
+                return conn.take()
+            if conn.complete:
+                return None
+            if conn.broken is not None or conn.lost is not None:
                 why = conn.broken or repr(conn.lost)
                 raise UpstreamClosed(f"the worker closed the connection mid-answer ({why})")
-            else:
-                await conn.wait()
+            await conn.wait()
 
     async def aclose(self) -> None:
         """Give the connection back if the body was read whole, else close it."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if conn.complete and conn.keep_alive and not conn.pending():
+        if conn.complete and conn.keep_alive and not conn.body:
             self._pool._release(self._key, conn)
         else:
             conn.close()
