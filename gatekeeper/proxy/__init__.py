@@ -3,7 +3,7 @@
 ``serving.Proxy(resolver, client)`` routes each request by its ``model`` to a worker the
 ``Resolver`` names (the sidecar's router implements it), streams server-sent events
 through unbuffered (``relay``), propagates the client's cancellation, and answers errors
-in OpenAI's shape (``protocol``). ``upstream`` is the keep-alive HTTP client to the
+in vLLM's OpenAI-compatible shape (``protocol``; docs/openai.md). ``upstream`` is the keep-alive HTTP client to the
 workers.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units`` and the HTTP libraries. Nothing of
