@@ -8,26 +8,25 @@ worker on the node needs. The body is handed on as it arrives: what one read fro
 socket brought (several streamed events, when they came together) is one item of
 ``chunks()``, and nothing waits for more.
 
-Why this client and not a library's (issue #15; the 2-CPU build machine, uvloop, a client
-process POSTing a 16-token chat completion to ``tests.support.fake_upstream`` on
-loopback, 2000 requests, the CPU time of the client process per request, 1 or 16 in
-flight):
+Why this client and not a library's (issue #15): ``python -m bench.upstream_clients``
+on the 2-CPU build machine (uvloop, a simulator worker, a 16-token chat completion,
+the CPU time of the client's process per request, median of 5 rounds of 1600, one
+request at a time or 16 at once):
 
 ==============================  =========  ==========  ==========  ===========
-client                          whole, 1   stream, 1   whole, 16   stream, 16
+client                          whole      stream      whole x16   stream x16
 ==============================  =========  ==========  ==========  ===========
-this one (httptools)            0.031 ms   0.118 ms    0.028 ms    0.069 ms
-the one before (StreamReader)   0.033 ms   0.112 ms    0.029 ms    0.076 ms
-aiohttp 3.14                    0.102 ms   0.211 ms    0.067 ms    0.105 ms
-httpx 0.29                      about 0.9 ms (httpcore's anyio and h11 layers)
+this one (upstream.py)          0.072 ms   0.255 ms    0.045 ms    0.155 ms
+aiohttp 3.14                    0.189 ms   0.378 ms    0.126 ms    0.242 ms
+httpx 0.29                      0.637 ms   0.769 ms    1.128 ms    1.289 ms
 ==============================  =========  ==========  ==========  ===========
 
 aiohttp costs one and a half to three times the CPU of a client this size, so the
-proxy keeps its own. Against the StreamReader client this one costs about the same
-per request and hands on together the events that arrived together (one send to the
-client, not one each: ``gatekeeper serve`` relaying a simulator's 16-token stream spent
-0.53 ms of CPU per stream before, 0.37 ms after); its parser is the well-kept C one
-uvicorn uses (``httptools`` is already a dependency).
+proxy keeps its own. Against the StreamReader client it had before, this one costs
+about the same per request and hands on together the events that arrived together
+(one send to the client, not one each: ``gatekeeper serve`` relaying a simulator's
+16-token stream spent 0.53 ms of CPU per stream before, 0.37 ms after); its parser is
+the well-kept C one uvicorn uses (``httptools`` is already a dependency).
 
 Errors (all ``UpstreamError``):
 
