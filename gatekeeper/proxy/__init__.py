@@ -3,8 +3,8 @@
 ``serving.Proxy(resolver, client)`` routes each request by its ``model`` to a worker the
 ``Resolver`` names (the sidecar's router implements it), streams server-sent events
 through unbuffered (``relay``), propagates the client's cancellation, and answers errors
-in vLLM's OpenAI-compatible shape (``protocol``; docs/openai.md). ``upstream`` is the keep-alive HTTP client to the
-workers.
+in vLLM's OpenAI-compatible shape (``protocol``; docs/openai.md). ``upstream`` is the
+keep-alive HTTP client to the workers.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units`` and the HTTP libraries. Nothing of
 the sidecar: the proxy knows workers only through the ``Resolver`` it is given.
