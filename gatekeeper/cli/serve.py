@@ -122,6 +122,9 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         # dependencies, named so that the proxy's hot path does not depend on "auto".
         access_log=False,
         loop="uvloop",
+        # Nothing in the sidecar reads the client's address or scheme, so uvicorn need not
+        # copy every request's headers into a dict to look for X-Forwarded-* (loopback).
+        proxy_headers=False,
         lifespan="on",
         http=header_deadline_protocol(settings.request_header_timeout_seconds),
     )
