@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,11 +237,11 @@ def wait_worker(port: int, timeout: float = 120) -> Worker:
     raise SystemExit(f"the sidecar on port {port} had no ready worker after {timeout:.0f} s")
 
 
-@contextmanager
 def targets_on(
     stack: ExitStack, work: Path, env: str, args: argparse.Namespace, missing: list[str]
-) -> Iterator[list[Target]]:
-    """A sidecar whose worker has ``env``, and every target in front of that worker."""
+) -> list[Target]:
+    """A sidecar whose worker has ``env``, and every target in front of that worker, each
+    running until ``stack`` closes."""
     port = free_port()
     ours = stack.enter_context(sidecar(work, port, preload=True, worker_env=env, rehearsal=True))
     worker = wait_worker(port)
@@ -259,7 +259,7 @@ def targets_on(
         targets.append(Target("nginx", proxy.port, lambda: process_tree(proxy.pid)))
     elif "nginx" not in missing:
         missing.append("nginx")
-    yield targets
+    return targets
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -364,8 +364,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--router", help="vllm-router's path (default: PATH, build/venv-router)")
     parser.add_argument("--nginx", help="nginx's path (default: PATH, /usr/sbin)")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=300, help="per target and round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=400, help="per target and round")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--throughput-rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput round")
@@ -384,16 +384,14 @@ def main() -> None:
         with ExitStack() as stack:
             work = Path(tmp, "fast")
             work.mkdir()
-            fast = stack.enter_context(targets_on(stack, work, WORKER_ENV.format(0), args, missing))
+            fast = targets_on(stack, work, WORKER_ENV.format(0), args, missing)
             asyncio.run(warm(fast))
             measure_idle(fast, args.idle_seconds)
             asyncio.run(latency_rounds(fast, args))
         with ExitStack() as stack:
             work = Path(tmp, "paced")
             work.mkdir()
-            paced = stack.enter_context(
-                targets_on(stack, work, WORKER_ENV.format(args.token_seconds), args, missing)
-            )
+            paced = targets_on(stack, work, WORKER_ENV.format(args.token_seconds), args, missing)
             asyncio.run(throughput_rounds(paced, args))
     elapsed = time.perf_counter() - start
     fast_parts = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]

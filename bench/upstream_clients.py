@@ -278,8 +278,8 @@ def main() -> None:
         serve_proxy(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=1600, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=1200, help="per measurement")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args()
     if args.quick:
