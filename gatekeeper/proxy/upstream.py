@@ -140,8 +140,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or ConnectionResetError("the worker closed the connection")
-        if self._to_close and self.broken is None:
-            self.complete = True  # a body read to close ends with the connection
+        if self._to_close and exc is None and self.broken is None:
+            self.complete = True  # a body read to close ends when the worker closes
         self._wake()
 
     # httptools callbacks
