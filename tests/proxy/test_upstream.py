@@ -6,6 +6,8 @@ interim 100, an answer that is not HTTP, a body larger than the read-ahead bound
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -172,6 +174,24 @@ def test_upstream_errors() -> None:
             await pool.request("https://example.com", "/x", b"{}", [])
 
     asyncio.run(with_raw_server(handler, client, Upstream(connect_timeout_seconds=1.0)))
+
+
+def test_a_body_read_to_close_cut_by_a_reset_is_not_complete() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nhalf")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        linger = struct.pack("ii", 1, 0)  # close with a reset, not an orderly end
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+
+    async def client(url: str, pool: Upstream) -> None:
+        answer = await pool.request(url, "/x", b"{}", [])
+        with pytest.raises(UpstreamClosed):
+            await answer.read()
+        await answer.aclose()
+
+    asyncio.run(with_raw_server(handler, client))
 
 
 def test_upstream_client_is_an_httpx_client_that_closes_its_pool() -> None:
