@@ -2,8 +2,8 @@
 # What bench/proxy.py compares gatekeeper with, installed when missing (benches only; CI
 # does not run benches, so .ci/run does not call this):
 #   nginx (Debian's package), as a plain reverse proxy in front of the same worker;
-#   vllm-router (PyPI, vLLM's Rust router, pinned) in its own venv build/venv-router/ (build/ is ignored), so
-#   that its dependencies stay out of .venv;
+#   vllm-router (PyPI, vLLM's Rust router, pinned) in its own venv, build/venv-router/
+#   (ignored by git), so that its dependencies (fastapi, orjson ...) stay out of .venv;
 #   aiohttp in .venv, for bench/upstream_clients.py (httpx is already a dependency).
 # The bench finds them on its own (nginx on PATH, build/venv-router/bin/vllm-router) and
 # measures without any that is missing, saying so.
