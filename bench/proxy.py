@@ -42,6 +42,7 @@ import importlib.util
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -349,6 +350,22 @@ def verdict(fast: list[Target], paced: list[Target]) -> list[str]:
     ]
 
 
+def revision() -> str:
+    """The checkout measured: HEAD, and whether gatekeeper/ has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run([*git, "status", "--porcelain", "gatekeeper"], capture_output=True)
+    except OSError:
+        return "no git"
+    if head.returncode != 0:
+        return "not a git checkout"
+    return head.stdout.strip() + (" + uncommitted changes in gatekeeper/" if dirty.stdout else "")
+
+
 def find_router(given: str | None) -> str | None:
     local = ROUTER_VENV / "vllm-router"
     found = given or shutil.which("vllm-router") or (str(local) if local.exists() else None)
@@ -398,7 +415,8 @@ def main() -> None:
     print(
         f"# bench/proxy.py: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
         f"{' + '.join(fast_parts) or 'asyncio + h11'} installed, {elapsed:.0f} s; "
-        f"{args.rounds} rounds x {args.requests} requests + {args.requests // 2} streams"
+        f"{args.rounds} rounds x {args.requests} requests + {args.requests // 2} streams; "
+        f"at {revision()}"
     )
     for name in missing:
         print(f"# {name} not found: not measured (scripts/bench-deps.sh installs it)")
