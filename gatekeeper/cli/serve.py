@@ -82,7 +82,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from gatekeeper.sidecar.app import build_app
-    from gatekeeper.sidecar.header_deadline import header_deadline_protocol
+    from gatekeeper.sidecar.http_protocol import server_config
     from gatekeeper.sidecar.ledger import Ledger, ledger_path
 
     token_source = setting_source(settings, "admin_token")
@@ -112,22 +112,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         print_json(banner)
     else:
         print("\n".join(banner["lines"]), flush=True)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        # No access log: at "warning" it never prints, yet uvicorn formats each line's
-        # arguments per response. uvloop and httptools (the protocol's base) are
-        # dependencies, named so that the proxy's hot path does not depend on "auto".
-        access_log=False,
-        loop="uvloop",
-        # Nothing in the sidecar reads the client's address or scheme, so uvicorn need not
-        # copy every request's headers into a dict to look for X-Forwarded-* (loopback).
-        proxy_headers=False,
-        lifespan="on",
-        http=header_deadline_protocol(settings.request_header_timeout_seconds),
-    )
+    config = server_config(app, host=host, port=port, settings=settings)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -20,6 +20,7 @@ from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.settings import ModelEntry, Settings
 from gatekeeper.sidecar.app import build_app
+from gatekeeper.sidecar.http_protocol import server_config
 from gatekeeper.sidecar.ledger import Ledger, ledger_path
 from gatekeeper.sidecar.rehearsal import SIMULATOR as REHEARSAL_SIMULATOR
 
@@ -96,8 +97,7 @@ def running_sidecar(settings: Settings, inventory: GpuInventory | None = None) -
     if inventory is None:
         inventory = StaticInventory(parse_declared_node(settings.gpus))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=0, settings=settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
