@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 
@@ -49,6 +50,8 @@ from gatekeeper.sidecar.router import ModelRouter, RouterConfig
 
 __all__ = ["RELEASED_KEEP_SECONDS", "build_app", "manager_config"]
 
+logger = logging.getLogger(__name__)
+
 RELEASED_KEEP_SECONDS = 7 * 24 * 3600.0
 """Released reservations are kept a week (for inspection), then pruned at start-up."""
 
@@ -82,8 +85,11 @@ def build_app(
     base_env: Mapping[str, str] | None = None,
     resolve_spec: Callable[[str], ModelSpec] | None = None,
     client: httpx.AsyncClient | None = None,
+    warm_model_cards: bool = True,
 ) -> Starlette:
-    """The sidecar's ASGI app, wired from its dependencies."""
+    """The sidecar's ASGI app, wired from its dependencies. ``warm_model_cards``: resolve
+    the listed models' cards in the background at start (tests that start many sidecars
+    and never list models turn it off)."""
     client = client or httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
     """For the sidecar's own calls (worker health); the proxy has its own pool."""
     upstream = upstream_client()
@@ -162,9 +168,17 @@ def build_app(
         for entry in settings.models:
             if entry.preload and not manager.by_name(entry.name):
                 await manager.deploy(entry.name, registry.request(entry))
+        # The model cards' max_model_len of models not running needs each model resolved
+        # (about a second for a catalog of 38 on 2 CPUs): done once now, in the
+        # background, so that no client's first GET /v1/models waits for it.
+        warm = asyncio.create_task(router.models()) if warm_model_cards else None
+        if warm is not None:
+            warm.add_done_callback(_log_failure)
         try:
             yield
         finally:
+            if warm is not None:
+                warm.cancel()
             await manager.close(stop_workers=settings.stop_workers_on_exit)
             await client.aclose()
             await upstream.aclose()
@@ -235,3 +249,8 @@ def _held(ledger: Ledger) -> dict[str, int]:
     its row stops being outstanding (``mark_ready``), with no gap in which it counts
     nowhere."""
     return promised_bytes(r for r in ledger.live() if r.state == "ready")
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("listing the model cards failed", exc_info=task.exception())

@@ -96,7 +96,7 @@ def running_sidecar(settings: Settings, inventory: GpuInventory | None = None) -
     declared = inventory is None
     if inventory is None:
         inventory = StaticInventory(parse_declared_node(settings.gpus))
-    app = build_app(settings, inventory, ledger, rehearsal=declared)
+    app = build_app(settings, inventory, ledger, rehearsal=declared, warm_model_cards=False)
     server = uvicorn.Server(server_config(app, host="127.0.0.1", port=0, settings=settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
