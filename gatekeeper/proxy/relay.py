@@ -17,7 +17,7 @@ from typing import Literal
 
 from starlette.types import Message, Receive, Scope, Send
 
-from gatekeeper.proxy.protocol import sse_error_event
+from gatekeeper.proxy.protocol import error_type, sse_error_event
 from gatekeeper.proxy.upstream import Answer, UpstreamError
 
 __all__ = ["DisconnectWatch", "Outcome", "StreamRelay", "WholeAnswer"]
@@ -120,7 +120,7 @@ class StreamRelay:
             except UpstreamError as e:
                 outcome = "upstream_error"
                 message = f"The worker failed mid-stream ({e}). Retry."
-                event = sse_error_event(message, type="upstream_error", code=502)
+                event = sse_error_event(message, type=error_type(502), code=502)
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:

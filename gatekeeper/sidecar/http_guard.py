@@ -25,7 +25,7 @@ import asyncio
 import hmac
 from collections.abc import Mapping, Sequence
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_response
@@ -98,17 +98,12 @@ class HttpGuard:
             f"The request body stalled: no next chunk within {seconds} s "
             "(request_body_timeout_seconds). Send the whole body the Content-Length announces."
         )
-        headers = {"connection": "close"}
-        if openai:
-            response = error_response(
-                408, message, type="invalid_request_error", code="request_timeout"
-            )
-            response.headers.update(headers)
-            return response
-        body = {
-            "error": {"message": message, "type": "request_timeout", "field": None, "value": None}
-        }
-        return JSONResponse(body, status_code=408, headers=headers)
+        # vLLM's type for the status on /v1 ("Request Timeout"); the admin API's own kind
+        # elsewhere. One shape either way (error_response's).
+        kind = None if openai else "request_timeout"
+        response = error_response(408, message, type=kind, code="request_timeout")
+        response.headers["connection"] = "close"
+        return response
 
 
 class _Sent:
@@ -153,6 +148,6 @@ def _unauthorized() -> Response:
         "Missing or wrong API key. Send Authorization: Bearer <key>, a key from the "
         "sidecar's api_keys (GATEKEEPER_API_KEYS)."
     )
-    response = error_response(401, message, type="invalid_request_error", code="invalid_api_key")
+    response = error_response(401, message, code="invalid_api_key")
     response.headers["www-authenticate"] = "Bearer"
     return response

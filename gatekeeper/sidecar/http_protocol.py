@@ -54,7 +54,6 @@ def sidecar_http_protocol(header_timeout_seconds: float) -> type[HttpToolsProtoc
         408,
         f"the request's headers did not arrive within {seconds:g} s "
         "(request_header_timeout_seconds); send the whole request at once",
-        type="invalid_request_error",
         code="request_timeout",
     )
     head = b"".join(

@@ -41,7 +41,7 @@ def _client(sc: Sidecar, key: str | None) -> httpx.Client:
 def _assert_invalid_key(response: httpx.Response) -> None:
     assert response.status_code == 401, response.text
     error = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["param"] is None
+    assert error["type"] == "AuthenticationError" and error["param"] is None
     assert error["code"] == "invalid_api_key"
     assert "api_keys" in error["message"]
 
@@ -135,7 +135,7 @@ def test_a_stalled_v1_body_gets_408_and_others_are_served_meanwhile(sc: Sidecar)
     assert status == 408 and time.monotonic() - started < 2 * TIMEOUT_SECONDS + 1
     error = body["error"]
     assert isinstance(error, dict)
-    assert error["type"] == "invalid_request_error" and error["code"] == "request_timeout"
+    assert error["type"] == "Request Timeout" and error["code"] == "request_timeout"
     assert "request_body_timeout_seconds" in error["message"]
 
 
@@ -147,8 +147,8 @@ def test_a_stalled_admin_body_gets_408_in_the_admin_shape(sc: Sidecar):
     assert body["error"] == {
         "message": body["error"]["message"],  # type: ignore[index]
         "type": "request_timeout",
-        "field": None,
-        "value": None,
+        "param": None,
+        "code": "request_timeout",
     }
 
 
