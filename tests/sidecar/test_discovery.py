@@ -5,7 +5,7 @@ with simulator workers. A real Prometheus using it: tests/metrics/test_worker_di
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.types import PlacementRequest
-from gatekeeper.sidecar.deployment import Deployment
+from gatekeeper.sidecar.deployment import Deployment, State
 from gatekeeper.sidecar.discovery import SCRAPED_STATES, advertised_host, worker_targets
 from tests.support.sidecar_harness import Sidecar, running_sidecar, settings_for
 
@@ -22,7 +22,7 @@ REQUEST = PlacementRequest(resolve_model("Qwen/Qwen3-0.6B"), ServeOptions(max_mo
 NODE = "node-a"
 
 
-def deployment(worker: str, state: str, port: int = 18000, gpus: tuple[int, ...] = (0,)) -> Any:
+def deployment(worker: str, state: State, port: int = 18000, gpus: tuple[int, ...] = (0,)) -> Any:
     return Deployment(
         id=worker, name="qwen", request=REQUEST, decision=None, prediction=None,
         promise_bytes=(1,) * len(gpus), gpu_indices=gpus,
@@ -48,7 +48,7 @@ def test_the_advertised_host_is_the_listen_address_or_the_one_asked(
 
 
 def test_only_serving_workers_are_targets_with_their_labels():
-    states = ("admitted", "launching", "loading", "ready", "failed", "stopping", "stopped")
+    states: tuple[State, ...] = get_args(State)
     workers = [deployment(f"w-{s}", s, port=18000 + i) for i, s in enumerate(states)]
     groups = worker_targets(workers, host="10.0.0.7", node=NODE)
     assert [g["labels"]["worker"] for g in groups] == ["w-ready", "w-stopping"]
