@@ -87,8 +87,8 @@ def test_a_misspelt_field_gets_did_you_mean(sc: Sidecar):
     ("options", "param", "value"),
     [
         ({"max_model_len": [1]}, "max_model_len", "[1]"),
-        ({"max_model_len": "abc"}, "max_model_len", "'abc'"),
-        ({"enable_lora": "yes"}, "enable_lora", "'yes'"),
+        ({"max_model_len": "abc"}, "max_model_len", '"abc"'),
+        ({"enable_lora": "yes"}, "enable_lora", '"yes"'),
         ({"kv_cache_dtype": 5}, "kv_cache_dtype", "5"),
         ({"no_such_flag": 1}, "no_such_flag", "'no_such_flag'"),
     ],
