@@ -147,6 +147,10 @@ class Resolver(Protocol):
         """The ``data`` entries of ``GET /v1/models``: vLLM's model cards."""
         ...
 
+    def canonical(self, model: str) -> str:
+        """The listed name ``model`` stands for: an alias's model, else ``model`` itself."""
+        ...
+
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         """Called once per request sent to ``endpoint``, with an ``Outcome``."""
         ...
@@ -260,9 +264,11 @@ class Proxy:
     async def model_card(self, request: Request) -> Response:
         """``GET /v1/models/{id}`` (an id may be ``ORG/NAME``): the one card, or the 404."""
         model_id = "/".join(request.path_params.values())
-        for card in await self._resolver.models():
-            if card.get("id") == model_id:
-                return JSONResponse(card)
+        cards = await self._resolver.models()
+        for wanted in dict.fromkeys((model_id, self._resolver.canonical(model_id))):
+            for card in cards:
+                if card.get("id") == wanted:
+                    return JSONResponse(card)
         message = f"The model `{model_id}` does not exist. GET /v1/models lists the names."
         return error_response(404, message, param="model", code="model_not_found")
 

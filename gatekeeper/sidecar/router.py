@@ -92,6 +92,12 @@ class ModelRouter:
         """Deployed, configured or allowed (a catalog alias is none of these)."""
         return self.registry.entry(model) is not None or bool(self.manager.by_name(model))
 
+    def canonical(self, model: str) -> str:
+        """The allowed model a catalog alias stands for; a known name stays itself."""
+        if self._known(model):
+            return model
+        return self.registry.alias(model) or model
+
     async def endpoints(self, model: str) -> list[Endpoint]:
         if not self._known(model):
             model = self.registry.alias(model) or model

@@ -146,6 +146,7 @@ def test_models_retrieve_one_or_not_found(oai: openai.OpenAI, counted: Counted) 
 def test_an_alias_reaches_the_allowed_model(oai: openai.OpenAI, sidecar: Sidecar) -> None:
     answer = oai.completions.create(model="qwen3:0.6b", prompt="via alias", max_tokens=2)
     assert answer.model == "Qwen/Qwen3-0.6B" and answer.choices[0].text == "via alias"
+    assert oai.models.retrieve("qwen3:0.6b").id == "Qwen/Qwen3-0.6B"
     assert "Qwen/Qwen3-0.6B" in deployment_names(sidecar)
     # its card shows the worker's own max_model_len, as the worker's /v1/models says it
     listed = sidecar.admin.get("/admin/deployments").json()["deployments"]

@@ -126,6 +126,9 @@ class OneModel:
     async def models(self) -> list[dict[str, Any]]:
         return [{"id": "sim", "object": "model", "state": "ready"}]
 
+    def canonical(self, model: str) -> str:
+        return "sim" if model == "alias" else model
+
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         return None
 

@@ -41,6 +41,9 @@ class TableResolver:
         served = [{"id": m, "object": "model", "owned_by": "gatekeeper"} for m in self.table]
         return [*served, {"id": "later", "object": "model", "state": "not running"}]
 
+    def canonical(self, model: str) -> str:
+        return model
+
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         self.reports.append((endpoint.worker_id, outcome))
 
