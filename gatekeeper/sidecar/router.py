@@ -269,11 +269,15 @@ class ModelRouter:
         cards: dict[str, dict[str, Any]] = {}
         for (state, d), length in zip(deployed, lengths, strict=True):
             cards[d.name] = _card(d.name, d.model, state, length) | {"created": int(d.created_at)}
-        for entry in self.registry.listed():
-            if entry.name not in cards:
-                state = "failed" if entry.name in self._failures else "not running"
-                length = await self._entry_length(entry)
-                cards[entry.name] = _card(entry.name, entry.model, state, length)
+        listed = [e for e in self.registry.listed() if e.name not in cards]
+        unresolved = [e for e in listed if e.name not in self._entry_lengths]
+        if unresolved:  # one thread hop for all of them, not one each
+            self._entry_lengths.update(await asyncio.to_thread(self._entry_lengths_of, unresolved))
+        for entry in listed:
+            state = "failed" if entry.name in self._failures else "not running"
+            cards[entry.name] = _card(
+                entry.name, entry.model, state, self._entry_lengths[entry.name]
+            )
         return list(cards.values())
 
     async def _worker_length(self, d: Deployment) -> int | None:
@@ -294,16 +298,18 @@ class ModelRouter:
         self._worker_lengths[d.id] = length if isinstance(length, int) else admitted
         return self._worker_lengths[d.id]
 
-    async def _entry_length(self, entry: ModelEntry) -> int | None:
-        """The max_model_len a launch would get: the entry's option, else the model's."""
-        if entry.name not in self._entry_lengths:
+    def _entry_lengths_of(self, entries: list[ModelEntry]) -> dict[str, int | None]:
+        """The max_model_len a launch of each would get: the entry's option, else the
+        model's (None when the model cannot be resolved). Blocking: run in a thread."""
+        lengths: dict[str, int | None] = {}
+        for entry in entries:
             try:
-                request = await asyncio.to_thread(self.registry.request, entry)
+                request = self.registry.request(entry)
                 length = request.options.max_model_len or request.model.max_position_embeddings
             except GatekeeperError:
                 length = None
-            self._entry_lengths[entry.name] = length
-        return self._entry_lengths[entry.name]
+            lengths[entry.name] = length
+        return lengths
 
     def report(self, endpoint: Endpoint, outcome: str) -> None:
         d = self.manager.deployments.get(endpoint.worker_id)
