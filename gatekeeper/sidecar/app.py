@@ -183,8 +183,6 @@ def build_app(
             await client.aclose()
             await upstream.aclose()
 
-    simulated = is_simulator(settings.worker_command)
-
     async def healthz(request: Request) -> Response:
         # "rehearsal" as the admin API means it (simulator workers); "declared_gpus" for a
         # node read from GATEKEEPER_GPUS instead of NVML.
@@ -192,7 +190,7 @@ def build_app(
             {
                 "status": "ok",
                 "version": __version__,
-                "rehearsal": simulated,
+                "rehearsal": manager.config.rehearsal,
                 "declared_gpus": rehearsal,
             }
         )
