@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -180,6 +180,8 @@ class AdminApi:
                 )
             try:
                 return await handler(request)
+            except ClientDisconnect:  # gone, or its body stalled (http_protocol answered 408)
+                return Response(status_code=499)
             except Exception as e:  # every failure answers in the error shape
                 return self._failure(request, e)
 

@@ -214,12 +214,12 @@ def build_app(
     )
     # The guard is outermost, so the proxy's POSTs skip Starlette's error middleware and
     # router (http_guard: direct routes; issue #15).
-    app.middleware_stack = HttpGuard(
-        app.build_middleware_stack(),
-        api_keys=settings.api_keys,
-        body_timeout_seconds=settings.request_body_timeout_seconds,
-        direct=proxy.direct_routes(),
+    guard = HttpGuard(
+        app.build_middleware_stack(), api_keys=settings.api_keys, direct=proxy.direct_routes()
     )
+    app.middleware_stack = guard
+    # The same routes behind the key check, for the HTTP protocol's lean path (server_config).
+    app.state.direct_routes = guard.direct_routes()
     app.state.manager = manager
     app.state.router = router
     app.state.proxy = proxy

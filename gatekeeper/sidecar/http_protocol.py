@@ -1,34 +1,63 @@
 """How ``gatekeeper serve`` runs under uvicorn (``server_config``; the tests' sidecar runs
-the same), and its HTTP/1.1 protocol: uvicorn's httptools protocol with a deadline on
-request headers, which uvicorn does not have.
+the same), and its HTTP/1.1 protocol: uvicorn's httptools protocol with deadlines on
+request headers and bodies, which uvicorn does not have, and a lean path for the
+proxy's POSTs.
 
-uvicorn arms its keep-alive timer only after a response, and cancels it on the first byte
-of the next request: a client that connects and sends nothing, or sends a request line
-and then headers that never end (slowloris), holds its connection and file descriptor
-forever, and enough of them exhaust the sidecar's. Here a timer is armed when a
-connection opens and when a request's first byte arrives, and cancelled when its headers
-are complete; when it fires the client gets 408 (the proxy's JSON error shape) and the
-connection is closed. Bodies have their own limit (``request_body_timeout_seconds``, in
-``http_guard``). Coalescing uvicorn's two writes per answer (head, body) into one was
-measured and gained nothing (CPU per request 0.247 ms either way), so it is not done.
+- **Header deadline** (``request_header_timeout_seconds``): uvicorn arms its keep-alive
+  timer only after a response, and cancels it on the first byte of the next request: a
+  client that connects and sends nothing, or sends a request line and then headers that
+  never end (slowloris), holds its connection and file descriptor forever, and enough of
+  them exhaust the sidecar's. Here a timer is armed when a connection opens and when a
+  request's first byte arrives, and cancelled when its headers are complete.
+- **Body deadline** (``request_body_timeout_seconds``): from the end of the headers to
+  the end of the body, each wait for the next chunk is bounded (one timer per request,
+  pushed back by each chunk rather than re-armed). A client that announces more than it
+  sends and stalls ties up its request's task and whatever it holds.
+- Either deadline past: the client gets 408 (the proxy's JSON error shape: vLLM's
+  ``type`` on ``/v1``, the admin API's ``request_timeout`` elsewhere) and its connection
+  is closed; the request's app, if one is running, sees ``http.disconnect``.
+- **Lean path** (``direct``: exact path to ASGI app): a ``POST`` whose target is exactly
+  one of the proxy's OpenAI paths is handed straight to its app by the protocol, in a
+  ``RequestResponseCycle`` whose ``send`` writes the proxy's own headers without
+  uvicorn's per-header checks, past Starlette and every middleware (the app given is
+  already behind the API-key check: ``HttpGuard.direct_routes``). Measured on the shipped
+  path (issue #15), uvicorn's cycle and the app stack around the proxy cost more CPU than
+  the proxy's own work; a target with a query or an escape takes the ordinary path to
+  the same app. Coalescing uvicorn's two writes per answer (head, body) into one was
+  measured and gained nothing (CPU per request 0.247 ms either way), so it is not done.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
 import uvicorn
+from starlette.applications import Starlette
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.settings import Settings
 
-__all__ = ["server_config", "sidecar_http_protocol"]
+__all__ = ["COALESCE_BYTES", "SidecarHttpProtocol", "server_config", "sidecar_http_protocol"]
+
+COALESCE_BYTES = 65536
+"""A whole answer's body up to this size is written in one piece with its head (one
+``send`` call to the kernel instead of two); a larger one is written apart, not copied."""
 
 
-def server_config(app: ASGIApp, *, host: str, port: int, settings: Settings) -> uvicorn.Config:
-    """How ``gatekeeper serve`` runs the app under uvicorn (the tests' sidecar too)."""
+def server_config(app: Starlette, *, host: str, port: int, settings: Settings) -> uvicorn.Config:
+    """How ``gatekeeper serve`` runs the app under uvicorn (the tests' sidecar too). The
+    lean path's routes are the app's ``state.direct_routes`` (``build_app`` sets them)."""
+    direct: Mapping[str, ASGIApp] = getattr(app.state, "direct_routes", {})
     return uvicorn.Config(
         app,
         host=host,
@@ -43,19 +72,14 @@ def server_config(app: ASGIApp, *, host: str, port: int, settings: Settings) -> 
         # copy every request's headers into a dict to look for X-Forwarded-* (loopback).
         proxy_headers=False,
         lifespan="on",
-        http=sidecar_http_protocol(settings.request_header_timeout_seconds),
+        http=sidecar_http_protocol(settings, direct),
     )
 
 
-def sidecar_http_protocol(header_timeout_seconds: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol, closing connections whose headers take over ``seconds``."""
-    seconds = header_timeout_seconds
-    answer = error_response(
-        408,
-        f"the request's headers did not arrive within {seconds:g} s "
-        "(request_header_timeout_seconds); send the whole request at once",
-        code="request_timeout",
-    )
+def _timeout_answer(message: str, *, openai: bool) -> bytes:
+    """A whole 408 response that closes the connection, in the proxy's error shape."""
+    kind = None if openai else "request_timeout"  # vLLM's type on /v1, the admin API's else
+    answer = error_response(408, message, type=kind, code="request_timeout")
     head = b"".join(
         [
             b"HTTP/1.1 408 Request Timeout\r\n",
@@ -63,40 +87,252 @@ def sidecar_http_protocol(header_timeout_seconds: float) -> type[HttpToolsProtoc
             b"connection: close\r\n\r\n",
         ]
     )
-    timeout_answer = head + bytes(answer.body)
+    return head + bytes(answer.body)
 
-    class SidecarHttpProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+@dataclass(frozen=True)
+class _Options:
+    header_seconds: float
+    body_seconds: float
+    headers_late: bytes
+    """The whole 408 answer to headers past their deadline."""
+    body_late: Mapping[bool, bytes]
+    """The whole 408 answer to a stalled body, on /v1 (True) and elsewhere."""
+    routes: Mapping[bytes, ASGIApp]
+    """The lean path's apps by exact request target."""
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm()
+def sidecar_http_protocol(
+    settings: Settings, direct: Mapping[str, ASGIApp] | None = None
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the header and body deadlines of ``settings``,
+    and ``direct``'s POST routes dispatched on the lean path."""
+    header_seconds = settings.request_header_timeout_seconds
+    body_seconds = settings.request_body_timeout_seconds
+    body_message = (
+        f"The request body stalled: no next chunk within {body_seconds:g} s "
+        "(request_body_timeout_seconds). Send the whole body the Content-Length announces."
+    )
+    options = _Options(
+        header_seconds=header_seconds,
+        body_seconds=body_seconds,
+        headers_late=_timeout_answer(
+            f"the request's headers did not arrive within {header_seconds:g} s "
+            "(request_header_timeout_seconds); send the whole request at once",
+            openai=False,
+        ),
+        body_late={v1: _timeout_answer(body_message, openai=v1) for v1 in (True, False)},
+        routes={path.encode("ascii"): app for path, app in (direct or {}).items()},
+    )
+    return type("SidecarHttpProtocol", (SidecarHttpProtocol,), {"options": options})
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(seconds, self._headers_too_late)
+class SidecarHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with deadlines and the lean path (module docstring);
+    ``sidecar_http_protocol`` makes one with its options."""
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+    options: ClassVar[_Options]
+    # The timers are armed only when a read leaves headers or a body incomplete, so
+    # that a request that arrives whole (the usual case) arms none.
+    _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _in_head = False
+    _in_body = False
+    _body_seen = 0.0
+    """When the last chunk of the current request's body arrived (loop time)."""
 
-        def _headers_too_late(self) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._in_head = True  # nothing yet is a request whose headers are incomplete
+        self._header_timer = self.loop.call_later(
+            self.options.header_seconds, self._headers_too_late
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._in_head = self._in_body = False
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(
+                    self.options.header_seconds, self._headers_too_late
+                )
+        elif self._in_body and self._body_timer is None:
+            self._body_timer = self.loop.call_at(
+                self._body_seen + self.options.body_seconds, self._body_too_late
+            )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.write(timeout_answer)
-                self.transport.close()
+        self._in_body = True
+        self._body_seen = self.loop.time()
+        app = self.options.routes.get(self.url) if self.parser.get_method() == b"POST" else None
+        if app is None or self.parser.should_upgrade() or self.limit_concurrency:
+            super().on_headers_complete()
+        else:
+            self._start_direct(app)
 
-    return SidecarHttpProtocol
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def _start_direct(self, app: ASGIApp) -> None:
+        """``on_headers_complete`` for a POST to one of ``direct``'s paths (the
+        target is the path itself: no query, no escapes)."""
+        http_version = self.parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = self.root_path + self.url.decode("ascii")
+        scope["raw_path"] = self.root_path.encode("ascii") + self.url
+        scope["query_string"] = b""
+        existing = self.cycle
+        self.cycle = _LeanCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=False,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(self.cycle, app)  # type: ignore[arg-type]
+        else:  # pipelined behind an answer still going, as uvicorn queues them
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, app))  # type: ignore[arg-type]
+
+    def _disarm(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    def _headers_too_late(self) -> None:
+        self._header_timer = None
+        cycle = self.cycle  # the request before, if any: its answer may still be going
+        self._time_out(
+            self.options.headers_late if cycle is None or cycle.response_complete else None
+        )
+
+    def _body_too_late(self) -> None:
+        self._body_timer = None
+        deadline = self._body_seen + self.options.body_seconds
+        if deadline > self.loop.time():  # a chunk came meanwhile: wait from it
+            self._body_timer = self.loop.call_at(deadline, self._body_too_late)
+            return
+        path = self.scope.get("path", "")
+        started = self.cycle is not None and self.cycle.response_started
+        self._time_out(
+            None if started else self.options.body_late[path == "/v1" or path.startswith("/v1/")]
+        )
+
+    def _time_out(self, answer: bytes | None) -> None:
+        """Send ``answer`` (None once an answer has started), close the connection,
+        and tell a running app."""
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if answer is not None:
+            self.transport.write(answer)
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's receive() says http.disconnect
+            cycle.message_event.set()
+        self.transport.close()
+
+
+class _LeanCycle(RequestResponseCycle):
+    """uvicorn's cycle, with a ``send`` for the proxy's answers: the headers are the
+    proxy's own and a worker's (parsed by httptools, so no CR or LF in them), which need
+    none of uvicorn's per-header checks; the method is POST (no HEAD to answer without a
+    body). The rest is uvicorn's: ``receive``, ``run_asgi`` (500 for an exception), and
+    ``send`` itself while writing is paused or the client is gone, or for a message out of
+    order (its errors)."""
+
+    _head = b""
+    """A whole answer's head, written with the first part of its body."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if self._head and (self.flow.write_paused or self.disconnected):
+            self.transport.write(self._head)  # what uvicorn would have written already
+            self._head = b""
+        if self.flow.write_paused or self.disconnected:
+            await super().send(message)
+        elif not self.response_started and message["type"] == "http.response.start":
+            self._start(message["status"], message.get("headers", ()))
+        elif not self.response_complete and message["type"] == "http.response.body":
+            self._body(message.get("body", b""), message.get("more_body", False))
+        else:
+            await super().send(message)
+
+    def _start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        content = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        closes = False
+        for name, value in headers:
+            if name == b"content-length":
+                self.expected_content_length = int(value)
+                self.chunked_encoding = False
+            elif name == b"connection" and b"close" in value.lower():
+                self.keep_alive, closes = False, True
+            content += (name, b": ", value, b"\r\n")
+        if not self.keep_alive and not closes:
+            content.append(b"connection: close\r\n")
+        if self.chunked_encoding is None and status not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        if self.chunked_encoding:  # a stream: its head goes now, before the first event
+            self.transport.write(b"".join(content))
+        else:  # a whole answer: its head goes with the body, in one write
+            self._head = b"".join(content)
+
+    def _body(self, body: bytes, more_body: bool) -> None:
+        if self.chunked_encoding:
+            chunk = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            self.transport.write(chunk if more_body else chunk + b"0\r\n\r\n")
+        else:
+            if len(body) > self.expected_content_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_content_length -= len(body)
+            head, self._head = self._head, b""
+            if head and len(body) <= COALESCE_BYTES:
+                self.transport.write(head + body)
+            else:
+                if head:
+                    self.transport.write(head)
+                if body:
+                    self.transport.write(body)
+        if not more_body:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()

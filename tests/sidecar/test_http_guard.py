@@ -174,7 +174,7 @@ def test_the_key_is_not_passed_on_to_the_app_behind():
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    guard = HttpGuard(app, api_keys=KEYS, body_timeout_seconds=TIMEOUT_SECONDS)
+    guard = HttpGuard(app, api_keys=KEYS)
     headers = {"Authorization": f"Bearer {KEYS[1]}", "X-Trace": "abc"}
 
     async def calls() -> list[int]:
