@@ -298,12 +298,14 @@ def latency_report(targets: list[Target]) -> list[str]:
 
 
 def throughput_report(targets: list[Target]) -> list[str]:
-    rows = [f"{'target':<12} {'streams/s':>9} {'CPU ms/stream':>13} {'busy':>5} {'errors':>6}"]
+    head = f"{'target':<12} {'streams/s':>9} {'rounds':>13} {'CPU ms/stream':>13} {'busy':>5}"
+    rows = [head + f" {'errors':>6}"]
     for t in targets:
         rate = statistics.mean(t.rates) if t.rates else 0.0
+        spread = f"{min(t.rates):.0f}-{max(t.rates):.0f}" if t.rates else "-"
         busy = statistics.mean(t.busy) if t.busy else 0.0
         cpu = per(t.cpu_paced, t.n_paced) if t.pids is not None else "-"
-        rows.append(f"{t.name:<12} {rate:9.1f} {cpu:>13} {busy:5.0%} {t.errors:6d}")
+        rows.append(f"{t.name:<12} {rate:9.1f} {spread:>13} {cpu:>13} {busy:5.0%} {t.errors:6d}")
     return rows
 
 
@@ -384,7 +386,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=400, help="per target and round")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--throughput-rounds", type=int, default=2)
+    parser.add_argument("--throughput-rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput round")
     parser.add_argument(
         "--token-seconds", type=float, default=0.04, help="the paced worker's token interval"

@@ -20,7 +20,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gatekeeper.proxy.protocol import error_type, sse_error_event
 from gatekeeper.proxy.upstream import Answer, UpstreamError
 
-__all__ = ["DisconnectWatch", "Outcome", "StreamRelay", "WholeAnswer"]
+__all__ = ["DISCONNECT_EXTENSION", "DisconnectWatch", "Outcome", "StreamRelay", "WholeAnswer"]
 
 Outcome = Literal["ok", "upstream_error", "cancelled", "connect_error"]
 """How a request sent to a worker ended, as ``Resolver.report`` receives it."""
@@ -43,24 +43,35 @@ class WholeAnswer:
         await send({"type": "http.response.body", "body": self.body})
 
 
+DISCONNECT_EXTENSION = "gatekeeper.disconnect"
+"""An ASGI extension a server may offer in ``scope["extensions"]`` (the sidecar's HTTP
+protocol does, on its lean path): ``{"watch": f}``, where ``f(callback)`` has the server
+call ``callback`` once when the client goes away, and ``f(None)`` drops it; one callback
+at a time."""
+
+
 class DisconnectWatch:
     """Cancels the current task when the client disconnects (``disconnected`` says so).
 
     uvicorn neither cancels a request's task nor fails ``send`` when the client goes
-    away, so a task waits on ``receive()`` meanwhile, as vLLM and Starlette do. That task
-    starts only if the request is still going after ``after_seconds``, so that quick
-    answers do not pay for it (about 0.03 ms); a disconnect before then is seen as soon as
-    it starts."""
+    away. A server that offers ``DISCONNECT_EXTENSION`` calls back; elsewhere a task
+    waits on ``receive()`` meanwhile, as vLLM and Starlette do. That task starts only if
+    the request is still going after ``after_seconds``, so that quick answers do not pay
+    for it (about 0.03 ms); a disconnect before then is seen as soon as it starts."""
 
-    __slots__ = ("_receive", "_task", "_timer", "_watcher", "disconnected")
+    __slots__ = ("_notify", "_receive", "_task", "_timer", "_watcher", "disconnected")
 
-    def __init__(self, receive: Receive, after_seconds: float = 0.05) -> None:
+    def __init__(self, receive: Receive, scope: Scope, after_seconds: float = 0.05) -> None:
         self.disconnected = False
         self._receive = receive
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        if after_seconds > 0:
+        extension = (scope.get("extensions") or {}).get(DISCONNECT_EXTENSION)
+        self._notify = extension["watch"] if extension else None
+        if self._notify is not None:
+            self._notify(self._gone)
+        elif after_seconds > 0:
             self._timer = asyncio.get_running_loop().call_later(after_seconds, self._start)
         else:
             self._start()
@@ -72,6 +83,9 @@ class DisconnectWatch:
         message: Message = await self._receive()
         while message["type"] != "http.disconnect":
             message = await self._receive()
+        self._gone()
+
+    def _gone(self) -> None:
         self.disconnected = True
         if self._task is not None:
             self._task.cancel()
@@ -83,6 +97,8 @@ class DisconnectWatch:
         self._task.uncancel()
 
     def stop(self) -> None:
+        if self._notify is not None:
+            self._notify(None)
         if self._timer is not None:
             self._timer.cancel()
         if self._watcher is not None:
@@ -103,7 +119,7 @@ class StreamRelay:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "cancelled"
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, scope)
         chunks = self._upstream.chunks()
         try:
             await send(

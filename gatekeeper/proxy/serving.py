@@ -315,7 +315,7 @@ class Proxy:
         for endpoint in candidates:
             payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
             call = _Call(self, endpoint, model, start)
-            response = await call.send(path, payload, headers, receive, parsed.stream)
+            response = await call.send(path, payload, headers, scope, receive, parsed.stream)
             if response is not None:
                 return response
         message = (
@@ -459,13 +459,14 @@ class _Call:
         path: str,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
+        scope: Scope,
         receive: Receive,
         stream: bool | None,
     ) -> ASGIApp | None:
         """The response for the client; None when the worker refused the connection."""
         proxy, endpoint = self._proxy, self._endpoint
         proxy._outstanding[endpoint.worker_id] = proxy._outstanding.get(endpoint.worker_id, 0) + 1
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, scope)
         answer: Answer | None = None
         try:
             answer = await proxy._upstream.request(endpoint.base_url, path, body, headers)

@@ -30,7 +30,7 @@ proxy's POSTs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -45,6 +45,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gatekeeper.proxy.protocol import error_response
+from gatekeeper.proxy.relay import DISCONNECT_EXTENSION
 from gatekeeper.settings import Settings
 
 __all__ = ["COALESCE_BYTES", "SidecarHttpProtocol", "server_config", "sidecar_http_protocol"]
@@ -140,6 +141,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     _in_body = False
     _body_seen = 0.0
     """When the last chunk of the current request's body arrived (loop time)."""
+    _idle_since: float | None = None
+    """When the connection's last answer ended, while no next request has come."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -152,6 +155,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self._in_head = self._in_body = False
         self._disarm()
         super().connection_lost(exc)
+        if isinstance(self.cycle, _LeanCycle) and self.cycle.disconnected:
+            self.cycle.gone()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -205,7 +210,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         scope["raw_path"] = self.root_path.encode("ascii") + self.url
         scope["query_string"] = b""
         existing = self.cycle
-        self.cycle = _LeanCycle(
+        self.cycle = cycle = _LeanCycle(
             scope=scope,
             transport=self.transport,
             flow=self.flow,
@@ -218,6 +223,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
             on_response=self.on_response_complete,
         )
+        scope["extensions"] = {DISCONNECT_EXTENSION: {"watch": cycle.watch_disconnect}}
         if existing is None or existing.response_complete:
             self._start_asgi_task(self.cycle, app)  # type: ignore[arg-type]
         else:  # pipelined behind an answer still going, as uvicorn queues them
@@ -225,10 +231,43 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             self.pipeline.appendleft((self.cycle, app))  # type: ignore[arg-type]
 
     def _disarm(self) -> None:
-        for timer in (self._header_timer, self._body_timer):
+        for timer in (self._header_timer, self._body_timer, self.timeout_keep_alive_task):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = None
+        self._header_timer = self._body_timer = self.timeout_keep_alive_task = None
+
+    # Keep-alive: uvicorn arms a timer after every response and cancels it on the next
+    # request's first byte; here one timer per connection is pushed back instead.
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, but for the keep-alive timer: armed only if none is pending."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = self.loop.time()
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request waits: start it
+            self._idle_since = None
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_at(
+                self._idle_since + self.timeout_keep_alive, self._keep_alive_due
+            )
+
+    def _unset_keepalive_if_required(self) -> None:
+        """uvicorn calls it on every read: the connection is in use, not idle."""
+        self._idle_since = None
+
+    def _keep_alive_due(self) -> None:
+        self.timeout_keep_alive_task = None
+        if self._idle_since is None:  # in use: the next response arms it again
+            return
+        due = self._idle_since + self.timeout_keep_alive
+        if due > self.loop.time():  # used since it was armed: wait from its last answer
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
 
     def _headers_too_late(self) -> None:
         self._header_timer = None
@@ -260,6 +299,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() says http.disconnect
             cycle.message_event.set()
+            if isinstance(cycle, _LeanCycle):
+                cycle.gone()
         self.transport.close()
 
 
@@ -273,6 +314,19 @@ class _LeanCycle(RequestResponseCycle):
 
     _head = b""
     """A whole answer's head, written with the first part of its body."""
+    _on_gone: Callable[[], None] | None = None
+
+    def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """``DISCONNECT_EXTENSION``: ``callback`` is called once when the client goes."""
+        self._on_gone = callback
+        if callback is not None and self.disconnected:
+            self.gone()
+
+    def gone(self) -> None:
+        """The client has gone (the protocol calls it): tell the watcher, once."""
+        callback, self._on_gone = self._on_gone, None
+        if callback is not None:
+            callback()
 
     async def send(self, message: ASGISendEvent) -> None:
         if self._head and (self.flow.write_paused or self.disconnected):

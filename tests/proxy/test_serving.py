@@ -18,6 +18,8 @@ from starlette.applications import Starlette
 
 from gatekeeper.proxy.serving import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.upstream import upstream_client
+from gatekeeper.settings import Settings
+from gatekeeper.sidecar.http_protocol import sidecar_http_protocol
 from tests.support.fake_upstream import FakeUpstream, closed_port, serve_in_thread
 
 
@@ -75,9 +77,11 @@ class Rig:
         self.url = ""
 
 
-@pytest.fixture(scope="module", params=["lean", "httpx"])
+@pytest.fixture(scope="module", params=["lean", "httpx", "sidecar-protocol"])
 def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
-    """The proxy with gatekeeper's client (lean pool) and with a plain httpx client."""
+    """The proxy with gatekeeper's client (lean pool) and with a plain httpx client, under
+    plain uvicorn; and with gatekeeper's client under the sidecar's HTTP protocol, whose
+    lean path takes the forwarding POSTs (``http_protocol``)."""
     rig = Rig(FakeUpstream("A"), FakeUpstream("B"))
     with serve_in_thread(rig.a.app()) as url_a, serve_in_thread(rig.b.app()) as url_b:
         a = Endpoint("A", url_a, "m")
@@ -96,7 +100,7 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
             ),
         }
         rig.resolver = TableResolver(table, errors)
-        client = upstream_client() if request.param == "lean" else httpx.AsyncClient()
+        client = upstream_client() if request.param != "httpx" else httpx.AsyncClient()
         rig.proxy = Proxy(rig.resolver, client, metrics=rig.metrics, max_body_bytes=1 << 20)
 
         @asynccontextmanager
@@ -105,7 +109,10 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
             await client.aclose()
 
         app = Starlette(routes=rig.proxy.routes(), lifespan=lifespan)
-        with serve_in_thread(app) as url:
+        options: dict[str, Any] = {}
+        if request.param == "sidecar-protocol":
+            options["http"] = sidecar_http_protocol(Settings(), rig.proxy.direct_routes())
+        with serve_in_thread(app, **options) as url:
             rig.url = url
             yield rig
 
