@@ -253,6 +253,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waits: start it
             self._idle_since = None
+            self._body_seen = self.loop.time()  # its body's deadline runs from now
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif self.timeout_keep_alive_task is None:
@@ -284,6 +285,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     def _body_too_late(self) -> None:
         self._body_timer = None
         deadline = self._body_seen + self.options.body_seconds
+        if self.pipeline:  # the body is of a request queued behind an answer still going:
+            deadline = self.loop.time() + self.options.body_seconds  # its time starts later
         if deadline > self.loop.time():  # a chunk came meanwhile: wait from it
             self._body_timer = self.loop.call_at(deadline, self._body_too_late)
             return

@@ -310,13 +310,6 @@ def test_a_body_over_the_limit_gets_413_before_it_is_sent(sc: Sidecar) -> None:
     assert headers["x-should-retry"] == "false"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gatekeeper bug: _body_too_late asks the pipelined cycle (never started) whether "
-    "an answer has started, so it writes its 408 into the stream still going before it, "
-    "and tells only that cycle of the disconnect (the stream's app then writes to a closed "
-    "transport: 'Exception in ASGI application')",
-)
 def test_a_pipelined_body_stalling_behind_a_stream_leaves_the_stream_whole(
     sc: Sidecar, caplog: pytest.LogCaptureFixture
 ) -> None:
