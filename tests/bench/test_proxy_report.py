@@ -54,4 +54,6 @@ def test_tables_show_added_figures_and_no_cpu_for_the_worker() -> None:
     assert worker[7:10] == ["-", "-", "-"]  # its own CPU is not a proxy's
     added = ["0.250", "0.250", "0.750", "0.250"]
     assert ours[:10] == ["gatekeeper", "1.250", "1.250", *added, "0.300", "0.600", "-"]
-    assert throughput_report(fast)[2].split()[:3] == ["gatekeeper", "0.0", "-"]
+    assert throughput_report(fast)[2].split()[:4] == ["gatekeeper", "0.0", "0-0", "-"]
+    fast[1].rates = [180.4, 190.6]  # the rounds' spread, rounded
+    assert throughput_report(fast)[2].split()[1:3] == ["185.5", "180-191"]
