@@ -147,11 +147,12 @@ class Settings(BaseSettings):
     """Bearer token of the admin API; without one the admin API is off."""
 
     api_keys: list[str] = Field(default_factory=list, repr=False)
-    """Keys a client of the OpenAI API (``/v1/...``) must send as ``Authorization: Bearer
-    <key>``, any one of them (vLLM's ``--api-key``); ``GATEKEEPER_API_KEYS`` takes a JSON
-    list. Empty (the default): ``/v1`` is open. ``/healthz``, ``/metrics``,
-    ``/discovery/workers`` and ``/openapi.json`` stay open either way; the admin API
-    keeps ``admin_token``."""
+    """Keys a client must send as ``Authorization: Bearer <key>``, any one of them, on the
+    paths vLLM's ``--api-key`` guards (``/v1``, ``/v2``, ``/inference``, ``/cohere``);
+    ``GATEKEEPER_API_KEYS`` takes a JSON list. Empty (the default): they are open.
+    ``/healthz``, ``/metrics``, ``/discovery/workers``, ``/openapi.json`` and the
+    forwarding routes outside those prefixes (``/tokenize``, ``/pooling``, ...) stay open
+    either way, as in vLLM; the admin API keeps ``admin_token``."""
 
     request_body_timeout_seconds: float = Field(default=30.0, gt=0)
     """How long the sidecar waits for each next chunk of a request body; a client that
@@ -169,7 +170,7 @@ class Settings(BaseSettings):
             if not key or key != key.strip() or any(c.isspace() for c in key):
                 raise ValueError(
                     f"api_keys[{i}] is empty or holds whitespace ({len(key)} characters); "
-                    "give each key as one non-empty word, or leave api_keys empty to keep /v1 open"
+                    "give each key as one non-empty word, or leave api_keys empty to keep the API open"
                 )
         return value
 

@@ -1,19 +1,22 @@
 """What every HTTP request passes before it reaches a route: an ASGI middleware.
 
-- **API keys** (``api_keys``, as vLLM's ``--api-key``): when any are set, every ``/v1``
-  request must carry ``Authorization: Bearer <key>`` matching one of them, else 401 in
-  OpenAI's error shape. The given key is compared with every configured key in constant
-  time, without stopping at a match. A request let through has its ``Authorization``
-  header removed, so the sidecar's keys never reach a worker. ``/healthz``, ``/metrics``
-  and ``/openapi.json`` stay open; the admin API checks its own token.
+- **API keys** (``api_keys``, as vLLM's ``--api-key``): when any are set, every request
+  under vLLM's guarded prefixes (``GUARDED_PREFIXES``: ``/v1``, ``/v2``, ``/inference``,
+  ``/cohere``; not ``OPTIONS``) must carry ``Authorization: Bearer <key>`` matching one
+  of them, else 401 in OpenAI's error shape. The given key is compared with every
+  configured key in constant time, without stopping at a match. A request let through
+  has its ``Authorization`` header removed, and so has every request to a forwarding
+  route outside those prefixes (``/tokenize``, ``/pooling``, ... open, as vLLM leaves
+  them), so the sidecar's keys never reach a worker. ``/healthz``, ``/metrics`` and
+  ``/openapi.json`` stay open; the admin API checks its own token.
 - **Direct routes** (``direct``: exact path to ASGI app, for ``POST``): the proxy's
   OpenAI POSTs go straight to their app, past Starlette's error middleware and router,
   whose walk over every route and wrappers around every ``send`` (each streamed chunk)
   cost more CPU than the proxy's own work (issue #15). The guard is then the outermost
   app (``build_app`` puts it there); an exception from a direct app is answered 500 by
   uvicorn, as Starlette's error middleware would answer it. ``direct_routes`` gives the
-  same apps behind the key check, for the server's lean path
-  (``http_protocol``), which hands such POSTs to them before the app stack is entered.
+  same apps behind the same key policy, for the server's lean path (``http_protocol``),
+  which hands such POSTs to them before the app stack is entered.
 
 Deadlines on request headers and bodies are the HTTP protocol's (``http_protocol``).
 """
@@ -28,12 +31,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_response
 
-__all__ = ["HttpGuard"]
+__all__ = ["GUARDED_PREFIXES", "HttpGuard"]
+
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+"""The paths vLLM's ``--api-key`` guards (``AuthenticationMiddleware.GUARDED_PREFIX``,
+a prefix match: ``/v1`` covers ``/v1/...``)."""
 
 
 class HttpGuard:
-    """API keys on ``/v1``, and the ``direct`` POST routes dispatched without the app
-    behind."""
+    """API keys on vLLM's guarded prefixes, and the ``direct`` POST routes dispatched
+    without the app behind."""
 
     def __init__(
         self,
@@ -51,20 +58,26 @@ class HttpGuard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if self._keys and (path.startswith("/v1/") or path == "/v1"):
-            admitted = self._admit(scope)
-            if admitted is None:
-                await _unauthorized()(scope, receive, send)
-                return
-            scope = admitted
         app = self._direct.get(path) if scope["method"] == "POST" else None
+        if self._keys and scope["method"] != "OPTIONS":
+            if path.startswith(GUARDED_PREFIXES):
+                admitted = self._admit(scope)
+                if admitted is None:
+                    await _unauthorized()(scope, receive, send)
+                    return
+                scope = admitted
+            elif app is not None:  # open, as in vLLM; but no key of ours goes on
+                scope = _without_authorization(scope)
         await (app or self.app)(scope, receive, send)
 
     def direct_routes(self) -> dict[str, ASGIApp]:
-        """The direct routes, each behind the API-key check (all on ``/v1``)."""
+        """The direct routes behind the same key policy as ``__call__``'s."""
         if not self._keys:
             return dict(self._direct)
-        return {path: _Keyed(self, app) for path, app in self._direct.items()}
+        return {
+            path: _Keyed(self, app, check=path.startswith(GUARDED_PREFIXES))
+            for path, app in self._direct.items()
+        }
 
     def _admit(self, scope: Scope) -> Scope | None:
         """The scope without ``Authorization`` if it carries a right key, else None."""
@@ -80,20 +93,29 @@ class HttpGuard:
             match |= hmac.compare_digest(given.strip(), key)
         if not (match and given):
             return None
-        headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
-        return {**scope, "headers": headers}
+        return _without_authorization(scope)
+
+
+def _without_authorization(scope: Scope) -> Scope:
+    headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
+    return {**scope, "headers": headers}
 
 
 class _Keyed:
-    """A direct route behind the guard's API-key check."""
+    """A direct route behind the guard's key policy: checked (a guarded prefix), or only
+    the ``Authorization`` header removed."""
 
-    __slots__ = ("_app", "_guard")
+    __slots__ = ("_app", "_check", "_guard")
 
-    def __init__(self, guard: HttpGuard, app: ASGIApp) -> None:
+    def __init__(self, guard: HttpGuard, app: ASGIApp, *, check: bool) -> None:
         self._guard = guard
         self._app = app
+        self._check = check
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._check:
+            await self._app(_without_authorization(scope), receive, send)
+            return
         admitted = self._guard._admit(scope)
         if admitted is None:
             await _unauthorized()(scope, receive, send)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gatekeeper.settings import Settings, SettingsError, load_settings
 from gatekeeper.sidecar.http_guard import HttpGuard
@@ -187,3 +187,43 @@ def test_the_key_is_not_passed_on_to_the_app_behind():
     v1, admin = seen
     assert b"authorization" not in v1 and v1[b"x-trace"] == b"abc"
     assert admin[b"authorization"] == f"Bearer {KEYS[1]}".encode()  # the admin API's to check
+
+
+def test_the_key_policy_is_vllms_on_both_paths_to_a_forwarding_route():
+    """vLLM guards /v1, /v2, /inference and /cohere by prefix; /tokenize and the like stay
+    open. The same holds whether a forwarding POST reaches its app through the guard (a
+    target with a query, as uvicorn's ordinary path) or through ``direct_routes`` (the
+    lean path), and no request passes the Authorization header on."""
+    seen: list[dict[bytes, bytes]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(dict(scope["headers"]))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    direct = {"/tokenize": app, "/v1/completions": app, "/v2/rerank": app}
+    guard = HttpGuard(app, api_keys=KEYS, direct=direct)
+    lean = guard.direct_routes()
+
+    async def status(target: ASGIApp, path: str, key: str | None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        transport = httpx.ASGITransport(app=target)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return (await client.post(path, headers=headers)).status_code
+
+    async def statuses() -> list[int]:
+        return [
+            await status(guard, "/tokenize?x=1", None),
+            await status(lean["/tokenize"], "/tokenize", None),
+            await status(guard, "/tokenize?x=1", KEYS[0]),
+            await status(lean["/tokenize"], "/tokenize", KEYS[0]),
+            await status(guard, "/v1/completions?x=1", None),
+            await status(lean["/v1/completions"], "/v1/completions", None),
+            await status(guard, "/v2/rerank?x=1", None),
+            await status(lean["/v2/rerank"], "/v2/rerank", None),
+            await status(guard, "/v2/rerank?x=1", KEYS[1]),
+            await status(lean["/v2/rerank"], "/v2/rerank", KEYS[1]),
+        ]
+
+    assert asyncio.run(statuses()) == [204, 204, 204, 204, 401, 401, 401, 401, 204, 204]
+    assert len(seen) == 6 and all(b"authorization" not in headers for headers in seen)
