@@ -42,7 +42,7 @@ from typing import ClassVar
 import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -148,6 +148,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     """When the last chunk of the current request's body arrived (loop time)."""
     _idle_since: float | None = None
     """When the connection's last answer ended, while no next request has come."""
+    _running: RequestResponseCycle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -159,9 +160,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._in_head = self._in_body = False
         self._disarm()
-        super().connection_lost(exc)
-        if isinstance(self.cycle, _LeanCycle) and self.cycle.disconnected:
-            self.cycle.gone()
+        super().connection_lost(exc)  # tells the latest request, not one running before it
+        self._tell_gone()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -178,6 +178,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
+        self._idle_since = None  # a request: in use, not idle
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -262,8 +263,13 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             )
 
     def _unset_keepalive_if_required(self) -> None:
-        """uvicorn calls it on every read: the connection is in use, not idle."""
-        self._idle_since = None
+        """uvicorn calls it on every read to cancel its timer; here a request's first byte
+        ends the idle time (``on_message_begin``), not any read: stray bytes between
+        requests do not keep a connection open."""
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle  # the request whose answer is going (a later one may wait)
+        super()._start_asgi_task(cycle, app)
 
     def _keep_alive_due(self) -> None:
         self.timeout_keep_alive_task = None
@@ -275,8 +281,24 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         else:
             self.timeout_keep_alive_handler()
 
+    def _held_back(self) -> bool:
+        """Whether the client cannot be sending now because the server holds it back:
+        reading paused (a full buffer, a request queued behind an answer still going),
+        or a client waiting for ``100 Continue``."""
+        cycle = self.cycle
+        return (
+            self.flow.read_paused
+            or bool(self.pipeline)
+            or (cycle is not None and cycle.waiting_for_100_continue)
+        )
+
     def _headers_too_late(self) -> None:
         self._header_timer = None
+        if self._held_back():  # its time starts when the server reads again
+            self._header_timer = self.loop.call_later(
+                self.options.header_seconds, self._headers_too_late
+            )
+            return
         cycle = self.cycle  # the request before, if any: its answer may still be going
         self._time_out(
             self.options.headers_late if cycle is None or cycle.response_complete else None
@@ -285,8 +307,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     def _body_too_late(self) -> None:
         self._body_timer = None
         deadline = self._body_seen + self.options.body_seconds
-        if self.pipeline:  # the body is of a request queued behind an answer still going:
-            deadline = self.loop.time() + self.options.body_seconds  # its time starts later
+        if self._held_back():  # its time starts when the server reads again
+            deadline = self.loop.time() + self.options.body_seconds
         if deadline > self.loop.time():  # a chunk came meanwhile: wait from it
             self._body_timer = self.loop.call_at(deadline, self._body_too_late)
             return
@@ -301,15 +323,21 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         and tell a running app."""
         if self.transport.is_closing():
             return
-        cycle = self.cycle
         if answer is not None:
             self.transport.write(answer)
-        if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True  # the app's receive() says http.disconnect
+        self._tell_gone()
+        self.transport.close()
+
+    def _tell_gone(self) -> None:
+        """The client is gone: the latest request and the one running (if another) see
+        ``http.disconnect``, and a lean cycle's watcher is called back."""
+        for cycle in {id(c): c for c in (self.cycle, self._running) if c is not None}.values():
+            if cycle.response_complete:
+                continue
+            cycle.disconnected = True
             cycle.message_event.set()
             if isinstance(cycle, _LeanCycle):
                 cycle.gone()
-        self.transport.close()
 
 
 class _LeanCycle(RequestResponseCycle):
@@ -344,7 +372,11 @@ class _LeanCycle(RequestResponseCycle):
             await super().send(message)
         elif not self.response_started and message["type"] == "http.response.start":
             self._start(message["status"], message.get("headers", ()))
-        elif not self.response_complete and message["type"] == "http.response.body":
+        elif (
+            self.response_started
+            and not self.response_complete
+            and message["type"] == "http.response.body"
+        ):
             self._body(message.get("body", b""), message.get("more_body", False))
         else:
             await super().send(message)
