@@ -386,7 +386,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=400, help="per target and round")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--throughput-rounds", type=int, default=4)
+    parser.add_argument("--throughput-rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput round")
     parser.add_argument(
         "--token-seconds", type=float, default=0.04, help="the paced worker's token interval"
