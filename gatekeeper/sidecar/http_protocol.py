@@ -365,7 +365,7 @@ class _LeanCycle(RequestResponseCycle):
             callback()
 
     async def send(self, message: ASGISendEvent) -> None:
-        if self._head and (self.flow.write_paused or self.disconnected):
+        if self._head and self.flow.write_paused and not self.disconnected:
             self.transport.write(self._head)  # what uvicorn would have written already
             self._head = b""
         if self.flow.write_paused or self.disconnected:
