@@ -51,33 +51,35 @@ class HttpGuard:
     ) -> None:
         self.app = app
         self._keys = [key.encode() for key in api_keys]
-        self._direct = dict(direct or {})
+        # Each direct route behind the key policy once, here: the guard dispatches to
+        # these, and the HTTP protocol's lean path gets the same ones (direct_routes).
+        self._direct: dict[str, ASGIApp] = {
+            path: _Keyed(self, route, check=path.startswith(GUARDED_PREFIXES))
+            if self._keys
+            else route
+            for path, route in (direct or {}).items()
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        app = self._direct.get(path) if scope["method"] == "POST" else None
-        if self._keys and scope["method"] != "OPTIONS":
-            if path.startswith(GUARDED_PREFIXES):
-                admitted = self._admit(scope)
-                if admitted is None:
-                    await _unauthorized()(scope, receive, send)
-                    return
-                scope = admitted
-            elif app is not None:  # open, as in vLLM; but no key of ours goes on
-                scope = _without_authorization(scope)
-        await (app or self.app)(scope, receive, send)
+        direct = self._direct.get(path) if scope["method"] == "POST" else None
+        if direct is not None:
+            await direct(scope, receive, send)
+            return
+        if self._keys and scope["method"] != "OPTIONS" and path.startswith(GUARDED_PREFIXES):
+            admitted = self._admit(scope)
+            if admitted is None:
+                await _unauthorized()(scope, receive, send)
+                return
+            scope = admitted
+        await self.app(scope, receive, send)
 
     def direct_routes(self) -> dict[str, ASGIApp]:
-        """The direct routes behind the same key policy as ``__call__``'s."""
-        if not self._keys:
-            return dict(self._direct)
-        return {
-            path: _Keyed(self, app, check=path.startswith(GUARDED_PREFIXES))
-            for path, app in self._direct.items()
-        }
+        """The direct routes, behind the same key policy as ``__call__``'s."""
+        return dict(self._direct)
 
     def _admit(self, scope: Scope) -> Scope | None:
         """The scope without ``Authorization`` if it carries a right key, else None."""

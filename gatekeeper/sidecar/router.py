@@ -41,8 +41,6 @@ LIVE = ("admitted", "launching", "loading", "ready")
 MAX_BACKOFF_SECONDS = 3600.0
 CARD_FETCH_SECONDS = 2.0
 """How long ``models()`` waits for a worker's own ``/v1/models``."""
-MAX_CACHED_ENDPOINTS = 1024
-"""Endpoints kept per (worker, port, name); past it the cache starts again."""
 _STATES = {"admitted": "loading", "launching": "loading", "loading": "loading", "ready": "ready"}
 
 
@@ -83,22 +81,12 @@ class ModelRouter:
         self._worker_lengths: dict[str, int | None] = {}
         """max_model_len per deployment id, from the worker's own /v1/models."""
         self._entry_lengths: dict[str, int | None] = {}
-        self._endpoints: dict[tuple[str, int, str], Endpoint] = {}
         self.clock: Callable[[], float] = time.monotonic
         manager.on_start_failure = self._start_failed
 
     def _endpoint(self, d: Deployment) -> Endpoint:
-        key = (d.id, d.port, d.name)
-        endpoint = self._endpoints.get(key)
-        if endpoint is None:  # one per worker and port: not rebuilt for every request
-            host = self.manager.config.worker_host
-            endpoint = Endpoint(
-                worker_id=d.id, base_url=f"http://{host}:{d.port}", served_name=d.name
-            )
-            if len(self._endpoints) >= MAX_CACHED_ENDPOINTS:
-                self._endpoints.clear()
-            self._endpoints[key] = endpoint
-        return endpoint
+        host = self.manager.config.worker_host
+        return Endpoint(worker_id=d.id, base_url=f"http://{host}:{d.port}", served_name=d.name)
 
     def _known(self, model: str) -> bool:
         """Deployed, configured or allowed (a catalog alias is none of these)."""
@@ -111,14 +99,19 @@ class ModelRouter:
         return self.registry.alias(model) or model
 
     async def endpoints(self, model: str) -> list[Endpoint]:
+        # The usual case first: a model with a ready worker is known, and served at once.
         ready = [d for d in self.manager.by_name(model) if d.state == "ready"]
-        if ready:  # the usual case, checked first: a model with a ready worker is known
-            if self._failures:
-                self._failures.pop(model, None)
-            now = time.time()
-            for d in ready:
-                d.last_used = now
-            return [self._endpoint(d) for d in ready]
+        if not ready:
+            model, ready = await self._ready(model)
+        self._failures.pop(model, None)
+        now = time.time()
+        for d in ready:
+            d.last_used = now
+        return [self._endpoint(d) for d in ready]
+
+    async def _ready(self, model: str) -> tuple[str, list[Deployment]]:
+        """For a name with no ready worker: the model it stands for (an alias's) and its
+        ready workers, once launched or loaded (bounded waits); or the ``RouteError``."""
         if not self._known(model):
             model = self.registry.alias(model) or model
             if not self._known(model):
@@ -137,11 +130,7 @@ class ModelRouter:
         ready = [d for d in live if d.state == "ready"]
         if not ready:
             ready = await self._wait_ready(model, live)
-        self._failures.pop(model, None)
-        now = time.time()
-        for d in ready:
-            d.last_used = now
-        return [self._endpoint(d) for d in ready]
+        return model, ready
 
     def _start_failed(self, d: Deployment) -> None:
         """The manager's hook: remember why ``d`` failed at start, stop an on-demand one."""
