@@ -4,7 +4,7 @@ targets (#15) says met or NOT met against vllm-router."""
 
 from __future__ import annotations
 
-from bench.proxy import Target, latency_report, throughput_report, verdict
+from bench.proxy import Target, latency_report, streams_per_second, throughput_report, verdict
 
 
 def _target(name: str, ms: float, first_ms: float, cpu_ms: float, rate: float) -> Target:
@@ -57,3 +57,16 @@ def test_tables_show_added_figures_and_no_cpu_for_the_worker() -> None:
     assert throughput_report(fast)[2].split()[:4] == ["gatekeeper", "0.0", "0-0", "-"]
     fast[1].rates = [180.4, 190.6]  # the rounds' spread, rounded
     assert throughput_report(fast)[2].split()[1:3] == ["185.5", "180-191"]
+
+
+def test_streams_per_second_is_each_connections_rate_summed() -> None:
+    # 64 connections in step, 0.34 s a stream: 15 streams each by 5.1 s. Four of them
+    # are a little ahead and fit a 16th before the round ends. The rate is unchanged.
+    in_step = [(15, 15 * 0.34)] * 64
+    four_ahead = [(15, 15 * 0.34)] * 60 + [(16, 16 * 0.34)] * 4
+    assert round(streams_per_second(in_step), 6) == round(64 / 0.34, 6)
+    assert round(streams_per_second(four_ahead), 6) == round(64 / 0.34, 6)
+    # All the streams over the time to the last one's end would read it 6 % slower.
+    everything = sum(n for n, _ in four_ahead) / max(s for _, s in four_ahead)
+    assert everything < 0.95 * 64 / 0.34
+    assert streams_per_second([(3, 1.0), (0, 0.0)]) == 3.0
