@@ -38,12 +38,17 @@ Errors (all ``UpstreamError``):
 A pooled connection the worker closed while idle (uvicorn's keep-alive timeout is 5 s)
 is detected, and a request that finds the connection closed before any byte of the
 answer is sent again once on a new connection.
+
+``Upstream.post_now`` is the same POST without a task, for an answer wanted whole: on an
+idle pooled connection (None when there is none), its answer taken by the connection's
+callbacks and handed to an ``AnswerSink`` when it is whole (``Exchange``). The proxy's
+usual case, a non-streaming request to a ready worker, goes this way (``serving``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
@@ -52,6 +57,8 @@ import httpx
 
 __all__ = [
     "Answer",
+    "AnswerSink",
+    "Exchange",
     "Upstream",
     "UpstreamClient",
     "UpstreamClosed",
@@ -86,14 +93,33 @@ class _NothingSent(Exception):
     """The connection was found closed before any byte of an answer."""
 
 
+def _post(host_header: bytes, path: str, body: bytes, headers: _Headers) -> bytes:
+    """A whole HTTP/1.1 POST: request line, ``host``, ``content-length``, the headers, the
+    body."""
+    return b"".join(
+        [
+            b"POST ",
+            path.encode(),
+            b" HTTP/1.1\r\nhost: ",
+            host_header,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+            *[name + b": " + value + b"\r\n" for name, value in headers],
+            b"\r\n",
+            body,
+        ]
+    )
+
+
 class _Connection(asyncio.Protocol):
     """One connection to a worker, answering one request at a time; httptools calls the
     ``on_*`` methods as it parses what ``data_received`` brings."""
 
     __slots__ = (
         "_buffered", "_loop", "_parser", "_paused", "_to_close", "_transport", "_waiter",
-        "body", "broken", "complete", "head_done", "headers", "keep_alive", "lost",
-        "received", "status",
+        "body", "broken", "complete", "head_done", "headers", "keep_alive", "listener",
+        "lost", "received", "status",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -106,6 +132,8 @@ class _Connection(asyncio.Protocol):
         """Why the connection ended (``ConnectionError`` when the worker closed it)."""
         self.broken: str | None = None
         """What was wrong with the answer, when it was not HTTP/1.x."""
+        self.listener: Callable[[], None] | None = None
+        """Called where a waiter is woken: after each read and when the connection ends."""
         self._reset()
 
     def _reset(self) -> None:
@@ -205,6 +233,8 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.listener is not None:
+            self.listener()
 
     def _break(self, what: str) -> None:
         self.broken = self.broken or what
@@ -271,6 +301,73 @@ class UpstreamResponse:
             conn.close()
 
 
+class AnswerSink(Protocol):
+    """Where an ``Exchange`` hands its worker's answer; exactly one is called, once."""
+
+    def answered(self, status: int, headers: _Headers, body: bytes) -> None:
+        """The whole answer (headers with lower-case names, in the worker's order)."""
+
+    def failed(self, error: UpstreamClosed) -> None:
+        """The worker closed the connection or broke HTTP before the answer was whole."""
+
+    def stale(self) -> None:
+        """The connection was found closed before any byte of the answer: the worker had
+        closed it while idle, and the request may be sent again on a new one."""
+
+
+class Exchange:
+    """A POST on a pooled connection whose answer the connection's callbacks collect
+    (``Upstream.post_now``), handed whole to the sink; ``cancel()`` closes the connection
+    instead, which is how the worker learns that the client went away."""
+
+    __slots__ = ("_conn", "_key", "_parts", "_pool", "_sink")
+
+    def __init__(
+        self, pool: Upstream, key: tuple[str, int], conn: _Connection, sink: AnswerSink
+    ) -> None:
+        self._pool = pool
+        self._key = key
+        self._conn: _Connection | None = conn
+        self._sink = sink
+        self._parts: list[bytes] = []
+        conn.listener = self._read
+
+    def cancel(self) -> None:
+        conn = self._detach()
+        if conn is not None:
+            conn.close()
+
+    def _detach(self) -> _Connection | None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.listener = None
+        return conn
+
+    def _read(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        if conn.body:
+            self._parts.append(conn.take())  # taken as it comes: reading never pauses
+        if conn.complete:
+            self._detach()
+            parts = self._parts
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            if conn.keep_alive:
+                self._pool._release(self._key, conn)
+            else:
+                conn.close()
+            self._sink.answered(conn.status, conn.headers, body)
+        elif conn.broken is not None or conn.lost is not None:
+            self._detach()
+            conn.close()
+            if conn.broken is None and not conn.received:
+                self._sink.stale()
+                return
+            why = conn.broken or repr(conn.lost)
+            where = "mid-answer" if conn.head_done else "before answering"
+            self._sink.failed(UpstreamClosed(f"the worker closed the connection {where} ({why})"))
+
+
 class Answer(Protocol):
     """A worker's answer with its body still to read (``UpstreamResponse``)."""
 
@@ -308,20 +405,7 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to ``base_url + path``; the answer's head is read, not its body."""
         host, port, host_header = self._origin(base_url)
-        message = b"".join(
-            [
-                b"POST ",
-                path.encode(),
-                b" HTTP/1.1\r\nhost: ",
-                host_header,
-                b"\r\ncontent-length: ",
-                str(len(body)).encode(),
-                b"\r\n",
-                *[name + b": " + value + b"\r\n" for name, value in headers],
-                b"\r\n",
-                body,
-            ]
-        )
+        message = _post(host_header, path, body, headers)
         key = (host, port)
         conn = self._checkout(key)
         if conn is not None:
@@ -334,6 +418,20 @@ class Upstream:
             return await self._exchange(key, conn, message)
         except _NothingSent as e:
             raise UpstreamClosed(str(e)) from e
+
+    def post_now(
+        self, base_url: str, path: str, body: bytes, headers: _Headers, sink: AnswerSink
+    ) -> Exchange | None:
+        """POST ``body`` on an idle pooled connection, its whole answer to ``sink`` (module
+        docstring); None, and nothing sent, when no connection to the worker is idle."""
+        host, port, host_header = self._origin(base_url)
+        key = (host, port)
+        conn = self._checkout(key)
+        if conn is None:
+            return None
+        exchange = Exchange(self, key, conn, sink)
+        conn.send(_post(host_header, path, body, headers))
+        return exchange
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}

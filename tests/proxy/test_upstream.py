@@ -9,11 +9,13 @@ import asyncio
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
 
 from gatekeeper.proxy.upstream import (
+    Exchange,
     Upstream,
     UpstreamClosed,
     UpstreamConnectError,
@@ -154,6 +156,116 @@ def test_upstream_resends_once_when_a_kept_connection_was_closed() -> None:
 
     asyncio.run(with_raw_server(handler, client))
     assert len(connections) == 3
+
+
+class Sink:
+    """An ``AnswerSink`` that records what it was handed, and wakes the test."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, Any]] = []
+        self.done = asyncio.Event()
+
+    def answered(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.got.append(("answered", (status, dict(headers), body)))
+        self.done.set()
+
+    def failed(self, error: UpstreamClosed) -> None:
+        self.got.append(("failed", str(error)))
+        self.done.set()
+
+    def stale(self) -> None:
+        self.got.append(("stale", None))
+        self.done.set()
+
+
+async def post_now(pool: Upstream, url: str) -> tuple[Exchange | None, Sink]:
+    sink = Sink()
+    exchange = pool.post_now(url, "/x", b"{}", [(b"x-b", b"2")], sink)
+    if exchange is not None:
+        await asyncio.wait_for(sink.done.wait(), 5)
+    return exchange, sink
+
+
+def test_post_now_takes_a_whole_answer_on_an_idle_connection_only() -> None:
+    """``post_now`` sends only on an idle pooled connection; the answer, in several
+    writes, chunked, comes whole to the sink and the connection goes back to the pool."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head)
+            await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(b"3\r\nabc\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(b"2\r\nde\r\n0\r\n\r\n")
+        await reader.read()
+
+    async def client(url: str, pool: Upstream) -> None:
+        assert pool.post_now(url, "/x", b"{}", [], Sink()) is None  # nothing idle yet
+        answer = await pool.request(url, "/x", b"{}", [])
+        assert await answer.read() == b"ok"
+        await answer.aclose()
+        for _ in range(2):  # the second finds the first's connection back in the pool
+            exchange, sink = await post_now(pool, url)
+            assert exchange is not None
+            [(what, (status, headers, body))] = sink.got
+            assert (what, status, headers[b"x-a"], body) == ("answered", 201, b"1", b"abcde")
+
+    asyncio.run(with_raw_server(handler, client))
+    assert all(b"x-b: 2\r\n" in head and b"content-length: 2" in head for head in seen)
+
+
+def test_post_now_tells_a_stale_connection_from_a_failed_answer() -> None:
+    """A kept connection the worker closes unanswered is ``stale`` (the caller may send
+    again); one cut mid-answer is ``failed``; ``cancel`` closes the connection, which the
+    worker sees."""
+    ends: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await read_request(reader)
+        if len(ends) == 0:
+            ends.append("closed unanswered")  # as at the end of a keep-alive timeout
+        elif len(ends) == 1:
+            ends.append("cut")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\ncut")
+            await writer.drain()
+        else:
+            ends.append("cancelled" if await reader.read() == b"" else "more came")
+
+    async def client(url: str, pool: Upstream) -> None:
+        for expected in ("stale", "failed"):
+            answer = await pool.request(url, "/x", b"{}", [])
+            await answer.read()
+            await answer.aclose()
+            _, sink = await post_now(pool, url)
+            assert [what for what, _ in sink.got] == [expected]
+        assert "mid-answer" in str(sink.got[0][1])
+        answer = await pool.request(url, "/x", b"{}", [])
+        await answer.read()
+        await answer.aclose()
+        sink = Sink()
+        exchange = pool.post_now(url, "/x", b"{}", [], sink)
+        assert exchange is not None
+        await asyncio.sleep(0.05)
+        exchange.cancel()
+        for _ in range(100):
+            if len(ends) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert sink.got == []  # a cancelled exchange hands nothing on
+
+    asyncio.run(with_raw_server(handler, client))
+    assert ends == ["closed unanswered", "cut", "cancelled"]
 
 
 def test_upstream_errors() -> None:
