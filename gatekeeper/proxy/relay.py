@@ -7,20 +7,30 @@
   However it ends (done, worker failed, client gone), the upstream answer is closed and
   ``done(outcome)`` is called once.
 - ``DisconnectWatch``: cancels the request's task when the client disconnects.
+- ``Reply``: how a server that offers ``answer_now`` (below) answers a request the proxy
+  took without a task.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 from starlette.types import Message, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_type, sse_error_event
 from gatekeeper.proxy.upstream import Answer, UpstreamError
 
-__all__ = ["DISCONNECT_EXTENSION", "DisconnectWatch", "Outcome", "StreamRelay", "WholeAnswer"]
+__all__ = [
+    "DISCONNECT_EXTENSION",
+    "AnswerNow",
+    "DisconnectWatch",
+    "Outcome",
+    "Reply",
+    "StreamRelay",
+    "WholeAnswer",
+]
 
 Outcome = Literal["ok", "upstream_error", "cancelled", "connect_error"]
 """How a request sent to a worker ended, as ``Resolver.report`` receives it."""
@@ -48,6 +58,30 @@ DISCONNECT_EXTENSION = "gatekeeper.disconnect"
 protocol does, on its lean path): ``{"watch": f}``, where ``f(callback)`` has the server
 call ``callback`` once when the client goes away, and ``f(None)`` drops it; one callback
 at a time."""
+
+
+class Reply(Protocol):
+    """A request a server has read whole and offered to ``AnswerNow``: how the proxy
+    answers it from a callback, without a task."""
+
+    def respond(self, status: int, headers: _Headers, body: bytes) -> None:
+        """Send a whole answer (``headers`` carry its ``content-length``); nothing once the
+        client has gone."""
+
+    def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """As ``DISCONNECT_EXTENSION``'s ``watch``: ``callback`` once when the client goes."""
+
+    def fall_back(self) -> None:
+        """Run the request's ASGI app after all, as if it had never been offered."""
+
+
+class AnswerNow(Protocol):
+    """A direct route's ``answer_now``: the server calls it with a request read whole
+    (scope as for the ASGI app, the body) before starting the app's task; True when it
+    took the request (it will answer through ``reply``, or fall back), False when the
+    server must run the app (nothing was done)."""
+
+    def __call__(self, scope: Scope, body: bytes, reply: Reply) -> bool: ...
 
 
 class DisconnectWatch:

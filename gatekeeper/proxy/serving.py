@@ -36,6 +36,17 @@ ASGI apps (``direct_routes``, which the sidecar dispatches before Starlette's ro
 and requests go through the lean keep-alive pool of the ``UpstreamClient`` that
 ``upstream_client()`` makes (``gatekeeper.proxy.upstream``); a plain
 ``httpx.AsyncClient`` also works, at several times the CPU per request.
+
+``Proxy.answer_now`` (each forwarding route's, ``relay.AnswerNow``) is the usual case
+without a task, for a server that offers it a request read whole (the sidecar's HTTP
+protocol): a JSON body asking for a whole answer, a model the resolver has ready workers
+for at once (``Resolver.ready``), and an idle pooled connection to the chosen one. The
+request goes out on that connection from the caller's callback and the answer is sent
+from the connection's (``upstream.Exchange``), with the same routing, alias rewrite,
+cancellation, errors, report and metrics as ``forward``'s; a connection found closed
+unanswered hands the request back to ``forward``, which sends it again once. Anything
+else (a stream, a form, a body to refuse, a model to launch or wait for) is declined
+and ``forward`` answers it.
 """
 
 from __future__ import annotations
@@ -63,9 +74,12 @@ from gatekeeper.proxy.protocol import (
     too_large,
     upstream_failed,
 )
-from gatekeeper.proxy.relay import DisconnectWatch, Outcome, StreamRelay, WholeAnswer
+from gatekeeper.proxy.relay import DisconnectWatch, Outcome, Reply, StreamRelay, WholeAnswer
 from gatekeeper.proxy.upstream import (
     Answer,
+    Exchange,
+    Upstream,
+    UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
     pool_for,
@@ -141,6 +155,12 @@ class Resolver(Protocol):
         """Ready workers for ``model``; may launch one and wait (bounded). Raises
         ``RouteError``: 404 unknown model, 503 loading or full (``retry_after``), 507 or
         409 when it cannot be admitted (the message carries the reasons)."""
+        ...
+
+    def ready(self, model: str) -> list[Endpoint] | None:
+        """The ready workers for ``model`` when they are known at once (no launch, no
+        wait: the usual case), as ``endpoints`` would give them; else None, and the
+        proxy asks ``endpoints``."""
         ...
 
     async def models(self) -> list[dict[str, Any]]:
@@ -222,6 +242,7 @@ class Proxy:
     ) -> None:
         self._resolver = resolver
         self._upstream = pool_for(client)
+        self._now = self._upstream if isinstance(self._upstream, Upstream) else None
         self._client = client
         self._metrics: ProxyMetrics = metrics if metrics is not None else NoMetrics()
         self._max_body_bytes = max_body_bytes
@@ -324,6 +345,35 @@ class Proxy:
         )
         self._metrics.observe(model, 502, time.perf_counter() - start)
         return error_response(502, message, code="worker_refused_connection")
+
+    def answer_now(
+        self, scope: Scope, body: bytes, path: str, kind: type[OpenAIRequest], reply: Reply
+    ) -> bool:
+        """``forward``'s usual case without a task (``relay.AnswerNow``): a JSON body
+        asking for a whole answer, a ready worker with an idle pooled connection. The
+        request goes out at once and the worker's whole answer is sent from the
+        connection's callback, with the same report and metrics as ``forward``'s; False,
+        with nothing done, for anything else (``forward`` answers it)."""
+        if self._now is None or kind is FormRequest or len(body) > self._max_body_bytes:
+            return False
+        start = time.perf_counter()
+        try:
+            parsed = _parse(body, kind, scope)
+        except _Failed:
+            return False
+        model = parsed.model
+        ready = None if parsed.stream else self._resolver.ready(model)
+        if not ready:
+            return False
+        outstanding = self._outstanding
+        endpoint = (
+            ready[0]
+            if len(ready) == 1
+            else min(ready, key=lambda e: outstanding.get(e.worker_id, 0))
+        )  # the first of the least outstanding, as _candidates orders them
+        payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
+        headers = [(k, v) for k, v in scope["headers"] if k not in _SKIP_REQUEST]
+        return _Call(self, endpoint, model, start).now(self._now, path, payload, headers, reply)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_body_bytes
@@ -429,11 +479,15 @@ class _Forward:
         response = await self._proxy.forward(scope, receive, self._path, self._kind)
         await response(scope, receive, send)
 
+    def answer_now(self, scope: Scope, body: bytes, reply: Reply) -> bool:
+        """``relay.AnswerNow``: the usual case without a task (``Proxy.answer_now``)."""
+        return self._proxy.answer_now(scope, body, self._path, self._kind, reply)
+
 
 class _Call:
     """One try at one worker, and the single report at its end."""
 
-    __slots__ = ("_endpoint", "_model", "_proxy", "_start", "_status")
+    __slots__ = ("_endpoint", "_exchange", "_model", "_proxy", "_reply", "_start", "_status")
 
     def __init__(self, proxy: Proxy, endpoint: Endpoint, model: str, start: float) -> None:
         self._proxy = proxy
@@ -441,18 +495,81 @@ class _Call:
         self._model = model
         self._start = start
         self._status = CLIENT_CLOSED
+        self._exchange: Exchange | None = None
+        self._reply: Reply | None = None
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _leave(self) -> None:
         proxy, worker_id = self._proxy, self._endpoint.worker_id
         left = proxy._outstanding[worker_id] - 1
         if left:
             proxy._outstanding[worker_id] = left
         else:
             del proxy._outstanding[worker_id]
+
+    def _finish(self, outcome: Outcome) -> None:
+        proxy = self._proxy
+        self._leave()
         proxy._resolver.report(self._endpoint, outcome)
         if outcome != "connect_error":
             status = CLIENT_CLOSED if outcome == "cancelled" else self._status
             proxy._metrics.observe(self._model, status, time.perf_counter() - self._start)
+
+    # Without a task (Proxy.answer_now): the exchange's callbacks (upstream.AnswerSink)
+    # and the client's going, each of which ends the call once.
+
+    def now(
+        self,
+        pool: Upstream,
+        path: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        reply: Reply,
+    ) -> bool:
+        """Send on an idle pooled connection and answer through ``reply``; False, nothing
+        sent, when the worker has none idle."""
+        proxy, endpoint = self._proxy, self._endpoint
+        self._reply = reply
+        exchange = pool.post_now(endpoint.base_url, path, body, headers, self)
+        if exchange is None:
+            return False
+        self._exchange = exchange
+        proxy._outstanding[endpoint.worker_id] = proxy._outstanding.get(endpoint.worker_id, 0) + 1
+        reply.watch_disconnect(self._gone)
+        return True
+
+    def answered(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        reply = self._ended()
+        self._status = status
+        self._finish("upstream_error" if status >= 500 else "ok")
+        kept = [(k, v) for k, v in headers if k not in _SKIP_RESPONSE]
+        reply.respond(status, [*kept, (b"content-length", str(len(body)).encode())], body)
+
+    def failed(self, error: UpstreamClosed) -> None:
+        reply = self._ended()
+        self._status = 502
+        self._finish("upstream_error")
+        answer = upstream_failed(self._endpoint.worker_id, error)
+        reply.respond(answer.status_code, answer.raw_headers, bytes(answer.body))
+
+    def stale(self) -> None:
+        """The pooled connection had closed: the request goes the usual way, which sends
+        it again once on a new connection (``forward``), reported there."""
+        reply = self._ended()
+        self._leave()
+        reply.fall_back()
+
+    def _gone(self) -> None:
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.cancel()
+            self._finish("cancelled")
+
+    def _ended(self) -> Reply:
+        reply = self._reply
+        assert reply is not None
+        self._exchange = None
+        reply.watch_disconnect(None)
+        return reply
 
     async def send(
         self,

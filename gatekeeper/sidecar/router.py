@@ -98,11 +98,15 @@ class ModelRouter:
             return model
         return self.registry.alias(model) or model
 
-    async def endpoints(self, model: str) -> list[Endpoint]:
-        # The usual case first: a model with a ready worker is known, and served at once.
+    def ready(self, model: str) -> list[Endpoint] | None:
+        # The usual case: a model with a ready worker is known, and served at once.
         ready = [d for d in self.manager.by_name(model) if d.state == "ready"]
-        if not ready:
-            model, ready = await self._ready(model)
+        return self._serving(model, ready) if ready else None
+
+    async def endpoints(self, model: str) -> list[Endpoint]:
+        return self.ready(model) or self._serving(*await self._ready(model))
+
+    def _serving(self, model: str, ready: list[Deployment]) -> list[Endpoint]:
         self._failures.pop(model, None)
         now = time.time()
         for d in ready:

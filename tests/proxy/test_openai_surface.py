@@ -118,6 +118,9 @@ class OneModel:
     def __init__(self, url: str) -> None:
         self.url = url
 
+    def ready(self, model: str) -> list[Endpoint] | None:
+        return [Endpoint("w", self.url, "sim")] if model in ("sim", "alias") else None
+
     async def endpoints(self, model: str) -> list[Endpoint]:
         if model not in ("sim", "alias"):
             raise RouteError(404, f"The model `{model}` does not exist.", type="NotFoundError")

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
@@ -30,8 +32,14 @@ class TableResolver:
         self.table = table
         self.errors = errors
         self.reports: list[tuple[str, str]] = []
+        self.asked: list[str] = []
+        """The models ``endpoints`` was asked for (the proxy's path with a task)."""
+
+    def ready(self, model: str) -> list[Endpoint] | None:
+        return None if model in self.errors else self.table.get(model)
 
     async def endpoints(self, model: str) -> list[Endpoint]:
+        self.asked.append(model)
         if model in self.errors:
             raise self.errors[model]
         if model not in self.table:
@@ -68,7 +76,8 @@ def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 
 class Rig:
-    def __init__(self, a: FakeUpstream, b: FakeUpstream) -> None:
+    def __init__(self, kind: str, a: FakeUpstream, b: FakeUpstream) -> None:
+        self.kind = kind
         self.a = a
         self.b = b
         self.resolver: TableResolver
@@ -82,12 +91,23 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
     """The proxy with gatekeeper's client (lean pool) and with a plain httpx client, under
     plain uvicorn; and with gatekeeper's client under the sidecar's HTTP protocol, whose
     lean path takes the forwarding POSTs (``http_protocol``)."""
-    rig = Rig(FakeUpstream("A"), FakeUpstream("B"))
-    with serve_in_thread(rig.a.app()) as url_a, serve_in_thread(rig.b.app()) as url_b:
+    rig = Rig(request.param, FakeUpstream("A"), FakeUpstream("B"))
+    with (
+        serve_in_thread(rig.a.app()) as url_a,
+        serve_in_thread(rig.b.app()) as url_b,
+        closing_worker() as url_s,
+    ):
         a = Endpoint("A", url_a, "m")
         dead = Endpoint("dead", f"http://127.0.0.1:{closed_port()}", "m")
         pair = [Endpoint("A", url_a, "pair"), Endpoint("B", url_b, "pair")]
-        table = {"m": [a], "pair": pair, "alias-m": [a], "dead": [dead], "dead-then-a": [dead, a]}
+        table = {
+            "m": [a],
+            "pair": pair,
+            "alias-m": [a],
+            "dead": [dead],
+            "dead-then-a": [dead, a],
+            "m-closing": [Endpoint("S", url_s, "m-closing")],
+        }
         errors = {
             "loading": RouteError(
                 503, "m is loading (42 s so far).", type="service_unavailable", retry_after=7.5
@@ -115,6 +135,41 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
         with serve_in_thread(app, **options) as url:
             rig.url = url
             yield rig
+
+
+@contextmanager
+def closing_worker() -> Iterator[str]:
+    """A worker that answers the first request on each connection, keeps the connection
+    and closes it unanswered when the next request comes (as a keep-alive timeout that
+    lands just as the proxy sends does); yields its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answer = json.dumps({"object": "chat.completion", "choices": []}).encode()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            for reply in (True, False):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    if not (chunk := conn.recv(65536)):
+                        return
+                    data += chunk
+                if reply:
+                    head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(answer)}\r\n\r\n"
+                    conn.sendall(head.encode() + answer)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
 
 
 @pytest.fixture
@@ -277,6 +332,59 @@ def test_client_giving_up_on_a_whole_answer_reaches_the_worker(rig: Rig) -> None
         oai.chat.completions.create(model="m", messages=HI, extra_body=fake(tag=t, first_delay=5))
     assert eventually(lambda: t in rig.a.cancelled, timeout=3.0)
     assert eventually(lambda: rig.proxy.outstanding("A") == 0)
+
+
+def test_whole_answers_on_the_sidecar_protocol_go_without_a_task(
+    rig: Rig, http: httpx.Client
+) -> None:
+    """Under the sidecar's protocol a whole answer from a ready worker with an idle pooled
+    connection is sent from callbacks (``Proxy.answer_now``): the resolver's ``ready`` is
+    asked, never its async ``endpoints``; its ends are the task path's, reported the same."""
+    if rig.kind != "sidecar-protocol":
+        pytest.skip("answer_now is offered by the sidecar's HTTP protocol only")
+
+    def without_a_task(step: Callable[[], None]) -> None:
+        http.post("/v1/chat/completions", json={"model": "m"}).raise_for_status()  # pooled
+        asked = len(rig.resolver.asked)
+        step()
+        assert rig.resolver.asked[asked:] == []
+
+    def alias() -> None:
+        t = tag()
+        answer = http.post("/v1/chat/completions", json={"model": "alias-m", **fake(tag=t)})
+        assert answer.json()["choices"][0]["message"]["content"] == "hello from A"
+        assert rig.a.tagged(t)[0].body["model"] == "m"  # the alias rewritten
+
+    def worker_fails() -> None:
+        failed = http.post("/v1/chat/completions", json={"model": "m", **fake(fail_after=0)})
+        assert "failed mid-request" in assert_openai_error(failed, 502)["message"]
+        assert eventually(lambda: ("A", "upstream_error") in rig.resolver.reports)
+
+    def client_goes() -> None:
+        t = tag()
+        body = {"model": "m", **fake(tag=t, first_delay=5)}
+        with (
+            httpx.Client(base_url=rig.url, timeout=0.3) as impatient,
+            pytest.raises(httpx.ReadTimeout),
+        ):
+            impatient.post("/v1/chat/completions", json=body)
+        assert eventually(lambda: t in rig.a.cancelled, timeout=3.0)
+        assert eventually(lambda: rig.proxy.outstanding("A") == 0)
+        assert ("m", 499) in [(m, s) for m, s, _ in rig.metrics.seen]
+
+    for step in (alias, worker_fails, client_goes):
+        without_a_task(step)
+
+
+def test_a_kept_connection_closed_as_it_is_used_is_sent_again(rig: Rig, http: httpx.Client) -> None:
+    """The worker closes the pooled connection unanswered (``closing_worker``): the request
+    goes again once on a new connection, and the client sees only the answer."""
+    if rig.kind == "httpx":
+        pytest.skip("httpx's own pool, not gatekeeper's")
+    for _ in range(3):
+        answer = http.post("/v1/chat/completions", json={"model": "m-closing"})
+        assert answer.status_code == 200, answer.text
+    assert [outcome for worker, outcome in rig.resolver.reports if worker == "S"] == ["ok"] * 3
 
 
 def test_least_outstanding_spreads_across_workers(rig: Rig, oai: openai.OpenAI) -> None:
