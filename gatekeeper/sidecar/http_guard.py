@@ -16,7 +16,9 @@
   app (``build_app`` puts it there); an exception from a direct app is answered 500 by
   uvicorn, as Starlette's error middleware would answer it. ``direct_routes`` gives the
   same apps behind the same key policy, for the server's lean path (``http_protocol``),
-  which hands such POSTs to them before the app stack is entered.
+  which hands such POSTs to them before the app stack is entered; their ``answer_now``
+  (the proxy's path without a task) is behind the same policy, and declines a request
+  without a right key, whose 401 the app then gives.
 
 Deadlines on request headers and bodies are the HTTP protocol's (``http_protocol``).
 """
@@ -30,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_response
+from gatekeeper.proxy.relay import AnswerNow, Reply
 
 __all__ = ["GUARDED_PREFIXES", "HttpGuard"]
 
@@ -107,12 +110,21 @@ class _Keyed:
     """A direct route behind the guard's key policy: checked (a guarded prefix), or only
     the ``Authorization`` header removed."""
 
-    __slots__ = ("_app", "_check", "_guard")
+    __slots__ = ("_app", "_check", "_guard", "_now")
 
     def __init__(self, guard: HttpGuard, app: ASGIApp, *, check: bool) -> None:
         self._guard = guard
         self._app = app
         self._check = check
+        self._now: AnswerNow | None = getattr(app, "answer_now", None)
+
+    def answer_now(self, scope: Scope, body: bytes, reply: Reply) -> bool:
+        """The route's ``answer_now`` (``relay.AnswerNow``) behind the same key policy;
+        a request without a right key is left to ``__call__`` (its 401)."""
+        if self._now is None:
+            return False
+        admitted = self._guard._admit(scope) if self._check else _without_authorization(scope)
+        return admitted is not None and self._now(admitted, body, reply)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._check:
