@@ -35,8 +35,9 @@ proxy's POSTs.
   ready worker from the connection callbacks, through the cycle (``relay.Reply``), and
   no task exists for the request at all; anything it declines runs the app's task as
   before (``fall_back``). One task and its futures cost about 30 µs of CPU per request
-  here; with it the sidecar's CPU per proxied request went 0.217-0.264 -> 0.162 ms
-  against vllm-router's 0.178-0.230 (``python -m bench.proxy``).
+  here; with it the sidecar's CPU per proxied request went from 1.09-1.15x vllm-router's
+  in the same run to 0.91-1.03x (four runs of ``python -m bench.proxy``, 0.162-0.219 ms
+  against 0.178-0.214).
 - **Keep-alive**: one timer per connection, pushed back by each answer (uvicorn arms one
   after every answer and cancels it on the next request's first byte, about 2 µs each).
 """
