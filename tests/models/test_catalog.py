@@ -27,8 +27,9 @@ TEXT_FIELDS = (
     "max_position_embeddings",
 )
 MOE_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-# q_lora_rank may be absent (TechxGenus' DeepSeek-Coder-V2-Lite AWQ copy); absent means no q LoRA.
-MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# q_lora_rank is named even when null (no q LoRA): absent, transformers' DeepseekV2Config and
+# DeepseekV3Config default it to 1536, which is how vLLM would read such a copy.
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 # Config classes whose tie_word_embeddings default is True when the key is absent (Gemma, OPT
 # rely on it); the other families here default to untied (DeepseekV2Config, LlamaConfig, ...).
 TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
@@ -159,7 +160,7 @@ def _gqa_attention_params(cfg: dict[str, Any]) -> int:
 
 
 def _mla_attention_params(cfg: dict[str, Any]) -> int:
-    """DeepSeek multi-head latent attention of one layer (q_lora_rank absent = no q LoRA)."""
+    """DeepSeek multi-head latent attention of one layer (q_lora_rank null = no q LoRA)."""
     hidden = _int(cfg, "hidden_size")
     heads = _int(cfg, "num_attention_heads")
     nope, rope = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
