@@ -161,6 +161,11 @@ def measure(name: str, model_dir: Path) -> dict[str, Any]:
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         block_size=fam["block_size"],
         kv_cache_memory_bytes=KV_BUDGET_BYTES,
+        # On a CPU with AMX tiles vLLM prefers AMX_MLA, whose kernel wants blocks of a
+        # multiple of 32 and refuses the families' 16 (platforms/cpu.py,
+        # get_attn_backend_cls); the reference CPU_MLA takes any block size. The KV layout
+        # is the model's either way; other families ignore the choice (CPU_ATTN).
+        attention_config={"backend": "CPU_MLA"},
     )
     try:
         cfg = llm.llm_engine.vllm_config
