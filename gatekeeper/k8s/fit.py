@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from gatekeeper.errors import GatekeeperError, ServeOptionsError, UnknownGpuError
+from gatekeeper.errors import GatekeeperError, HubError, ServeOptionsError, UnknownGpuError
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus.products import lookup_gpu
@@ -43,11 +43,11 @@ __all__ = [
     "Finding",
     "GpuChoice",
     "Outcome",
-    "draft_finding",
     "gpu_count_finding",
     "gpu_from_value",
     "judge",
     "suggestions",
+    "unknown_model_finding",
 ]
 
 Outcome = Literal["allow", "warn", "deny"]
@@ -134,13 +134,25 @@ def gpu_count_finding(
     return None
 
 
-def draft_finding(who: str, reference: str, error: GatekeeperError) -> Finding:
-    """The denial when ``--speculative-config`` names a draft model gatekeeper cannot read:
-    its weights and KV cache share the GPU with the target, so the fit cannot be told."""
+def unknown_model_finding(
+    who: str, reference: str, error: GatekeeperError, outcome: Outcome, *, draft: bool = False
+) -> Finding:
+    """The finding for a model gatekeeper cannot read (``webhook_unknown_model``: warn,
+    checked no further, or deny). A speculative draft follows the same rule as the
+    target: a draft unknown to the catalog (an offline EAGLE-3 head) is as checkable as
+    an unknown target, which is to say not."""
+    verb = "denied (webhook_unknown_model=deny)" if outcome == "deny" else "not checked"
+    why = f"the hub lookup failed: {error}" if isinstance(error, HubError) else "not in the catalog"
+    what = (
+        f"speculative_config's draft model {reference!r} is unknown to gatekeeper ({why}; "
+        f"{error}), so the memory it takes beside the target cannot be counted and it is {verb}"
+        if draft
+        else f"model {reference!r} is unknown to gatekeeper ({why}), so it is {verb}"
+    )
     return Finding(
-        "deny",
-        f"{who}: speculative_config's draft model {reference!r} cannot be sized, so the "
-        f"memory it takes beside the target cannot be counted: {error}",
+        outcome,
+        f"{who}: {what}; check the name, or set GATEKEEPER_ALLOW_NETWORK=true to look it up on "
+        "the hub",
     )
 
 

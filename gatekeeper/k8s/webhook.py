@@ -12,11 +12,11 @@ selector or required node affinity (through the GPU table; the smallest when sev
 the configured default. Outcomes:
 
 - denied (``allowed: false``, ``status.code`` 403, ``status.message`` says what the model
-  needs per GPU, what the GPU has and what would fit), also when the draft model cannot
-  be resolved;
+  needs per GPU, what the GPU has and what would fit);
 - allowed with ``warnings`` when it fits with less than the safety margin or when
-  gatekeeper cannot tell (unknown model, unknown GPU, unreadable values, flags vLLM's
-  table lacks);
+  gatekeeper cannot tell (an unknown model or speculative draft model, by the same
+  rule ``webhook_unknown_model``; an unknown GPU, unreadable values, flags the release's
+  table lacks, an image whose tag names no vLLM release);
 - allowed, saying so, when the template is annotated ``gatekeeper.io/skip: "true"``;
 - allowed silently when nothing runs vLLM, for deletes, sub-resources, objects being
   deleted and updates that leave the pod templates unchanged.
@@ -39,15 +39,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gatekeeper.errors import GatekeeperError, HubError
+from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.k8s.fit import (
     Finding,
     GpuChoice,
-    draft_finding,
     gpu_count_finding,
     gpu_from_value,
     judge,
+    unknown_model_finding,
 )
 from gatekeeper.k8s.review import (
     AdmissionRequest,
@@ -68,7 +68,7 @@ from gatekeeper.k8s.workloads import (
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.vllm.command import MODEL_ENV_VARS, VllmCommand
-from gatekeeper.vllm.flags import flag_table, model_location
+from gatekeeper.vllm.flags import model_location
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -202,7 +202,6 @@ class AdmissionWebhook:
             return WebhookDecision(True, "ignored")
         where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
         findings: list[Finding] = []
-        table = flag_table(self.config.fit.default_vllm_version)
         skipped = [t for t in templates if _skipped(t)]
         if skipped == templates:
             return _combine([], [where])
@@ -211,7 +210,7 @@ class AdmissionWebhook:
             if template in skipped:
                 findings.append(Finding("warn", _skip_text(f"{where}{part}")))
                 continue
-            for container in vllm_containers(template, table):
+            for container in vllm_containers(template, self.config.fit.default_vllm_version):
                 who = f"container {container.name!r} of {where}{part}"
                 findings += self._container(who, template, container, kind == "LeaderWorkerSet")
         return _combine(findings, [])
@@ -248,7 +247,7 @@ class AdmissionWebhook:
         try:
             return self._resolved(reference)
         except GatekeeperError as e:
-            return draft_finding(who, reference, e)
+            return unknown_model_finding(who, reference, e, self.config.unknown_model, draft=True)
 
     def _resolved(self, model: str, options: ServeOptions | None = None) -> ModelSpec:
         """``resolve`` (with the revision, download dir and config overrides the command
@@ -278,16 +277,7 @@ class AdmissionWebhook:
         try:
             return self._resolved(model, options)
         except GatekeeperError as e:
-            outcome = self.config.unknown_model
-            verb = "denied (webhook_unknown_model=deny)" if outcome == "deny" else "not checked"
-            why = f"the hub lookup failed: {e}" if isinstance(e, HubError) else "not in the catalog"
-            return [
-                Finding(
-                    outcome,
-                    f"{who}: model {model!r} is unknown to gatekeeper ({why}), so it is {verb}; "
-                    "check the name, or set GATEKEEPER_ALLOW_NETWORK=true to look it up on the hub",
-                )
-            ]
+            return [unknown_model_finding(who, model, e, self.config.unknown_model)]
 
     def _gpu(
         self, who: str, template: PodTemplate
@@ -332,7 +322,7 @@ class AdmissionWebhook:
 
 def _reading_findings(who: str, command: VllmCommand) -> list[Finding]:
     """Warnings for what the command line holds that could not be read as vLLM reads it."""
-    findings = []
+    findings = [Finding("warn", f"{who}: {command.version_note}")] if command.version_note else []
     if command.unknown:
         text = "; ".join(command.unknown)
         findings.append(

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.flags import FlagTable
 
 __all__ = [
     "GPU_MEMORY_ANNOTATION",
@@ -140,10 +139,11 @@ def _gpus(container: Mapping[str, Any]) -> int | None:
 
 
 def vllm_containers(
-    template: PodTemplate, table: FlagTable | None = None
+    template: PodTemplate, default_release: str | None = None
 ) -> list[ContainerRequest]:
     """The containers of ``template`` that run vLLM (init containers are not looked at),
-    their flags read with ``table`` (vLLM's flags of a release; the newest by default)."""
+    each read with the flags of the release its image's tag names, else of
+    ``default_release`` (``gatekeeper.vllm.command.parse_vllm_command``)."""
     prefix = f"{template.path}.spec" if template.path else "spec"
     out = []
     for i, raw in enumerate(_seq(template.spec.get("containers"))):
@@ -154,7 +154,7 @@ def vllm_containers(
             _strings(container.get("args")),
             image if isinstance(image, str) else "",
             _env(container),
-            table=table,
+            default_release=default_release,
         )
         if command is None:
             continue

@@ -1,8 +1,9 @@
 """vLLM's command-line surface, both ways.
 
-``flags`` is vLLM's own table of ``vllm serve`` flags (generated from vLLM's parser by
-``scripts/vllm-flag-table.py``, shipped as package data) with their value grammar, and
-the one door for options given as a mapping (``options_from_mapping``); ``serve_args``
+``table`` is vLLM's own table of ``vllm serve`` flags per release (generated from vLLM's
+parser by ``scripts/vllm-flag-table.py``, shipped as package data) with their value
+grammar and argparse's reading of a spelling (abbreviations); ``flags`` is the one door
+for options given as a mapping (``options_from_mapping``); ``serve_args``
 reads a whole command line as vLLM's parser does. ``launch`` writes the argument list a
 placement launches with (the ``LaunchFlags`` derived from the estimate); ``command``
 reads a vLLM command line out of a container (the webhook's input); ``log`` reads a

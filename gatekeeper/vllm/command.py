@@ -13,6 +13,11 @@ Pure: a container's ``command``, ``args``, ``image`` and literal ``env`` in, a
 Kubernetes' ``$(VAR)`` references are expanded first. With no model on the command
 line the model comes from ``VLLM_MODEL``, ``MODEL`` or ``MODEL_NAME``.
 
+The release whose flags (and accounting) apply is the image's tag's
+(``image_release``): ``vllm/vllm-openai:v0.8.5`` is read with 0.8.5's flag table and
+judged with 0.8.5's accounting. ``latest``, a digest, or a tag that names no release:
+the configured default, said in ``version_note``.
+
 Finding the command is this module's; the flags are read by vLLM's own table, as
 every door reads them (``gatekeeper.vllm.serve_args.parse_serve_args``, then
 ``gatekeeper.vllm.flags.serve_options``): every spelling, ``--flag=value``,
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.vllm.flags import FlagTable, flag_table, serve_options
 from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
@@ -43,6 +49,7 @@ __all__ = [
     "MODEL_ENV_VARS",
     "VllmCommand",
     "expand_k8s_vars",
+    "image_release",
     "parse_vllm_command",
 ]
 
@@ -55,6 +62,11 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
 _IMAGE_ENTRYPOINT = re.compile(r"(^|/)vllm-openai([:@]|$)")
 _K8S_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
+_RELEASE_TAG = re.compile(r"v?(\d+\.\d+(?:\.\d+){0,2})(?:[-+._]?(?:rc|post|dev)\d*)?(?:[-+_].*)?")
+"""A tag that is a vLLM release: ``v0.8.5``, ``0.11.0``, ``v0.9.0.1``, ``v0.10.1rc1``,
+``v0.8.5-cu126``."""
+_EMBEDDED_RELEASE = re.compile(r"vllm[-_]v?(\d+\.\d+(?:\.\d+){0,2})", re.IGNORECASE)
+"""A release inside a longer tag: ``rocm6.3.1_vllm_0.8.5_20250513``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +81,12 @@ class VllmCommand:
     options: ServeOptions
     """Every modelled flag, read with vLLM's table (``serve_options``); TP, PP and DP
     (``options.data_parallel_size``) included."""
+    vllm_version: str = DEFAULT_VLLM_VERSION
+    """The release whose flags the command line was read with (and whose accounting
+    ``options.vllm_version`` names): the image tag's, else the configured default."""
+    version_note: str = ""
+    """Why the default release applies (the image's tag names none); empty when the tag
+    names it."""
     max_model_len_auto: bool = False
     """``--max-model-len auto`` (or -1): vLLM picks the longest length that fits."""
     problems: tuple[str, ...] = field(default=())
@@ -104,16 +122,44 @@ def parse_vllm_command(
     image: str,
     env: Mapping[str, str],
     *,
-    table: FlagTable | None = None,
+    default_release: str | None = None,
 ) -> VllmCommand | None:
-    """The vLLM serving command of a container, or None when it does not run vLLM;
-    ``table``: the release's flags (the newest shipped table by default)."""
+    """The vLLM serving command of a container, or None when it does not run vLLM; read
+    with the flags of the release the image's tag names (``image_release``), else of
+    ``default_release`` (the configured default vLLM version)."""
     cmd = [expand_k8s_vars(t, env) for t in command]
     arg = [expand_k8s_vars(t, env) for t in args]
     rest = _vllm_arguments(cmd, arg, image, env)
     if rest is None:
         return None
-    return _parse_arguments(rest, env, table or flag_table())
+    release = image_release(image)
+    note = ""
+    if release is None:
+        release = default_release or DEFAULT_VLLM_VERSION
+        note = (
+            f"image {image.strip()!r} names no vLLM release: read as vLLM {release} (the "
+            "configured default); tag it :vX.Y.Z to read its own"
+        )
+    return _parse_arguments(rest, env, release, note)
+
+
+def image_release(image: str) -> str | None:
+    """The vLLM release an image reference names: the tag of an image whose name (the
+    last part of its path) starts with ``vllm`` when the tag is a version
+    (``vllm/vllm-openai:v0.8.5``, ``registry:5000/mirror/vllm-openai:0.11.0-cu126``), or
+    ``vllm_X.Y.Z`` inside any tag (``rocm/vllm:rocm6.3.1_vllm_0.8.5_20250513``). None
+    for ``latest``, a digest alone, no tag, or a tag that names no release."""
+    name, _, _digest = image.strip().partition("@")
+    path, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:  # no tag (a colon before is a registry's port)
+        return None
+    embedded = _EMBEDDED_RELEASE.search(tag)
+    if embedded:
+        return embedded.group(1)
+    matched = _RELEASE_TAG.fullmatch(tag)
+    if matched and path.rsplit("/", 1)[-1].lower().startswith("vllm"):
+        return matched.group(1)
+    return None
 
 
 def _vllm_arguments(
@@ -189,12 +235,13 @@ class _Reading:
 
 
 def _parse_arguments(
-    tokens: Sequence[str], env: Mapping[str, str], table: FlagTable
+    tokens: Sequence[str], env: Mapping[str, str], release: str, note: str
 ) -> VllmCommand:
+    table = flag_table(release)
     reading = _Reading(list(tokens))
     _without_config_file(reading)
     read = _read_flags(reading, table)
-    values = dict(read.values)
+    values = {**read.values, "vllm_version": release}
     auto = values.get("max_model_len") == -1
     options = _options(values, reading.problems)
     model, model_from = _model(read.model, reading.args, env)
@@ -202,6 +249,8 @@ def _parse_arguments(
         model,
         model_from,
         options,
+        vllm_version=release,
+        version_note=note,
         max_model_len_auto=auto,
         problems=tuple(reading.problems),
         unknown=tuple(reading.unknown),
@@ -264,14 +313,15 @@ def _set_aside(reading: _Reading, e: ServeOptionsError, table: FlagTable) -> boo
     return True
 
 
-def _spelling(token: str) -> str | None:
+def _spelling(token: str, table: FlagTable) -> str | None:
     """The option a token spells, as vLLM normalises it (``--max_model_len=8k`` ->
     ``--max-model-len``, ``--hf-overrides.a.b`` -> ``--hf-overrides``, ``-O3`` ->
-    ``--optimization-level``); None for a value."""
+    ``--optimization-level``, ``--max-num-seq`` -> ``--max-num-seqs``); None for a value."""
     if not token.startswith("-") or _NEGATIVE_NUMBER.match(token) or token == "--":
         return None
     if token.startswith("--"):
-        return "--" + token[2:].partition("=")[0].partition(".")[0].replace("_", "-")
+        spelled = "--" + token[2:].partition("=")[0].partition(".")[0].replace("_", "-")
+        return table.option_of(spelled) or spelled
     if token.startswith("-O"):
         return "--optimization-level"
     return token.partition("=")[0]
@@ -282,7 +332,7 @@ def _drop(args: list[str], spellings: set[str], table: FlagTable) -> bool:
     model_flag = any(a == "--model" or a.startswith("--model=") for a in args)
     found, i = False, 0
     while i < len(args):
-        spelling = _spelling(args[i])
+        spelling = _spelling(args[i], table)
         if spelling not in spellings:
             i += 1
             continue
@@ -297,11 +347,11 @@ def _extent(args: Sequence[str], i: int, table: FlagTable, model_flag: bool) -> 
     inline = "=" in token or (
         token.startswith("-O") and not token.startswith("--") and token != "-O"
     )
-    flag = table.find(_spelling(token) or "")
+    flag = table.find(_spelling(token, table) or "")
     if inline or (flag is not None and flag.switch):
         return 1
     values = 0
-    while i + 1 + values < len(args) and _spelling(args[i + 1 + values]) is None:
+    while i + 1 + values < len(args) and _spelling(args[i + 1 + values], table) is None:
         values += 1
     if flag is None:  # a flag vLLM lacks: its value is the next word, unless that is the model
         if "." in token:

@@ -1,35 +1,28 @@
-"""``vllm serve``'s flags and their value grammar, from vLLM's own flag table.
+"""``vllm serve``'s flags given as a mapping, and the estimator's options from flags.
 
-The table (``gatekeeper/data/vllm_flags/<release>.json``) is generated from vLLM's
-argument parser by ``scripts/vllm-flag-table.py``: every option's destination,
-spellings, whether it is a switch, its value grammar, ``nargs`` (and the ``const`` of an
-optional value: a bare ``--hf-token`` is ``True``), choices and default.
-gatekeeper never imports vLLM. A value is read with the flag's grammar as vLLM's type
-function reads it: vLLM's human-readable integers (``32k`` = 32,000, ``32K`` = 32,768,
-``1.5k`` = 1,500, no decimals with a binary suffix, ``-1``/``auto`` where the flag
-takes them), ``None`` for optional values, JSON for config flags, choices as vLLM spells
-them. ``gatekeeper.vllm.serve_args`` reads whole command lines with it;
+vLLM's own flag table per release and the value grammar are ``gatekeeper.vllm.table``'s
+(re-exported here). ``gatekeeper.vllm.serve_args`` reads whole command lines with it;
 ``serve_values`` gives the same meaning to a mapping (the admin API, settings, plan
-files): keys are destinations or spellings, values typed (no float where vLLM takes an
-integer, no string where it takes a switch). A flag vLLM does not have is an error
-that names the nearest spellings. ``serve_options`` keeps what the estimator models.
+files): keys are destinations or spellings (a ``--long`` spelling, or a key as vLLM's
+``--config`` file gives it, may be abbreviated as vLLM's argparse allows), values typed
+(no float where vLLM takes an integer, no string where it takes a switch). A flag the
+release does not have is an error naming the release and the nearest spellings (or the
+release that has it). ``serve_options`` keeps what the estimator models.
+gatekeeper never imports vLLM.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from functools import cache
-from importlib import resources
-from typing import Any, Literal
+from dataclasses import fields, is_dataclass
+from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import CompilationOptions, HfOverrides, MmLimits, ServeOptions
 from gatekeeper.estimate.speculative import parse_speculative
+from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int, shipped_releases
 
 __all__ = [
     "GATEKEEPER_KEYS",
@@ -45,186 +38,6 @@ __all__ = [
     "serve_values",
     "shipped_releases",
 ]
-
-Grammar = Literal[
-    "bool", "int", "human_int", "human_int_or_auto", "float", "str", "json", "json_or_str"
-]
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One option of ``vllm serve`` as vLLM's parser defines it."""
-
-    dest: str
-    options: tuple[str, ...]
-    switch: bool
-    type: Grammar
-    optional: bool = False
-    """``None`` (the text) is a value: the flag can be unset explicitly."""
-    nargs: str | int | None = None
-    choices: tuple[str, ...] | None = None
-    default: Any = None
-    help: str = ""
-    const: Any = None
-    """What an ``nargs='?'`` flag given with no value stands for (vLLM's ``--hf-token``
-    alone is ``True``: use the stored token); ``None`` when it has none."""
-
-    @property
-    def name(self) -> str:
-        """The long spelling: ``--max-model-len``."""
-        return next((o for o in self.options if o.startswith("--")), self.options[0])
-
-    def value(self, text: str) -> Any:
-        """``text`` read with the flag's grammar; ``ValueError`` says why not."""
-        if self.optional and text in ("", "None"):
-            return None
-        try:
-            value = self._convert(text)
-        except ValueError as e:
-            raise ValueError(_GRAMMAR_HINTS.get(self.type, str(e))) from e
-        if self.choices is not None and str(value) not in self.choices:
-            near = difflib.get_close_matches(text.lower(), self.choices, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
-            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}{hint}")
-        return value
-
-    def _convert(self, text: str) -> Any:
-        kind = self.type
-        if kind in ("human_int", "human_int_or_auto"):
-            if kind == "human_int_or_auto" and text.strip().lower() in ("-1", "auto"):
-                return -1
-            return human_readable_int(text)
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            return float(text)
-        if kind in ("json", "json_or_str"):
-            try:
-                return json.loads(text)
-            except RecursionError:
-                raise ValueError("JSON nested too deeply") from None
-            except json.JSONDecodeError:
-                if kind == "json_or_str":
-                    return text
-                raise ValueError(f"{text!r} is not JSON") from None
-        return text
-
-
-_GRAMMAR_HINTS = {
-    "int": "give a whole number",
-    "human_int": "give a whole number, or one with vLLM's suffixes: 32k = 32,000, "
-    "32K = 32,768, 20G = 20 x 2^30 (no 'GiB', no decimals with K, M, G, T)",
-    "human_int_or_auto": "give a whole number (32k = 32,000, 32K = 32,768), or auto / -1",
-    "float": "give a number",
-    "json": "give JSON, such as '{\"key\": 1}'",
-}
-
-
-def human_readable_int(text: str) -> int:
-    """vLLM's ``human_readable_int``: ``1k`` = 1,000, ``1K`` = 1,024, ``25.6k`` = 25,600;
-    a binary suffix takes no decimals."""
-    value = text.strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
-    if match:
-        number, suffix = match.groups()
-        if suffix.islower():
-            try:
-                return int(float(number) * 10 ** (3 * " kmgt".index(suffix)))
-            except OverflowError:
-                raise ValueError(f"{text!r} is too large") from None
-        if "." in number:
-            raise ValueError(
-                f"decimals are not allowed with binary suffixes like {suffix}; "
-                f"did you mean {number}{suffix.lower()}?"
-            )
-        return int(number) * (1 << (10 * " KMGT".index(suffix)))
-    return int(value)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class FlagTable:
-    """The flags of one vLLM release (one object per release: compared by identity)."""
-
-    vllm: str
-    flags: Mapping[str, Flag]
-    """By destination (``max_model_len``)."""
-    by_option: Mapping[str, Flag] = field(default_factory=dict)
-    """By spelling (``--max-model-len``, ``-tp``, ``--no-enforce-eager``)."""
-
-    def find(self, name: str) -> Flag | None:
-        """The flag named by a destination or a spelling, underscores or dashes."""
-        if name in self.flags:
-            return self.flags[name]
-        if name.startswith("-"):
-            head = name.partition(".")[0]
-            return self.by_option.get(head.replace("_", "-") if head.startswith("--") else head)
-        return self.flags.get(name.replace("-", "_"))
-
-    def nearest(self, name: str) -> list[str]:
-        """The spellings closest to an unknown ``name`` (at most three)."""
-        key = "--" + name.lstrip("-").replace("_", "-")
-        spellings = [o for o in self.by_option if o.startswith("--")]
-        return difflib.get_close_matches(key, spellings, n=3, cutoff=0.6)
-
-    def unknown(self, name: str, where: str) -> ServeOptionsError:
-        near = self.nearest(name)
-        hint = f"; did you mean {' or '.join(near)}?" if near else ""
-        return ServeOptionsError(
-            f"{where}: {name!r} is not a flag of vllm serve {self.vllm}{hint}",
-            field=name,
-            value=name,
-        )
-
-
-@cache
-def _shipped() -> tuple[str, ...]:
-    folder = resources.files("gatekeeper").joinpath("data/vllm_flags")
-    names = [p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")]
-    return tuple(sorted(names, key=_version_key))
-
-
-def shipped_releases() -> list[str]:
-    """The vLLM releases whose flag tables ship with gatekeeper, oldest first."""
-    return list(_shipped())
-
-
-def _version_key(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
-
-
-def flag_table(release: str | None = None) -> FlagTable:
-    """The table of ``release`` (the newest shipped one at or before it; the newest of
-    all when ``None`` or older than every table)."""
-    releases = shipped_releases()
-    chosen = releases[-1]
-    if release is not None:
-        older = [r for r in releases if _version_key(r) <= _version_key(release)]
-        chosen = older[-1] if older else releases[0]
-    return _load(chosen)
-
-
-@cache
-def _load(chosen: str) -> FlagTable:
-    path = resources.files("gatekeeper").joinpath(f"data/vllm_flags/{chosen}.json")
-    data = json.loads(path.read_text())
-    flags = {
-        row["dest"]: Flag(
-            dest=row["dest"],
-            options=tuple(row["options"]),
-            switch=row["switch"],
-            type=row["type"],
-            optional=row["optional"],
-            nargs=row["nargs"],
-            choices=tuple(row["choices"]) if row["choices"] is not None else None,
-            default=row["default"],
-            help=row["help"],
-            const=row["const"],
-        )
-        for row in data["flags"]
-    }
-    by_option = {o: f for f in flags.values() for o in f.options}
-    return FlagTable(str(data["vllm"]), flags, by_option)
-
 
 GATEKEEPER_KEYS = ("vllm_version", "embedded")
 """Serving options that are gatekeeper's own, not vLLM flags."""
@@ -315,6 +128,8 @@ def options_from_mapping(
     """The one door for serving options given as a mapping (the admin API, settings'
     ``[[models]]``, plan files, deployment records): checked with vLLM's grammar, and
     limited to what gatekeeper models, because gatekeeper launches with these options.
+    Read with the flags of the release the mapping names (``vllm_version``), else of
+    ``release`` (the sidecar's configured version), else the newest shipped table.
     Returns the options and the names given (placement searches TP only when neither
     TP nor PP is among them). Raises ``ServeOptionsError`` naming the field and value."""
     if not isinstance(data, Mapping):
@@ -323,7 +138,9 @@ def options_from_mapping(
             field="options",
         )
     given = {k: v for k, v in data.items() if v is not None}  # null: not given
-    values = serve_values(given, flag_table(release), where=where, extra=GATEKEEPER_KEYS)
+    named = given.get("vllm_version")
+    table = flag_table(named if isinstance(named, str) else release)
+    values = serve_values(given, table, where=where, extra=GATEKEEPER_KEYS)
     unmodelled = sorted(set(values) - set(MODELLED) - set(GATEKEEPER_KEYS))
     if unmodelled:
         first = unmodelled[0]
@@ -365,7 +182,7 @@ def serve_values(
         if flag is None:
             raise table.unknown(key, where)
         value = _typed(flag, value, where)
-        if flag.switch and isinstance(key, str) and key.lstrip("-").startswith("no-"):
+        if flag.switch and (table.option_of(key) or "").startswith("--no-"):
             value = not value  # {"--no-enforce-eager": true} means enforce_eager false
         out[flag.dest] = value
     return out

@@ -6,6 +6,9 @@ vLLM's own flag table (``gatekeeper.vllm.flags``):
   command line's own (the command line wins), switches from booleans (``--no-`` for
   false), JSON from nested mappings;
 - underscores or dashes in names (``--max_model_len``), ``--flag=value``, ``-O3``;
+- a ``--long`` flag abbreviated as argparse allows (``--max-num-seq 8``,
+  ``--gpu-memory-util=0.8``; exact spellings win; a prefix of several flags is
+  argparse's "ambiguous option" error with the candidates);
 - dotted JSON fields (``--compilation-config.mode 3``, ``--hf-overrides.a.b 1``),
   merged into one JSON value per flag;
 - each value with its flag's grammar, a bare ``nargs='?'`` flag as its ``const``
@@ -77,7 +80,7 @@ def parse_serve_args(
         raise ServeOptionsError(f"{where}: more than one --config file; vLLM takes one")
     if "--config" in args:
         args = _with_config_file(args, table)
-    args = _normalised(args, table, where)
+    args = _whole_spellings(_normalised(args, table, where), table, where)
     ns, unknown = _argparser(table).parse_known_args(args)
     if unknown:
         first = next((u for u in unknown if u.startswith("-")), unknown[0])
@@ -210,6 +213,23 @@ def _normalised(args: list[str], table: FlagTable, where: str) -> list[str]:
         i += 1
     for flag_name, fields in dotted.items():
         out += [flag_name, json.dumps(fields)]
+    return out
+
+
+def _whole_spellings(args: list[str], table: FlagTable, where: str) -> list[str]:
+    """Each ``--long`` option as the whole spelling it abbreviates, as vLLM's argparse
+    reads it (``allow_abbrev``: ``--max-num-seq 8`` is ``--max-num-seqs 8``, exact
+    spellings win, a prefix of several is argparse's "ambiguous option" error); after
+    ``--`` everything is a value, as in argparse. One-dash options are argparse's own
+    (``_argparser`` reads them as vLLM's parser does)."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = table.expand(name, where) + eq + value
+        out.append(arg)
     return out
 
 

@@ -1,0 +1,312 @@
+"""vLLM's flag tables: one per shipped release, and how argparse reads a spelling in one.
+
+The table (``gatekeeper/data/vllm_flags/<release>.json``) is generated from vLLM's
+argument parser by ``scripts/vllm-flag-table.py``: every option's destination,
+spellings, whether it is a switch, its value grammar, ``nargs`` (and the ``const`` of an
+optional value: a bare ``--hf-token`` is ``True``), choices and default. A value is read
+with the flag's grammar as vLLM's type function reads it (``Flag.value``): vLLM's
+human-readable integers (``32k`` = 32,000, ``32K`` = 32,768), ``None`` for optional
+values, JSON for config flags, choices as vLLM spells them.
+
+``flag_table(release)`` is the table of a release (the newest shipped one at or before
+it). A ``--long`` spelling is read as vLLM's ``FlexibleArgumentParser`` (an argparse
+parser with ``allow_abbrev``, after it turns underscores into dashes) reads it: the
+option itself when the release has it, else the one option it is a prefix of
+(``--max-num-seq`` is ``--max-num-seqs``), and a prefix of several is argparse's
+"ambiguous option" error with the candidates (Python's ``argparse._parse_optional`` and
+``_get_option_tuples``). A flag the release lacks is an error naming the release and,
+when another shipped release has the flag, which one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.accounting import parse_vllm_version
+
+__all__ = [
+    "Flag",
+    "FlagTable",
+    "Grammar",
+    "flag_table",
+    "human_readable_int",
+    "shipped_releases",
+]
+
+Grammar = Literal[
+    "bool", "int", "human_int", "human_int_or_auto", "float", "str", "json", "json_or_str"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One option of ``vllm serve`` as vLLM's parser defines it."""
+
+    dest: str
+    options: tuple[str, ...]
+    switch: bool
+    type: Grammar
+    optional: bool = False
+    """``None`` (the text) is a value: the flag can be unset explicitly."""
+    nargs: str | int | None = None
+    choices: tuple[str, ...] | None = None
+    default: Any = None
+    help: str = ""
+    const: Any = None
+    """What an ``nargs='?'`` flag given with no value stands for (vLLM's ``--hf-token``
+    alone is ``True``: use the stored token); ``None`` when it has none."""
+
+    @property
+    def name(self) -> str:
+        """The long spelling: ``--max-model-len``."""
+        return next((o for o in self.options if o.startswith("--")), self.options[0])
+
+    def value(self, text: str) -> Any:
+        """``text`` read with the flag's grammar; ``ValueError`` says why not."""
+        if self.optional and text in ("", "None"):
+            return None
+        try:
+            value = self._convert(text)
+        except ValueError as e:
+            raise ValueError(_GRAMMAR_HINTS.get(self.type, str(e))) from e
+        if self.choices is not None and str(value) not in self.choices:
+            near = difflib.get_close_matches(text.lower(), self.choices, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}{hint}")
+        return value
+
+    def _convert(self, text: str) -> Any:
+        kind = self.type
+        if kind in ("human_int", "human_int_or_auto"):
+            if kind == "human_int_or_auto" and text.strip().lower() in ("-1", "auto"):
+                return -1
+            return human_readable_int(text)
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        if kind in ("json", "json_or_str"):
+            try:
+                return json.loads(text)
+            except RecursionError:
+                raise ValueError("JSON nested too deeply") from None
+            except json.JSONDecodeError:
+                if kind == "json_or_str":
+                    return text
+                raise ValueError(f"{text!r} is not JSON") from None
+        return text
+
+
+_GRAMMAR_HINTS = {
+    "int": "give a whole number",
+    "human_int": "give a whole number, or one with vLLM's suffixes: 32k = 32,000, "
+    "32K = 32,768, 20G = 20 x 2^30 (no 'GiB', no decimals with K, M, G, T)",
+    "human_int_or_auto": "give a whole number (32k = 32,000, 32K = 32,768), or auto / -1",
+    "float": "give a number",
+    "json": "give JSON, such as '{\"key\": 1}'",
+}
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's ``human_readable_int``: ``1k`` = 1,000, ``1K`` = 1,024, ``25.6k`` = 25,600;
+    a binary suffix takes no decimals."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            try:
+                return int(float(number) * 10 ** (3 * " kmgt".index(suffix)))
+            except OverflowError:
+                raise ValueError(f"{text!r} is too large") from None
+        if "." in number:
+            raise ValueError(
+                f"decimals are not allowed with binary suffixes like {suffix}; "
+                f"did you mean {number}{suffix.lower()}?"
+            )
+        return int(number) * (1 << (10 * " KMGT".index(suffix)))
+    return int(value)
+
+
+_HELP = "--help"
+"""vLLM's serve parser has argparse's ``-h/--help`` too (registered first): a prefix of
+it counts among the candidates, as in vLLM."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FlagTable:
+    """The flags of one vLLM release (one object per release: compared by identity)."""
+
+    vllm: str
+    flags: Mapping[str, Flag]
+    """By destination (``max_model_len``)."""
+    by_option: Mapping[str, Flag] = field(default_factory=dict)
+    """By spelling (``--max-model-len``, ``-tp``, ``--no-enforce-eager``)."""
+
+    def find(self, name: str) -> Flag | None:
+        """The flag named by a destination or a spelling, underscores or dashes, a
+        ``--long`` spelling (or a key as vLLM's ``--config`` file gives it) perhaps
+        abbreviated; None when unknown or ambiguous."""
+        if name in self.flags:
+            return self.flags[name]
+        if not name.startswith("-") and ("." in name or name.replace("-", "_") in self.flags):
+            return self.flags.get(name.replace("-", "_"))
+        option = self.option_of(name)
+        return self.by_option[option] if option is not None else None
+
+    def option_of(self, name: str) -> str | None:
+        """The whole spelling ``name`` stands for (``--max-num-seq`` and ``max_num_seq``
+        -> ``--max-num-seqs``, ``--no_enforce_eager`` -> ``--no-enforce-eager``); None
+        for a destination, an unknown or an ambiguous name."""
+        if name in self.flags:
+            return None
+        if not name.startswith("-"):
+            name = "--" + name  # a config file's key: vLLM reads it as --KEY
+        head = name.partition(".")[0]
+        if head.startswith("--"):
+            head = head.replace("_", "-")
+        found = self.matches(head)
+        return found[0] if len(found) == 1 and found[0] in self.by_option else None
+
+    def matches(self, option: str) -> list[str]:
+        """The options argparse may read ``option`` (a spelling without ``=value``) as:
+        itself when the release has it (an exact match wins), else every ``--long``
+        option it is a prefix of (vLLM's parser allows abbreviations); one-dash
+        spellings only exactly here (argparse's own parser reads those)."""
+        if option in self.by_option or option == _HELP:
+            return [option]
+        if not option.startswith("--") or len(option) < 3:
+            return []
+        return [o for o in (_HELP, *self.by_option) if o.startswith(option)]
+
+    def expand(self, option: str, where: str) -> str:
+        """``option`` as vLLM's argparse reads it: the whole spelling it abbreviates, or
+        itself (exact, or unknown: the caller says so); raises for an ambiguous prefix."""
+        found = self.matches(option)
+        if len(found) > 1:
+            raise self.ambiguous(option, found, where)
+        return found[0] if found and found[0] != _HELP else option
+
+    def ambiguous(self, option: str, found: list[str], where: str) -> ServeOptionsError:
+        """argparse's error for a prefix of several options, with the candidates."""
+        return ServeOptionsError(
+            f"{where}: ambiguous option: {option} could match {', '.join(found)}; "
+            "give the whole flag",
+            field=option,
+            value=option,
+        )
+
+    def nearest(self, name: str) -> list[str]:
+        """The spellings closest to an unknown ``name`` (at most three)."""
+        key = "--" + name.lstrip("-").replace("_", "-")
+        spellings = [o for o in self.by_option if o.startswith("--")]
+        return difflib.get_close_matches(key, spellings, n=3, cutoff=0.6)
+
+    def unknown(self, name: str, where: str) -> ServeOptionsError:
+        """The error for a flag this release does not have: ambiguous (the candidates),
+        in another shipped release (which one), or the nearest spellings."""
+        key = _spelled(name)
+        found = self.matches(key)
+        if len(found) > 1:
+            return self.ambiguous(key, found, where)
+        elsewhere = _elsewhere(self, key)
+        near = self.nearest(name)
+        hint = f"; did you mean {' or '.join(near)}?" if near and not elsewhere else ""
+        return ServeOptionsError(
+            f"{where}: {name!r} is not a flag of vllm serve {self.vllm}{elsewhere}{hint}",
+            field=name,
+            value=name,
+        )
+
+
+def _spelled(name: str) -> str:
+    """A name as the ``--long`` spelling vLLM reads (``max_model_len`` -> ``--max-model-len``)."""
+    if name.startswith("-") and not name.startswith("--"):
+        return name.partition("=")[0]
+    head = name.lstrip("-").partition("=")[0].partition(".")[0]
+    return "--" + head.replace("_", "-")
+
+
+def _elsewhere(table: FlagTable, option: str) -> str:
+    """Where another shipped release has ``option``: the first later one that has it
+    ("it came in vLLM 0.10.2"), else the last earlier one; empty when none has it."""
+    if option not in _every_option():
+        return ""
+    mine = _version_key(table.vllm)
+    releases = shipped_releases()
+    later = [r for r in releases if _version_key(r) > mine and option in _load(r).by_option]
+    if later:
+        return (
+            f" (it came in vLLM {later[0]}; name that release or a later one as the vLLM "
+            "version, or leave the flag out)"
+        )
+    earlier = [r for r in releases if _version_key(r) < mine and option in _load(r).by_option]
+    if earlier:
+        return f" (vLLM had it up to {earlier[-1]} at least; leave it out)"
+    return ""
+
+
+@cache
+def _every_option() -> frozenset[str]:
+    return frozenset(o for r in shipped_releases() for o in _load(r).by_option)
+
+
+@cache
+def _shipped() -> tuple[str, ...]:
+    folder = resources.files("gatekeeper").joinpath("data/vllm_flags")
+    names = [p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")]
+    return tuple(sorted(names, key=_version_key))
+
+
+def shipped_releases() -> list[str]:
+    """The vLLM releases whose flag tables ship with gatekeeper, oldest first."""
+    return list(_shipped())
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def flag_table(release: str | None = None) -> FlagTable:
+    """The table of ``release`` (the newest shipped one at or before it; the newest of
+    all when ``None`` or older than every table). ``release`` is a vLLM version as the
+    estimator reads it (``0.8.5``, ``0.11.0rc1``, ``0.8.5 V0``); anything else raises
+    ``ServeOptionsError`` naming it."""
+    releases = shipped_releases()
+    chosen = releases[-1]
+    if release is not None:
+        wanted, _ = parse_vllm_version(release)
+        older = [r for r in releases if _version_key(r) <= wanted]
+        chosen = older[-1] if older else releases[0]
+    return _load(chosen)
+
+
+@cache
+def _load(chosen: str) -> FlagTable:
+    path = resources.files("gatekeeper").joinpath(f"data/vllm_flags/{chosen}.json")
+    data = json.loads(path.read_text())
+    flags = {
+        row["dest"]: Flag(
+            dest=row["dest"],
+            options=tuple(row["options"]),
+            switch=row["switch"],
+            type=row["type"],
+            optional=row["optional"],
+            nargs=row["nargs"],
+            choices=tuple(row["choices"]) if row["choices"] is not None else None,
+            default=row["default"],
+            help=row["help"],
+            const=row["const"],
+        )
+        for row in data["flags"]
+    }
+    by_option = {o: f for f in flags.values() for o in f.options}
+    return FlagTable(str(data["vllm"]), flags, by_option)
