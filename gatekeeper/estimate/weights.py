@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from gatekeeper.estimate.state import mixer_weight_bytes
+from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
@@ -95,13 +96,38 @@ def pp_partition(num_layers: int, pp: int) -> list[range]:
     return out
 
 
+def _names(spec: ModelSpec) -> ModuleNames:
+    return module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
+
+
 @dataclass(frozen=True, slots=True)
 class _Ctx:
+    """One rank's sizing context. Modules are named as vLLM's model class names them
+    (``model.layers.0.self_attn.qkv_proj``, ``...mlp.gate_up_proj``, ``...mlp.experts``),
+    which is how vLLM asks the quantization config (``get_quant_method(layer, prefix)``)."""
+
     spec: ModelSpec
     tp: int
     dtype_bytes: int
     quant: QuantSpec | None
+    names: ModuleNames
     opts: WeightOptions = WeightOptions()
+
+    @classmethod
+    def of(
+        cls,
+        spec: ModelSpec,
+        tp: int,
+        dtype_bytes: int,
+        quant: QuantSpec | None,
+        opts: WeightOptions | None = None,
+    ) -> _Ctx:
+        names = _names(spec)
+        quant = quant.for_model(names) if quant is not None else None
+        return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
+
+    def module(self, i: int, name: str) -> str:
+        return f"{self.names.layer(i)}.{name}"
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
         scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
@@ -114,7 +140,7 @@ class _Ctx:
 
 
 def _attention_bytes(c: _Ctx, i: int) -> int:
-    s, tp, p = c.spec, c.tp, f"model.layers.{i}.self_attn"
+    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
     h = s.hidden_size
     if s.mla is not None:
         return _mla_bytes(c, i)
@@ -125,10 +151,10 @@ def _attention_bytes(c: _Ctx, i: int) -> int:
     o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
     if s.attention_output_gate:
         q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
-    total = (
-        c.linear(f"{p}.q_proj", h, q_rank)
-        + c.linear(f"{p}.k_proj", h, k_rank)
-        + c.linear(f"{p}.v_proj", h, v_rank)
+    total = (  # QKVParallelLinear qkv_proj: one scheme for its q, k and v shards
+        c.linear(f"{p}.qkv_proj", h, q_rank)
+        + c.linear(f"{p}.qkv_proj", h, k_rank)
+        + c.linear(f"{p}.qkv_proj", h, v_rank)
         + c.linear(f"{p}.o_proj", o_in, h)
     )
     if s.attention_bias:
@@ -143,45 +169,45 @@ def _attention_bytes(c: _Ctx, i: int) -> int:
 
 
 def _mla_bytes(c: _Ctx, i: int) -> int:
-    s, tp, p = c.spec, c.tp, f"model.layers.{i}.self_attn"
+    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
     m = s.mla
     assert m is not None
     h = s.hidden_size
     heads = cdiv(s.num_attention_heads, tp)
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora
+    kv_a = f"{p}.fused_qkv_a_proj" if m.q_lora_rank else f"{p}.kv_a_proj_with_mqa"
     if m.q_lora_rank:
-        total = c.linear(f"{p}.q_a_proj", h, m.q_lora_rank) + c.vec(m.q_lora_rank)
+        total = c.linear(kv_a, h, m.q_lora_rank) + c.vec(m.q_lora_rank)
         total += c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
     else:
         total = c.linear(f"{p}.q_proj", h, heads * qk)
-    total += c.linear(f"{p}.kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim)
+    total += c.linear(kv_a, h, m.kv_lora_rank + m.qk_rope_head_dim)
     total += c.vec(m.kv_lora_rank)
     total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
     total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
-    return total + _mla_copies(c.spec, c.quant, i, tp, c.dtype_bytes)
+    return total + _mla_copies(c, i)
 
 
-def _mla_copies(spec: ModelSpec, quant: QuantSpec | None, i: int, tp: int, dtype_bytes: int) -> int:
+def _mla_copies(c: _Ctx, i: int) -> int:
     """W_UK_T and W_UV, which vLLM's MLA layers derive from ``kv_b_proj`` after loading
     (``split_kv_b_proj``): dequantized copies in the model dtype when ``kv_b_proj`` is
     quantized; when it is not, ``get_and_maybe_dequant_weights`` returns the weight itself
     and both are views of it, no memory of their own (measured by the conformance test on
     bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s)."""
-    m = spec.mla
-    scheme = quant.scheme_for(f"model.layers.{i}.self_attn.kv_b_proj") if quant else None
-    if m is None or scheme is None:
+    m, quant = c.spec.mla, c.quant
+    name = c.module(i, f"{c.names.attention}.kv_b_proj")
+    if m is None or quant is None or quant.scheme_for(name) is None:
         return 0
-    heads = cdiv(spec.num_attention_heads, tp)
-    return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * dtype_bytes
+    heads = cdiv(c.spec.num_attention_heads, c.tp)
+    return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
 
 
 def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
     h = c.spec.hidden_size
     inter_rank = cdiv(inter, c.tp)
-    if gated:
-        total = c.linear(f"{prefix}.gate_proj", h, inter_rank) + c.linear(
-            f"{prefix}.up_proj", h, inter_rank
-        )
+    if gated:  # MergedColumnParallelLinear gate_up_proj: one scheme for both shards
+        total = 2 * c.linear(f"{prefix}.gate_up_proj", h, inter_rank)
     else:
         total = c.linear(f"{prefix}.fc1", h, inter_rank)
     total += c.linear(f"{prefix}.down_proj", inter_rank, h)
@@ -191,7 +217,7 @@ def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: b
 
 
 def _moe_bytes(c: _Ctx, i: int) -> int:
-    s, moe, p = c.spec, c.spec.moe, f"model.layers.{i}.mlp"
+    s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
     assert moe is not None
     h = s.hidden_size
     total = h * moe.num_experts * c.dtype_bytes + (c.vec(moe.num_experts) if moe.router_bias else 0)
@@ -199,8 +225,8 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
     inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
     local_experts = cdiv(moe.num_experts, ep)
-    # vLLM asks for the scheme of the first expert's projections (compressed-tensors)
-    q = c.quant.scheme_for(f"{p}.experts.0.gate_proj", experts=True) if c.quant else None
+    # RoutedExperts: one module for every expert's projections
+    q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
     if q is not None:
         inter = q.expert_intermediate(inter)
         per_expert = 2 * q.linear_bytes(h, inter, c.dtype_bytes) + q.linear_bytes(
@@ -213,7 +239,12 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     total += local_experts * per_expert
     if moe.shared_intermediate_size:
         total += _mlp_bytes(
-            c, i, f"{p}.shared_experts", moe.shared_intermediate_size, gated=True, bias=False
+            c,
+            i,
+            f"{p}.{c.names.shared_experts}",
+            moe.shared_intermediate_size,
+            gated=True,
+            bias=False,
         )
         total += h * c.dtype_bytes if moe.shared_expert_gate else 0
     return total
@@ -231,7 +262,7 @@ def _layer_bytes(c: _Ctx, i: int) -> int:
     if s.moe is not None and s.layer_moe[i]:
         return total + _moe_bytes(c, i)
     return total + _mlp_bytes(
-        c, i, f"model.layers.{i}.mlp", s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
+        c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
     )
 
 
@@ -241,7 +272,8 @@ def _vocab_rows(spec: ModelSpec, tp: int) -> int:
 
 def _lm_head_bytes(c: _Ctx, vocab: int | None = None) -> int:
     rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else _vocab_rows(c.spec, c.tp)
-    q = c.quant.scheme_for("lm_head") if c.quant is not None and c.quant.lm_head else None
+    lm_head = c.quant is not None and c.quant.lm_head
+    q = c.quant.scheme_for(c.names.lm_head, lm_head=True) if c.quant and lm_head else None
     if q is not None:
         return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
     return rows * c.spec.hidden_size * c.dtype_bytes
@@ -279,14 +311,14 @@ def layer_bytes(
     spec: ModelSpec, i: int, *, tp: int, dtype_bytes: int, quant: QuantSpec | None
 ) -> int:
     """One decoder layer's bytes on one TP rank (layer ``i``'s attention and MLP kind)."""
-    return _layer_bytes(_Ctx(spec, tp, dtype_bytes, quant), i)
+    return _layer_bytes(_Ctx.of(spec, tp, dtype_bytes, quant), i)
 
 
 def lm_head_bytes(
     spec: ModelSpec, *, tp: int, dtype_bytes: int, quant: QuantSpec | None, vocab: int | None = None
 ) -> int:
     """The LM head's bytes on one TP rank (``vocab`` rows, padded to 64, default the model's)."""
-    return _lm_head_bytes(_Ctx(spec, tp, dtype_bytes, quant), vocab)
+    return _lm_head_bytes(_Ctx.of(spec, tp, dtype_bytes, quant), vocab)
 
 
 def weight_plan(
@@ -300,7 +332,7 @@ def weight_plan(
 ) -> WeightPlan:
     """Bytes of weights on each pipeline stage's ranks."""
     opts = options or WeightOptions()
-    ctx = _Ctx(spec, tp, dtype_bytes, quant, opts)
+    ctx = _Ctx.of(spec, tp, dtype_bytes, quant, opts)
     stages = pp_partition(spec.num_layers, pp)
     arch = tuple(
         _stage_bytes(ctx, layers, first=k == 0, last=k == pp - 1) for k, layers in enumerate(stages)
@@ -317,7 +349,7 @@ def weight_plan(
         totals, in_layers = _from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant, opts)
         return _offloaded(totals, _rescaled(parts, in_layers), ckpt.source, opts)
     # Only the index's total_size: scale the architecture's split to the exact total.
-    base = _Ctx(spec, 1, spec.dtype_bytes, spec.quantization)
+    base = _Ctx.of(spec, 1, spec.dtype_bytes, spec.quantization)
     arch_total = _stage_bytes(base, range(spec.num_layers), first=True, last=True)
     extras = _rope_cache_bytes(spec, spec.dtype_bytes)
     factor = (ckpt.total_bytes + extras) / arch_total if arch_total else 1.0
@@ -338,7 +370,7 @@ def _layer_parts(c: _Ctx, i: int) -> list[int]:
     parts = [attention]
     if s.mla is None:
         o_in = cdiv(s.num_attention_heads, c.tp) * s.value_head_dim
-        o_proj = c.linear(f"model.layers.{i}.self_attn.o_proj", o_in, h)
+        o_proj = c.linear(c.module(i, f"{c.names.attention}.o_proj"), o_in, h)
         parts = [attention - o_proj, o_proj]
     mlp = _layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
     if s.moe is not None and s.layer_moe[i]:
@@ -346,7 +378,7 @@ def _layer_parts(c: _Ctx, i: int) -> list[int]:
         parts += [w13, mlp - w13]
     else:
         inter = cdiv(s.intermediate_size, c.tp)
-        down = c.linear(f"model.layers.{i}.mlp.down_proj", inter, h)
+        down = c.linear(c.module(i, f"{c.names.mlp}.down_proj"), inter, h)
         parts += [mlp - down, down]
     return [*parts, c.vec(s.norms_per_layer * h)]
 
@@ -463,8 +495,9 @@ def _from_tensors(
             round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
         )
     extras = _rope_cache_bytes(spec, dtype_bytes)
+    ctx = _Ctx.of(spec, tp, dtype_bytes, quant, opts)
     for k, layers in enumerate(stages):
-        totals[k] += sum(_mla_copies(spec, quant, i, tp, dtype_bytes) for i in layers)
+        totals[k] += sum(_mla_copies(ctx, i) for i in layers)
     return tuple(b + extras for b in totals), tuple(in_layers)
 
 
@@ -474,6 +507,6 @@ def parameter_count(spec: ModelSpec) -> int:
     ``kv_b_proj``)."""
     if spec.declared_parameters:
         return spec.declared_parameters
-    ctx = _Ctx(spec, 1, 1, None)
+    ctx = _Ctx.of(spec, 1, 1, None)
     total = _stage_bytes(ctx, range(spec.num_layers), first=True, last=True)
     return total - _rope_cache_bytes(spec, 1)

@@ -9,6 +9,7 @@ lists every method with its bytes per weight and what stays unquantized.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gatekeeper.models.quant_spec import QuantSpec
@@ -41,8 +42,9 @@ _SKIP_KEYS = (
 )
 
 
-def _skip_list(config: Config) -> tuple[str, ...]:
-    return tuple(p for key in _SKIP_KEYS for p in _names(config.get(key)))
+def _skip_list(config: Config, keys: tuple[str, ...] = _SKIP_KEYS) -> tuple[str, ...]:
+    """The names listed under ``keys``, in order (each config class reads its own)."""
+    return tuple(p for key in keys for p in _names(config.get(key)))
 
 
 def _awq(config: Config) -> QuantSpec:
@@ -56,23 +58,61 @@ def _awq(config: Config) -> QuantSpec:
         scale_bytes=0,
         zero_bits=bits if zero else 0,
         lm_head=bool(config.get("lm_head", False)),
-        skip_patterns=_skip_list(config),
+        skip_patterns=_skip_list(config, ("modules_to_not_convert",)),
+        match="substring",  # auto_awq.py: is_layer_skipped(..., match_mode="substring")
     )
 
 
 def _gptq(config: Config) -> QuantSpec:
+    """``AutoGPTQConfig``: ``dynamic`` rules (``-:regex`` leaves a module unquantized,
+    ``+:regex`` or a bare regex overrides bits/group_size/desc_act for it, first match
+    first), ``modules_in_block_to_quantize`` (what is quantized: substrings, fused shards
+    expanded), and ``modules_to_not_convert`` (vLLM reads the unquantized layers from the
+    checkpoint's tensors; the config's list stands for them)."""
     bits = _int(config, "bits", 4)
     group = _int(config, "group_size", 128)
-    return QuantSpec(
+    base = QuantSpec(
         method="gptq",
         weight_bits=bits,
         group_size=0 if group == -1 else group,
         scale_bytes=0,
         zero_bits=bits,
-        act_order=bool(config.get("desc_act", False)),
+        act_order=bool(config.get("desc_act", False)) and group != -1,
         lm_head=bool(config.get("lm_head", False)),
-        skip_patterns=_skip_list(config),
+        match="gptq",
     )
+    dynamic = config.get("dynamic") or {}
+    rules = dynamic.items() if isinstance(dynamic, Mapping) else ()
+    negatives = tuple(str(k) for k, _ in rules if str(k).startswith("-:"))
+    positives = tuple(
+        (str(k), _gptq_override(base, v))
+        for k, v in rules
+        if not str(k).startswith("-:") and isinstance(v, Mapping)
+    )
+    return replace(
+        base,
+        skip_patterns=negatives + _skip_list(config, ("modules_to_not_convert",)),
+        overrides=positives,
+        quantized_only=_flat_names(config.get("modules_in_block_to_quantize")),
+    )
+
+
+def _gptq_override(base: QuantSpec, rule: Config) -> QuantSpec:
+    bits = _int(rule, "bits", base.weight_bits)
+    group = _int(rule, "group_size", base.group_size or -1)
+    return replace(
+        base,
+        weight_bits=bits,
+        zero_bits=bits,
+        group_size=0 if group == -1 else group,
+        act_order=bool(rule.get("desc_act", base.act_order)) and group != -1,
+    )
+
+
+def _flat_names(value: object) -> tuple[str, ...]:
+    if isinstance(value, list | tuple):
+        return tuple(n for v in value for n in _flat_names(v))
+    return (value,) if isinstance(value, str) else ()
 
 
 def _moe_wna16(config: Config) -> QuantSpec:
@@ -104,8 +144,10 @@ def _moe_wna16(config: Config) -> QuantSpec:
         zero_bits=linear.zero_bits,
         act_order=linear.act_order,
         lm_head=linear.lm_head,
-        skip_patterns=_skip_list(config),
-        overrides=(("re:.*\\.experts\\.", experts),),
+        skip_patterns=_skip_list(config, ("modules_to_not_convert",)),
+        experts_scheme=experts,
+        match="contains",  # moe_wna16.py: is_layer_skipped_quant, no fused shards
+        maps_names=False,
     )
 
 
@@ -119,7 +161,9 @@ def _fp8(config: Config) -> QuantSpec:
         scale_bytes=4,
         block=(int(block[0]), int(block[1])) if block else None,
         tensor_scale_bytes=4 if static and not block else 0,
-        skip_patterns=_skip_list(config),
+        # fp8.py: ignored_layers, else modules_to_not_convert; matched exactly
+        skip_patterns=_skip_list(config, ("ignored_layers",))
+        or _skip_list(config, ("modules_to_not_convert",)),
     )
 
 
@@ -129,7 +173,8 @@ def _fbgemm_fp8(config: Config) -> QuantSpec:
         weight_bits=8,
         group_size=0,
         scale_bytes=4,
-        skip_patterns=_skip_list(config),
+        skip_patterns=_skip_list(config, ("modules_to_not_convert",)),
+        maps_names=False,
     )
 
 
@@ -141,7 +186,8 @@ def _mxfp4(config: Config) -> QuantSpec:
         scale_bytes=1,
         experts_only=True,
         moe_intermediate_multiple=256,
-        skip_patterns=_skip_list(config),
+        skip_patterns=_skip_list(config, ("ignored_layers",)),
+        maps_names=False,
     )
 
 
@@ -153,7 +199,8 @@ def _bitsandbytes(config: Config) -> QuantSpec:
         method="bitsandbytes",
         weight_bits=8 if eight else 4,
         double_quant=bool(config.get("bnb_4bit_use_double_quant", False)),
-        skip_patterns=_skip_list(config),
+        skip_patterns=_skip_list(config, ("llm_int8_skip_modules",)),
+        match="bnb",
         removed_in="0.32",
     )
 
@@ -217,9 +264,11 @@ def _modelopt(config: Config) -> QuantSpec:
         raise ValueError("ModelOpt config has no quant_algo")
     group = body.get("group_size")
     group_size = int(group) if isinstance(group, int | str) and str(group).isdigit() else None
-    skips = _skip_list(body)
+    # modelopt.py: exclude_modules (hf_quant_config.json) or ignore (config.json)
+    skips = _skip_list(body, ("exclude_modules",) if inner is not None else ("ignore",))
     if algo.upper() != "MIXED_PRECISION":
-        return QuantSpec(**{**_fields(_modelopt_algo(algo, group_size)), "skip_patterns": skips})
+        scheme = _modelopt_algo(algo, group_size)
+        return replace(scheme, skip_patterns=skips, match="modelopt", lm_head=True)
     layers = body.get("quantized_layers") or {}
     overrides = tuple(
         (str(name), _modelopt_algo(str(recipe.get("quant_algo", "")), _opt_int(recipe)))
@@ -228,15 +277,14 @@ def _modelopt(config: Config) -> QuantSpec:
     )
     if not overrides:
         raise ValueError("ModelOpt MIXED_PRECISION config has no quantized_layers")
-    first = overrides[0][1]
-    return QuantSpec(
-        **{
-            **_fields(first),
-            "method": "modelopt:mixed",
-            "linear": False,
-            "overrides": overrides,
-            "skip_patterns": skips,
-        },
+    return replace(
+        overrides[0][1],
+        method="modelopt:mixed",
+        linear=False,
+        overrides=overrides,
+        skip_patterns=skips,
+        match="modelopt",
+        lm_head=True,
     )
 
 
@@ -330,7 +378,8 @@ def _compressed_tensors(config: Config) -> QuantSpec:
             "overrides": tuple(named),
             "linear": default is not None,
             "lm_head": lm_head,
-            "skip_patterns": _skip_list(config),
+            "skip_patterns": _skip_list(config, ("ignore",)),
+            "match": "compressed-tensors",
         },
     )
 
@@ -379,7 +428,12 @@ def _quark(config: Config) -> QuantSpec:
     per_layer = config.get("layer_quant_config") or {}
     overrides = tuple((str(k), _quark_scheme(v)) for k, v in per_layer.items())
     return QuantSpec(
-        **{**_fields(base), "overrides": overrides, "skip_patterns": _skip_list(config)}
+        **{
+            **_fields(base),
+            "overrides": overrides,
+            "skip_patterns": _skip_list(config, ("exclude",)),
+            "match": "quark",
+        }
     )
 
 

@@ -26,34 +26,17 @@ dequantizes the nested absmax to fp32 at load, ``_dequantize_dq``): 4.5 bits.
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gatekeeper.errors import ModelSpecError
+from gatekeeper.models.module_names import ModuleNames
+from gatekeeper.models.quant_match import override, skipped
 from gatekeeper.units import cdiv, round_up
 
-__all__ = ["QuantSpec", "matches_module"]
+__all__ = ["QuantSpec"]
 
 _BNB_BLOCK = 64
 _BNB_CODE_BYTES = 16 * 4
-
-
-def matches_module(module_name: str, pattern: str) -> bool:
-    """vLLM's ways of naming a module in a quantization config: ``re:`` regexes
-    (compressed-tensors), shell wildcards (ModelOpt, Quark), an exact name or a parent
-    module, and a bare component or substring (``lm_head``, ``mlp.gate``: AWQ/GPTQ
-    ``modules_to_not_convert``, bitsandbytes ``llm_int8_skip_modules``)."""
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], module_name) is not None
-    if "*" in pattern or "?" in pattern:
-        return fnmatch.fnmatchcase(module_name, pattern) or fnmatch.fnmatchcase(
-            module_name, pattern + ".*"
-        )
-    return (
-        module_name == pattern
-        or module_name.startswith(pattern + ".")
-        or (pattern in module_name and not pattern.startswith("model.layers."))
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +59,8 @@ class QuantSpec:
     experts_only: bool = False
     """Only MoE experts are quantized (MXFP4, experts_int8); linears stay in the model dtype."""
     lm_head: bool = False
-    """The LM head is quantized too (AWQ/GPTQ ``lm_head``, a compressed-tensors target)."""
+    """The LM head may be quantized (AWQ/GPTQ ``lm_head``, a compressed-tensors target,
+    ModelOpt unless excluded): ``scheme_for(..., lm_head=True)`` decides."""
     moe_intermediate_multiple: int = 1
     """Kernels that pad each expert's intermediate size to a multiple (MXFP4: 256)."""
     skip_patterns: tuple[str, ...] = ()
@@ -91,28 +75,85 @@ class QuantSpec:
     mixed precision)."""
     removed_in: str = ""
     """The vLLM release that no longer loads this method (bitsandbytes), if any."""
+    match: str = "exact"
+    """How the config's lists name modules (``quant_match``): ``exact`` (fp8),
+    ``substring`` (AWQ), ``compressed-tensors``, ``modelopt``, ``quark``, ``gptq``, ..."""
+    maps_names: bool = True
+    """The config rewrites its lists with the model class's rename mapper
+    (``apply_vllm_mapper``); MoE-WNA16, MXFP4 and FBGEMM do not."""
+    experts_scheme: QuantSpec | None = None
+    """The routed experts' own scheme (MoE-WNA16), when not the default one."""
+    packed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The model class's ``packed_modules_mapping`` (set by ``for_model``)."""
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    quantized_only: tuple[str, ...] = ()
+    """GPTQ's ``modules_in_block_to_quantize``: when given, a linear none of whose
+    names contains one stays in the model dtype."""
+
+    def for_model(self, names: ModuleNames) -> QuantSpec:
+        """This config as vLLM holds it for one model class (``configure_quant_config``):
+        its lists rewritten by the class's rename mapper, its fused modules known."""
+        skips, pairs, only = self.skip_patterns, self.overrides, self.quantized_only
+        if self.maps_names:
+            skips = tuple(_mapped(p, names, self.match) for p in _split_wildcards(self))
+            pairs = tuple((_mapped(p, names, self.match), q) for p, q in pairs)
+            only = tuple(names.to_vllm(p) for p in only)
+        return replace(
+            self,
+            skip_patterns=skips,
+            overrides=pairs,
+            quantized_only=only,
+            packed=names.packed,
+            expert_projections=names.expert_projections,
+        )
+
+    def skips(self, module_name: str, *, experts: bool = False) -> bool:
+        """True when ``module_name`` (vLLM's name) is listed as not converted."""
+        return skipped(
+            self.match, module_name, self.skip_patterns, dict(self.packed), experts=experts
+        )
+
+    def scheme_for(
+        self, module_name: str, *, experts: bool = False, lm_head: bool = False
+    ) -> QuantSpec | None:
+        """The scheme ``module_name`` (vLLM's name) is stored with, or None for the model
+        dtype. ``experts``: the module is routed experts (``model.layers.3.mlp.experts``);
+        compressed-tensors asks about expert 0's checkpoint projections, as vLLM does
+        (``CompressedTensorsMoEMethod.get_moe_method``)."""
+        if experts and self.match == "compressed-tensors":
+            return self._ct_experts(module_name)
+        if self.skips(module_name, experts=experts):
+            return None
+        packed = dict(self.packed)
+        only = self.quantized_only
+        if only and not experts and not skipped("substring", module_name, only, packed):
+            return None  # gptq_utils.py: is_layer_gptq_quantized
+        named = override(self.match, module_name, [p for p, _ in self.overrides], packed)
+        if named is not None:
+            return dict(self.overrides)[named]
+        if experts and self.experts_scheme is not None:
+            return self.experts_scheme
+        if self.experts_only and not experts:
+            return None
+        if lm_head and self.match == "compressed-tensors":
+            return None  # ParallelLMHead is no "Linear": only a target naming it
+        return self if self.linear else None
+
+    def _ct_experts(self, module_name: str) -> QuantSpec | None:
+        found = {self.scheme_for(f"{module_name}.0.{proj}") for proj in self.expert_projections}
+        if len(found) > 1:
+            raise ModelSpecError(
+                f"quantization_config: the experts of {module_name} have several schemes; "
+                "vLLM requires one scheme for an MoE layer's gate, up and down projections "
+                "and refuses to load it; give them one config group",
+                field="quantization_config",
+                value=module_name,
+            )
+        return found.pop()
 
     @property
     def label(self) -> str:
         return f"{self.method} ({self.source})"
-
-    def skips(self, module_name: str) -> bool:
-        """True when ``module_name`` (HF naming) is listed as not converted."""
-        return any(matches_module(module_name, p) for p in self.skip_patterns)
-
-    def scheme_for(self, module_name: str, *, experts: bool = False) -> QuantSpec | None:
-        """The scheme ``module_name`` is stored with, or None for the model dtype.
-
-        ``experts``: the name is a routed expert's projection
-        (``model.layers.3.mlp.experts.0.gate_proj``, as vLLM asks compressed-tensors)."""
-        if self.skips(module_name):
-            return None
-        for pattern, scheme in self.overrides:
-            if matches_module(module_name, pattern):
-                return scheme
-        if self.experts_only and not experts:
-            return None
-        return self if self.linear else None
 
     def linear_bytes(self, in_features: int, out_features: int, dtype_bytes: int) -> int:
         """Bytes of one rank-local linear weight ``[out, in]`` in this format."""
@@ -166,3 +207,22 @@ class QuantSpec:
         if dtype == "F32" and (leaf.endswith(("_scale", "_scale_inv", "_scale_2"))):
             return num_bytes
         return None
+
+
+def _split_wildcards(spec: QuantSpec) -> list[str]:
+    """ModelOpt's ``apply_vllm_mapper`` turns ``path*`` into ``path`` and ``path.*``."""
+    if spec.match != "modelopt":
+        return list(spec.skip_patterns)
+    out: list[str] = []
+    for p in spec.skip_patterns:
+        split = len(p) >= 2 and p[-1] == "*" and p[-2] != "."
+        out += [p[:-1], p[:-1] + ".*"] if split else [p]
+    return out
+
+
+def _mapped(pattern: str, names: ModuleNames, match: str) -> str:
+    """A listed name through the class's rename mapper; compressed-tensors maps only
+    layer paths (a dot, no ``re:``), so class names and regexes stay as written."""
+    if match == "compressed-tensors" and ("." not in pattern or pattern.startswith("re:")):
+        return pattern
+    return names.to_vllm(pattern)

@@ -251,8 +251,8 @@ INT4_EXPERTS_FP8_DENSE = {
                 "dynamic": True,
             },
         },
-        "group_1": {
-            "targets": ["re:.*mlp\\.experts\\..*"],
+        "group_1": {  # vLLM's Mixtral: block_sparse_moe.experts.N.w1/w3/w2, as on the hub
+            "targets": ["re:.*block_sparse_moe\\.experts\\..*"],
             "weights": {
                 "num_bits": 4,
                 "type": "int",
@@ -262,7 +262,7 @@ INT4_EXPERTS_FP8_DENSE = {
             },
         },
     },
-    "ignore": ["lm_head", "re:.*mlp\\.gate$"],
+    "ignore": ["lm_head", "re:.*block_sparse_moe\\.gate$"],
 }
 
 
@@ -396,20 +396,36 @@ def test_moe_wna16_experts_and_gptq_linears():
     assert layer(s) == gptq + experts + 4 * 1024 * 2 + NORMS
 
 
-def test_quark_fp8_per_tensor_with_exclude():
-    config = {
-        "quant_method": "quark",
-        "global_quant_config": {
-            "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
-            "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
-        },
-        "layer_quant_config": {},
-        "exclude": ["lm_head", "*.mlp.down_proj"],
-    }
-    s = spec(LLAMA, config)
+QUARK_FP8 = {
+    "quant_method": "quark",
+    "export": {"kv_cache_group": [], "pack_method": "reorder"},
+    "global_quant_config": {
+        "weight": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
+        "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
+    },
+    "layer_quant_config": {},
+}
+
+
+@pytest.mark.parametrize(
+    "exclude",
+    [
+        ["lm_head", "re:.*mlp\\.down_proj$"],
+        ["lm_head", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"],
+    ],
+)
+def test_quark_fp8_per_tensor_with_exclude(exclude):
+    s = spec(LLAMA, {**QUARK_FP8, "exclude": exclude})
     # quark_w8a8_fp8.py: fp8 [o, i] + weight_scale fp32 [1] + input_scale fp32 [1]
     quantized = sum(o * i + 8 for i, o in PROJECTIONS[:6])
     assert layer(s) == quantized + 4096 * 1024 * 2 + NORMS
+
+
+def test_quark_exclude_is_exact_or_regex_not_a_wildcard():
+    # quark/utils.py:should_ignore_layer matches a name or a re: regex; "*.mlp.down_proj"
+    # names no module, so vLLM quantizes down_proj too
+    s = spec(LLAMA, {**QUARK_FP8, "exclude": ["lm_head", "*.mlp.down_proj"]})
+    assert layer(s) == sum(o * i + 8 for i, o in PROJECTIONS) + NORMS
 
 
 def test_mxfp4_quantizes_only_experts_and_pads_them_to_256():
