@@ -25,7 +25,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -40,7 +47,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.gpus.source import GpuSource, parse_gpu_source
 from gatekeeper.placement.types import PlacementPolicy
-from gatekeeper.vllm.flags import options_from_mapping
+from gatekeeper.vllm.flags import flag_table, options_from_mapping
 
 if TYPE_CHECKING:
     from gatekeeper.models.spec import ModelSpec
@@ -73,20 +80,12 @@ class ModelEntry(BaseModel):
     """Catalog name, local checkpoint directory or hub repo id."""
     options: dict[str, Any] = Field(default_factory=dict)
     """``vllm serve`` flags gatekeeper models (``max_model_len``, ``kv-cache-dtype`` …), with
-    vLLM's value forms (``"32k"``); checked when the settings load."""
+    vLLM's value forms (``"32k"``); checked when the settings load, with the flags of the
+    entry's ``vllm_version`` or else the settings' ``default_vllm_version``."""
     min_sequences: int = Field(default=1, gt=0)
     min_kv_tokens: int | None = Field(default=None, gt=0)
     preload: bool = False
     """Deploy when the sidecar starts instead of on the first request."""
-
-    @field_validator("options")
-    @classmethod
-    def _options_are_vllms(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            options_from_mapping(value, where="options")
-        except GatekeeperError as e:
-            raise ValueError(str(e)) from e
-        return value
 
 
 class Settings(BaseSettings):
@@ -111,8 +110,18 @@ class Settings(BaseSettings):
     """Time limit for each hub request."""
 
     default_vllm_version: str = DEFAULT_VLLM_VERSION
-    """The vLLM version whose memory accounting the estimator follows when a request
-    does not name one."""
+    """The vLLM version the sidecar runs: its memory accounting (the estimator's, when a
+    request does not name one) and its ``vllm serve`` flag table (``[[models]]`` options,
+    the admin API's, the webhook's for an image whose tag names no release)."""
+
+    @field_validator("default_vllm_version")
+    @classmethod
+    def _is_a_version(cls, value: str) -> str:
+        try:
+            flag_table(value)
+        except GatekeeperError as e:
+            raise ValueError(str(e)) from e
+        return value
 
     safety_margin_bytes: int = Field(default=512 * 1024 * 1024, ge=0)
     """Bytes kept free on every GPU on top of the estimate."""
@@ -176,6 +185,21 @@ class Settings(BaseSettings):
 
     models: list[ModelEntry] = Field(default_factory=list)
     """Models the sidecar may serve, with their options."""
+
+    @field_validator("models")
+    @classmethod
+    def _options_are_the_releases(
+        cls, value: list[ModelEntry], info: ValidationInfo
+    ) -> list[ModelEntry]:
+        """Each entry's options as the configured vLLM release reads them (its flag
+        table: ``default_vllm_version`` comes first among the fields, so it is read)."""
+        release = info.data.get("default_vllm_version")
+        for i, entry in enumerate(value):
+            try:
+                options_from_mapping(entry.options, where=f"models[{i}].options", release=release)
+            except GatekeeperError as e:
+                raise ValueError(str(e)) from e
+        return value
 
     allowed_models: list[str] = Field(default_factory=list)
     """Further model references that may be deployed with default options, as shell-style

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from gatekeeper.settings import SettingsError, load_settings, setting_source, unknown_environment
+from gatekeeper.settings import (
+    Settings,
+    SettingsError,
+    load_settings,
+    setting_source,
+    unknown_environment,
+)
 
 
 def test_environment_overrides_defaults(monkeypatch):
@@ -113,3 +120,48 @@ def test_setting_source_names_the_variable_the_file_or_the_default(tmp_path, mon
     from_env = load_settings(path)
     assert from_env.admin_token == "u"
     assert setting_source(from_env, "admin_token") == "environment variable GATEKEEPER_ADMIN_TOKEN"
+
+
+# The sidecar's configured vLLM release picks the flag table its doors read options with:
+# [[models]] options when the settings load, and the admin API's deployments.
+
+
+@pytest.mark.parametrize(("release", "has_kv_bytes"), [("0.8.5", False), ("0.11.0", True),
+                                                      ("0.33.0", True)])  # fmt: skip
+def test_model_options_are_read_with_the_configured_release(release, has_kv_bytes):
+    entry = {"name": "a", "model": "Qwen/Qwen3-0.6B",
+             "options": {"kv_cache_memory_bytes": "4G", "max-num-seq": 8}}  # fmt: skip
+    if has_kv_bytes:
+        settings = Settings.model_validate({"default_vllm_version": release, "models": [entry]})
+        assert settings.models[0].options["max-num-seq"] == 8
+        return
+    with pytest.raises(ValidationError) as raised:
+        Settings.model_validate({"default_vllm_version": release, "models": [entry]})
+    assert (
+        "models[0].options: 'kv_cache_memory_bytes' is not a flag of vllm serve 0.8.5 (it "
+        "came in vLLM 0.10.2;" in str(raised.value)
+    )
+
+
+def test_the_configured_release_must_be_a_version():
+    with pytest.raises(ValidationError, match="'banana' is not a version"):
+        Settings(default_vllm_version="banana")
+
+
+@pytest.mark.parametrize("release", ["0.8.5", "0.11.0", "0.33.0"])
+def test_admin_deployments_are_read_with_the_sidecars_release(tmp_path, release):
+    """POST /admin/deployments: 0.8.5 has no --kv-cache-memory-bytes (a 400 naming the
+    release that brought it); abbreviated keys are read as vLLM's argparse reads them."""
+    from tests.support.sidecar_harness import running_sidecar, settings_for
+
+    body = {"model": "tiny", "options": {"kv_cache_memory_bytes": "4G", "max-num-seq": 8}}
+    with running_sidecar(settings_for(tmp_path, default_vllm_version=release)) as sidecar:
+        answer = sidecar.admin.post("/admin/deployments", json=body)
+        if release == "0.8.5":
+            assert answer.status_code == 400, answer.text
+            assert "is not a flag of vllm serve 0.8.5 (it came in vLLM 0.10.2" in answer.text
+            return
+        assert answer.status_code == 201, answer.text
+        args = answer.json()["deployment"]["vllm_args"]
+        assert args[args.index("--max-num-seqs") + 1] == "8"
+        assert args[args.index("--kv-cache-memory-bytes") + 1] == str(4 << 30)

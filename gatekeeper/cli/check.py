@@ -36,7 +36,12 @@ def add_parser(subparsers: Any) -> None:
         help="decide whether a model fits this node, where, and with which flags",
         description="Admission decision for one deployment (nothing is launched or reserved).",
     )
-    c.add_argument("model", help="local checkpoint directory, catalog name or hub repo id")
+    c.add_argument(
+        "model",
+        nargs="?",
+        help="local checkpoint directory, catalog name or hub repo id; or `model:` in a "
+        "--config file",
+    )
     add_serving_flags(c)
     _add_request_flags(c)
     c.set_defaults(func=run_check)
@@ -78,7 +83,7 @@ def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
     resolve = model_resolver(settings)
     spec = model_from_args(args, settings)
-    options = options_from_args(args)
+    options = options_from_args(args, settings)
     draft = draft_reference(options)
     request = PlacementRequest(
         model=spec,

@@ -37,8 +37,9 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "model",
+        nargs="?",
         help="local checkpoint directory, GGUF file, catalog name or hub repo id "
-        "(found in the Hugging Face cache first)",
+        "(found in the Hugging Face cache first); or `model:` in a --config file",
     )
     add_serving_flags(p)
     gpu = p.add_mutually_exclusive_group()
@@ -63,7 +64,7 @@ def _gpu(args: argparse.Namespace) -> GpuTarget:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    options = options_from_args(args)
+    options = options_from_args(args, settings)
     note_unmodelled(args, "estimate")
     gpu = _gpu(args)
     resolve = model_resolver(settings)

@@ -5,8 +5,11 @@ flag, read by vLLM's own flag table (``gatekeeper.vllm.flags``), next to gatekee
 ``gatekeeper estimate vllm serve MODEL ...`` both work: ``split_serving_argv`` hands
 gatekeeper's own options (and the model) to argparse and every other token to vLLM's
 grammar, with each vLLM flag's arity from the table, so that a value is never taken for
-the model. A flag vLLM does not have ends the command with exit code 2 and the nearest
-spellings.
+the model. The flags are read with the table of the vLLM release the command names
+(``--vllm-version``, else the settings' ``default_vllm_version``), abbreviations as
+vLLM's argparse reads them; a flag that release does not have ends the command with exit
+code 2, naming the release and the nearest spellings (or the release that has it). The
+model may come from a ``--config`` file's ``model:``, as in vLLM.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gatekeeper.cli.output import UsageError
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.source import MODEL_SOURCE_FLAGS
 from gatekeeper.models.spec import ModelSpec
@@ -75,14 +79,14 @@ def split_serving_argv(
 ) -> tuple[list[str], list[str]]:
     """(gatekeeper's tokens, vLLM's tokens) of one serving command's arguments.
 
-    gatekeeper's tokens are its own options (those ``command`` defines, with their
-    values) and the model (the first bare token, after an optional ``vllm serve``);
-    everything else is ``vllm serve``'s, each flag taking as many values as vLLM's table
-    says it takes."""
+    gatekeeper's tokens are its own options (those ``command`` defines, spelled whole,
+    with their values) and the model (the first bare token, after an optional ``vllm
+    serve``); everything else is ``vllm serve``'s, each flag taking as many values as
+    the table of the ``--vllm-version`` given (else the newest) says it takes."""
     own_options = {
         o: a for a in command._actions for o in a.option_strings if o not in ("-h", "--help")
     }
-    table = flag_table()
+    table = flag_table(_release_in(argv))
     args = model_first(argv)
     own: list[str] = []
     vllm: list[str] = []
@@ -109,6 +113,16 @@ def split_serving_argv(
             vllm.append(token)  # parse_serve_args says what is wrong with it
         i += 1
     return own, vllm
+
+
+def _release_in(argv: Sequence[str]) -> str | None:
+    """The ``--vllm-version`` a command line gives, if any."""
+    for i, token in enumerate(argv):
+        if token == "--vllm-version" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--vllm-version="):
+            return token.partition("=")[2]
+    return None
 
 
 def _is_number(token: str) -> bool:
@@ -138,22 +152,33 @@ def _vllm_values(table: Any, name: str, token: str, rest: Sequence[str]) -> int:
     return 1 if rest else 0
 
 
-def serve_command(args: argparse.Namespace) -> ServeCommand:
-    """The ``vllm serve`` flags of a parsed serving command, read by vLLM's table once
-    (a ``--config`` file is read once) and kept on ``args``."""
+def serve_command(args: argparse.Namespace, settings: Settings | None = None) -> ServeCommand:
+    """The ``vllm serve`` flags of a parsed serving command, read once (a ``--config``
+    file is read once) with the table of the release it follows (``--vllm-version``,
+    else the settings' default, else the newest table) and kept on ``args``; the model
+    of a ``--config`` file becomes ``args.model`` when the command line names none."""
     command: ServeCommand | None = getattr(args, "serve_command", None)
     if command is None:
-        command = parse_serve_args(
-            [args.model, *args.vllm_argv], where=f"gatekeeper {args.command}"
-        )
+        where = f"gatekeeper {args.command}"
+        default = settings.default_vllm_version if settings is not None else None
+        table = flag_table(args.vllm_version or default)
+        given = [args.model] if args.model else []
+        command = parse_serve_args([*given, *args.vllm_argv], table, where=where)
+        if command.model is None:  # what argparse said when the model was required
+            raise UsageError(
+                f"{where}: the following arguments are required: model; name it first "
+                f"(gatekeeper {args.command} MODEL) or as `model:` in a --config file",
+                field="model",
+            )
+        args.model = command.model
         args.serve_command = command
     return command
 
 
-def options_from_args(args: argparse.Namespace) -> ServeOptions:
+def options_from_args(args: argparse.Namespace, settings: Settings | None = None) -> ServeOptions:
     """The estimator's options from a serving command: the modelled vLLM flags, plus
     gatekeeper's ``--vllm-version`` and ``--embedded``."""
-    values = dict(serve_command(args).values)
+    values = dict(serve_command(args, settings).values)
     values["vllm_version"] = args.vllm_version
     values["embedded"] = args.embedded
     return serve_options(values)
@@ -162,7 +187,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 def model_from_args(args: argparse.Namespace, settings: Settings) -> ModelSpec:
     """The ``ModelSpec`` of a serving command's model, looked up with its ``--revision``
     and ``--download-dir`` as vLLM would."""
-    values = serve_command(args).values
+    values = serve_command(args, settings).values
     overrides = values.get("hf_overrides")
     resolve = model_resolver(
         settings,
@@ -176,8 +201,8 @@ def model_from_args(args: argparse.Namespace, settings: Settings) -> ModelSpec:
 def note_unmodelled(args: argparse.Namespace, what: str) -> None:
     """Say on stderr which vLLM flags given are read but not modelled in ``what`` (the
     flags that locate the model are used by the look-up)."""
-    table = flag_table()
-    given = serve_command(args).values
+    command = serve_command(args)
+    table, given = flag_table(command.vllm), command.values
     used = (*MODELLED, *MODEL_SOURCE_FLAGS)
     flags = sorted(table.flags[d].name for d in given if d not in used)
     if flags:

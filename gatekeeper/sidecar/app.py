@@ -119,7 +119,9 @@ def build_app(
         calibrator=calibrator,
     )
     holder["manager"] = manager
-    registry = ModelRegistry.create(settings.models, settings.allowed_models, resolve)
+    registry = ModelRegistry.create(
+        settings.models, settings.allowed_models, resolve, settings.default_vllm_version
+    )
     router = ModelRouter(
         manager,
         registry,

@@ -82,6 +82,9 @@ class ModelRegistry:
     patterns: tuple[str, ...]
     resolve_spec: Callable[..., ModelSpec]
     """A model reference to its spec; takes vLLM's ``revision`` and ``download_dir``."""
+    release: str | None = None
+    """The vLLM release the sidecar runs (settings' ``default_vllm_version``): options are
+    read with its flag table unless they name their own ``vllm_version``."""
 
     @classmethod
     def create(
@@ -89,8 +92,9 @@ class ModelRegistry:
         entries: Sequence[ModelEntry],
         patterns: Sequence[str],
         resolve_spec: Callable[..., ModelSpec],
+        release: str | None = None,
     ) -> ModelRegistry:
-        return cls(tuple(entries), tuple(patterns), resolve_spec)
+        return cls(tuple(entries), tuple(patterns), resolve_spec, release)
 
     def entry(self, name: str) -> ModelEntry | None:
         """The configured entry clients call ``name``, or one made from a matching pattern."""
@@ -140,7 +144,9 @@ class ModelRegistry:
     ) -> PlacementRequest:
         """The placement request for an entry, with optional option overrides."""
         serve, given = options_from_mapping(
-            {**entry.options, **(overrides or {})}, where=f"options of {entry.name}"
+            {**entry.options, **(overrides or {})},
+            where=f"options of {entry.name}",
+            release=self.release,
         )
         draft = draft_reference(serve)
         # the model as the worker will load it: at the revision, from the download dir

@@ -102,6 +102,12 @@ def parse_serve_args(
     from_flag = values.pop("model", None)
     model = ns.model_tag or from_flag
     values.pop("config", None)
+    if model is None and "--config" in argv:  # vLLM's _pull_args_from_config says so too
+        raise ServeOptionsError(
+            f"{where}: no model specified; name it first (vllm serve MODEL) or as `model:` "
+            "in the --config file",
+            field="model",
+        )
     return ServeCommand(model=model, values=values, vllm=table.vllm)
 
 
@@ -228,7 +234,7 @@ def _whole_spellings(args: list[str], table: FlagTable, where: str) -> list[str]
             return out + args[i:]
         if arg.startswith("--"):
             name, eq, value = arg.partition("=")
-            arg = table.expand(name, where) + eq + value
+            arg = table.expand(name, where, arg) + eq + value
         out.append(arg)
     return out
 

@@ -163,3 +163,79 @@ def test_the_second_line_says_where_the_config_came_from_not_internal_files(tmp_
     assert local.returncode == 0, local.stderr
     assert json.loads(local.stdout)["config_source"] == f"local directory {tmp_path}"
     assert f"config from local directory {tmp_path}" in gatekeeper("estimate", str(tmp_path)).stdout
+
+
+# The flag table and the accounting follow --vllm-version (else the settings' default), the
+# flags are read as that release's argparse reads them, and a --config file may name the
+# model. In-process: the same main() the entry point runs.
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from gatekeeper.cli.main import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("version", "has_kv_bytes", "has_swap", "utilization"),
+    [("0.8.5", False, True, 0.9), ("0.11.0", True, True, 0.9), (None, True, False, 0.92)],
+)
+def test_the_flag_table_and_accounting_follow_the_vllm_version(
+    capsys, version, has_kv_bytes, has_swap, utilization
+):
+    release = ["--vllm-version", version] if version else []
+    code, out, err = run_main(capsys, "estimate", LLAMA_8B, *release, "--json",
+                              "--kv-cache-memory-bytes", "8G")  # fmt: skip
+    assert (code != 2) is has_kv_bytes, out  # 2: a usage error; 0 or 1: estimated
+    if not has_kv_bytes:
+        assert (
+            f"'--kv-cache-memory-bytes' is not a flag of vllm serve {version} (it came in vLLM "
+            "0.10.2;" in out
+        )
+    code, out, err = run_main(capsys, "estimate", LLAMA_8B, *release, "--json",
+                              "--swap-space", "4")  # fmt: skip
+    assert (code == 0) is has_swap, out
+    if has_swap:
+        payload = json.loads(out)
+        assert payload["vllm_version"] == (version or "0.33.0")
+        assert payload["options"]["gpu_memory_utilization"] == utilization
+        assert "--swap-space read but not modelled" in err
+    else:
+        assert "'--swap-space' is not a flag of vllm serve 0.32.0 (vLLM had it up to" in out
+
+
+def test_abbreviated_flags_are_read_as_vllm_reads_them(capsys):
+    code, out, _ = run_main(capsys, "estimate", "--max-num-seq", "8", LLAMA_8B,
+                            "--gpu-memory-util=0.8", "--max-model", "4k", "--json")  # fmt: skip
+    assert code == 0, out
+    payload = json.loads(out)
+    options = payload["options"]
+    assert (payload["model"], options["max_num_seqs"], payload["max_model_len"]) == (
+        LLAMA_8B, 8, 4000
+    )  # fmt: skip
+    assert options["gpu_memory_utilization"] == 0.8
+    code, out, _ = run_main(capsys, "estimate", LLAMA_8B, "--kv-cache", "fp8", "--json")
+    assert code == 2
+    assert "ambiguous option: --kv-cache could match --kv-cache-dtype, " in out
+    code, out, _ = run_main(capsys, "estimate", LLAMA_8B, "--vllm-version", "0.8.5",
+                            "--kv-cache", "fp8", "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["options"]["kv_cache_dtype"] == "fp8", out
+
+
+def test_the_model_may_come_from_a_config_file(capsys, tmp_path: Path):
+    named = tmp_path / "serve.yaml"
+    named.write_text(f"model: {LLAMA_8B}\nmax-model-len: 2048\n")
+    code, out, _ = run_main(capsys, "estimate", "--config", str(named), "--json")
+    assert code == 0, out
+    assert (json.loads(out)["model"], json.loads(out)["max_model_len"]) == (LLAMA_8B, 2048)
+    qwen = "Qwen/Qwen3-8B"  # the command line's model wins, as in vLLM
+    code, out, _ = run_main(capsys, "estimate", qwen, "--config", str(named), "--json")
+    assert code == 0 and json.loads(out)["model"] == qwen, out
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("max-model-len: 2048\n")
+    code, out, _ = run_main(capsys, "estimate", "--config", str(bare), "--json")
+    assert code == 2 and "no model specified" in out, out

