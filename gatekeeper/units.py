@@ -2,7 +2,12 @@
 
 ``parse_size`` accepts what an operator types (``79.19GiB``, ``80GB``, ``512MiB``,
 ``1073741824``) and ``format_gib`` renders bytes for people, always labelled.
-GB means 10^9 bytes and GiB means 2^30 bytes; the two are never mixed.
+GB means 10^9 bytes and GiB means 2^30 bytes; the two are never mixed. A bare one-letter
+suffix is read as vLLM reads it on the same command line (``human_readable_int`` in
+vLLM's ``utils/argparse_utils.py``, e.g. ``--kv-cache-memory-bytes 20G``): uppercase
+binary (``80G`` = 80 x 2^30), lowercase decimal (``80g`` = 80 x 10^9), and no decimals
+with an uppercase one (vLLM refuses ``1.5G``), so ``--gpu-memory 80G`` means what
+``--kv-cache-memory-bytes 80G`` means.
 """
 
 from __future__ import annotations
@@ -19,19 +24,21 @@ GIB = 1 << 30
 _SUFFIXES: dict[str, int] = {
     "": 1,
     "b": 1,
-    "k": 1000,
     "kb": 1000,
     "kib": KIB,
-    "m": 1000**2,
     "mb": 1000**2,
     "mib": MIB,
-    "g": 1000**3,
     "gb": 1000**3,
     "gib": GIB,
-    "t": 1000**4,
     "tb": 1000**4,
     "tib": 1 << 40,
 }
+"""Suffixes of two or more letters, in any case."""
+_VLLM_SUFFIXES: dict[str, int] = {
+    "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+    "K": KIB, "M": MIB, "G": GIB, "T": 1 << 40,
+}  # fmt: skip
+"""One-letter suffixes, case-sensitive, as vLLM's ``human_readable_int`` reads them."""
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -41,13 +48,22 @@ def parse_size(text: str, *, field: str = "size") -> int:
     Raises ``ValueError`` naming the field, the value and the accepted forms.
     """
     match = _SIZE_RE.match(text)
-    suffix = match.group(2).lower() if match else ""
-    if match is None or suffix not in _SUFFIXES:
+    suffix = match.group(2) if match else ""
+    scale = _VLLM_SUFFIXES.get(suffix) or _SUFFIXES.get(suffix.lower())
+    if match is None or scale is None:
         raise ValueError(
             f"{field}: {text!r} is not a size; use bytes (1073741824) or a number with a unit "
-            "such as 79.19GiB, 512MiB or 80GB (GB = 10^9 bytes, GiB = 2^30 bytes)"
+            "such as 79.19GiB, 512MiB or 80GB (GB = 10^9 bytes, GiB = 2^30 bytes; as in vLLM, "
+            "80G = 80 x 2^30 and 80g = 80 x 10^9)"
         )
-    value = math.floor(float(match.group(1)) * _SUFFIXES[suffix])
+    number = match.group(1)
+    if suffix.isupper() and len(suffix) == 1 and "." in number:
+        raise ValueError(
+            f"{field}: {text!r}: {suffix} is binary (2^{10 * ' KMGT'.index(suffix)}) as vLLM "
+            f"reads it, which takes no decimals; write {number}{suffix}iB, or "
+            f"{number}{suffix.lower()} for 10^{3 * ' KMGT'.index(suffix)}"
+        )
+    value = math.floor(float(number) * scale)
     if value <= 0:
         raise ValueError(f"{field}: {text!r} must be greater than zero")
     return value

@@ -83,14 +83,7 @@ def parse_serve_args(
     args = _whole_spellings(_normalised(args, table, where), table, where)
     ns, unknown = _argparser(table).parse_known_args(args)
     if unknown:
-        first = next((u for u in unknown if u.startswith("-")), unknown[0])
-        if not first.startswith("-"):
-            raise ServeOptionsError(
-                f"{where}: unexpected argument {first!r}; the model goes first, once",
-                field="model",
-                value=first,
-            )
-        raise table.unknown(first.split("=", 1)[0], where)
+        raise _unread(unknown, args, table, where)
     values: dict[str, Any] = {}
     for dest, raw in vars(ns).items():
         if dest == "model_tag" or raw is None:
@@ -109,6 +102,20 @@ def parse_serve_args(
             field="model",
         )
     return ServeCommand(model=model, values=values, vllm=table.vllm)
+
+
+def _unread(unknown: list[str], args: list[str], table: FlagTable, where: str) -> ServeOptionsError:
+    """The error for what argparse left: an unknown flag (the first), else a stray word
+    (after ``--`` a flag's spelling is a word too)."""
+    words = set(args[args.index("--") + 1 :]) if "--" in args else set()
+    first = next((u for u in unknown if u.startswith("-") and u not in words), unknown[0])
+    if not first.startswith("-") or first in words:
+        return ServeOptionsError(
+            f"{where}: unexpected argument {first!r}; the model goes first, once",
+            field="model",
+            value=first,
+        )
+    return table.unknown(first.split("=", 1)[0], where)
 
 
 def _read(flag: Flag, raw: Any, where: str) -> Any:

@@ -239,3 +239,28 @@ def test_the_model_may_come_from_a_config_file(capsys, tmp_path: Path):
     bare.write_text("max-model-len: 2048\n")
     code, out, _ = run_main(capsys, "estimate", "--config", str(bare), "--json")
     assert code == 2 and "no model specified" in out, out
+
+
+@pytest.mark.parametrize(
+    ("size", "total"),
+    [("80G", 80 * 2**30), ("80g", 80 * 10**9), ("80GiB", 80 * 2**30), ("80GB", 80 * 10**9),
+     ("512M", 512 * 2**20), ("79.19g", 79_190_000_000)],
+)  # fmt: skip
+def test_a_one_letter_size_means_what_it_means_to_vllm(capsys, size, total):
+    """``--gpu-memory 80G`` and ``--kv-cache-memory-bytes 80G`` on one command line are
+    the same bytes: vLLM's human_readable_int (uppercase binary, lowercase decimal)."""
+    code, out, _ = run_main(capsys, "estimate", LLAMA_8B, "--gpu-memory", size,
+                            "--kv-cache-memory-bytes", "4G", "--json")  # fmt: skip
+    assert code in (0, 1), out  # estimated (fits or not), not a usage error
+    payload = json.loads(out)
+    assert payload["gpu_total_bytes"] == total
+    assert payload["kv_cache_bytes"] == 4 * 2**30  # vLLM's 4G, as --gpu-memory 4G would be
+
+
+def test_a_binary_one_letter_size_takes_no_decimals_as_in_vllm(capsys):
+    code, out, _ = run_main(capsys, "estimate", LLAMA_8B, "--gpu-memory", "79.19G", "--json")
+    assert code == 2
+    assert (
+        "--gpu-memory: '79.19G': G is binary (2^30) as vLLM reads it, which takes no decimals; "
+        "write 79.19GiB, or 79.19g for 10^9" in json.loads(out)["error"]["message"]
+    )
