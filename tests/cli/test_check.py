@@ -99,3 +99,29 @@ def test_bad_plan_files_get_one_line(tmp_path, content, needle):
     out = gatekeeper("plan", str(plan), "--node", "1xL4")
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr
+
+
+@pytest.mark.parametrize(("version", "read"), [("0.8.5", False), ("0.11.0", True), (None, True)])
+def test_check_reads_flags_with_the_vllm_version_and_a_config_files_model(
+    capsys, tmp_path: Path, version, read
+):
+    from gatekeeper.cli.main import main
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: meta-llama/Llama-3.1-8B-Instruct\nmax-num-seq: 16\n")
+    release = ["--vllm-version", version] if version else []
+    code = main(["check", "--config", str(config), *release, "--node", "1xH100-80GB",
+                 "--max-model", "8k", "--kv-cache-memory-bytes", "8G", "--json"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    if not read:
+        assert code == 2
+        assert (
+            "'--kv-cache-memory-bytes' is not a flag of vllm serve 0.8.5 (it came in vLLM 0.10.2;"
+            in out["error"]["message"]
+        )
+        return
+    assert code == 0, out
+    assert out["model"] == "meta-llama/Llama-3.1-8B-Instruct", out
+    args = out["placement"]["vllm_args"]  # the file's abbreviated key, the line's length
+    assert args[args.index("--max-num-seqs") + 1] == "16", args
+    assert args[args.index("--max-model-len") + 1] == "8000", args
