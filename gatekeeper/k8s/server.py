@@ -17,7 +17,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,6 +27,7 @@ from gatekeeper._version import __version__
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
 from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
+from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.settings import Settings, model_resolver, placement_policy
 
@@ -98,9 +99,6 @@ def build_webhook_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "version": __version__})
 
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(reloader.run()) if reloader is not None else None
@@ -113,7 +111,7 @@ def build_webhook_app(
     routes = [
         Route("/k8s/validate", webhook.endpoint, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", metrics_endpoint(registry), methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 

@@ -24,16 +24,21 @@ seconds), ``_total`` on counters, ``_ratio`` on ratios, and ``gatekeeper_build_i
   proxy's ``ProxyMetrics``), and the prediction error histogram observed once per
   worker when it becomes ready.
 
+- ``metrics_endpoint(registry)`` (``exposition``): ``GET /metrics`` for the sidecar and
+  the webhook, with ``prometheus_client``'s own content negotiation (OpenMetrics, gzip).
+
 **Cardinality** is bounded by construction: the GPU labels by the node's GPUs
 (``Hostname``/``node`` are one value per sidecar); ``reason``/``outcome``/``component``/``state`` are closed sets; ``model`` on the
 proxy's series is a configured model or ``other`` (a client can send any name);
 ``code`` is an HTTP status; ``family`` is a configured model's ``model_type``.
 
 May import: ``gatekeeper.placement`` (decisions and the policy's margin),
-``gatekeeper.gpus``, ``gatekeeper.units``, ``prometheus_client``.
+``gatekeeper.gpus``, ``gatekeeper.units``, ``prometheus_client``, and ``starlette`` and
+``anyio`` for the endpoint.
 """
 
 from gatekeeper.metrics.events import SidecarMetrics, decision_reason, status_reason
+from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
 from gatekeeper.metrics.workers import (
     COMPONENTS,
@@ -56,6 +61,7 @@ __all__ = [
     "WorkerView",
     "actual_components",
     "decision_reason",
+    "metrics_endpoint",
     "policy_margin",
     "predicted_components",
     "status_reason",

@@ -16,9 +16,8 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 
-import anyio
 import httpx
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,6 +28,7 @@ from gatekeeper.gpus.cached import CachedInventory
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
 from gatekeeper.metrics.workers import WorkerCollector
 from gatekeeper.models.spec import ModelSpec
@@ -153,10 +153,6 @@ def build_app(
     )
     CalibrationCollector(calibrator.metric_items, registry=registry_metrics)
 
-    async def metrics_endpoint(request: Request) -> Response:
-        body = await anyio.to_thread.run_sync(generate_latest, registry_metrics)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
     async def discovery(request: Request) -> Response:
         """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""
         host = advertised_host(settings.worker_host, request.url.hostname or "127.0.0.1")
@@ -204,7 +200,7 @@ def build_app(
         *proxy.routes(),
         *admin.routes(),
         Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/metrics", metrics_endpoint(registry_metrics), methods=["GET"]),
         Route("/discovery/workers", discovery, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),

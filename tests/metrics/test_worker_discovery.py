@@ -78,6 +78,7 @@ def test_prometheus_scrapes_the_discovered_workers_and_joins_dcgm_and_kube_state
             assert worker["labels"]["Hostname"] == NODE
             assert worker["scrapeUrl"] == f"http://127.0.0.1:{d['port']}/metrics"
             check_joins(prom, d)
+            check_openmetrics(prom)
         sc.admin.delete(f"/admin/deployments/{d['id']}")
 
 
@@ -114,6 +115,16 @@ def check_joins(prom: httpx.Client, d: dict[str, Any]) -> None:
         assert r["metric"]["kernel_version"] == "6.1.0-18-amd64"
     total = query(prom, f'gatekeeper_gpu_memory_total_bytes{{gpu="{gpu}"}}')[0]["value"][1]
     assert float(total) > 79_000 * MIB
+
+
+def check_openmetrics(prom: httpx.Client) -> None:
+    """Prometheus asked the sidecar for OpenMetrics (metrics/exposition.py) and stored its
+    types: an info family and a counter named without ``_total`` exist only in OpenMetrics
+    (the text format says ``gatekeeper_build_info gauge``, ``…_total counter``)."""
+    metadata = prom.get("/api/v1/metadata").json()["data"]
+    assert [m["type"] for m in metadata["gatekeeper_build"]] == ["info"]
+    assert [m["type"] for m in metadata["gatekeeper_admissions"]] == ["counter"]
+    assert "gatekeeper_build_info" not in metadata
 
 
 def test_the_daemonset_names_the_node_as_dcgm_exporter_does():
