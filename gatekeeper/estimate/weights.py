@@ -130,10 +130,19 @@ class _Ctx:
         return f"{self.names.layer(i)}.{name}"
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
+        return self.fused(name, in_f, (out_f,), quantizable=quantizable)
+
+    def fused(
+        self, name: str, in_f: int, outs: tuple[int, ...], *, quantizable: bool = True
+    ) -> int:
+        """A linear whose output is the concatenation of ``outs`` (the shards of vLLM's
+        ``QKVParallelLinear``/``MergedColumnParallelLinear``): one scheme for every shard,
+        per-shard scales per shard, per-module tensors once."""
         scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
         if scheme is None:
-            return in_f * out_f * self.dtype_bytes
-        return scheme.linear_bytes(in_f, out_f, self.dtype_bytes)
+            return in_f * sum(outs) * self.dtype_bytes
+        shards = sum(scheme.linear_bytes(in_f, out_f, self.dtype_bytes) for out_f in outs)
+        return shards + scheme.module_scale_bytes
 
     def vec(self, numel: int) -> int:
         return numel * self.dtype_bytes
@@ -151,12 +160,8 @@ def _attention_bytes(c: _Ctx, i: int) -> int:
     o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
     if s.attention_output_gate:
         q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
-    total = (  # QKVParallelLinear qkv_proj: one scheme for its q, k and v shards
-        c.linear(f"{p}.qkv_proj", h, q_rank)
-        + c.linear(f"{p}.qkv_proj", h, k_rank)
-        + c.linear(f"{p}.qkv_proj", h, v_rank)
-        + c.linear(f"{p}.o_proj", o_in, h)
-    )
+    qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
+    total = qkv + c.linear(f"{p}.o_proj", o_in, h)
     if s.attention_bias:
         total += c.vec(q_rank + k_rank + v_rank)
     if s.output_bias:
@@ -176,13 +181,13 @@ def _mla_bytes(c: _Ctx, i: int) -> int:
     heads = cdiv(s.num_attention_heads, tp)
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
     # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora
-    kv_a = f"{p}.fused_qkv_a_proj" if m.q_lora_rank else f"{p}.kv_a_proj_with_mqa"
+    kv_a_rows = m.kv_lora_rank + m.qk_rope_head_dim
     if m.q_lora_rank:
-        total = c.linear(kv_a, h, m.q_lora_rank) + c.vec(m.q_lora_rank)
-        total += c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
+        total = c.fused(f"{p}.fused_qkv_a_proj", h, (m.q_lora_rank, kv_a_rows))
+        total += c.vec(m.q_lora_rank) + c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
     else:
         total = c.linear(f"{p}.q_proj", h, heads * qk)
-    total += c.linear(kv_a, h, m.kv_lora_rank + m.qk_rope_head_dim)
+        total += c.linear(f"{p}.kv_a_proj_with_mqa", h, kv_a_rows)
     total += c.vec(m.kv_lora_rank)
     total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
     total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
@@ -206,8 +211,8 @@ def _mla_copies(c: _Ctx, i: int) -> int:
 def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
     h = c.spec.hidden_size
     inter_rank = cdiv(inter, c.tp)
-    if gated:  # MergedColumnParallelLinear gate_up_proj: one scheme for both shards
-        total = 2 * c.linear(f"{prefix}.gate_up_proj", h, inter_rank)
+    if gated:  # MergedColumnParallelLinear gate_up_proj
+        total = c.fused(f"{prefix}.gate_up_proj", h, (inter_rank, inter_rank))
     else:
         total = c.linear(f"{prefix}.fc1", h, inter_rank)
     total += c.linear(f"{prefix}.down_proj", inter_rank, h)
@@ -220,7 +225,8 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
     assert moe is not None
     h = s.hidden_size
-    total = h * moe.num_experts * c.dtype_bytes + (c.vec(moe.num_experts) if moe.router_bias else 0)
+    router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
+    total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)
     ep = c.opts.ep_size
     # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
     inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)

@@ -62,6 +62,9 @@ class ModuleNames:
     """``hf_to_vllm_mapper.orig_to_new_prefix``, in order."""
     substr_renames: tuple[tuple[str, str], ...] = ()
     """``hf_to_vllm_mapper.orig_to_new_substr``, in order."""
+    quantized_router: bool = False
+    """The MoE router (``GateLinear``) is built with the quantization config (Qwen3-MoE);
+    elsewhere it is not, and stays in the model dtype whatever the config says."""
 
     def layer(self, i: int) -> str:
         return f"{self.model}.layers.{i}"
@@ -90,7 +93,9 @@ _CLASSES: dict[str, ModuleNames] = {
         packed=(_QKV,),
         substr_renames=((".gate_proj.", ".w1."), (".up_proj.", ".w3."), (".down_proj.", ".w2.")),
     ),
-    # qwen3_moe.py packs gate_up only with mlp_only_layers, the only dense MLPs it has
+    # qwen3_moe.py: GateLinear(..., quant_config=quant_config); gate_up is packed only with
+    # mlp_only_layers, the only dense MLPs it has
+    "Qwen3MoeForCausalLM": ModuleNames(quantized_router=True),
     "Qwen2MoeForCausalLM": ModuleNames(shared_experts="shared_expert"),
     # deepseek_v2.py: gate_up packed; fused_qkv_a_proj added when q_lora_rank is set
     "DeepseekV2ForCausalLM": ModuleNames(packed=(_GATE_UP,)),

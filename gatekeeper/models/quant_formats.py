@@ -80,6 +80,7 @@ def _gptq(config: Config) -> QuantSpec:
         act_order=bool(config.get("desc_act", False)) and group != -1,
         lm_head=bool(config.get("lm_head", False)),
         match="gptq",
+        symmetric=bool(config.get("sym", True)),
     )
     dynamic = config.get("dynamic") or {}
     rules = dynamic.items() if isinstance(dynamic, Mapping) else ()
@@ -412,7 +413,9 @@ def _quark_scheme(layer: Config) -> QuantSpec:
             weight_bits=8,
             group_size=-1 if qscheme == "per_tensor" else 0,
             scale_bytes=4,
-            tensor_scale_bytes=4 if static else 0,
+            # quark_w8a8_int8.py: fp32 input_scale, and an int8 input_zero_point kept after
+            # loading when the input is asymmetric (the weight zero points are freed)
+            tensor_scale_bytes=(4 + _asymmetric(acts)) if static else 0,
         )
     if dtype.startswith("fp4"):  # OCP MX: uint8 [out, in/2] + e8m0 per 32
         return QuantSpec(method="quark:mxfp4", weight_bits=4, group_size=group or 32, scale_bytes=1)
@@ -421,6 +424,10 @@ def _quark_scheme(layer: Config) -> QuantSpec:
             method="quark:w4a16", weight_bits=4, group_size=group, scale_bytes=0, zero_bits=4
         )
     raise ValueError(f"Quark weight dtype {dtype!r} is not supported (fp8, int8, fp4, int4)")
+
+
+def _asymmetric(acts: object) -> int:
+    return 1 if isinstance(acts, Mapping) and acts.get("symmetric") is False else 0
 
 
 def _quark(config: Config) -> QuantSpec:
@@ -434,6 +441,25 @@ def _quark(config: Config) -> QuantSpec:
             "skip_patterns": _skip_list(config, ("exclude",)),
             "match": "quark",
         }
+    )
+
+
+def _fp_quant(config: Config) -> QuantSpec:
+    """``FPQuantLinearMethod`` (fp_quant.py): uint8 [out, in/2], uint8 scales per 32
+    (mxfp4) or 16 (nvfp4), fp32 weight and activation global scales, and a
+    ``hadamard_group_size``-square Hadamard matrix in the model dtype (2 B assumed) per
+    linear; ``modules_to_not_convert`` matched by ``endswith``."""
+    hadamard = _int(config, "hadamard_group_size", 32)
+    nv = str(config.get("forward_dtype", "mxfp4")) == "nvfp4"
+    return QuantSpec(
+        method="fp_quant",
+        weight_bits=4,
+        group_size=16 if nv else 32,
+        scale_bytes=1,
+        module_scale_bytes=8 + hadamard * hadamard * 2,
+        skip_patterns=_skip_list(config, ("modules_to_not_convert",)),
+        match="endswith",
+        maps_names=False,
     )
 
 
@@ -458,4 +484,5 @@ READERS: dict[str, Callable[[Config], QuantSpec]] = {
     "modelopt_mixed": _modelopt,
     "mxfp8": _modelopt,
     "quark": _quark,
+    "fp_quant": _fp_quant,
 }

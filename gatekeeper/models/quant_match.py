@@ -130,6 +130,8 @@ def skipped(
         return _is_layer_skipped(name, patterns, packed if not experts else {}, mode)
     if mode == "contains":
         return any(p in name for p in patterns)
+    if mode == "endswith":  # fp_quant.py: prefix.endswith(module)
+        return any(name.endswith(p) for p in patterns)
     if mode == "compressed-tensors":
         return _should_ignore(name, patterns, packed)
     if mode == "quark":

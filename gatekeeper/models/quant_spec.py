@@ -66,7 +66,10 @@ class QuantSpec:
     skip_patterns: tuple[str, ...] = ()
     source: str = "checkpoint"
     tensor_scale_bytes: int = 0
-    """Bytes per projection beside the weight and its group scales (per-tensor scales)."""
+    """Bytes per projection (per shard of a fused module) beside the weight and its group
+    scales: per-tensor scales, which vLLM keeps per logical shard."""
+    module_scale_bytes: int = 0
+    """Bytes per module, fused or not (fp_quant's global scales and Hadamard matrix)."""
     overrides: tuple[tuple[str, QuantSpec], ...] = ()
     """(module pattern, scheme) pairs that win over the default scheme, first match first."""
     linear: bool = True
@@ -86,6 +89,9 @@ class QuantSpec:
     packed: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """The model class's ``packed_modules_mapping`` (set by ``for_model``)."""
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    symmetric: bool = True
+    """Weights without zero points where the format allows (GPTQ ``sym``); MoE-WNA16
+    then stores none for the experts."""
     quantized_only: tuple[str, ...] = ()
     """GPTQ's ``modules_in_block_to_quantize``: when given, a linear none of whose
     names contains one stays in the model dtype."""

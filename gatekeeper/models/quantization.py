@@ -23,6 +23,7 @@ model dtype; so does every module the config lists as not converted.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
@@ -40,8 +41,10 @@ def quant_from_config(config: Mapping[str, Any]) -> QuantSpec:
     Raises ``ValueError`` naming the method when it is not one we can size.
     """
     method = str(config.get("quant_method", "")).lower()
-    if method in ("auto-round", "autoround"):
-        method = "gptq" if str(config.get("packing_format", "gptq")).startswith("auto_gptq") else ""
+    if method in ("auto-round", "autoround", "inc"):
+        # INC / AutoRound checkpoints in GPTQ packing: GPTQ's tensors (inc/inc.py)
+        packing = str(config.get("packing_format", "auto_gptq")).removeprefix("auto_round:")
+        method = "gptq" if packing.startswith("auto_gptq") else ""
     if not method and isinstance(config.get("quantization"), Mapping):
         method = "modelopt"  # hf_quant_config.json: {"producer": ..., "quantization": ...}
     reader = _FROM_CONFIG.get(method)
@@ -111,6 +114,16 @@ def _same_family(name: str, checkpoint: QuantSpec) -> bool:
     return flag in (base, base.removesuffix("_marlin"))
 
 
+def _moe_wna16(checkpoint: QuantSpec) -> QuantSpec:
+    """``--quantization moe_wna16`` on a GPTQ/AWQ checkpoint: linears as the checkpoint's
+    method, experts in ``MoeWNA16Method``'s layout (moe_wna16.py): uint8-packed weights,
+    model-dtype scales per group, uint8-packed zeros only when asymmetric."""
+    zero = checkpoint.zero_bits if checkpoint.method == "awq" else 0
+    zero = zero if checkpoint.method == "awq" or checkpoint.symmetric else checkpoint.weight_bits
+    experts = replace(checkpoint, method="moe_wna16", zero_bits=zero, act_order=False)
+    return replace(checkpoint, experts_scheme=experts)
+
+
 def quant_from_flag(flag: str, checkpoint: QuantSpec | None) -> QuantSpec | None:
     """Resolve ``--quantization FLAG`` against the checkpoint's own quantization.
 
@@ -121,6 +134,8 @@ def quant_from_flag(flag: str, checkpoint: QuantSpec | None) -> QuantSpec | None
     if name in ("none", "auto"):
         return checkpoint
     if checkpoint is not None:
+        if name == "moe_wna16" and checkpoint.method in ("gptq", "awq"):
+            return _moe_wna16(checkpoint)
         if _same_family(name, checkpoint):
             return checkpoint
         raise ServeOptionsError(

