@@ -156,6 +156,17 @@ def test_the_core_series_hold_the_collectors_values(prometheus):
     assert len(states) == 7
 
 
+def test_launch_time_shows_a_value_after_exactly_one_launch(prometheus):
+    """record_events made one launch (llama-70b, 42 s, in the bucket 30-45 s): the Launch
+    time panel shows it, though its series appeared holding it (test_launch_time.py)."""
+    (panel,) = [p for p in panels(load_dashboard()) if p["title"].startswith("Launch time")]
+    shown = {}
+    for target in panel["targets"]:
+        (bar,) = query(prometheus, substitute(target["expr"]))
+        shown[target["legendFormat"].split()[-1]] = (bar["metric"]["model"], float(bar["value"][1]))
+    assert shown == {"p50": (LLAMA.model, 37.5), "p95": (LLAMA.model, 44.25)}
+
+
 def test_prometheus_loaded_the_alert_rules(prometheus):
     deadline = time.monotonic() + 10
     while True:
