@@ -187,18 +187,21 @@ class FlagTable:
             return []
         return [o for o in (_HELP, *self.by_option) if o.startswith(option)]
 
-    def expand(self, option: str, where: str) -> str:
+    def expand(self, option: str, where: str, token: str | None = None) -> str:
         """``option`` as vLLM's argparse reads it: the whole spelling it abbreviates, or
-        itself (exact, or unknown: the caller says so); raises for an ambiguous prefix."""
+        itself (exact, or unknown: the caller says so); raises for an ambiguous prefix,
+        naming the ``token`` it came in (``--wat=1``) as argparse does."""
         found = self.matches(option)
         if len(found) > 1:
-            raise self.ambiguous(option, found, where)
+            raise self.ambiguous(option, found, where, token)
         return found[0] if found and found[0] != _HELP else option
 
-    def ambiguous(self, option: str, found: list[str], where: str) -> ServeOptionsError:
+    def ambiguous(
+        self, option: str, found: list[str], where: str, token: str | None = None
+    ) -> ServeOptionsError:
         """argparse's error for a prefix of several options, with the candidates."""
         return ServeOptionsError(
-            f"{where}: ambiguous option: {option} could match {', '.join(found)}; "
+            f"{where}: ambiguous option: {token or option} could match {', '.join(found)}; "
             "give the whole flag",
             field=option,
             value=option,
