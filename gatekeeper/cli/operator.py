@@ -37,7 +37,7 @@ COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph
 
 def add_parser(subparsers: Any) -> None:
     d = subparsers.add_parser("deploy", help="admit and launch a model through the admin API")
-    d.add_argument("model")
+    d.add_argument("model", nargs="?", help="or `model:` in a --config file")
     d.add_argument("--name", default=None, help="the name clients use (default: the model)")
     add_serving_flags(d)
     d.add_argument("--min-sequences", type=positive_int("--min-sequences"))
@@ -164,7 +164,8 @@ def actual_label(rehearsal: bool) -> str:
 
 def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
     client = SidecarClient(args, settings)
-    body: dict[str, Any] = {"model": args.model, "options": _options_dict(args)}
+    options = _options_dict(args)  # reads a --config file's model into args.model
+    body: dict[str, Any] = {"model": args.model, "options": options}
     for key in ("name", "min_sequences", "min_kv_tokens"):
         if getattr(args, key):
             body[key] = getattr(args, key)

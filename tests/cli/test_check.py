@@ -125,3 +125,20 @@ def test_check_reads_flags_with_the_vllm_version_and_a_config_files_model(
     args = out["placement"]["vllm_args"]  # the file's abbreviated key, the line's length
     assert args[args.index("--max-num-seqs") + 1] == "16", args
     assert args[args.index("--max-model-len") + 1] == "8000", args
+
+
+def test_deploy_takes_the_model_from_a_config_file(capsys, tmp_path: Path):
+    from gatekeeper.cli.main import main
+    from tests.support.sidecar_harness import TOKEN, running_sidecar, settings_for
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: tiny\nmax-num-seq: 4\n")
+    with running_sidecar(settings_for(tmp_path / "state")) as sidecar:
+        client = ["--url", sidecar.url, "--token", TOKEN, "--json"]
+        code = main(["deploy", "--config", str(config), "--max-model", "2k", *client])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0, out
+        args = out["deployment"]["vllm_args"]
+        assert out["deployment"]["name"] == "tiny" and args[args.index("--max-num-seqs") + 1] == "4"
+        assert main(["deploy", "--max-model", "2k", *client]) == 2
+        assert "the following arguments are required: model" in capsys.readouterr().out
