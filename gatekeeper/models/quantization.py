@@ -4,8 +4,9 @@
 ModelOpt's ``hf_quant_config.json``) by ``quant_from_config``, through the readers of
 ``quant_formats``, or from a runtime ``--quantization`` flag by ``quant_from_flag``.
 ``QuantSpec.linear_bytes(in, out, dtype_bytes)`` gives the exact rank-local bytes vLLM
-allocates for one projection, scales and zeros included, and ``scheme_for(name)`` the
-scheme a module gets (None: it stays in the model dtype). Bits per weight:
+allocates for one projection, scales and zeros included, and
+``for_model(names).scheme_for(name)`` the scheme a module gets (None: it stays in the
+model dtype). Bits per weight:
 
 - AWQ 4-bit, group g: ``4 + 20/g`` (4.16 at g=128); GPTQ b-bit: ``b + (16 + b)/g``
   (+ an int32 ``g_idx[in]`` with act-order);

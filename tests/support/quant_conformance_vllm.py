@@ -251,7 +251,8 @@ def _init_distributed() -> None:
 
 def _error(exc: BaseException) -> str:
     """vLLM's error in one line, for the skip reason."""
-    return " ".join(traceback.format_exception_only(exc)).replace("\n", " ").strip()[:600]
+    lines = [line.strip() for line in str(exc).splitlines()]
+    return f"{type(exc).__name__}: {' '.join(lines)}"[:600]
 
 
 def main(argv: list[str]) -> int:
