@@ -13,15 +13,18 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from gatekeeper.gpus.static import StaticInventory
-from tests.metrics.text_exporter import VLLM_WORKER
+from gatekeeper.k8s.webhook import WebhookMetrics
+from tests.metrics.text_exporter import APISERVER, VLLM_WORKER
 from tests.support.metrics_fixtures import QWEN, VIEWS, record_events, sidecar_registry
 from tests.support.promql_sources import (
     ALERTS,
     ALERTS_TEST,
     ROOT,
     alert_expressions,
+    apiserver_names,
     dashboard_expressions,
     load_alerts,
     load_dashboard,
@@ -34,6 +37,17 @@ NO_PROMTOOL = "promtool is not installed (apt-get install --no-install-recommend
 DASHBOARD = load_dashboard()
 PANELS = panels(DASHBOARD)
 CONTENT = [p for p in PANELS if p["type"] != "row"]
+WEBHOOK_CONFIG = ROOT / "deploy" / "kubernetes" / "validatingwebhookconfiguration.yaml"
+WEBHOOK_NAMES = {"gatekeeper_webhook_reviews_total", "gatekeeper_webhook_review_duration_seconds"}
+"""The webhook's own series (gatekeeper/k8s/webhook.py), filtered by the webhook variable."""
+HEALTHY = (
+    'instance="node-a:8080"',
+    'Hostname="node-a"',
+    'instance="webhook-a:8443"',
+    'instance="apiserver-a:6443"',
+)
+"""alerts_test.yml's healthy inputs: a node with a whole-card worker, a webhook replica
+answering well-formed reviews quickly, an API server that got every answer."""
 
 
 def exported_names() -> set[str]:
@@ -41,7 +55,19 @@ def exported_names() -> set[str]:
     admitted = dataclasses.replace(QWEN, worker="qwen-7b-0a1b2c3d", state="admitted", pid=None)
     sidecar = sidecar_registry(inventory, (*VIEWS, admitted))
     record_events(sidecar.metrics)
-    return {s.name for family in sidecar.registry.collect() for s in family.samples}
+    webhook = CollectorRegistry()
+    WebhookMetrics(webhook).duration.observe(0.01)
+    registries = (sidecar.registry, webhook)
+    return {s.name for r in registries for family in r.collect() for s in family.samples}
+
+
+def webhook_series(expr: str) -> bool:
+    return any(name.startswith(tuple(WEBHOOK_NAMES)) for name in metric_names(expr))
+
+
+def webhook_name() -> str:
+    (name,) = [w["name"] for w in yaml.safe_load(WEBHOOK_CONFIG.read_text())["webhooks"]]
+    return str(name)
 
 
 def test_dashboard_identity():
@@ -88,7 +114,7 @@ def test_variables_for_node_and_gpu_are_defined_and_used():
     variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("instance", "gpu"):
+    for name in ("instance", "gpu", "webhook"):
         v = variables[name]
         assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
     # The workers' vLLM series have the worker's instance: they are filtered by the
@@ -97,8 +123,17 @@ def test_variables_for_node_and_gpu_are_defined_and_used():
     assert host["type"] == "query" and host["multi"] and host["includeAll"]
     assert "allValue" not in host and '$instance"}, Hostname)' in host["query"]["query"]
     exprs = [t["expr"] for p in CONTENT for t in p["targets"]]
+    # The webhook's replicas are no node: their series have a picker of their own, and the
+    # node picker lists sidecars only (the webhook exports gatekeeper_build_info too).
+    assert "gatekeeper_webhook" in variables["webhook"]["query"]["query"]
+    assert "gatekeeper_gpu_collect_success" in variables["instance"]["query"]["query"]
     for e in exprs:
-        node = 'Hostname=~"$hostname"' if vllm_names(e) else 'instance=~"$instance"'
+        if apiserver_names(e):
+            node = f'{{name="{webhook_name()}"}}'
+        elif webhook_series(e):
+            node = 'instance=~"$webhook"'
+        else:
+            node = 'Hostname=~"$hostname"' if vllm_names(e) else 'instance=~"$instance"'
         assert e.count(node) == e.count("{"), f"every selector filters by node: {e}"
     assert any('gpu=~"$gpu"' in e for e in exprs)
     repeated = [p for p in CONTENT if p.get("repeat")]
@@ -121,6 +156,9 @@ def test_the_issue_s_panels_are_there():
         "requests running and waiting",
         "time to first token",
         "vllm:cache_config_info",
+        "webhook reviews by outcome",
+        "webhook denials, malformed reviews and fail-open admissions",
+        "webhook review latency",
     ):
         assert words in titles, words
 
@@ -132,11 +170,22 @@ OLDER_VLLM_NAMES = {"vllm:gpu_cache_usage_perc"}
 def test_every_metric_name_is_one_the_collectors_or_vllm_export():
     exported = exported_names()
     served = vllm_names(VLLM_WORKER.read_text())
+    apiserver = apiserver_names(APISERVER.read_text())
     for where, expr in dashboard_expressions() + alert_expressions():
-        names, vllm = metric_names(expr), vllm_names(expr)
-        assert names or vllm or expr.startswith("up{"), where
+        names, vllm, kube = metric_names(expr), vllm_names(expr), apiserver_names(expr)
+        assert names or vllm or kube or expr.startswith("up{"), where
         assert names <= exported, f"{where}: {sorted(names - exported)} not exported"
         assert vllm - OLDER_VLLM_NAMES <= served, f"{where}: {sorted(vllm - served)} not vLLM's"
+        assert kube <= apiserver, f"{where}: {sorted(kube - apiserver)} not the API server's"
+
+
+def test_the_fail_open_count_is_read_for_the_webhook_deploy_configures():
+    """The dashboard's and the alert's apiserver_admission_webhook_fail_open_count name the
+    webhook of validatingwebhookconfiguration.yaml (a rename there must reach them)."""
+    selector = f'apiserver_admission_webhook_fail_open_count{{name="{webhook_name()}"}}'
+    exprs = [e for _, e in dashboard_expressions() + alert_expressions() if apiserver_names(e)]
+    assert len(exprs) == 2
+    assert all(selector in e for e in exprs), exprs
 
 
 VLLM_LOGGERS = sorted(
@@ -175,6 +224,10 @@ def test_alert_rules_are_complete():
         "GatekeeperGpuUnhealthy",
         "GatekeeperSidecarDown",
         "GatekeeperWorkerMetricsDown",
+        "GatekeeperWebhookFailOpen",
+        "GatekeeperWebhookDown",
+        "GatekeeperWebhookSlow",
+        "GatekeeperWebhookMalformedReviews",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:
@@ -184,7 +237,8 @@ def test_alert_rules_are_complete():
 
 def test_every_alert_has_a_firing_and_a_quiet_case_with_a_whole_card_worker():
     """alerts_test.yml has, for each alert, an evaluation where it fires and one where it
-    does not, and its inputs include the healthy node-a (a worker given a whole GPU)."""
+    does not, and its inputs include a healthy part (``HEALTHY``: for the sidecars' alerts
+    node-a, a worker given a whole GPU), which never fires."""
     tests = yaml.safe_load(ALERTS_TEST.read_text())["tests"]
     for rule in load_alerts():
         name = rule["alert"]
@@ -194,12 +248,11 @@ def test_every_alert_has_a_firing_and_a_quiet_case_with_a_whole_card_worker():
         assert any(a["exp_alerts"] for a in evaluations), f"{name} is never shown firing"
         assert any(not a["exp_alerts"] for a in evaluations), f"{name} is never shown quiet"
         inputs = " ".join(s["series"] for t in cases for s in t["input_series"])
-        healthy = ('instance="node-a:8080"', 'Hostname="node-a"')
-        assert any(h in inputs for h in healthy), f"{name}: no healthy whole-card node"
+        assert any(h in inputs for h in HEALTHY), f"{name}: no healthy input"
         fired = [a["exp_labels"] for e in evaluations for a in e["exp_alerts"]]
         for labels in fired:
-            where = (labels["instance"], labels.get("Hostname"))
-            assert "node-a:8080" not in where and "node-a" not in where, f"{name}: {labels}"
+            shown = {f'{k}="{v}"' for k, v in labels.items()}
+            assert not shown & set(HEALTHY), f"{name}: {labels}"
 
 
 def test_provisioning_files():

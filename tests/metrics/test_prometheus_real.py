@@ -1,8 +1,10 @@
 """A real Prometheus (Debian's ``prometheus`` package) scraping gatekeeper's collectors.
 
 A small HTTP server on 127.0.0.1 exposes every collector over a declared node with a
-few workers, and another a vLLM worker's ``/metrics`` (``data/vllm_worker.prom``, with
-the target labels ``/discovery/workers`` gives); Prometheus scrapes both every second.
+few workers, another a vLLM worker's ``/metrics`` (``data/vllm_worker.prom``, with the
+target labels ``/discovery/workers`` gives), another the webhook's metrics after a few
+reviews (the job ``gatekeeper-webhook``) and another the API server's admission webhook
+counters (``data/apiserver_admission.prom``); Prometheus scrapes them every second.
 Then every dashboard expression and every alert expression runs through Prometheus'
 HTTP API, and ``promtool test rules`` runs the alert unit tests.
 """
@@ -18,12 +20,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry
 
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
+from gatekeeper.k8s.webhook import WebhookMetrics
 from gatekeeper.units import GIB
-from tests.metrics.text_exporter import VLLM_WORKER, serve_text, serving
+from tests.metrics.text_exporter import APISERVER, VLLM_WORKER, serve_registry, serve_text
 from tests.support.metrics_fixtures import (
     FAILED,
     LLAMA,
@@ -38,6 +41,7 @@ from tests.support.promql_sources import (
     ALERTS,
     ALERTS_TEST,
     alert_expressions,
+    apiserver_names,
     dashboard_expressions,
     load_dashboard,
     metric_names,
@@ -79,8 +83,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     inventory = StaticInventory(parse_declared_node(str(node_file)))
     sidecar = sidecar_registry(inventory, (OVER, QWEN, ADMITTED, FAILED, STOPPED))
     record_events(sidecar.metrics)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=sidecar.registry)
-    with serving(server, thread) as address:
+    with serve_registry(sidecar.registry) as address:
         yield address
 
 
@@ -92,19 +95,51 @@ def vllm_worker() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def webhook_registry() -> tuple[CollectorRegistry, WebhookMetrics]:
+    """The webhook's metrics (gatekeeper/k8s/webhook.py) after a few reviews."""
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    for outcome, seconds in (("allowed", 0.004), ("denied", 0.02), ("denied", 0.03)):
+        metrics.reviews.labels(outcome).inc()
+        metrics.duration.observe(seconds)
+    return registry, metrics
+
+
+@pytest.fixture(scope="module")
+def webhook_metrics(webhook_registry: tuple[CollectorRegistry, WebhookMetrics]) -> WebhookMetrics:
+    return webhook_registry[1]
+
+
+@pytest.fixture(scope="module")
+def webhook(webhook_registry: tuple[CollectorRegistry, WebhookMetrics]) -> Iterator[str]:
+    """The webhook's metrics served on 127.0.0.1; yields host:port."""
+    with serve_registry(webhook_registry[0]) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
 def prometheus(
-    exporter: str, vllm_worker: str, tmp_path_factory: pytest.TempPathFactory
+    exporter: str,
+    vllm_worker: str,
+    webhook: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[httpx.Client]:
-    """A real Prometheus scraping ``exporter`` and ``vllm_worker`` every second, with the
-    alert rules loaded; the worker has the labels /discovery/workers gives it."""
+    """A real Prometheus scraping ``exporter``, ``vllm_worker``, ``webhook`` and the API
+    server's counters every second, with the alert rules loaded; the worker has the labels
+    /discovery/workers gives it, the webhook the job its ServiceMonitor gives it."""
     work = tmp_path_factory.mktemp("prometheus")
     labels = {"model": OVER.model, "worker": OVER.worker, "gpu": "0,1", "Hostname": NODE_NAME}
-    workers = {
-        "job_name": "gatekeeper-workers",
-        "static_configs": [{"targets": [vllm_worker], "labels": labels | {"node": NODE_NAME}}],
-    }
-    with run_prometheus([exporter], work, rule_files=[ALERTS], scrape_configs=[workers]) as client:
-        yield client
+    jobs = [
+        {
+            "job_name": "gatekeeper-workers",
+            "static_configs": [{"targets": [vllm_worker], "labels": labels | {"node": NODE_NAME}}],
+        },
+        {"job_name": "gatekeeper-webhook", "static_configs": [{"targets": [webhook]}]},
+    ]
+    with serve_text(APISERVER.read_text()) as apiserver:
+        jobs.append({"job_name": "apiserver", "static_configs": [{"targets": [apiserver]}]})
+        with run_prometheus([exporter], work, rule_files=[ALERTS], scrape_configs=jobs) as client:
+            yield client
 
 
 @pytest.mark.parametrize(("where", "expr"), dashboard_expressions(), ids=lambda x: str(x)[:60])
@@ -115,7 +150,7 @@ def test_dashboard_expression_returns_series(prometheus, where, expr):
 @pytest.mark.parametrize(("where", "expr"), alert_expressions(), ids=lambda x: str(x)[:60])
 def test_alert_expression_runs_and_its_metrics_have_series(prometheus, where, expr):
     result = query(prometheus, expr)
-    for name in metric_names(expr) | vllm_names(expr):
+    for name in metric_names(expr) | vllm_names(expr) | apiserver_names(expr):
         assert query(prometheus, name), f"{where}: {name} has no series"
     if where in FIRING:
         assert result, f"{where} should match the fixture node: {expr}"
@@ -165,6 +200,24 @@ def test_launch_time_shows_a_value_after_exactly_one_launch(prometheus):
         (bar,) = query(prometheus, substitute(target["expr"]))
         shown[target["legendFormat"].split()[-1]] = (bar["metric"]["model"], float(bar["value"][1]))
     assert shown == {"p50": (LLAMA.model, 37.5), "p95": (LLAMA.model, 44.25)}
+
+
+def test_the_webhook_row_shows_reviews_made_while_scraped(prometheus, webhook_metrics):
+    """Denials and their latency (20 ms, in the bucket 10-25 ms) counted while Prometheus
+    scrapes reach the webhook row's panels as numbers."""
+    row = [p for p in panels(load_dashboard()) if p["title"].lower().startswith("webhook")]
+    exprs = {p["title"].split()[1]: [substitute(t["expr"]) for t in p["targets"]] for p in row}
+    for _ in range(30):
+        webhook_metrics.reviews.labels("denied").inc()
+        webhook_metrics.duration.observe(0.02)
+    deadline = time.monotonic() + 15
+    while not query(prometheus, f"({exprs['denials,'][0]}) > 0"):
+        assert time.monotonic() < deadline, "the denials never reached the panel"
+        time.sleep(0.25)
+    (median,) = query(prometheus, exprs["review"][0])
+    assert 0.01 < float(median["value"][1]) <= 0.025
+    outcomes = {r["metric"]["outcome"] for r in query(prometheus, exprs["reviews"][0])}
+    assert outcomes == {"allowed", "warned", "denied", "skipped", "ignored", "malformed"}
 
 
 def test_prometheus_loaded_the_alert_rules(prometheus):

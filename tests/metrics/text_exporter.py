@@ -1,7 +1,8 @@
 """Static Prometheus expositions served on 127.0.0.1, standing in for exporters the
 tests do not run: a vLLM worker's ``/metrics`` (``data/vllm_worker.prom``, vLLM 0.32's
-names and labels), DCGM exporter's (``data/dcgm_node.prom``) and kube-state-metrics'
-(``data/kube_state_metrics.prom``)."""
+names and labels), DCGM exporter's (``data/dcgm_node.prom``), kube-state-metrics'
+(``data/kube_state_metrics.prom``) and the API server's admission webhook counters
+(``data/apiserver_admission.prom``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 DATA = Path(__file__).parent / "data"
 VLLM_WORKER = DATA / "vllm_worker.prom"
 DCGM_NODE = DATA / "dcgm_node.prom"
 KUBE_STATE_METRICS = DATA / "kube_state_metrics.prom"
+APISERVER = DATA / "apiserver_admission.prom"
 
 
 @contextlib.contextmanager
@@ -36,6 +40,14 @@ def serve_text(text: str) -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    with serving(server, thread) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def serve_registry(registry: CollectorRegistry) -> Iterator[str]:
+    """``registry`` on 127.0.0.1 with prometheus_client's own server; yields host:port."""
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     with serving(server, thread) as address:
         yield address
 

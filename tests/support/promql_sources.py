@@ -25,11 +25,14 @@ MACROS = {
     "$instance": ".*",
     "$gpu": ".*",
     "$hostname": ".*",
+    "$webhook": ".*",
 }
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$")
 METRIC_NAME = re.compile(r"\bgatekeeper_[a-z0-9_]+")
 VLLM_NAME = re.compile(r"\bvllm:[a-z0-9_]+")
 """The workers' own series (vLLM's names), scraped through /discovery/workers."""
+APISERVER_NAME = re.compile(r"\bapiserver_[a-z0-9_]+")
+"""The API server's series (its admission webhook counters)."""
 
 
 def load_dashboard() -> dict[str, Any]:
@@ -89,3 +92,7 @@ def metric_names(expr: str) -> set[str]:
 
 def vllm_names(expr: str) -> set[str]:
     return set(VLLM_NAME.findall(expr))
+
+
+def apiserver_names(expr: str) -> set[str]:
+    return set(APISERVER_NAME.findall(expr))
