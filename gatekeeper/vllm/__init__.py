@@ -15,18 +15,11 @@ May import: ``gatekeeper.estimate`` (the serving options), ``gatekeeper.errors``
 """
 
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.flags import (
-    Flag,
-    FlagTable,
-    flag_table,
-    human_readable_int,
-    options_from_mapping,
-    serve_options,
-    serve_values,
-)
+from gatekeeper.vllm.flags import options_from_mapping, serve_options, serve_values
 from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.log import MemoryFigures, StartupLog, failure_reason, parse_line
 from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
+from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int
 
 __all__ = [
     "Flag",

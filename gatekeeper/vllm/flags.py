@@ -22,21 +22,22 @@ from typing import Any
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.options import CompilationOptions, HfOverrides, MmLimits, ServeOptions
 from gatekeeper.estimate.speculative import parse_speculative
-from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int, shipped_releases
+from gatekeeper.vllm.table import Flag as Flag
+from gatekeeper.vllm.table import FlagTable as FlagTable
+from gatekeeper.vllm.table import flag_table as flag_table
+from gatekeeper.vllm.table import human_readable_int as human_readable_int
+from gatekeeper.vllm.table import shipped_releases as shipped_releases
 
+# The table's names above are re-exported (explicitly, ``X as X``): the doors imported
+# them from here before ``gatekeeper.vllm.table`` was split off.
 __all__ = [
     "GATEKEEPER_KEYS",
     "MODELLED",
-    "Flag",
-    "FlagTable",
-    "flag_table",
-    "human_readable_int",
     "model_location",
     "options_from_mapping",
     "options_record",
     "serve_options",
     "serve_values",
-    "shipped_releases",
 ]
 
 GATEKEEPER_KEYS = ("vllm_version", "embedded")
