@@ -172,6 +172,30 @@ class Settings(BaseSettings):
     start or the request's first byte; past it the client gets 408 and its connection is
     closed (uvicorn alone would wait forever)."""
 
+    request_body_total_seconds: float = Field(default=60.0, gt=0)
+    """How long a whole request body may take from the end of its headers, plus one
+    second for each ``request_body_min_bytes_per_second`` bytes of it received (Apache's
+    ``mod_reqtimeout`` ``body=60,MinRate=500``): a body trickled slower gets 408 and its
+    connection is closed; a large one that keeps coming at that rate is never cut."""
+
+    request_body_min_bytes_per_second: int = Field(default=500, gt=0)
+    """The rate that earns a request body more time than ``request_body_total_seconds``."""
+
+    max_request_head_bytes: int = Field(default=32768, ge=1024)
+    """The largest request head: request line and header fields (and a chunked body's
+    trailer fields), as nginx's ``large_client_header_buffers 4 8k``; a larger one gets
+    431 (a request target alone longer: 414) and its connection is closed, before it is
+    held in memory."""
+
+    max_request_headers: int = Field(default=100, ge=1)
+    """The most header fields (trailer fields included) a request may have, as h11's and
+    uvicorn's h11 protocol's; one more gets 431 and its connection is closed."""
+
+    max_whole_answer_bytes: int = Field(default=8 * 1024 * 1024, ge=65536)
+    """A worker's answer that is not an event stream is held until it is whole (so that it
+    goes to the client in one write with its length) up to this many bytes; a larger one is
+    relayed as it arrives, chunked, instead of held in memory."""
+
     @field_validator("api_keys")
     @classmethod
     def _api_keys_are_tokens(cls, value: list[str]) -> list[str]:

@@ -4,6 +4,9 @@
 - ``StreamRelay``: a worker's event stream, relayed as it arrives (what one read from
   the worker brought is one send to the client, never held for more); when
   the worker fails mid-stream the stream ends with a ``data: {"error": ...}`` event.
+  It relays a whole answer too large to hold the same way, chunked; a worker that fails
+  in one has the client's connection closed before the last chunk, which tells the
+  client the answer is incomplete.
   However it ends (done, worker failed, client gone), the upstream answer is closed and
   ``done(outcome)`` is called once.
 - ``DisconnectWatch``: cancels the request's task when the client disconnects.
@@ -17,7 +20,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Literal, Protocol
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_type, sse_error_event
 from gatekeeper.proxy.upstream import Answer, UpstreamError
@@ -73,6 +76,10 @@ class Reply(Protocol):
 
     def fall_back(self) -> None:
         """Run the request's ASGI app after all, as if it had never been offered."""
+
+    def run(self, app: ASGIApp) -> None:
+        """Run ``app`` as the request's ASGI app (a task): for an answer the proxy took
+        on and cannot give whole (``StreamRelay`` of an answer too large to hold)."""
 
 
 class AnswerNow(Protocol):
@@ -142,14 +149,22 @@ class DisconnectWatch:
 class StreamRelay:
     """Relays a worker's event stream as it arrives; closes it and reports, however it ends."""
 
-    __slots__ = ("_done", "_headers", "_upstream")
+    __slots__ = ("_done", "_events", "_headers", "_upstream")
 
     def __init__(
-        self, upstream: Answer, headers: _Headers, done: Callable[[Outcome], None]
+        self,
+        upstream: Answer,
+        headers: _Headers,
+        done: Callable[[Outcome], None],
+        *,
+        events: bool = True,
     ) -> None:
         self._upstream = upstream
         self._headers = headers
         self._done = done
+        self._events = events
+        """An event stream (a failure ends it with an error event), or a whole answer
+        (a failure leaves it incomplete: the server closes the connection)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "cancelled"
@@ -169,6 +184,8 @@ class StreamRelay:
                 outcome = "ok"
             except UpstreamError as e:
                 outcome = "upstream_error"
+                if not self._events:
+                    return  # unfinished: the server closes the client's connection
                 message = f"The worker failed mid-stream ({e}). Retry."
                 event = sse_error_event(message, type=error_type(502), code=502)
                 await send({"type": "http.response.body", "body": event, "more_body": True})

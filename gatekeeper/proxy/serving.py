@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,16 +77,20 @@ from gatekeeper.proxy.protocol import (
 )
 from gatekeeper.proxy.relay import DisconnectWatch, Outcome, Reply, StreamRelay, WholeAnswer
 from gatekeeper.proxy.upstream import (
+    WHOLE_ANSWER_LIMIT_BYTES,
     Answer,
     Exchange,
     Upstream,
     UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
+    UpstreamResponse,
     pool_for,
 )
 
 __all__ = [
+    "DEFAULT_MAX_WHOLE_ANSWER_BYTES",
+    "LAUNCH_GUARD",
     "ChatCompletionRequest",
     "CompletionRequest",
     "EmbeddingRequest",
@@ -104,12 +109,27 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 CLIENT_CLOSED = 499
 """Status observed for a request the client abandoned (nginx's convention)."""
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those the HTTP layers set themselves.
-_HOP_BY_HOP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
-_SKIP_REQUEST = frozenset(
-    {*_HOP_BY_HOP, b"host", b"content-length", b"proxy-connection", b"proxy-authorization"}
-)
+DEFAULT_MAX_WHOLE_ANSWER_BYTES = WHOLE_ANSWER_LIMIT_BYTES
+LAUNCH_GUARD = "gatekeeper.launch_guard"
+"""A scope key a server may set on a request (the sidecar's ``HttpGuard`` does, on an open
+route without a right API key): the request reaches only a model with ready workers
+(``Resolver.ready``), and one that would need a launch, a wait or an eviction gets the
+answer ``scope[LAUNCH_GUARD](model)`` instead."""
+
+# Hop-by-hop headers (RFC 9110 section 7.6.1: Connection and the fields it names,
+# Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*), dropped both ways, and
+# those the HTTP layers set themselves. Expect is answered here (100 Continue), never
+# passed on: the body has been read by then.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade",
+        b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
+    }
+)  # fmt: skip
+_SKIP_REQUEST = frozenset({*_HOP_BY_HOP, b"host", b"content-length", b"expect"})
 _SKIP_RESPONSE = frozenset({*_HOP_BY_HOP, b"content-length", b"date", b"server"})
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+"""Connection values that name no field beyond the hop-by-hop ones (the usual case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +259,7 @@ class Proxy:
         *,
         metrics: ProxyMetrics | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_whole_answer_bytes: int = DEFAULT_MAX_WHOLE_ANSWER_BYTES,
     ) -> None:
         self._resolver = resolver
         self._upstream = pool_for(client)
@@ -246,6 +267,7 @@ class Proxy:
         self._client = client
         self._metrics: ProxyMetrics = metrics if metrics is not None else NoMetrics()
         self._max_body_bytes = max_body_bytes
+        self._max_whole_bytes = max_whole_answer_bytes
         self._outstanding: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
@@ -315,7 +337,10 @@ class Proxy:
             answer = await self._client.request(request.method, url, timeout=30.0)
         except httpx.HTTPError as e:
             return upstream_failed(endpoint.worker_id, e)
-        headers = {k: v for k, v in answer.headers.items() if k.encode() not in _SKIP_RESPONSE}
+        raw = [(k.lower(), v) for k, v in answer.headers.raw]
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1") for k, v in _passed(raw, _SKIP_RESPONSE)
+        }
         return Response(answer.content, status_code=answer.status_code, headers=headers)
 
     async def forward(
@@ -328,11 +353,11 @@ class Proxy:
             body = await self._read_body(scope, receive)
             parsed = _parse(body, kind, scope)
             model = parsed.model
-            candidates = await self._candidates(model)
+            candidates = await self._candidates(model, scope.get(LAUNCH_GUARD))
         except _Failed as failed:
             self._metrics.observe(model, failed.response.status_code, time.perf_counter() - start)
             return failed.response
-        headers = [(k, v) for k, v in scope["headers"] if k not in _SKIP_REQUEST]
+        headers = _passed(scope["headers"], _SKIP_REQUEST)
         for endpoint in candidates:
             payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
             call = _Call(self, endpoint, model, start)
@@ -372,7 +397,7 @@ class Proxy:
             else min(ready, key=lambda e: outstanding.get(e.worker_id, 0))
         )  # the first of the least outstanding, as _candidates orders them
         payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
-        headers = [(k, v) for k, v in scope["headers"] if k not in _SKIP_REQUEST]
+        headers = _passed(scope["headers"], _SKIP_REQUEST)
         return _Call(self, endpoint, model, start).now(self._now, path, payload, headers, reply)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
@@ -397,9 +422,17 @@ class Proxy:
             more = message.get("more_body", False)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _candidates(self, model: str) -> list[Endpoint]:
+    async def _candidates(
+        self, model: str, launch_guard: Callable[[str], Response] | None = None
+    ) -> list[Endpoint]:
         try:
-            endpoints = await self._resolver.endpoints(model)
+            if launch_guard is None:
+                endpoints = await self._resolver.endpoints(model)
+            else:  # ready workers only: no launch, no wait (LAUNCH_GUARD)
+                resolver = self._resolver
+                endpoints = resolver.ready(model) or resolver.ready(resolver.canonical(model)) or []
+                if not endpoints:
+                    raise _Failed(launch_guard(model))
         except RouteError as e:
             raise _Failed(
                 error_response(
@@ -461,8 +494,21 @@ def _rewrite(parsed: OpenAIRequest, endpoint: Endpoint) -> bytes:
     return renamed.model_dump_json(exclude_unset=True).encode()
 
 
+def _passed(
+    headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` (lower-case names) without those in ``skip`` and those a ``Connection``
+    field names (RFC 9110 section 7.6.1)."""
+    kept = [(k, v) for k, v in headers if k not in skip]
+    for name, value in headers:
+        if name == b"connection" and value.lower() not in _PLAIN_CONNECTION:
+            named = {token.strip().lower() for token in value.split(b",")}
+            kept = [(k, v) for k, v in kept if k not in named]
+    return kept
+
+
 def _response_headers(upstream: Answer) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in upstream.headers if k not in _SKIP_RESPONSE]
+    return _passed(upstream.headers, _SKIP_RESPONSE)
 
 
 class _Forward:
@@ -529,7 +575,9 @@ class _Call:
         sent, when the worker has none idle."""
         proxy, endpoint = self._proxy, self._endpoint
         self._reply = reply
-        exchange = pool.post_now(endpoint.base_url, path, body, headers, self)
+        exchange = pool.post_now(
+            endpoint.base_url, path, body, headers, self, limit_bytes=proxy._max_whole_bytes
+        )
         if exchange is None:
             return False
         self._exchange = exchange
@@ -541,7 +589,7 @@ class _Call:
         reply = self._ended()
         self._status = status
         self._finish("upstream_error" if status >= 500 else "ok")
-        kept = [(k, v) for k, v in headers if k not in _SKIP_RESPONSE]
+        kept = _passed(headers, _SKIP_RESPONSE)
         reply.respond(status, [*kept, (b"content-length", str(len(body)).encode())], body)
 
     def failed(self, error: UpstreamClosed) -> None:
@@ -557,6 +605,12 @@ class _Call:
         reply = self._ended()
         self._leave()
         reply.fall_back()
+
+    def large(self, answer: UpstreamResponse) -> None:
+        """The answer is larger than the proxy holds whole: relayed as it comes, by a task."""
+        reply = self._ended()
+        self._status = answer.status
+        reply.run(StreamRelay(answer, _response_headers(answer), self._finish, events=False))
 
     def _gone(self) -> None:
         exchange, self._exchange = self._exchange, None
@@ -594,7 +648,11 @@ class _Call:
                     headers = _response_headers(answer)
                     relay, answer = StreamRelay(answer, headers, self._finish), None
                     return relay
-            content = await answer.read()
+            content = await answer.read_within(proxy._max_whole_bytes)
+            if content is None:  # too large to hold: relayed as it comes
+                headers = _response_headers(answer)
+                relay, answer = StreamRelay(answer, headers, self._finish, events=False), None
+                return relay
         except UpstreamConnectError:
             self._finish("connect_error")
             return None

@@ -48,7 +48,7 @@ usual case, a non-streaming request to a ready worker, goes this way (``serving`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
@@ -56,6 +56,7 @@ import httptools
 import httpx
 
 __all__ = [
+    "WHOLE_ANSWER_LIMIT_BYTES",
     "Answer",
     "AnswerSink",
     "Exchange",
@@ -75,6 +76,9 @@ _HEAD_LIMIT_BYTES = 1 << 20
 """Longest answer head the client accepts."""
 _PAUSE_ABOVE_BYTES = 1 << 20
 """Body bytes received and not yet taken above which the socket is not read."""
+WHOLE_ANSWER_LIMIT_BYTES = 8 * 1024 * 1024
+"""The default bound on a body ``Exchange`` holds before handing the answer on."""
+_ODD_STATUS = {101: "it answered 101 Switching Protocols, an upgrade the proxy never asks for"}
 
 
 class UpstreamError(Exception):
@@ -159,6 +163,8 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._break(f"not an HTTP/1.x answer ({e})")
+        except httptools.HttpParserUpgrade:
+            self._break(_ODD_STATUS[101])
         if not self.head_done and self.received > _HEAD_LIMIT_BYTES:
             self._break(f"an answer head longer than {_HEAD_LIMIT_BYTES} bytes")
         if self._buffered > _PAUSE_ABOVE_BYTES and not self._paused and self._transport:
@@ -175,11 +181,15 @@ class _Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_header(self, name: bytes, value: bytes | None) -> None:
-        self.headers.append((name.lower(), value or b""))
+        if not self.head_done:  # a chunked body's trailer fields are never headers
+            self.headers.append((name.lower(), value or b""))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        if 100 <= status < 200:  # interim answers (100 Continue): skip
+        if status == 101 or not 100 <= status < 600:
+            self._break(_ODD_STATUS.get(status, f"it answered status {status}, not 100-599"))
+            return
+        if status < 200:  # interim answers (100 Continue): skip
             self.headers = []
             return
         self.status = status
@@ -212,6 +222,15 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def hold(self, parts: list[bytes]) -> None:
+        """Put ``parts`` back before the body not yet taken (reading pauses above the
+        bound, as for bytes received)."""
+        self.body[:0] = parts
+        self._buffered += sum(len(part) for part in parts)
+        if self._buffered > _PAUSE_ABOVE_BYTES and not self._paused and self._transport:
+            self._paused = True
+            self._transport.pause_reading()
 
     def take(self) -> bytes:
         """The body bytes received since the last ``take``."""
@@ -271,6 +290,20 @@ class UpstreamResponse:
             parts.append(part)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    async def read_within(self, limit_bytes: int) -> bytes | None:
+        """The whole body if it is at most ``limit_bytes``; else None, and what was read
+        comes first from ``chunks()``."""
+        parts = []
+        size = 0
+        while (part := await self._next()) is not None:
+            parts.append(part)
+            size += len(part)
+            if size > limit_bytes:
+                assert self._conn is not None
+                self._conn.hold(parts)
+                return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives: what each read from the socket brought."""
         while (part := await self._next()) is not None:
@@ -314,21 +347,33 @@ class AnswerSink(Protocol):
         """The connection was found closed before any byte of the answer: the worker had
         closed it while idle, and the request may be sent again on a new one."""
 
+    def large(self, answer: UpstreamResponse) -> None:
+        """The body passed the exchange's bound before it was whole: the rest is to be
+        read from ``answer`` (what was received comes first), and ``answer`` closed."""
+
 
 class Exchange:
     """A POST on a pooled connection whose answer the connection's callbacks collect
-    (``Upstream.post_now``), handed whole to the sink; ``cancel()`` closes the connection
+    (``Upstream.post_now``), handed whole to the sink, or as an ``UpstreamResponse`` to
+    read on once its body passes ``limit_bytes``; ``cancel()`` closes the connection
     instead, which is how the worker learns that the client went away."""
 
-    __slots__ = ("_conn", "_key", "_parts", "_pool", "_sink")
+    __slots__ = ("_conn", "_key", "_limit", "_parts", "_pool", "_sink", "_size")
 
     def __init__(
-        self, pool: Upstream, key: tuple[str, int], conn: _Connection, sink: AnswerSink
+        self,
+        pool: Upstream,
+        key: tuple[str, int],
+        conn: _Connection,
+        sink: AnswerSink,
+        limit_bytes: int,
     ) -> None:
         self._pool = pool
         self._key = key
         self._conn: _Connection | None = conn
         self._sink = sink
+        self._limit = limit_bytes
+        self._size = 0
         self._parts: list[bytes] = []
         conn.listener = self._read
 
@@ -347,7 +392,9 @@ class Exchange:
         conn = self._conn
         assert conn is not None
         if conn.body:
-            self._parts.append(conn.take())  # taken as it comes: reading never pauses
+            part = conn.take()  # taken as it comes: reading never pauses
+            self._parts.append(part)
+            self._size += len(part)
         if conn.complete:
             self._detach()
             parts = self._parts
@@ -366,6 +413,10 @@ class Exchange:
             why = conn.broken or repr(conn.lost)
             where = "mid-answer" if conn.head_done else "before answering"
             self._sink.failed(UpstreamClosed(f"the worker closed the connection {where} ({why})"))
+        elif self._size > self._limit:  # too large to hold: the rest is read as it comes
+            self._detach()
+            conn.hold(self._parts)
+            self._sink.large(UpstreamResponse(self._pool, self._key, conn))
 
 
 class Answer(Protocol):
@@ -377,6 +428,8 @@ class Answer(Protocol):
     def header(self, name: bytes) -> bytes | None: ...
 
     async def read(self) -> bytes: ...
+
+    async def read_within(self, limit_bytes: int) -> bytes | None: ...
 
     def chunks(self) -> AsyncGenerator[bytes, None]: ...
 
@@ -420,16 +473,24 @@ class Upstream:
             raise UpstreamClosed(str(e)) from e
 
     def post_now(
-        self, base_url: str, path: str, body: bytes, headers: _Headers, sink: AnswerSink
+        self,
+        base_url: str,
+        path: str,
+        body: bytes,
+        headers: _Headers,
+        sink: AnswerSink,
+        *,
+        limit_bytes: int = WHOLE_ANSWER_LIMIT_BYTES,
     ) -> Exchange | None:
-        """POST ``body`` on an idle pooled connection, its whole answer to ``sink`` (module
-        docstring); None, and nothing sent, when no connection to the worker is idle."""
+        """POST ``body`` on an idle pooled connection, its whole answer to ``sink``, or
+        the answer to read on once its body passes ``limit_bytes`` (module docstring);
+        None, and nothing sent, when no connection to the worker is idle."""
         host, port, host_header = self._origin(base_url)
         key = (host, port)
         conn = self._checkout(key)
         if conn is None:
             return None
-        exchange = Exchange(self, key, conn, sink)
+        exchange = Exchange(self, key, conn, sink, limit_bytes)
         conn.send(_post(host_header, path, body, headers))
         return exchange
 
@@ -556,6 +617,9 @@ class _HttpxPool:
 class _HttpxAnswer:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
+        self._raw: AsyncIterator[bytes] | None = None
+        self._held: list[bytes] = []
+        """Read by ``read_within`` and not yet given: ``chunks()`` gives them first."""
         self.status = response.status_code
         self.headers = [(k.lower(), v) for k, v in response.headers.raw]
 
@@ -565,9 +629,24 @@ class _HttpxAnswer:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    async def read_within(self, limit_bytes: int) -> bytes | None:
+        size = 0
+        async for chunk in self.chunks():
+            self._held.append(chunk)
+            size += len(chunk)
+            if size > limit_bytes:
+                return None
+        held, self._held = self._held, []
+        return b"".join(held)
+
     async def chunks(self) -> AsyncGenerator[bytes, None]:
+        held, self._held = self._held, []
+        for chunk in held:
+            yield chunk
+        if self._raw is None:
+            self._raw = self._response.aiter_raw()
         try:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._raw:
                 yield chunk
         except httpx.TransportError as e:
             raise UpstreamClosed(f"the worker closed the connection mid-answer ({e!r})") from e

@@ -133,7 +133,9 @@ def build_app(
             start_failure_backoff_seconds=settings.start_failure_backoff_seconds,
         ),
     )
-    proxy = Proxy(router, upstream, metrics=metrics)
+    proxy = Proxy(
+        router, upstream, metrics=metrics, max_whole_answer_bytes=settings.max_whole_answer_bytes
+    )
     manager.in_flight = proxy.outstanding
     admin = AdminApi(manager, registry, settings.admin_token)
     scrape_inventory = CachedInventory(inventory)

@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import ClassVar
 
+import httptools
 import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
@@ -60,9 +60,9 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.relay import DISCONNECT_EXTENSION, AnswerNow
 from gatekeeper.settings import Settings
+from gatekeeper.sidecar.http_limits import ProtocolOptions, linger, protocol_options
 
 __all__ = ["COALESCE_BYTES", "SidecarHttpProtocol", "server_config", "sidecar_http_protocol"]
 
@@ -93,62 +93,22 @@ def server_config(app: Starlette, *, host: str, port: int, settings: Settings) -
     )
 
 
-def _timeout_answer(message: str, *, openai: bool) -> bytes:
-    """A whole 408 response that closes the connection, in the proxy's error shape."""
-    kind = None if openai else "request_timeout"  # vLLM's type on /v1, the admin API's else
-    answer = error_response(408, message, type=kind, code="request_timeout")
-    head = b"".join(
-        [
-            b"HTTP/1.1 408 Request Timeout\r\n",
-            *(name + b": " + value + b"\r\n" for name, value in answer.raw_headers),
-            b"connection: close\r\n\r\n",
-        ]
-    )
-    return head + bytes(answer.body)
-
-
-@dataclass(frozen=True)
-class _Options:
-    header_seconds: float
-    body_seconds: float
-    headers_late: bytes
-    """The whole 408 answer to headers past their deadline."""
-    body_late: Mapping[bool, bytes]
-    """The whole 408 answer to a stalled body, on /v1 (True) and elsewhere."""
-    routes: Mapping[bytes, ASGIApp]
-    """The lean path's apps by exact request target."""
-    now: Mapping[bytes, AnswerNow]
-    """Their ``answer_now``, for those that have one (``relay.AnswerNow``)."""
-
-
 def sidecar_http_protocol(
     settings: Settings, direct: Mapping[str, ASGIApp] | None = None
 ) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with the header and body deadlines of ``settings``,
-    and ``direct``'s POST routes dispatched on the lean path."""
-    header_seconds = settings.request_header_timeout_seconds
-    body_seconds = settings.request_body_timeout_seconds
-    body_message = (
-        f"The request body stalled: no next chunk within {body_seconds:g} s "
-        "(request_body_timeout_seconds). Send the whole body the Content-Length announces."
-    )
-    options = _Options(
-        header_seconds=header_seconds,
-        body_seconds=body_seconds,
-        headers_late=_timeout_answer(
-            f"the request's headers did not arrive within {header_seconds:g} s "
-            "(request_header_timeout_seconds); send the whole request at once",
-            openai=False,
-        ),
-        body_late={v1: _timeout_answer(body_message, openai=v1) for v1 in (True, False)},
-        routes={path.encode("ascii"): app for path, app in (direct or {}).items()},
-        now={
-            path.encode("ascii"): now
-            for path, app in (direct or {}).items()
-            if (now := getattr(app, "answer_now", None)) is not None
-        },
-    )
+    """uvicorn's httptools protocol with the limits and deadlines of ``settings``
+    (``http_limits``), and ``direct``'s POST routes dispatched on the lean path."""
+    options = protocol_options(settings, direct or {})
     return type("SidecarHttpProtocol", (SidecarHttpProtocol,), {"options": options})
+
+
+class _Refused(Exception):
+    """Raised by a parser callback to stop the parser: the request passed a limit, and
+    gets ``answer`` (``http_limits``)."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__()
+        self.answer = answer
 
 
 def _small(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -165,7 +125,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines and the lean path (module docstring);
     ``sidecar_http_protocol`` makes one with its options."""
 
-    options: ClassVar[_Options]
+    options: ClassVar[ProtocolOptions]
     # The timers are armed only when a read leaves headers or a body incomplete, so
     # that a request that arrives whole (the usual case) arms none.
     _header_timer: asyncio.TimerHandle | None = None
@@ -174,6 +134,15 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     _in_body = False
     _body_seen = 0.0
     """When the last chunk of the current request's body arrived (loop time)."""
+    _body_start = 0.0
+    """When the current request's body began (its headers' end, or its start in turn)."""
+    _body_bytes = 0
+    """The current request's body bytes so far."""
+    _head_read = 0
+    """Bytes of the reads that began inside the current unfinished head."""
+    _head_bytes = 0
+    """Bytes of the current request's header (and trailer) fields so far."""
+    _head_fields = 0
     _idle_since: float | None = None
     """When the connection's last answer ended, while no next request has come."""
     _running: RequestResponseCycle | None = None
@@ -195,21 +164,59 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self._tell_gone()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        """uvicorn's, with the head's bound and the deadlines' timers."""
+        if self._in_head:  # a read that starts inside a head is the head's up to its end
+            self._head_read += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as e:
+            self._refuse_or_400(e)
+            return
         if self._in_head:
-            if self._header_timer is None:
+            if self._head_read > self.options.max_head_bytes:  # a line that never ends
+                self._refuse(self.options.head_too_large)
+            elif self._header_timer is None:
                 self._header_timer = self.loop.call_later(
                     self.options.header_seconds, self._headers_too_late
                 )
         elif self._in_body and self._body_timer is None:
-            self._body_timer = self.loop.call_at(
-                self._body_seen + self.options.body_seconds, self._body_too_late
-            )
+            self._body_timer = self.loop.call_at(self._body_due(), self._body_too_late)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
         self._idle_since = None  # a request: in use, not idle
+        self._head_read = self._head_bytes = self._head_fields = 0
+
+    # The head's bounds ride on the parser's callbacks: uvicorn's on_url and on_header,
+    # with a count. httptools holds a header line until it ends, which a client may never
+    # do: data_received counts the reads of an unfinished head for that.
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.options.max_head_bytes:
+            raise _Refused(self.options.target_too_long)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_fields += 1
+        self._head_bytes += len(name) + len(value)
+        if (
+            self._head_fields > self.options.max_headers
+            or self._head_bytes + len(self.url) > self.options.max_head_bytes
+        ):
+            raise _Refused(self.options.head_too_large)
+        if not self._in_head:  # a chunked body's trailer field: no header of the request
+            return
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace (uvicorn's note)
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -217,7 +224,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             self._header_timer.cancel()
             self._header_timer = None
         self._in_body = True
-        self._body_seen = self.loop.time()
+        self._body_seen = self._body_start = self.loop.time()
+        self._body_bytes = 0
         app = self.options.routes.get(self.url) if self.parser.get_method() == b"POST" else None
         if app is None or self.parser.should_upgrade() or self.limit_concurrency:
             super().on_headers_complete()
@@ -226,6 +234,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_seen = self.loop.time()
+        self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -238,7 +247,8 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         if offer is not None:
             cycle, app, now = offer
             self._running = cycle
-            cycle.fall_back_to = lambda: self._start_asgi_task(cycle, app)  # type: ignore[arg-type]
+            cycle.route_app = app
+            cycle.start_app = lambda a: self._start_asgi_task(cycle, a)  # type: ignore[arg-type]
             if not now(cycle.scope, bytes(cycle.body), cycle):  # type: ignore[arg-type]
                 cycle.fall_back()
 
@@ -300,7 +310,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         if self.pipeline:  # a pipelined request waits: start it
             self._idle_since = None
-            self._body_seen = self.loop.time()  # its body's deadline runs from now
+            self._body_seen = self._body_start = self.loop.time()  # its deadlines run from now
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif self.timeout_keep_alive_task is None:
@@ -350,12 +360,25 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             self.options.headers_late if cycle is None or cycle.response_complete else None
         )
 
+    def _body_due(self) -> float:
+        """When the current body passes a deadline: its next chunk's, or the whole body's
+        (``request_body_total_seconds`` from its start, and a second per
+        ``request_body_min_bytes_per_second`` bytes received)."""
+        options = self.options
+        whole = self._body_start + options.body_total_seconds
+        return min(
+            self._body_seen + options.body_seconds,
+            whole + self._body_bytes / options.body_min_rate,
+        )
+
     def _body_too_late(self) -> None:
         self._body_timer = None
-        deadline = self._body_seen + self.options.body_seconds
-        if self._held_back():  # its time starts when the server reads again
-            deadline = self.loop.time() + self.options.body_seconds
-        if deadline > self.loop.time():  # a chunk came meanwhile: wait from it
+        now = self.loop.time()
+        if self._held_back():  # its time starts again when the server reads again
+            self._body_seen = self._body_start = now
+            self._body_bytes = 0
+        deadline = self._body_due()
+        if deadline > now:  # a chunk came meanwhile: wait from it
             self._body_timer = self.loop.call_at(deadline, self._body_too_late)
             return
         path = self.scope.get("path", "")
@@ -363,6 +386,33 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self._time_out(
             None if started else self.options.body_late[path == "/v1" or path.startswith("/v1/")]
         )
+
+    def _refuse_or_400(self, error: httptools.HttpParserError) -> None:
+        """A parser error: a limit passed in a callback (``_Refused``), else uvicorn's 400."""
+        if isinstance(error.__context__, _Refused):
+            self._refuse(error.__context__.answer)
+        elif not self.transport.is_closing():
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+
+    def _refuse(self, answer: bytes) -> None:
+        """Close the connection over a limit, with ``answer`` unless an earlier request's
+        answer is still to come or going (then it is cut, not written into)."""
+        own = None if self._in_head else self.cycle  # trailers: their request's own cycle
+        quiet = all(
+            c is None or c.response_complete or (c is own and not c.response_started)
+            for c in (self.cycle, self._running)
+        )
+        self._in_head = self._in_body = False
+        if not quiet or self.transport.is_closing():
+            self._time_out(None)
+            return
+        self.transport.write(answer)
+        self._disarm()
+        self._tell_gone()
+        self.connections.discard(self)  # its connection_lost goes to the lingering protocol
+        linger(self.transport)
 
     def _time_out(self, answer: bytes | None) -> None:
         """Send ``answer`` (None once an answer has started), close the connection,
@@ -397,9 +447,11 @@ class _LeanCycle(RequestResponseCycle):
     _head = b""
     """A whole answer's head, written with the first part of its body."""
     _on_gone: Callable[[], None] | None = None
-    fall_back_to: Callable[[], None] | None = None
-    """Starts the request's ASGI app (``fall_back``), for a request offered to
-    ``answer_now``."""
+    route_app: ASGIApp | None = None
+    """The request's ASGI app, for a request offered to ``answer_now`` (``fall_back``)."""
+    start_app: Callable[[ASGIApp], None] | None = None
+    """Starts an ASGI app as the request's task, for a request offered to ``answer_now``
+    (``fall_back``, ``run``); once."""
 
     # relay.Reply, for a request offered to its route's answer_now
 
@@ -410,9 +462,14 @@ class _LeanCycle(RequestResponseCycle):
         self._body(body, False)
 
     def fall_back(self) -> None:
-        start, self.fall_back_to = self.fall_back_to, None
-        if start is not None and not self.disconnected:
-            start()
+        start, self.start_app = self.start_app, None
+        if start is not None and self.route_app is not None and not self.disconnected:
+            start(self.route_app)
+
+    def run(self, app: ASGIApp) -> None:
+        start, self.start_app = self.start_app, None
+        if start is not None:
+            start(app)
 
     def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
         """``DISCONNECT_EXTENSION``: ``callback`` is called once when the client goes."""
