@@ -9,6 +9,12 @@
   route outside those prefixes (``/tokenize``, ``/pooling``, ... open, as vLLM leaves
   them), so the sidecar's keys never reach a worker. ``/healthz``, ``/metrics`` and
   ``/openapi.json`` stay open; the admin API checks its own token.
+- **No key, no launch**: in vLLM those open routes cannot start anything; here a request
+  naming a model may launch a worker, wait for one, or evict idle ones. So a request to
+  an open forwarding route without a right key reaches only a model that has a ready
+  worker (``serving.LAUNCH_GUARD``); for any other it gets the same 401 as a guarded
+  path, saying that starting the model needs a key. With a right key it is served as on
+  a guarded path.
 - **Direct routes** (``direct``: exact path to ASGI app, for ``POST``): the proxy's
   OpenAI POSTs go straight to their app, past Starlette's error middleware and router,
   whose walk over every route and wrappers around every ``send`` (each streamed chunk)
@@ -33,6 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.relay import AnswerNow, Reply
+from gatekeeper.proxy.serving import LAUNCH_GUARD
 
 __all__ = ["GUARDED_PREFIXES", "HttpGuard"]
 
@@ -107,8 +114,9 @@ def _without_authorization(scope: Scope) -> Scope:
 
 
 class _Keyed:
-    """A direct route behind the guard's key policy: checked (a guarded prefix), or only
-    the ``Authorization`` header removed."""
+    """A direct route behind the guard's key policy: checked (a guarded prefix), or open
+    with the ``Authorization`` header removed, and without a right key only for models
+    with a ready worker (``LAUNCH_GUARD``)."""
 
     __slots__ = ("_app", "_check", "_guard", "_now")
 
@@ -123,25 +131,38 @@ class _Keyed:
         a request without a right key is left to ``__call__`` (its 401)."""
         if self._now is None:
             return False
+        # answer_now serves ready workers only, so an open route needs no key for it
         admitted = self._guard._admit(scope) if self._check else _without_authorization(scope)
         return admitted is not None and self._now(admitted, body, reply)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._check:
-            await self._app(_without_authorization(scope), receive, send)
-            return
         admitted = self._guard._admit(scope)
-        if admitted is None:
+        if admitted is not None:
+            await self._app(admitted, receive, send)
+        elif self._check:
             await _unauthorized()(scope, receive, send)
         else:
-            await self._app(admitted, receive, send)
+            opened = _without_authorization(scope)
+            opened[LAUNCH_GUARD] = _launch_unauthorized
+            await self._app(opened, receive, send)
 
 
-def _unauthorized() -> Response:
-    message = (
+def _unauthorized(
+    message: str = (
         "Missing or wrong API key. Send Authorization: Bearer <key>, a key from the "
         "sidecar's api_keys (GATEKEEPER_API_KEYS)."
-    )
+    ),
+) -> Response:
     response = error_response(401, message, code="invalid_api_key")
     response.headers["www-authenticate"] = "Bearer"
     return response
+
+
+def _launch_unauthorized(model: str) -> Response:
+    """The 401 of an open route's request without a right key, for a model with no ready
+    worker (``LAUNCH_GUARD``)."""
+    return _unauthorized(
+        f"The model `{model}` has no ready worker, and starting one (or waiting for one) "
+        "needs an API key: send Authorization: Bearer <key>, a key from the sidecar's "
+        "api_keys (GATEKEEPER_API_KEYS). Without a key this route serves running models only."
+    )
