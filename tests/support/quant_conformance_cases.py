@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CASES", "FAMILIES", "MAX_MODEL_LEN"]
+__all__ = ["CASES", "FAMILIES", "MAX_MODEL_LEN", "WRAPPERS"]
 
 MAX_MODEL_LEN = 512
 
@@ -65,6 +65,51 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {**_MLA, "architectures": ["DeepseekV2ForCausalLM"],
                     "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"},
 }  # fmt: skip
+
+_TEXT = {k: v for k, v in _BASE.items() if k != "torch_dtype"}
+
+
+def _wrapper(arch: str, model_type: str, text: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    # tie_word_embeddings at the top too: vLLM reads the language model's, gatekeeper today
+    # the wrapper's (absent: True); that reading is not what this check is about
+    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
+            "text_config": text, "image_token_index": 10, "tie_word_embeddings": False,
+            **extra}  # fmt: skip
+
+
+_SIGLIP = {
+    "model_type": "siglip_vision_model",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 64,
+    "patch_size": 16,
+}
+FAMILIES |= {
+    "gemma3_mm": _wrapper("Gemma3ForConditionalGeneration", "gemma3",
+                          {**_TEXT, "model_type": "gemma3_text", "sliding_window": 128,
+                           "query_pre_attn_scalar": 128, "num_hidden_layers": 6},
+                          vision_config=_SIGLIP),  # 6 layers: a global one, two rotary caches
+    "qwen2_5_vl": _wrapper("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl",
+                           {**_TEXT, "model_type": "qwen2_5_vl_text"},
+                           vision_config={"depth": 1, "hidden_size": 128, "out_hidden_size": 256}),
+    "mistral3": _wrapper("Mistral3ForConditionalGeneration", "mistral3",
+                         {**_TEXT, "model_type": "mistral"},
+                         vision_config={"model_type": "pixtral", "hidden_size": 128,
+                                        "num_hidden_layers": 1, "head_dim": 64}),
+}  # fmt: skip
+
+WRAPPERS: dict[str, tuple[str, str, str]] = {
+    "gemma3_mm": ("gemma3_mm.py", "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+    "qwen2_5_vl": ("qwen2_5_vl.py", "Qwen2_5_VLForConditionalGeneration", "Qwen2ForCausalLM"),
+    "mistral3": ("mistral3.py", "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
+}
+"""Multimodal wrappers: (vLLM model file, wrapper class, the language model's class). The
+CPU environment cannot import their modules (torchvision is uninstalled, see
+docs/real-vllm.md), so the vLLM side reads the wrapper's ``hf_to_vllm_mapper`` and
+``packed_modules_mapping`` from its source and builds the language model the way the
+wrapper does (``init_vllm_registered_model(..., prefix="language_model")``)."""
 
 _FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
 _FP8_BLOCK = {**_FP8, "weight_block_size": [128, 128]}
@@ -229,6 +274,25 @@ CASES: dict[str, dict[str, Any]] = {
         "pseudoquantization": False, "store_master_weights": False, "transform_init": "hadamard"}),
     "torchao/llama": _case("torchao", "llama", {"quant_method": "torchao", "quant_type": {"default": {
         "_type": "Int8WeightOnlyConfig", "_version": 2, "_data": {}}}}),
+    # multimodal wrappers: lists as checkpoints spell them (new and old layouts)
+    "ct-named/gemma3_mm": _case("compressed-tensors mixed groups", "gemma3_mm", _ct({"g": _group(
+        ["model.language_model.layers.0.mlp.down_proj", "language_model.model.layers.1.self_attn.o_proj",
+         "model.layers.1.mlp.down_proj"], _w(8, "float", "channel"), _TOKEN_FP8)})),
+    "fp8-block-ignore/qwen2_5_vl": _case("fp8 block", "qwen2_5_vl", {**_FP8_BLOCK, "ignored_layers": [
+        "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "lm_head",
+        "model.language_model.layers.1.self_attn.q_proj", "model.language_model.layers.1.self_attn.k_proj",
+        "model.language_model.layers.1.self_attn.v_proj"]}),
+    "ct-named/qwen2_5_vl": _case("compressed-tensors mixed groups", "qwen2_5_vl", _ct({"g": _group(
+        ["model.language_model.layers.0.mlp.down_proj", "re:.*layers\\.1\\.mlp\\.(gate|up)_proj$"],
+        _w(4, "int", "group", group_size=128))})),
+    "modelopt-mixed/mistral3": _case("ModelOpt mixed precision", "mistral3", _modelopt(
+        "MIXED_PRECISION", ["lm_head", "model.vision_tower*", "model.multi_modal_projector*"],
+        quantized_layers={"model.language_model.layers.0.mlp.down_proj": {"quant_algo": "FP8"},
+                          "model.language_model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"},
+                          "model.language_model.layers.1.self_attn.k_proj": {"quant_algo": "FP8"},
+                          "model.language_model.layers.1.self_attn.v_proj": {"quant_algo": "FP8"}})),
+    "awq-skip/mistral3": _case("AWQ", "mistral3", _awq(modules_to_not_convert=[
+        "model.language_model.layers.1.mlp", "vision_tower", "multi_modal_projector"])),
     "inc/llama": _case("inc", "llama", {"quant_method": "inc", "bits": 4, "group_size": 128, "sym": True,
                                         "packing_format": "auto_round:auto_gptq", "data_type": "int"}),
 }  # fmt: skip

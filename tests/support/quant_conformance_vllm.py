@@ -40,14 +40,56 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN  # type: ignore[import-not-found, unused-ignore]
+from quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS  # type: ignore[import-not-found, unused-ignore]
 
 
 def _config(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's config.json; for a multimodal wrapper, its language model's (the
+    wrapper's ``text_config`` under the class the wrapper builds it with)."""
     config = dict(FAMILIES[case["family"]])
+    if case["family"] in WRAPPERS:
+        config = {**config["text_config"], "architectures": [WRAPPERS[case["family"]][2]],
+                  "torch_dtype": config["torch_dtype"]}  # fmt: skip
     if case["quant"] is not None:
         config["quantization_config"] = case["quant"]
     return config
+
+
+def _class_mappings(file: str, cls: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The wrapper class's ``hf_to_vllm_mapper`` keyword dicts and its
+    ``packed_modules_mapping``, read from vLLM's source (its module needs torchvision)."""
+    import ast
+
+    import vllm.model_executor.models as models  # type: ignore[import-not-found, unused-ignore]
+
+    tree = ast.parse((Path(models.__file__).parent / file).read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    mapper: dict[str, Any] = {}
+    packed: dict[str, list[str]] = {}
+    for stmt in node.body:
+        if not isinstance(stmt, ast.Assign) or not isinstance(stmt.targets[0], ast.Name):
+            continue
+        name = stmt.targets[0].id
+        if name == "packed_modules_mapping":
+            packed = ast.literal_eval(stmt.value)
+        elif name == "hf_to_vllm_mapper" and isinstance(stmt.value, ast.Call):
+            mapper = {str(k.arg): ast.literal_eval(k.value) for k in stmt.value.keywords}
+    return mapper, packed
+
+
+def _as_wrapper(family: str, vllm_config: Any) -> str:
+    """Configure the quantization config as the wrapper's ``configure_quant_config``
+    does before building its language model; the language model's prefix."""
+    from vllm.model_executor.models.utils import WeightsMapper  # type: ignore[import-not-found, unused-ignore]
+
+    file, cls, _ = WRAPPERS[family]
+    mapper, packed = _class_mappings(file, cls)
+    quant = vllm_config.quant_config
+    if quant is not None and mapper:
+        quant.apply_vllm_mapper(WeightsMapper(**mapper).get_rename_mapper())
+    if quant is not None and packed:
+        quant.packed_modules_mapping = packed
+    return "language_model"
 
 
 def _tensors(model: Any) -> dict[str, list[Any]]:
@@ -131,14 +173,19 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         allow_deprecated_quantization=True,
     )
     vllm_config = VllmConfig(model_config=model_config)
+    wrapped = case["family"] in WRAPPERS
+    prefix = _as_wrapper(case["family"], vllm_config) if wrapped else ""
     with (
         set_current_vllm_config(vllm_config),
         set_default_torch_dtype(model_config.dtype),
         torch.device("meta"),
     ):
-        model = initialize_model(vllm_config=vllm_config)
-    tensors = _tensors(model)
+        model = initialize_model(vllm_config=vllm_config, prefix=prefix)
+    tensors, methods = _tensors(model), _methods(model)
     copies, freed = _mla_copies(model), _freed(model)
+    if wrapped:  # the wrapper's names: its language model sits at language_model.
+        tensors = {f"{prefix}.{n}": v for n, v in tensors.items()}
+        methods = {f"{prefix}.{n}": v for n, v in methods.items()}
     quant = vllm_config.quant_config
     return {
         "case": case_id,
@@ -153,7 +200,7 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         "mla_copies": copies,
         "freed_after_loading": freed,
         "tensors": tensors,
-        "methods": _methods(model),
+        "methods": methods,
     }
 
 
