@@ -169,6 +169,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         "",
         f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
         f"max concurrency {e.max_concurrency:.2f}x at {e.max_model_len} tokens",
+        *_state_lines(e),
         *_parallel_lines(e),
         f"  weights from: {e.weights_source}",
         f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
@@ -194,6 +195,19 @@ def config_source(spec: ModelSpec) -> str:
         note = f"; the hub look-up failed: {fallback[2]}" if fallback[1] else ""
         return f"{CATALOG_SOURCE} (`gatekeeper models` lists it){note}"
     return source
+
+
+def _state_lines(e: Estimate) -> list[str]:
+    """The recurrent state of hybrid and attention-free models: per sequence, not per
+    token, so the per-token figure above leaves it out; the concurrency counts it."""
+    if not e.state_bytes_per_sequence:
+        return []
+    return [
+        f"  recurrent state: {format_gib(e.state_bytes_per_sequence, 3)} "
+        f"({e.state_bytes_per_sequence:,} bytes) per sequence on this rank, in the KV cache "
+        "beside the attention blocks (bytes per token above are the attention layers' only; "
+        "max concurrency counts both)"
+    ]
 
 
 def _parallel_lines(e: Estimate) -> list[str]:
