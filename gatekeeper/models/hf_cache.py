@@ -113,8 +113,8 @@ def _not_at_revision(repo_id: str, revision: str, caches: list[Path]) -> ModelSp
             return ModelSpecError(
                 f"model: {repo_id} at revision {revision!r} is in the Hugging Face cache "
                 f"({folder / 'snapshots' / commit}) without config.json; vLLM cannot load it "
-                "from there. Download its config (huggingface-cli download "
-                f"{repo_id} config.json), or give a checkpoint directory",
+                "from there. Download its config (hf download "
+                f"{repo_id} config.json --revision {revision}), or give a checkpoint directory",
                 field="config.json",
                 value=repo_id,
             )

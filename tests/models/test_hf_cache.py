@@ -133,7 +133,8 @@ def test_offline_and_not_cached_says_so(offline: None) -> None:
     message = str(info.value)
     assert "not in the Hugging Face cache" in message and "HF_HUB_OFFLINE is set" in message
     assert "GATEKEEPER_ALLOW_NETWORK" not in message
-    assert "huggingface-cli download org/absent config.json" in message
+    # huggingface_hub's current CLI (huggingface-cli no longer installs with it)
+    assert "hf download org/absent config.json" in message and "huggingface-cli" not in message
 
 
 def test_not_cached_without_network_names_the_setting() -> None:
@@ -198,3 +199,13 @@ def test_estimate_finds_the_cache_through_hf_home(tmp_path: Path) -> None:
     assert out.stdout.startswith("org/tiny on a 16.00 GiB GPU")
     assert "weights from: safetensors headers (1 file)" in out.stdout
     assert "--revision" not in out.stderr  # used by the look-up, not "read but not modelled"
+
+
+def test_a_snapshot_without_config_advises_hf_download_at_its_revision(offline: None) -> None:
+    fill_cache(default_cache(), "org/weights-only", FILES, download=("model.safetensors",))
+    with pytest.raises(ModelSpecError) as info:
+        resolve_model("org/weights-only")
+    message = str(info.value)
+    assert "without config.json" in message
+    assert "hf download org/weights-only config.json --revision " in message
+    assert "huggingface-cli" not in message
