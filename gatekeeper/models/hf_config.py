@@ -18,6 +18,7 @@ from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.architecture import architecture_facts
 from gatekeeper.models.catalog import find_in_catalog
 from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
+from gatekeeper.models.config_fields import bad_field, check_shapes, normalize
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.spec import (
@@ -132,7 +133,10 @@ def _layer_attention(
     cfg: Mapping[str, Any], layers: int, max_pos: int
 ) -> tuple[AttentionKind, ...]:
     types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == layers:
+    if types and len(types) != layers:
+        # transformers' layer_type_validation (configuration_utils.py) refuses it so
+        raise bad_field("layer_types", types, f"expected one entry for each of {layers} layers")
+    if types:
         mapping: dict[str, AttentionKind] = {
             "full_attention": "full",
             "sliding_attention": "sliding",
@@ -143,6 +147,8 @@ def _layer_attention(
     window = cfg.get("sliding_window")
     if cfg.get("attention_chunk_size") and cfg.get("no_rope_layers"):
         flags = cfg["no_rope_layers"]
+        if len(flags) < layers:
+            raise bad_field("no_rope_layers", flags, f"expected a 0/1 for each of {layers} layers")
         return tuple("chunked" if flags[i] else "full" for i in range(layers))
     if model_type == "gemma2" and window:
         return tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
@@ -196,13 +202,19 @@ def _moe(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[boo
         expert_bias=model_type == "gpt_oss",
         router_bias=model_type == "gpt_oss",
     )
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list) and len(freq) != layers:
+        raise bad_field("moe_layer_freq", freq, f"expected a 0/1 for each of {layers} layers")
     return moe, tuple(_is_moe_layer(cfg, i) for i in range(layers))
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list):  # per layer, 0/1 (vllm transformers_utils/configs/minimax_m3.py)
+        return bool(freq[i])
     if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
         first = int(cfg.get("first_k_dense_replace") or 0)
-        return i >= first and i % int(cfg.get("moe_layer_freq") or 1) == 0
+        return i >= first and i % int(freq or 1) == 0
     if "interleave_moe_layer_step" in cfg:
         return (i + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
     if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
@@ -302,7 +314,9 @@ def spec_from_config(
         raise ModelSpecError(f"config.json of {name}: expected a JSON object", field="config")
     if overrides:
         config = apply_overrides(config, overrides)
+    check_shapes(config)  # before transformers builds per-layer lists from the counts
     filled = _with_defaults(config, name)
+    check_shapes(filled.config)
     try:
         spec = _read(filled.config, name=name, source=source, checkpoint=checkpoint)
     except ModelSpecError as e:
@@ -352,6 +366,7 @@ def _read(
     layers = _positive(
         "num_hidden_layers", _get(text, "layers", "num_hidden_layers", "n_layer", "num_layers")
     )
+    text = normalize(text, layers)
     hidden = _positive("hidden_size", _get(text, "hidden_size", "hidden_size", "n_embd", "d_model"))
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     attention_free = model_type in ATTENTION_FREE_TYPES  # Mamba: no heads to read

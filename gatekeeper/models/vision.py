@@ -52,6 +52,8 @@ def vision_spec(
     parameters = blocks * per_block + channels * patch * patch * temporal * h
     parameters += _projector(vision, h, text_hidden)
     patches, tokens, cross = _profile_item(vision, top, patch)
+    # a patch wider than the largest image still makes one (and the profile divides by it)
+    patches, tokens = max(1, patches), max(1, tokens)
     return VisionSpec(
         parameters=parameters,
         hidden_size=h,
