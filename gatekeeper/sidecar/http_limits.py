@@ -33,21 +33,34 @@ from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.relay import AnswerNow
 from gatekeeper.settings import Settings
 
-__all__ = ["LINGER_SECONDS", "ProtocolOptions", "closing_answer", "linger", "protocol_options"]
+__all__ = [
+    "LINGER_BYTES",
+    "LINGER_SECONDS",
+    "ProtocolOptions",
+    "closing_answer",
+    "linger",
+    "protocol_options",
+]
 
 LINGER_SECONDS = 2.0
 """How long a refused client's connection reads and drops what it still sends."""
+LINGER_BYTES = 1 << 20
+"""How much of it, at most: a client that keeps sending is not read for long."""
 
 
 class _Drop(asyncio.Protocol):
     """A refused connection's protocol while it lingers: what comes is dropped, and the
-    connection closes at the client's end of sending or when the time is up."""
+    connection closes at the client's end of sending, past ``LINGER_BYTES``, or when the
+    time is up."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        self._left = LINGER_BYTES
 
     def data_received(self, data: bytes) -> None:
-        pass
+        self._left -= len(data)
+        if self._left < 0:
+            self._transport.close()
 
     def eof_received(self) -> bool:
         self._transport.close()
@@ -56,7 +69,7 @@ class _Drop(asyncio.Protocol):
 
 def linger(transport: asyncio.Transport, seconds: float = LINGER_SECONDS) -> None:
     """Half-close ``transport`` after what was written, then drop what the client still
-    sends for ``seconds`` at most (nginx's lingering close): closing a connection with
+    sends for ``seconds`` and ``LINGER_BYTES`` at most (nginx's lingering close): closing a connection with
     unread bytes resets it, and a reset can reach the client before it has read its
     answer. Nothing read is kept."""
     transport.set_protocol(_Drop(transport))

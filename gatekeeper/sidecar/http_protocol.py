@@ -413,6 +413,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         self._tell_gone()
         self.connections.discard(self)  # its connection_lost goes to the lingering protocol
         linger(self.transport)
+        self.parser = None  # type: ignore[assignment]  # as connection_lost: no cycle, no held line
 
     def _time_out(self, answer: bytes | None) -> None:
         """Send ``answer`` (None once an answer has started), close the connection,
