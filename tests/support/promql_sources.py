@@ -96,3 +96,14 @@ def vllm_names(expr: str) -> set[str]:
 
 def apiserver_names(expr: str) -> set[str]:
     return set(APISERVER_NAME.findall(expr))
+
+
+WEBHOOK_PREFIX = "gatekeeper_webhook_"
+"""The standalone webhook's own series (job ``gatekeeper-webhook``), not the sidecars'."""
+
+
+def from_other_jobs(expr: str) -> bool:
+    """Whether ``expr`` reads series no sidecar serves: the webhook's or the API server's
+    (tests/metrics/test_prometheus_real.py scrapes stand-ins of both)."""
+    webhook = any(name.startswith(WEBHOOK_PREFIX) for name in metric_names(expr))
+    return webhook or bool(apiserver_names(expr))
