@@ -163,7 +163,9 @@ def openapi_schema(version: str) -> dict[str, Any]:
             **_proxy_paths(openai),
             "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
             "/metrics": {
-                "get": _op("Prometheus metrics (text format)", {"200": "metrics"}, secured=False)
+                "get": _op(
+                    "Prometheus metrics (text or OpenMetrics)", {"200": "metrics"}, secured=False
+                )
             },
             "/discovery/workers": {
                 "get": _op(
