@@ -98,9 +98,21 @@ FAMILIES |= {
                          {**_TEXT, "model_type": "mistral"},
                          vision_config={"model_type": "pixtral", "hidden_size": 128,
                                         "num_hidden_layers": 1, "head_dim": 64}),
+    "llama4": _wrapper("Llama4ForConditionalGeneration", "llama4",
+                       {**_TEXT, "model_type": "llama4_text", "num_hidden_layers": 4,
+                        "intermediate_size": 256, "intermediate_size_mlp": 512,
+                        "num_local_experts": 4, "num_experts_per_tok": 1,
+                        "interleave_moe_layer_step": 2, "attention_chunk_size": 128,
+                        "no_rope_layers": [1, 1, 1, 0]},
+                       vision_config={"model_type": "llama4_vision_model", "hidden_size": 128,
+                                      "num_hidden_layers": 1, "num_attention_heads": 2,
+                                      "intermediate_size": 256, "image_size": 64,
+                                      "patch_size": 16, "vision_output_dim": 128,
+                                      "projector_input_dim": 128, "projector_output_dim": 256}),
 }  # fmt: skip
 
 WRAPPERS: dict[str, tuple[str, str, str]] = {
+    "llama4": ("mllama4.py", "Llama4ForConditionalGeneration", "Llama4ForCausalLM"),
     "gemma3_mm": ("gemma3_mm.py", "Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
     "qwen2_5_vl": ("qwen2_5_vl.py", "Qwen2_5_VLForConditionalGeneration", "Qwen2ForCausalLM"),
     "mistral3": ("mistral3.py", "Mistral3ForConditionalGeneration", "MistralForCausalLM"),
@@ -274,6 +286,31 @@ CASES: dict[str, dict[str, Any]] = {
         "pseudoquantization": False, "store_master_weights": False, "transform_init": "hadamard"}),
     "torchao/llama": _case("torchao", "llama", {"quant_method": "torchao", "quant_type": {"default": {
         "_type": "Int8WeightOnlyConfig", "_version": 2, "_data": {}}}}),
+    # skip and per-layer lists in the other forms each config accepts
+    "fp8-block-mtnc/llama": _case("fp8 block", "llama", {**_FP8_BLOCK, "modules_to_not_convert": [
+        "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "lm_head"]}),
+    "fp8-block-ignore-kv-b/deepseek_v3": _case("fp8 block", "deepseek_v3", {**_FP8_BLOCK, "ignored_layers": [
+        "model.layers.1.self_attn.kv_b_proj", "model.layers.0.self_attn.q_a_proj",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa"]}),
+    "fp8-block/mixtral": _case("fp8 block", "mixtral", {**_FP8_BLOCK, "ignored_layers": [
+        f"model.layers.1.block_sparse_moe.experts.{e}.w1" for e in range(4)]}),
+    "ct-mixed/mixtral": _case("compressed-tensors mixed groups", "mixtral", _ct(
+        {"dense": _group(["Linear"], _w(8, "float", "channel"), _TOKEN_FP8),
+         "experts": _group(["re:.*block_sparse_moe\\.experts\\..*"], _w(4, "int", "group", group_size=128))},
+        ["lm_head", "re:.*block_sparse_moe\\.gate$"])),
+    "ct-ignore-experts/qwen3_moe": _case("compressed-tensors W8A8 fp8", "qwen3_moe",
+                                         {**CT_W8A8_FP8, "ignore": ["lm_head", "re:.*mlp\\.experts.*"]}),
+    "ct-ignore-fused/deepseek_v3": _case("compressed-tensors W8A8 fp8", "deepseek_v3", {**CT_W8A8_FP8, "ignore": [
+        "lm_head", "re:.*q_a_proj$", "re:.*kv_a_proj_with_mqa$", "model.layers.1.self_attn.kv_b_proj"]}),
+    "awq/mixtral": _case("AWQ", "mixtral", _awq(modules_to_not_convert=["block_sparse_moe.gate"])),
+    "awq-skip-experts/qwen3_moe": _case("AWQ", "qwen3_moe", _awq(modules_to_not_convert=["layers.1.mlp.experts"])),
+    "gptq-in-block/llama": _case("GPTQ", "llama", _gptq(modules_in_block_to_quantize=[
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["mlp.down_proj"]])),
+    "modelopt-exclude-substring/llama": _case("ModelOpt FP8", "llama", _modelopt("FP8", ["lm_head", "self_attn"])),
+    "quark-exclude-regex/llama": _case("Quark fp8", "llama", {**_quark(_Q_FP8, _Q_FP8),
+                                                             "exclude": ["lm_head", "re:.*mlp\\.down_proj$"]}),
+    "quark-layer-config/llama": _case("Quark fp8", "llama", {**_quark(_Q_FP8, _Q_FP8), "layer_quant_config": {
+        "*down_proj": {"weight": _Q_INT4, "input_tensors": None, "output_tensors": None, "bias": None}}}),
     # multimodal wrappers: lists as checkpoints spell them (new and old layouts)
     "ct-named/gemma3_mm": _case("compressed-tensors mixed groups", "gemma3_mm", _ct({"g": _group(
         ["model.language_model.layers.0.mlp.down_proj", "language_model.model.layers.1.self_attn.o_proj",
@@ -291,6 +328,12 @@ CASES: dict[str, dict[str, Any]] = {
                           "model.language_model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"},
                           "model.language_model.layers.1.self_attn.k_proj": {"quant_algo": "FP8"},
                           "model.language_model.layers.1.self_attn.v_proj": {"quant_algo": "FP8"}})),
+    "fp8-block-ignore/llama4": _case("fp8 block", "llama4", {**_FP8_BLOCK, "ignored_layers": [
+        "language_model.model.layers.0.self_attn.q_proj", "language_model.model.layers.0.self_attn.k_proj",
+        "language_model.model.layers.0.self_attn.v_proj", "language_model.lm_head",
+        "language_model.model.layers.1.feed_forward.experts.0.gate_proj"]}),
+    "ct-w8a8-fp8/llama4": _case("compressed-tensors W8A8 fp8", "llama4", {**CT_W8A8_FP8, "ignore": [
+        "language_model.lm_head", "re:.*feed_forward\\.shared_expert.*", "re:.*router$"]}),
     "awq-skip/mistral3": _case("AWQ", "mistral3", _awq(modules_to_not_convert=[
         "model.language_model.layers.1.mlp", "vision_tower", "multi_modal_projector"])),
     "inc/llama": _case("inc", "llama", {"quant_method": "inc", "bits": 4, "group_size": 128, "sym": True,
