@@ -6,6 +6,7 @@ runs the checks. The sizes quoted in the Makefile and the README were measured w
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,3 +55,12 @@ def test_a_run_venv_gets_the_test_extras_when_make_test_follows(tmp_path):
     (venv / ".installed").touch()
     assert installs(planned("test", venv)) == ["-e '.[test]'"]
     assert installs(planned("run", venv)) == []
+
+
+def test_the_dockerfile_s_size_is_of_what_it_installs():
+    """The Dockerfile quotes the measured size of /opt/gatekeeper installed by its own
+    command (issue 31 item 13): a changed install line must be measured again."""
+    text = (ROOT / "Dockerfile").read_text()
+    quoted = re.search(r"\(`(pip install [^`]+)`\)[^`]*?measured (\d+) MiB", text)
+    assert quoted is not None, "the Dockerfile states no measured size"
+    assert f"/opt/gatekeeper/bin/{quoted.group(1)}\n" in text
