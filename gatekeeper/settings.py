@@ -161,7 +161,9 @@ class Settings(BaseSettings):
     ``GATEKEEPER_API_KEYS`` takes a JSON list. Empty (the default): they are open.
     ``/healthz``, ``/metrics``, ``/discovery/workers``, ``/openapi.json`` and the
     forwarding routes outside those prefixes (``/tokenize``, ``/pooling``, ...) stay open
-    either way, as in vLLM; the admin API keeps ``admin_token``."""
+    either way, as in vLLM, the latter only for models with a ready worker: launching,
+    waiting for or evicting a worker needs a key on every route (docs/sidecar.md); the
+    admin API keeps ``admin_token``."""
 
     request_body_timeout_seconds: float = Field(default=30.0, gt=0)
     """How long the sidecar waits for each next chunk of a request body; a client that

@@ -22,9 +22,21 @@ the model), ``GET /v1/models`` and ``GET /v1/models/{id}``.
 - **Errors** in vLLM's shape (``protocol``): 400 for a body that is not a JSON
   object with a string ``model`` (or a form without one), 413 over ``max_body_bytes``
   (a form too: it is read within the same bound), the resolver's 404, 503
-  (with ``Retry-After``), 507 or 409, and 502 when the worker refuses the connection or
-  fails mid-request; a stream that has started ends with a ``data: {"error": ...}``
-  event. The worker's own answers, 4xx included, pass through as they are.
+  (with ``Retry-After``), 507 or 409, and 502 when the worker refuses the connection,
+  fails mid-request or answers what is no HTTP answer to a POST (a status outside
+  100-599, a 101 upgrade: ``upstream``); a stream that has started ends with a
+  ``data: {"error": ...}`` event. The worker's own answers, 4xx included, pass through
+  as they are.
+- **Whole answers** are held until whole and sent in one write with their length, up to
+  ``max_whole_answer_bytes``; a larger one is relayed as it comes, chunked
+  (``StreamRelay``), and one the worker cuts is left unfinished (the client's
+  connection closes before the last chunk).
+- **Headers** pass both ways without the hop-by-hop fields (RFC 9110 section 7.6.1:
+  ``Connection`` and those it names, ``Keep-Alive``, ``TE``, ``Trailer``,
+  ``Transfer-Encoding``, ``Upgrade``, ``Proxy-*``) and without ``Expect`` (the server
+  has answered it) or the fields the HTTP layers set themselves.
+- **Ready only** (``LAUNCH_GUARD``): a request whose scope carries it reaches only a
+  model with ready workers; the sidecar sets it on open routes without an API key.
 - After each request ``Resolver.report(endpoint, outcome)`` and
   ``ProxyMetrics.observe(model, status, seconds)`` are called once; a request the client
   abandoned is observed with status 499.

@@ -33,7 +33,11 @@ Errors (all ``UpstreamError``):
 - ``UpstreamConnectError``: the worker refused the connection or did not accept it in
   ``connect_timeout_seconds``; nothing reached it, so another worker may be tried.
 - ``UpstreamClosed``: the worker closed the connection or sent something that is not
-  HTTP/1.1 before the answer was complete (it died mid-request).
+  HTTP/1.1 before the answer was complete (it died mid-request), or answered what is no
+  answer to a POST: a status outside 100-599 or a 101 upgrade (which httptools reports
+  by an ``HttpParserUpgrade`` out of ``feed_data``). The head is bounded
+  (``_HEAD_LIMIT_BYTES``, interim 1xx answers included); a chunked body's trailer fields
+  are dropped, never added to the headers.
 
 A pooled connection the worker closed while idle (uvicorn's keep-alive timeout is 5 s)
 is detected, and a request that finds the connection closed before any byte of the
@@ -41,8 +45,10 @@ answer is sent again once on a new connection.
 
 ``Upstream.post_now`` is the same POST without a task, for an answer wanted whole: on an
 idle pooled connection (None when there is none), its answer taken by the connection's
-callbacks and handed to an ``AnswerSink`` when it is whole (``Exchange``). The proxy's
-usual case, a non-streaming request to a ready worker, goes this way (``serving``).
+callbacks and handed to an ``AnswerSink`` when it is whole (``Exchange``), or, once its
+body passes a bound, handed on as an ``UpstreamResponse`` to read as it comes. The
+proxy's usual case, a non-streaming request to a ready worker, goes this way
+(``serving``). ``read_within`` is the same bound with a task.
 """
 
 from __future__ import annotations

@@ -1,7 +1,18 @@
 """How ``gatekeeper serve`` runs under uvicorn (``server_config``; the tests' sidecar runs
-the same), and its HTTP/1.1 protocol: uvicorn's httptools protocol with deadlines on
-request headers and bodies, which uvicorn does not have, and a lean path for the
-proxy's POSTs.
+the same), and its HTTP/1.1 protocol: uvicorn's httptools protocol with bounds on
+request heads and deadlines on request headers and bodies, which uvicorn does not have,
+and a lean path for the proxy's POSTs. The limits and their answers are
+``http_limits``'s.
+
+- **Head bounds** (``max_request_head_bytes``, ``max_request_headers``): uvicorn's
+  httptools protocol keeps every header field a client sends until the head ends (one
+  client grew the sidecar by 2.4 GB in 3 s, issue #27). Here ``on_url`` and
+  ``on_header`` (uvicorn's, which run anyway) count the target's and the fields' bytes
+  and the fields; and since httptools holds a line until it ends, ``data_received``
+  counts the reads that begin inside an unfinished head. Over a bound: 431 (the target:
+  414), and the connection lingers a moment (``http_limits.linger``) and closes. Trailer
+  fields count with the head and are dropped: a chunked body's trailers would otherwise
+  join ``scope["headers"]`` (the same list) while the app runs.
 
 - **Header deadline** (``request_header_timeout_seconds``): uvicorn arms its keep-alive
   timer only after a response, and cancels it on the first byte of the next request: a
@@ -9,10 +20,13 @@ proxy's POSTs.
   never end (slowloris), holds its connection and file descriptor forever, and enough of
   them exhaust the sidecar's. Here a timer is armed when a connection opens and when a
   request's first byte arrives, and cancelled when its headers are complete.
-- **Body deadline** (``request_body_timeout_seconds``): from the end of the headers to
+- **Body deadlines** (``request_body_timeout_seconds``): from the end of the headers to
   the end of the body, each wait for the next chunk is bounded (one timer per request,
   pushed back by each chunk rather than re-armed). A client that announces more than it
-  sends and stalls ties up its request's task and whatever it holds.
+  sends and stalls ties up its request's task and whatever it holds. The same timer
+  bounds the whole body (``request_body_total_seconds`` plus a second per
+  ``request_body_min_bytes_per_second`` bytes received), which a body trickled a byte
+  at a time would otherwise never meet.
 - Either deadline past: the client gets 408 (the proxy's JSON error shape: vLLM's
   ``type`` on ``/v1``, the admin API's ``request_timeout`` elsewhere) and its connection
   is closed; the request's app, if one is running, sees ``http.disconnect``.
