@@ -141,8 +141,7 @@ class _Ctx:
         scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
         if scheme is None:
             return in_f * sum(outs) * self.dtype_bytes
-        shards = sum(scheme.linear_bytes(in_f, out_f, self.dtype_bytes) for out_f in outs)
-        return shards + scheme.module_scale_bytes
+        return scheme.module_bytes(in_f, outs, self.dtype_bytes)
 
     def vec(self, numel: int) -> int:
         return numel * self.dtype_bytes
@@ -235,9 +234,8 @@ def _moe_bytes(c: _Ctx, i: int) -> int:
     q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
     if q is not None:
         inter = q.expert_intermediate(inter)
-        per_expert = 2 * q.linear_bytes(h, inter, c.dtype_bytes) + q.linear_bytes(
-            inter, h, c.dtype_bytes
-        )
+        w13 = q.module_bytes(h, (inter, inter), c.dtype_bytes)  # w13: gate and up, merged
+        per_expert = w13 + q.linear_bytes(inter, h, c.dtype_bytes)
     else:
         per_expert = 3 * h * inter * c.dtype_bytes
     if moe.expert_bias:

@@ -66,6 +66,10 @@ def _gptq(config: Config) -> QuantSpec:
         for k, v in rules
         if not str(k).startswith("-:") and isinstance(v, Mapping)
     )
+    if base.act_order:
+        # gptq_utils.normalize_and_validate_gptq_desc_act: vLLM 0.32 refuses group
+        # activation ordering ("desc_act=True is no longer supported")
+        base = replace(base, method="gptq:act-order", removed_in="0.32")
     return replace(
         base,
         skip_patterns=negatives + skip_list(config, ("modules_to_not_convert",)),

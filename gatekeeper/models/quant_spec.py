@@ -167,27 +167,35 @@ class QuantSpec:
 
     def linear_bytes(self, in_features: int, out_features: int, dtype_bytes: int) -> int:
         """Bytes of one rank-local linear weight ``[out, in]`` in this format."""
-        weights = in_features * out_features * self.weight_bits // 8
-        return (
-            weights
-            + self._scale_bytes(in_features, out_features, dtype_bytes)
+        return self.module_bytes(in_features, (out_features,), dtype_bytes)
+
+    def module_bytes(self, in_features: int, outs: tuple[int, ...], dtype_bytes: int) -> int:
+        """Bytes of one rank-local module whose output concatenates ``outs`` (the shards
+        of ``QKVParallelLinear``/``MergedColumnParallelLinear``, an expert's w13): per-shard
+        scales per shard (vLLM keeps one per logical shard), the act-order ``g_idx[in]``
+        and ``module_scale_bytes`` once."""
+        shards = sum(
+            in_features * out * self.weight_bits // 8
+            + self._scale_bytes(in_features, out, dtype_bytes)
             + self.tensor_scale_bytes
+            for out in outs
         )
+        g_idx = in_features * 4 if self.act_order else 0
+        return shards + g_idx + self.module_scale_bytes
 
     def _scale_bytes(self, in_features: int, out_features: int, dtype_bytes: int) -> int:
         if self.method.startswith("bitsandbytes"):
             return self._bnb_scale_bytes(in_features * out_features, out_features)
         scale = self.scale_bytes if self.scale_bytes > 0 else dtype_bytes
-        extra = in_features * 4 if self.act_order else 0
         if self.block is not None:
             rows, cols = self.block
-            return cdiv(out_features, rows) * cdiv(in_features, cols) * scale + extra
+            return cdiv(out_features, rows) * cdiv(in_features, cols) * scale
         if self.group_size < 0:
-            return scale + extra
+            return scale
         groups = 1 if self.group_size == 0 else cdiv(in_features, self.group_size)
         scales = groups * out_features * scale
         zeros = groups * out_features * self.zero_bits // 8
-        return scales + zeros + extra
+        return scales + zeros
 
     def _bnb_scale_bytes(self, numel: int, out_features: int) -> int:
         if self.weight_bits == 8:

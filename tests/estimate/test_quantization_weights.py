@@ -455,3 +455,20 @@ def test_a_modelopt_directory_is_read_with_its_hf_quant_config_json(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text("{not json")
     with pytest.raises(ModelSpecError, match=r"hf_quant_config\.json"):
         load_model_dir(tmp_path)
+
+
+def test_gptq_act_order_is_sized_but_refused_by_vllm_0_32():
+    """vLLM 0.32 refuses a GPTQ checkpoint with ``desc_act: true`` and a group size
+    (``gptq_utils.normalize_and_validate_gptq_desc_act``; the conformance check records
+    its error); earlier releases load it with an int32 ``g_idx`` per input."""
+    from gatekeeper.estimate import GpuTarget, ServeOptions, estimate
+
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}
+    s = spec(LLAMA, config)
+    gpu = GpuTarget(total_bytes=80 * 2**30)
+    refused = estimate(s, ServeOptions(vllm_version="0.32.0"), gpu)
+    assert not refused.fits and any("act-order" in r for r in refused.reasons)
+    assert estimate(s, ServeOptions(vllm_version="0.21.0"), gpu).fits
+    assert estimate(spec(LLAMA, {**config, "group_size": -1}), ServeOptions(), gpu).fits
+    # one int32 g_idx[in] per module: qkv_proj, o_proj, gate_up_proj (in 1024), down (4096)
+    assert layer(s) == layer(spec(LLAMA, {**config, "desc_act": False})) + 4 * (3 * 1024 + 4096)
