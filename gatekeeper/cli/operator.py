@@ -1,5 +1,6 @@
-"""The operator commands that talk to a running sidecar's admin API: ``deploy``, ``ps``,
-``undeploy``.
+"""The operator commands that talk to a running sidecar's admin API: ``deploy``, ``ps``
+(live deployments; ``--all`` adds the stopped and failed ones), ``undeploy`` and
+``forget`` (drop stopped or failed ones from the list).
 
 Each ends as every command does (``gatekeeper.cli.output``): 0 done; 1 the sidecar
 turned the request down (does not fit, not allowed, name taken) or the worker failed to
@@ -23,6 +24,7 @@ from gatekeeper.cli.output import (
     REHEARSAL_BANNER,
     SidecarRefused,
     SidecarUnreachable,
+    UsageError,
     WorkerFailed,
     print_json,
 )
@@ -33,6 +35,9 @@ from gatekeeper.units import format_gib
 __all__ = ["SidecarClient", "add_parser"]
 
 COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+
+FINISHED = ("stopped", "failed")
+"""The states ``ps`` shows only with ``--all``, and ``forget`` drops."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -45,9 +50,27 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument("--wait", action="store_true", help="follow the start-up until ready")
     _client_flags(d)
     d.set_defaults(func=run_deploy)
-    p = subparsers.add_parser("ps", help="list deployments")
+    p = subparsers.add_parser(
+        "ps",
+        help="list live deployments",
+        description="List the sidecar's live deployments; --all adds the stopped and failed "
+        "ones it still remembers (gatekeeper forget drops them).",
+    )
+    p.add_argument("--all", action="store_true", help="stopped and failed deployments too")
     _client_flags(p)
     p.set_defaults(func=run_ps)
+    f = subparsers.add_parser(
+        "forget",
+        help="drop stopped or failed deployments from the list",
+        description="Forget stopped or failed deployments (DELETE /admin/deployments/ID/"
+        "record); a live one is refused: undeploy it first.",
+    )
+    f.add_argument("ids", nargs="*", metavar="ID", help="deployments to forget")
+    f.add_argument(
+        "--all", action="store_true", help="every stopped and failed deployment (ps --all)"
+    )
+    _client_flags(f)
+    f.set_defaults(func=run_forget)
     u = subparsers.add_parser("undeploy", help="drain and stop a deployment")
     u.add_argument("id")
     _client_flags(u)
@@ -237,7 +260,7 @@ def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
     label = actual_label(rehearsal)
     print(f"  {'component':<18}{'predicted':>14}{label:>20}")
     for name in COMPONENTS:
-        p, a = predicted.get(f"{name}_bytes"), actual.get(name)
+        p, a = predicted.get(f"{name}_bytes"), actual.get(f"{name}_bytes")
         shown_p = format_gib(p) if p is not None else "-"
         shown_a = format_gib(a) if a is not None else "-"
         print(f"  {name:<18}{shown_p:>14}{shown_a:>20}")
@@ -249,8 +272,9 @@ def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
 def run_ps(args: argparse.Namespace, settings: Settings) -> int:
     data = SidecarClient(args, settings).call("GET", "/admin/deployments")
     rehearsal = bool(data.get("rehearsal"))
+    shown = [d for d in data["deployments"] if args.all or d["state"] not in FINISHED]
     if args.json:
-        print_json({"deployments": data["deployments"], "rehearsal": rehearsal})
+        print_json({"deployments": shown, "rehearsal": rehearsal})
         return 0
     _banner(rehearsal)
     actual = actual_label(rehearsal).upper()
@@ -258,24 +282,50 @@ def run_ps(args: argparse.Namespace, settings: Settings) -> int:
         f"{'ID':<30} {'NAME':<36} {'STATE':<9} {'GPUS':<6} {'PORT':<6} {'UPTIME':>8} "
         f"{'PREDICTED':>11} {actual:>20}"
     )
-    for d in data["deployments"]:
+    for d in shown:
         uptime = f"{d['uptime_seconds']:.0f}s" if d.get("uptime_seconds") else "-"
         gpus = ",".join(map(str, d["gpus"]))
         print(
             f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {gpus:<6} {d['port']:<6} "
-            f"{uptime:>8} {_total(d.get('predicted'), '_bytes'):>11} "
-            f"{_total(d.get('actual'), ''):>20}"
+            f"{uptime:>8} {_total(d.get('predicted')):>11} {_total(d.get('actual')):>20}"
         )
     return 0
 
 
-def _total(figures: Any, suffix: str) -> str:
+def _total(figures: Any) -> str:
     """The sum of a deployment's memory components per GPU, in GiB, or '-'."""
     if not isinstance(figures, dict):
         return "-"
-    values = [figures.get(f"{name}{suffix}") for name in COMPONENTS]
+    values = [figures.get(f"{name}_bytes") for name in COMPONENTS]
     known = [v for v in values if isinstance(v, int)]
     return format_gib(sum(known)) if known else "-"
+
+
+def run_forget(args: argparse.Namespace, settings: Settings) -> int:
+    client = SidecarClient(args, settings)
+    ids = list(args.ids)
+    if args.all:
+        listed = client.call("GET", "/admin/deployments")["deployments"]
+        ids += [d["id"] for d in listed if d["state"] in FINISHED and d["id"] not in ids]
+    elif not ids:
+        raise UsageError(
+            "forget: no deployment given; name IDs (gatekeeper ps --all lists them) or pass "
+            "--all for every stopped and failed one",
+            field="ids",
+        )
+    rehearsal = False
+    forgotten = []
+    for deployment_id in ids:
+        data = client.call("DELETE", f"/admin/deployments/{deployment_id}/record")
+        rehearsal = bool(data.pop("rehearsal", False))
+        forgotten.append(data)
+    if args.json:
+        print_json({"forgotten": forgotten, "rehearsal": rehearsal})
+        return 0
+    _banner(rehearsal)
+    for d in forgotten:
+        print(f"forgot {d['id']} ({d['state']})")
+    return 0
 
 
 def run_undeploy(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,4 +1,9 @@
-"""The admin API: deploy, list, inspect and stop workers; read the GPUs.
+"""The admin API: deploy, list, inspect, stop and forget workers; read the GPUs.
+
+A deployment's memory figures, ``predicted`` and ``actual``, share one naming scheme:
+``<component>_bytes`` per GPU (``summary``). ``DELETE /admin/deployments/ID`` stops a
+deployment and keeps it listed as ``stopped``; ``DELETE /admin/deployments/ID/record``
+then forgets it (a stopped or failed one only; 409 while it is live).
 
 Every route needs ``Authorization: Bearer <GATEKEEPER_ADMIN_TOKEN>``; without a
 configured token the admin API is off (403). Every answer past the token check says
@@ -36,12 +41,12 @@ from starlette.routing import Route
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.proxy.protocol import error_response
-from gatekeeper.sidecar.deployment import DeploymentError
+from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger import LedgerError, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
-__all__ = ["AdminApi", "DeployBody"]
+__all__ = ["COMPONENTS", "AdminApi", "DeployBody", "summary"]
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -159,6 +164,7 @@ class AdminApi:
             Route("/admin/deployments/{id}", g(self.show), methods=["GET"]),
             Route("/admin/deployments/{id}", g(self.delete), methods=["DELETE"]),
             Route("/admin/deployments/{id}/log", g(self.log), methods=["GET"]),
+            Route("/admin/deployments/{id}/record", g(self.forget), methods=["DELETE"]),
             Route("/admin/gpus", g(self.gpus), methods=["GET"]),
         ]
 
@@ -245,22 +251,26 @@ class AdminApi:
                 decision=decision.to_json(),
             )
         return self._answer(
-            {"deployment": deployment.summary(), "decision": decision.to_json()}, status=201
+            {"deployment": summary(deployment), "decision": decision.to_json()}, status=201
         )
 
     async def list(self, request: Request) -> Response:
         m = self.manager
         return self._answer(
-            {"deployments": [d.summary(m.in_flight(d.id)) for d in m.deployments.values()]}
+            {"deployments": [summary(d, m.in_flight(d.id)) for d in m.deployments.values()]}
         )
 
     async def show(self, request: Request) -> Response:
         d = self.manager.get(request.path_params["id"])
-        return self._answer(d.summary(self.manager.in_flight(d.id)))
+        return self._answer(summary(d, self.manager.in_flight(d.id)))
 
     async def delete(self, request: Request) -> Response:
         d = await self.manager.undeploy(request.path_params["id"])
-        return self._answer(d.summary())
+        return self._answer(summary(d))
+
+    async def forget(self, request: Request) -> Response:
+        """Drop a stopped or failed deployment from the list; 409 for a live one."""
+        return self._answer(summary(self.manager.forget(request.path_params["id"])))
 
     async def log(self, request: Request) -> Response:
         d = self.manager.get(request.path_params["id"])
@@ -277,7 +287,7 @@ class AdminApi:
                 value=given,
             )
         lines, new_offset = _read_log(d.worker.spec.log_path if d.worker else None, offset)
-        return self._answer({"offset": new_offset, "lines": lines, **d.summary()})
+        return self._answer({"offset": new_offset, "lines": lines, **summary(d)})
 
     async def gpus(self, request: Request) -> Response:
         snapshot = await self.manager.snapshot()
@@ -286,6 +296,25 @@ class AdminApi:
         for gpu in data.get("gpus", []):
             gpu["reserved_by_gatekeeper_bytes"] = reserved.get(gpu.get("uuid", ""), 0)
         return self._answer(data)
+
+
+def summary(d: Deployment, in_flight: int = 0) -> dict[str, Any]:
+    """A deployment as the admin API shows it: ``predicted`` and ``actual`` under one
+    naming scheme, ``<component>_bytes`` per GPU (``weights_bytes``, ``kv_cache_bytes``,
+    ``activation_peak_bytes``, ``non_torch_bytes``, ``cuda_graph_bytes``). ``actual``
+    keeps its earlier bare keys (``weights``, ...) for one release (DEPRECATED: use the
+    ``_bytes`` ones)."""
+    out = d.summary(in_flight)
+    actual = out.get("actual") or {}
+    out["actual"] = {
+        **actual,
+        **{f"{k}_bytes": v for k, v in actual.items() if k in COMPONENTS},
+    }
+    return out
+
+
+COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+"""The memory components a deployment's figures name, per GPU."""
 
 
 def _read_log(path: Any, offset: int, limit: int = 256 * 1024) -> tuple[list[str], int]:

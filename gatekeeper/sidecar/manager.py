@@ -64,10 +64,15 @@ from gatekeeper.sidecar.rehearsal import simulator_env
 from gatekeeper.vllm.flags import options_record
 
 __all__ = [
+    "FINISHED",
     "DeploymentManager",
 ]
 
 logger = logging.getLogger(__name__)
+
+FINISHED = ("stopped", "failed")
+"""The states of a deployment that is over: ``ps`` lists them with ``--all`` only, and
+``forget`` drops them."""
 
 
 class DeploymentManager:
@@ -376,6 +381,23 @@ class DeploymentManager:
                 value=str(self.config.state_dir),
             ) from e
         self._stopped(d)
+        return d
+
+    def forget(self, deployment_id: str) -> Deployment:
+        """Drop a stopped or failed deployment from the list (and its record, if one is
+        left); a live one is refused with 409: undeploy it first."""
+        d = self.get(deployment_id)
+        if d.state not in FINISHED:
+            raise DeploymentError(
+                f"deployment {deployment_id!r} is {d.state}, not stopped or failed; stop it "
+                "first (DELETE /admin/deployments/ID, gatekeeper undeploy ID), then forget it",
+                status=409,
+                field="id",
+                value=deployment_id,
+            )
+        del self.deployments[deployment_id]
+        with contextlib.suppress(FileNotFoundError):
+            (self.records_dir / f"{d.id}.json").unlink()
         return d
 
     def _stopped(self, d: Deployment) -> None:

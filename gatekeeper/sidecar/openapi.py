@@ -154,6 +154,13 @@ def openapi_schema(version: str) -> dict[str, Any]:
                     path_id=True,
                 )
             },
+            "/admin/deployments/{id}/record": {
+                "delete": _op(
+                    "Forget a stopped or failed deployment: drop it from the list",
+                    {"200": "forgotten", "404": "unknown id", "409": "still live", **admin_errors},
+                    path_id=True,
+                )
+            },
             "/admin/gpus": {
                 "get": _op(
                     "The GPU snapshot with gatekeeper's reservations",
