@@ -1,7 +1,8 @@
 """Placement (pure): ``Estimate`` + GPU snapshot + promises -> ``Decision``.
 
 ``search`` finds the best-fitting GPUs (one GPU, then the smallest tensor-parallel group,
-then pipeline stages) and derives the worker's flags; ``decide`` runs the search and, on
+then pipeline stages) and derives the worker's flags as its vLLM release takes them
+(``budget``); ``decide`` runs the search and, on
 a rejection, gives every reason with its numbers and the nearby configurations that
 would fit (``hints``, probing with ``search``; the menu is ``nearby``, which the
 webhook shares). ``types`` holds the policy, request and decision (and the decision's

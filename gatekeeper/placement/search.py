@@ -18,7 +18,9 @@ Worked example: Llama-3.1-8B, bf16, max_model_len 8192, on an idle H100 (79.19 G
 margin 0.5 GiB + 2%): usable 77.1 GiB; need = 0.5 context + 14.99 weights + 0.25
 non-torch + 1.88 activation + 0.88 graphs + 1.0 KV = 19.5 GiB -> GPU 0 with
 ``--gpu-memory-utilization 0.9555`` when alone, or ``--kv-cache-memory-bytes`` when the
-GPU is shared.
+GPU is shared (a fraction on releases before 0.10.2: ``gatekeeper.placement.budget``
+derives the flags as the request's vLLM release takes them, and a whole-device release
+shares no GPU).
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from typing import Any
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate.calibration import scale_estimate
 from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.overhead import pre_init_bytes
 from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.budget import Need, placement_for, whole_device_status
 from gatekeeper.placement.types import (
     GpuLine,
     Placement,
@@ -43,7 +45,7 @@ from gatekeeper.placement.types import (
     PlacementRequest,
 )
 from gatekeeper.units import format_gib
-from gatekeeper.vllm.launch import LaunchFlags, ceil_fraction, floor_fraction, launch_args
+from gatekeeper.vllm.launch import release_budget
 
 __all__ = [
     "PP_SIZES",
@@ -62,24 +64,6 @@ PP_SIZES = (2, 4)
 
 Shape = tuple[int, int]
 """(tensor-parallel size, pipeline-parallel size)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Need:
-    """Per-rank bytes of one (TP, PP) shape on one GPU product."""
-
-    estimate: Estimate
-    per_stage: tuple[int, ...]
-    kv_bytes: int
-    static_in_budget: tuple[int, ...]
-    short: str | None = None
-    """Why the request's own budget cannot work on this GPU product (its
-    ``gpu_memory_utilization`` or ``kv_cache_memory_bytes`` leaves less KV cache than
-    one request of max_model_len needs); None when it can."""
-
-    @property
-    def max_bytes(self) -> int:
-        return max(self.per_stage)
 
 
 class EstimateCache:
@@ -141,11 +125,18 @@ def gpu_lines(
     reserved: Mapping[str, int],
     workers: Mapping[str, int],
     policy: PlacementPolicy,
+    release: str | None = None,
 ) -> list[GpuLine]:
-    """Each GPU's usable memory and whether it is a candidate under ``policy``."""
+    """Each GPU's usable memory and whether it is a candidate under ``policy`` for a
+    worker of vLLM ``release`` (a whole-device release shares no GPU)."""
+    alone = release is not None and release_budget(release).whole_device
     lines = []
     for gpu in snapshot.gpus:
         total = gpu.visible_total_bytes
+        held = workers.get(gpu.uuid, 0)
+        status = _status(gpu, held, policy)
+        if alone and status == "candidate" and (held or reserved.get(gpu.uuid, 0)):
+            status = whole_device_status(str(release))
         lines.append(
             GpuLine(
                 index=gpu.index,
@@ -155,8 +146,8 @@ def gpu_lines(
                 free_bytes=gpu.free_bytes,
                 reserved_bytes=reserved.get(gpu.uuid, 0),
                 margin_bytes=policy.margin_for(total),
-                workers=workers.get(gpu.uuid, 0),
-                status=_status(gpu, workers.get(gpu.uuid, 0), policy),
+                workers=held,
+                status=status,
             )
         )
     return lines
@@ -271,64 +262,6 @@ def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> li
     return min(groups, key=lambda chosen: (sum(map(room, chosen)), sum(g.workers for g in chosen)))
 
 
-def _placement(
-    request: PlacementRequest,
-    chosen: list[GpuLine],
-    needs: Mapping[int, Need],
-    policy: PlacementPolicy,
-) -> Placement:
-    first = needs[chosen[0].total_bytes]
-    e = first.estimate
-    asked = request.options
-    if asked.gpu_memory_utilization is not None and asked.kv_cache_memory_bytes is None:
-        # the operator's own budget, honoured: vLLM takes u x total on every GPU
-        utilization = asked.gpu_memory_utilization
-        kv_budget: int | None = None
-        promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
-    elif policy.share_gpus or asked.kv_cache_memory_bytes is not None:
-        in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
-        totals = min(g.total_bytes for g in chosen)
-        utilization = asked.gpu_memory_utilization or ceil_fraction(in_budget, totals)
-        kv_budget = first.kv_bytes
-        promise = tuple(needs[g.total_bytes].max_bytes for g in chosen)
-    else:
-        context = pre_init_bytes(e.tensor_parallel_size)
-        outside = max(n.max_bytes - max(n.static_in_budget) - context for n in needs.values())
-        utilization = min(
-            floor_fraction(g.usable_bytes - context - outside, g.total_bytes) for g in chosen
-        )
-        kv_budget = None
-        promise = tuple(context + outside + int(utilization * g.total_bytes) + 1 for g in chosen)
-    flags = LaunchFlags(
-        max_model_len=e.max_model_len,
-        tensor_parallel_size=e.tensor_parallel_size,
-        pipeline_parallel_size=e.pipeline_parallel_size,
-        gpu_memory_utilization=utilization,
-        kv_cache_memory_bytes=kv_budget,
-        max_num_seqs=e.max_num_seqs,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-    )
-    kv = first.kv_bytes if kv_budget is not None else _kv_in(chosen, needs, utilization)
-    return Placement(
-        gpu_indices=tuple(g.index for g in chosen),
-        gpu_uuids=tuple(g.uuid for g in chosen),
-        promise_bytes=promise,
-        flags=flags,
-        args=launch_args(request.model.serve_reference, flags, request.options),
-        estimate=e,
-        kv_cache_bytes=kv,
-    )
-
-
-def _kv_in(chosen: list[GpuLine], needs: Mapping[int, Need], utilization: float) -> int:
-    """KV bytes a utilization-sized worker gets: its budget less what is not KV."""
-    return min(
-        int(utilization * g.total_bytes)
-        - (max(needs[g.total_bytes].static_in_budget) - needs[g.total_bytes].kv_bytes)
-        for g in chosen
-    )
-
-
 def search(
     request: PlacementRequest,
     snapshot: InventorySnapshot,
@@ -347,7 +280,8 @@ def search(
     """
     policy = policy or PlacementPolicy()
     cache = cache if cache is not None else EstimateCache()
-    lines = gpu_lines(snapshot, reserved or {}, workers or {}, policy)
+    release = request.options.vllm_version or policy.default_vllm_version
+    lines = gpu_lines(snapshot, reserved or {}, workers or {}, policy, release)
     candidates = [g for g in lines if g.status == "candidate"]
     tried: list[tuple[Shape, Mapping[int, Need]]] = []
     for shape in _shapes(request, policy, len(candidates)):
@@ -368,7 +302,7 @@ def search(
             continue
         return SearchResult(
             lines=tuple(lines),
-            placement=_placement(request, chosen, needs, policy),
+            placement=placement_for(request, chosen, needs, policy, release),
             chosen=tuple(chosen),
             needs=needs,
         )

@@ -9,6 +9,16 @@ start-up check compares that fraction with the memory **free** at that moment
 - a worker that shares GPUs gets a byte budget, ``--kv-cache-memory-bytes`` sized for the
   KV cache it asked for, and the smallest fraction that covers its in-budget memory, so
   the check passes whatever the neighbours hold.
+
+The release decides what "a fraction" and "a byte budget" can be (``release_budget``):
+``--kv-cache-memory-bytes`` exists from vLLM 0.10.2 (its flag table says so), and the V1
+engines before 0.9.1 size the KV cache as ``u x total`` less everything the GPU holds,
+other processes included (0.8.5 ``v1/worker/gpu_worker.py::determine_available_memory``:
+``peak_memory += total - free - torch_allocated``), where 0.9.1 on (and V0's
+``worker/worker.py::determine_num_available_blocks``) take ``u x total`` as this
+worker's own budget (``requested_memory = total x u``, checked against free memory at
+start-up, less what the worker itself consumed since its init snapshot). Every flag
+``launch_args`` writes is checked against the release's table (``check_launch_args``).
 """
 
 from __future__ import annotations
@@ -16,9 +26,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gatekeeper.estimate.accounting import accounting_for, parse_vllm_version
 from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.vllm.table import flag_table
 
-__all__ = ["LaunchFlags", "ceil_fraction", "floor_fraction", "launch_args"]
+__all__ = [
+    "KV_BUDGET_FLAG",
+    "LaunchFlags",
+    "ReleaseBudget",
+    "ceil_fraction",
+    "check_launch_args",
+    "floor_fraction",
+    "launch_args",
+    "release_budget",
+]
+
+KV_BUDGET_FLAG = "--kv-cache-memory-bytes"
+WHOLE_DEVICE_BEFORE = (0, 9, 1)
+"""The first V1 release whose budget is the worker's own (``requested_memory`` in
+``v1/worker/gpu_worker.py::init_device``); 0.9.0.1's worker still adds every process's
+memory to its profile's peak."""
 
 _SCALE = 10_000  # fractions carry 4 decimals, as the flags print them
 
@@ -46,8 +73,47 @@ class LaunchFlags:
     max_num_batched_tokens: int
 
 
-def launch_args(model: str, flags: LaunchFlags, options: ServeOptions) -> tuple[str, ...]:
-    """``vllm serve`` arguments after the command itself (an argument list, never a string)."""
+@dataclass(frozen=True, slots=True)
+class ReleaseBudget:
+    """How one vLLM release takes a worker's memory budget."""
+
+    release: str
+    byte_budget: bool
+    """The release has ``--kv-cache-memory-bytes`` (vLLM 0.10.2 and later)."""
+    whole_device: bool
+    """``--gpu-memory-utilization`` x total budgets everything on the GPU, other
+    processes and the worker's own CUDA context included (V1 before 0.9.1): the worker's
+    KV cache is what its neighbours leave at the moment it profiles."""
+
+
+def release_budget(release: str) -> ReleaseBudget:
+    """The budget rules of ``release`` (a version as the estimator reads it: ``0.8.5``,
+    ``0.8.5 V0``); the V0 engine's budget is always the worker's own."""
+    version, _ = parse_vllm_version(release)
+    v1 = accounting_for(release).engine == "v1"
+    return ReleaseBudget(
+        release=release,
+        byte_budget=KV_BUDGET_FLAG in flag_table(release).by_option,
+        whole_device=v1 and version < WHOLE_DEVICE_BEFORE,
+    )
+
+
+def check_launch_args(args: tuple[str, ...], release: str) -> None:
+    """Raise ``ServeOptionsError`` when ``args`` name a flag that vLLM ``release`` does not
+    have (the error names the release and the one that brought the flag)."""
+    table = flag_table(release)
+    for arg in args[1:]:
+        if arg.startswith("--") and arg not in table.by_option:
+            raise table.unknown(arg, f"the command line placement derived for vLLM {release}")
+
+
+def launch_args(
+    model: str, flags: LaunchFlags, options: ServeOptions, release: str | None = None
+) -> tuple[str, ...]:
+    """``vllm serve`` arguments after the command itself (an argument list, never a
+    string), checked against the flags of ``release`` (else the options' own
+    ``vllm_version``, else the newest table): ``ServeOptionsError`` names a flag the
+    release lacks."""
     args = [
         model,
         "--max-model-len",
@@ -75,7 +141,10 @@ def launch_args(model: str, flags: LaunchFlags, options: ServeOptions) -> tuple[
         args += ["--block-size", str(options.block_size)]
     if options.enforce_eager:
         args.append("--enforce-eager")
-    return tuple(args + _feature_args(options))
+    out = tuple(args + _feature_args(options))
+    chosen = release or options.vllm_version
+    check_launch_args(out, chosen or str(flag_table().vllm))
+    return out
 
 
 def _feature_args(o: ServeOptions) -> list[str]:
