@@ -1,4 +1,4 @@
-"""``gatekeeper estimate`` and ``gatekeeper models``."""
+"""``gatekeeper estimate`` (``gatekeeper models`` is ``gatekeeper.cli.models``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from gatekeeper.estimate.simple_method import simple_estimate
 from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.estimate.weights import parameter_count
 from gatekeeper.gpus.products import lookup_gpu
-from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.settings import Settings, model_resolver
 from gatekeeper.units import format_gib, gib, parse_size
@@ -48,9 +47,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
     p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
     p.set_defaults(func=run)
-    m = subparsers.add_parser("models", help="list the embedded catalog")
-    m.add_argument("--json", action="store_true", help="print one JSON object")
-    m.set_defaults(func=run_models)
 
 
 def _gpu(args: argparse.Namespace) -> GpuTarget:
@@ -228,17 +224,3 @@ def _parallel_lines(e: Estimate) -> list[str]:
         else "  no CUDA graphs (eager)"
     )
     return out
-
-
-def run_models(args: argparse.Namespace, settings: Settings) -> int:
-    entries = catalog_entries()
-    if args.json:
-        print(
-            json.dumps(
-                [{"repo_id": e.repo_id, "aliases": list(e.aliases)} for e in entries], indent=2
-            )
-        )
-        return 0
-    for e in entries:
-        print(f"{e.repo_id:<55} {', '.join(e.aliases)}")
-    return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import check, estimate, exit_codes, gpus, operator, serve, webhook
+from gatekeeper.cli import check, estimate, exit_codes, gpus, models, operator, serve, webhook
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
 from gatekeeper.errors import GatekeeperError
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
-    for command in (estimate, gpus, check, serve, operator, webhook):
+    for command in (estimate, models, gpus, check, serve, operator, webhook):
         command.add_parser(subparsers)
     return parser
 
