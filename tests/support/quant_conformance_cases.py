@@ -61,6 +61,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256},
     "mixtral": {**_BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                 "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 256},
+    "gpt_oss": {**_BASE, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                "head_dim": 64, "num_attention_heads": 4, "intermediate_size": 256,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128},
     "deepseek_v3": _MLA,
     "deepseek_v2": {**_MLA, "architectures": ["DeepseekV2ForCausalLM"],
                     "model_type": "deepseek_v2", "q_lora_rank": None, "topk_method": "greedy"},
@@ -272,6 +275,8 @@ CASES: dict[str, dict[str, Any]] = {
                                                                 "+:.*down_proj": {"bits": 8}})),
     "gptq-channel/llama": _case("GPTQ", "llama", _gptq(group_size=-1, desc_act=True)),
     "mxfp4/qwen3_moe": _case("MXFP4", "qwen3_moe", {"quant_method": "mxfp4"}),
+    "mxfp4/gpt_oss": _case("MXFP4", "gpt_oss", {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
     "experts-int8/qwen3_moe": _case("experts_int8", "qwen3_moe", None, "experts_int8"),
     "moe-wna16/qwen3_moe": _case("moe_wna16", "qwen3_moe", _gptq(), "moe_wna16"),
     "quark-fp8/llama": _case("Quark fp8", "llama", _quark(_Q_FP8, _Q_FP8)),
