@@ -111,7 +111,7 @@ def _print(decision: Decision, as_json: bool) -> None:
 
 
 def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
-    plan = load_plan(args.file)
+    plan = load_plan(args.file, release=settings.default_vllm_version)
     snapshot = _snapshot(settings, args.node or plan.node)
     result = run_plan(plan, snapshot, placement_policy(settings), model_resolver(settings))
     print(json.dumps(result.to_json(), indent=2) if args.json else result.render())

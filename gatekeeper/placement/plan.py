@@ -3,6 +3,7 @@
 A plan file is TOML or YAML::
 
     node = "8xH100-80GB"            # optional: --node or settings otherwise
+    vllm_version = "0.10.1"         # optional: the release every deployment runs
     [[deployments]]
     name = "chat"                   # optional
     model = "meta-llama/Llama-3.1-8B-Instruct"
@@ -13,6 +14,11 @@ A plan file is TOML or YAML::
 
 Each admitted deployment's promise is taken from the GPUs it lands on before the next
 one is decided, as the reservations ledger does for live admissions.
+
+A deployment's options are read with the flag table of its vLLM release: its own
+``vllm_version``, else the plan's, else ``load_plan``'s ``release`` (the settings'
+``default_vllm_version``), and it is estimated and launched as that release does
+(``gatekeeper.placement.budget``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.accounting import parse_vllm_version
 from gatekeeper.estimate.options import ServeOptions, draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
@@ -58,6 +65,8 @@ class Plan:
     path: Path
     node: str | None
     deployments: tuple[PlannedDeployment, ...]
+    vllm_version: str | None = None
+    """The release the plan names for every deployment that names none."""
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -89,13 +98,17 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _deployment(path: Path, i: int, entry: object) -> PlannedDeployment:
+def _deployment(
+    path: Path, i: int, entry: object, plan_release: str | None, release: str | None
+) -> PlannedDeployment:
     where = f"plan {path}: deployments[{i}]"
     if not isinstance(entry, Mapping) or not isinstance(entry.get("model"), str):
         raise PlanError(f"{where}: needs a 'model' (a catalog name, directory or hub repo id)")
     options = {k: v for k, v in entry.items() if k not in _REQUEST_FIELDS}
+    if plan_release is not None and options.get("vllm_version") is None:
+        options["vllm_version"] = plan_release
     try:
-        serve, given = options_from_mapping(options, where=where)
+        serve, given = options_from_mapping(options, where=where, release=release)
     except GatekeeperError as e:
         raise PlanError(str(e)) from e
     sequences = entry.get("min_sequences", 1)
@@ -115,15 +128,39 @@ def _deployment(path: Path, i: int, entry: object) -> PlannedDeployment:
     )
 
 
-def load_plan(path: Path) -> Plan:
+def _plan_release(path: Path, data: Mapping[str, Any]) -> str | None:
+    """The plan's own ``vllm_version``, checked as a version."""
+    named = data.get("vllm_version")
+    if named is None:
+        return None
+    try:
+        if not isinstance(named, str):
+            raise ValueError
+        parse_vllm_version(named)
+    except (ValueError, GatekeeperError):
+        raise PlanError(
+            f"plan {path}: vllm_version = {named!r} is not a vLLM version; give one such as "
+            '"0.10.1" or "0.33.0" (a string), or leave it out for the default release'
+        ) from None
+    return named
+
+
+def load_plan(path: Path, release: str | None = None) -> Plan:
+    """The plan at ``path``; options that name no release (nor does the plan) are read
+    with ``release``'s flags (the settings' default; the newest table when None)."""
     data = _read(path)
     node = data.get("node")
     if node is not None and not isinstance(node, str):
         raise PlanError(f"plan {path}: 'node' must be a string such as 8xH100-80GB or a JSON path")
     if node and not Path(node).is_absolute() and (path.parent / node).is_file():
         node = str(path.parent / node)
+    named = _plan_release(path, data)
+    entries = data["deployments"]
     return Plan(
-        path, node, tuple(_deployment(path, i, e) for i, e in enumerate(data["deployments"]))
+        path,
+        node,
+        tuple(_deployment(path, i, e, named, release) for i, e in enumerate(entries)),
+        named,
     )
 
 

@@ -5,6 +5,7 @@ lifecycle."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
@@ -251,16 +253,44 @@ def recorded_admission(decision: object) -> tuple[Prediction | None, tuple[int, 
     return prediction, tuple(promise) if valid else ()
 
 
-def resolve_request(base: PlacementRequest, recorded: dict[str, Any]) -> PlacementRequest:
-    """A recorded request (options as a dict) rebuilt on a freshly resolved model."""
+def resolve_request(
+    base: PlacementRequest, recorded: dict[str, Any], release: str | None = None
+) -> PlacementRequest:
+    """A recorded request (options as a dict) rebuilt on a freshly resolved model.
+
+    The options are read with the flags of the release the record names (the one its
+    sidecar admitted the worker with), else ``release`` (this sidecar's configured one).
+    Fields at ``ServeOptions``' defaults are left out first: a record lists every field,
+    and a release that predates a flag must not refuse its default (``runner: auto``
+    under vLLM 0.8.5)."""
+    named = recorded.get("vllm_version")
+    options = recorded["options"]
+    given = (
+        {k: v for k, v in options.items() if _DEFAULTS.get(k, _UNSET) != v}
+        if isinstance(options, dict)
+        else options
+    )
     return PlacementRequest(
         model=base.model,
-        options=options_from_mapping(recorded["options"], where="deployment record")[0],
+        options=options_from_mapping(
+            given,
+            where="deployment record",
+            release=named if isinstance(named, str) else release,
+        )[0],
         auto_parallel=bool(recorded.get("auto_parallel", True)),
         min_kv_tokens=recorded.get("min_kv_tokens"),
         min_sequences=int(recorded.get("min_sequences", 1)),
         draft=base.draft,
     )
+
+
+_UNSET = object()
+_DEFAULTS: dict[str, Any] = {
+    f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+    for f in dataclasses.fields(ServeOptions)
+    if f.default is not dataclasses.MISSING
+}
+"""``ServeOptions``' defaults as ``options_record`` writes them (tuples as lists)."""
 
 
 def slug(name: str) -> str:

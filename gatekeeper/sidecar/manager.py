@@ -460,6 +460,9 @@ class DeploymentManager:
             "min_sequences": d.request.min_sequences,
             "min_kv_tokens": d.request.min_kv_tokens,
             "auto_parallel": d.request.auto_parallel,
+            # the release the worker was admitted for: a restarted sidecar reads with it
+            "vllm_version": d.request.options.vllm_version
+            or self.config.policy.default_vllm_version,
         }
         payload = {"record": asdict(record), "request": request, "decision": d.decision_record()}
         tmp.write_text(json.dumps(payload))
@@ -517,7 +520,11 @@ class DeploymentManager:
         try:
             data = json.loads(path.read_text())
             record = DeploymentRecord(**data["record"])
-            request = resolve_request(resolve(record.model), data["request"])
+            request = resolve_request(
+                resolve(record.model),
+                data["request"],
+                release=self.config.policy.default_vllm_version,
+            )
         except (OSError, ValueError, KeyError, TypeError, GatekeeperError):
             path.unlink(missing_ok=True)
             return None
