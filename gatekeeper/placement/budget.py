@@ -138,17 +138,7 @@ def _shares(
         return utilization, needs[chosen[0].total_bytes].kv_bytes, needed
     context = pre_init_bytes(needs[chosen[0].total_bytes].estimate.tensor_parallel_size)
     if policy.share_gpus:
-        # the smallest fraction that covers the need on every chosen GPU (vLLM takes the
-        # fewest KV blocks of all ranks, so no rank exceeds its need by more than rounding)
-        utilization = max(
-            ceil_fraction(
-                max(needs[g.total_bytes].static_in_budget) + _held(g, context, rules),
-                g.total_bytes,
-            )
-            for g in chosen
-        )
-        slack = math.ceil(max(g.total_bytes for g in chosen) / FRACTION_STEP)
-        return utilization, None, tuple(n + slack for n in needed)
+        return _sized_fraction(chosen, needs, context, rules)
     outside = max(n.max_bytes - max(n.static_in_budget) - context for n in needs.values())
     utilization = min(
         floor_fraction(g.usable_bytes - context - outside + _held(g, context, rules), g.total_bytes)
@@ -159,6 +149,22 @@ def _shares(
         for g in chosen
     )
     return utilization, None, promise
+
+
+def _sized_fraction(
+    chosen: Sequence[GpuLine], needs: Mapping[int, Need], context: int, rules: ReleaseBudget
+) -> _Shares:
+    """The smallest fraction that covers the in-budget need on every chosen GPU (vLLM
+    takes the fewest KV blocks of all ranks, so no rank exceeds its need by more than the
+    rounding, which the promise adds)."""
+    utilization = max(
+        ceil_fraction(
+            max(needs[g.total_bytes].static_in_budget) + _held(g, context, rules), g.total_bytes
+        )
+        for g in chosen
+    )
+    slack = math.ceil(max(g.total_bytes for g in chosen) / FRACTION_STEP)
+    return utilization, None, tuple(needs[g.total_bytes].max_bytes + slack for g in chosen)
 
 
 def _held(g: GpuLine, context: int, rules: ReleaseBudget) -> int:
