@@ -77,6 +77,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gatekeeper.proxy.httpx_pool import httpx_answer, pool_for
 from gatekeeper.proxy.protocol import (
     FORM_ROUTES,
     JSON_ROUTES,
@@ -97,7 +98,6 @@ from gatekeeper.proxy.upstream import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
-    pool_for,
 )
 
 __all__ = [
@@ -327,10 +327,11 @@ class Proxy:
         message = f"The model `{model_id}` does not exist. GET /v1/models lists the names."
         return error_response(404, message, param="model", code="model_not_found")
 
-    async def by_query(self, request: Request) -> Response:
+    async def by_query(self, request: Request) -> ASGIApp:
         """``/v1/responses/{id}`` (``GET``, ``POST …/cancel``): vLLM keeps a stored
         response in the worker that made it, and nothing in these requests names the
-        model, so the client says it with ``?model=``; the worker's answer comes back whole."""
+        model, so the client says it with ``?model=``; the worker's answer comes back
+        whole, or relayed as it comes when larger than ``max_whole_answer_bytes``."""
         model = request.query_params.get("model")
         if not model:
             message = (
@@ -345,15 +346,23 @@ class Proxy:
             return failed.response
         query = request.url.query
         url = f"{endpoint.base_url}{request.url.path}" + (f"?{query}" if query else "")
+        sent = self._client.build_request(request.method, url, timeout=30.0)
         try:
-            answer = await self._client.request(request.method, url, timeout=30.0)
+            response = await self._client.send(sent, stream=True)
         except httpx.HTTPError as e:
             return upstream_failed(endpoint.worker_id, e)
-        raw = [(k.lower(), v) for k, v in answer.headers.raw]
-        headers = {
-            k.decode("latin-1"): v.decode("latin-1") for k, v in _passed(raw, _SKIP_RESPONSE)
-        }
-        return Response(answer.content, status_code=answer.status_code, headers=headers)
+        try:
+            answer = await httpx_answer(response)
+            content = await answer.read_within(self._max_whole_bytes)
+        except UpstreamError as e:
+            await response.aclose()
+            return upstream_failed(endpoint.worker_id, e)
+        headers = _response_headers(answer)
+        if content is None:  # too large to hold: relayed as it comes
+            return StreamRelay(answer, headers, _unreported, events=False)
+        await answer.aclose()
+        length = (b"content-length", str(len(content)).encode())
+        return WholeAnswer(answer.status, [*headers, length], content)
 
     async def forward(
         self, scope: Scope, receive: Receive, path: str, kind: type[OpenAIRequest]
@@ -504,6 +513,10 @@ def _rewrite(parsed: OpenAIRequest, endpoint: Endpoint) -> bytes:
         return parsed.renamed(endpoint.served_name)
     renamed = parsed.model_copy(update={"model": endpoint.served_name})
     return renamed.model_dump_json(exclude_unset=True).encode()
+
+
+def _unreported(outcome: Outcome) -> None:
+    """``by_query``'s relay reports nothing (no request is counted in flight for it)."""
 
 
 def _passed(

@@ -54,7 +54,7 @@ proxy's usual case, a non-streaming request to a ready worker, goes this way
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
@@ -73,7 +73,6 @@ __all__ = [
     "UpstreamError",
     "UpstreamPool",
     "UpstreamResponse",
-    "pool_for",
     "upstream_client",
 ]
 
@@ -593,69 +592,3 @@ def upstream_client(
         timeout=timeout,
         trust_env=False,
     )
-
-
-def pool_for(client: httpx.AsyncClient) -> UpstreamPool:
-    """The lean pool of an ``UpstreamClient``; any other httpx client, adapted."""
-    if isinstance(client, UpstreamClient):
-        return client.pool
-    return _HttpxPool(client)
-
-
-class _HttpxPool:
-    """``UpstreamPool`` over a plain ``httpx.AsyncClient`` (slower: about 0.9 ms of CPU a
-    request more); for clients injected in tests or with custom transports."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self._client = client
-
-    async def request(self, base_url: str, path: str, body: bytes, headers: _Headers) -> Answer:
-        request = self._client.build_request("POST", base_url + path, content=body, headers=headers)
-        try:
-            response = await self._client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise UpstreamConnectError(f"cannot connect to {base_url} ({e!r})") from e
-        except httpx.TransportError as e:
-            raise UpstreamClosed(f"the worker failed before answering ({e!r})") from e
-        return _HttpxAnswer(response)
-
-
-class _HttpxAnswer:
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._raw: AsyncIterator[bytes] | None = None
-        self._held: list[bytes] = []
-        """Read by ``read_within`` and not yet given: ``chunks()`` gives them first."""
-        self.status = response.status_code
-        self.headers = [(k.lower(), v) for k, v in response.headers.raw]
-
-    def header(self, name: bytes) -> bytes | None:
-        return next((v for k, v in self.headers if k == name), None)
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
-
-    async def read_within(self, limit_bytes: int) -> bytes | None:
-        size = 0
-        async for chunk in self.chunks():
-            self._held.append(chunk)
-            size += len(chunk)
-            if size > limit_bytes:
-                return None
-        held, self._held = self._held, []
-        return b"".join(held)
-
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        held, self._held = self._held, []
-        for chunk in held:
-            yield chunk
-        if self._raw is None:
-            self._raw = self._response.aiter_raw()
-        try:
-            async for chunk in self._raw:
-                yield chunk
-        except httpx.TransportError as e:
-            raise UpstreamClosed(f"the worker closed the connection mid-answer ({e!r})") from e
-
-    async def aclose(self) -> None:
-        await self._response.aclose()

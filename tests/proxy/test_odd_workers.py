@@ -83,10 +83,13 @@ class OddWorker:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                body = json.loads(await reader.readexactly(length))
                 self.heads.append(head)
-                if not await self._answer(body["mode"], writer):
+                if head.startswith(b"GET "):  # /v1/responses/{id}?model=m&mode=...
+                    mode = head.split(b" ")[1].split(b"mode=")[1].decode()
+                else:
+                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                    mode = json.loads(await reader.readexactly(length))["mode"]
+                if not await self._answer(mode, writer):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -299,3 +302,42 @@ def test_trailers_and_expect_are_never_passed_on(rig: tuple[OddWorker, str], pat
     received = _names(worker.heads[-1])
     assert "x-end-request" in received, received
     assert not received & {"x-request-trailer", "expect", "transfer-encoding"}, received
+
+
+STORED = "/v1/responses/resp-1?model=m&mode="
+
+
+def get(url: str, target: str) -> Conn:
+    conn = Conn(url)
+    conn.sock.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return conn
+
+
+def test_a_stored_response_is_bounded_like_a_whole_answer(rig: tuple[OddWorker, str]) -> None:
+    """GET /v1/responses/{id}?model= goes through httpx, not the lean pool: the same
+    rules hold (a status outside 200-599 is a 502, a large answer is relayed)."""
+    worker, url = rig
+    conn = get(url, STORED + "plain")
+    try:
+        status, headers, body = conn.response()
+        assert (status, body) == (200, b'{"ok": true}') and headers["content-length"] == "12"
+    finally:
+        conn.close()
+    conn = get(url, STORED + "status999")
+    try:
+        status, _, body = conn.response()
+        assert status == 502 and "999" in json.loads(body)["error"]["message"], body
+    finally:
+        conn.close()
+    worker.release.clear()
+    conn = get(url, STORED + "large")
+    try:
+        status, headers = conn.head()
+        assert status == 200 and headers["transfer-encoding"] == "chunked"
+        while len(conn.buffer) < LIMIT:  # before the worker has sent its second half
+            conn._fill()
+        worker.release.set()
+        assert conn.chunks_to_close()
+    finally:
+        worker.release.set()
+        conn.close()
