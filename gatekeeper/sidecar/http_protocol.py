@@ -155,6 +155,9 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     """The current request's body bytes so far."""
     _head_read = 0
     """Bytes of the reads that began inside the current unfinished head."""
+    _framing_read = 0
+    """Bytes of the reads in a row inside the current body that brought none of it: a
+    chunked body's framing, extensions and trailer lines, which httptools may hold."""
     _bytes_left = 0
     """Bytes the current request's target and header (and trailer) fields may still take."""
     _fields_left = 0
@@ -185,6 +188,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         """uvicorn's, with the head's bound and the deadlines' timers."""
         if self._in_head:  # a read that starts inside a head is the head's up to its end
             self._head_read += len(data)
+        body_before = self._body_bytes if self._in_body else -1
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -202,8 +206,16 @@ class SidecarHttpProtocol(HttpToolsProtocol):
                 self._header_timer = self.loop.call_later(
                     self.options.header_seconds, self._headers_too_late
                 )
-        elif self._in_body and self._body_timer is None:
-            self._body_timer = self.loop.call_at(self._body_due(), self._body_too_late)
+        elif self._in_body:
+            if body_before == self._body_bytes:  # a read inside a body that brought none
+                self._framing_read += len(data)
+                if self._framing_read > self.options.max_head_bytes:  # say, endless trailers
+                    self._refuse(self.options.head_too_large)
+                    return
+            else:
+                self._framing_read = 0
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_at(self._body_due(), self._body_too_late)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -244,7 +256,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
             self._header_timer = None
         self._in_body = True
         self._body_seen = self._body_start = self.loop.time()
-        self._body_bytes = 0
+        self._body_bytes = self._framing_read = 0
         app = self.options.routes.get(self.url) if self.parser.get_method() == b"POST" else None
         if app is None or self.parser.should_upgrade() or self.limit_concurrency:
             super().on_headers_complete()
