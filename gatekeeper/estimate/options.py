@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimate.dtype import resolve_dtype
 from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.models.spec import ModelSpec
 
@@ -363,26 +364,6 @@ KV_DTYPES: dict[str, KvDtype] = {
     "int8_per_token_head": KvDtype("int8_per_token_head", 1, 1, 8),
     "nvfp4": KvDtype("nvfp4", 9, 16),
 }
-
-_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
-           "fp16": "float16", "float32": "float32", "float": "float32", "fp32": "float32"}  # fmt: skip
-
-
-def resolve_dtype(flag: str, spec: ModelSpec, *, v1: bool) -> str:
-    """``--dtype``: auto keeps the checkpoint dtype, except fp32 checkpoints are served in
-    bf16 (fp16 on the V0 engine)."""
-    if flag == "auto":
-        if spec.torch_dtype == "float32":
-            return "bfloat16" if v1 else "float16"
-        return spec.torch_dtype
-    dtype = _DTYPES.get(flag.lower())
-    if dtype is None:
-        raise ServeOptionsError(
-            f"dtype: {flag!r} is not a vLLM dtype; use auto, bfloat16, float16 or float32",
-            field="dtype",
-            value=flag,
-        )
-    return dtype
 
 
 def resolve_kv_dtype(flag: str, model_dtype: str, spec: ModelSpec) -> KvDtype:

@@ -54,6 +54,7 @@ from gatekeeper.estimate.overhead import (
     pre_init_bytes,
     sampler_peak_bytes,
 )
+from gatekeeper.estimate.runner import resolve_runner
 from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.estimate.state import state_bytes
 from gatekeeper.estimate.weights import WeightOptions, pp_partition, weight_plan
@@ -277,21 +278,6 @@ class _Features:
     weights: WeightOptions
 
 
-_POOLING_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel",
-                     "EmbeddingModel", "Model")  # fmt: skip
-
-
-def _pooling(spec: ModelSpec, opts: ServeOptions) -> bool:
-    """vLLM's pooling runner: asked for (``--runner pooling``, ``--convert embed``) or an
-    architecture vLLM registers as pooling (``*ForSequenceClassification``, ``BertModel``)."""
-    if opts.runner == "pooling" or opts.convert in ("embed", "classify"):
-        return True
-    if opts.runner != "auto" or opts.convert == "none":
-        return False
-    arch = spec.architecture
-    return arch.endswith(_POOLING_SUFFIXES) and not arch.endswith("ForCausalLM")
-
-
 def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -> _Features:
     sp = opts.speculative_config
     comp = opts.compilation_config
@@ -321,7 +307,7 @@ def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -
             opts.lora_dtype,
             opts.fully_sharded_loras,
         )
-    pooling = _pooling(spec, opts)
+    pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
     weights = WeightOptions(
         ep_size=ep,
         lm_head=not pooling,
@@ -347,7 +333,8 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
     acc = accounting_for(opts.vllm_version or default_version)
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     check_parallelism(spec, tp, pp, opts)
-    dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1")
+    pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
+    dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1", pooling=pooling)
     quant = (
         quant_from_flag(opts.quantization, spec.quantization)
         if opts.quantization

