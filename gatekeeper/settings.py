@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     """Bearer token of the admin API; without one the admin API is off."""
 
+    log_format: Literal["text", "json"] = "text"
+    """How ``gatekeeper serve`` and ``gatekeeper webhook`` write their log: ``text``, or
+    ``json``, one object a line (time, level, logger, message, and ``deployment_id`` and
+    ``model`` where they apply; ``gatekeeper.sidecar.logs``) for Loki or Elasticsearch.
+    ``--log-format`` overrides it."""
+
     api_keys: list[str] = Field(default_factory=list, repr=False)
     """Keys a client must send as ``Authorization: Bearer <key>``, any one of them, on the
     paths vLLM's ``--api-key`` guards (``/v1``, ``/v2``, ``/inference``, ``/cohere``);

@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from gatekeeper._version import __version__
 from gatekeeper.cli import check, estimate, exit_codes, gpus, models, operator, serve, webhook
+from gatekeeper.cli.log_options import warn
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
 from gatekeeper.errors import GatekeeperError
@@ -94,8 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     args = _parse(build_parser(), argv)
     settings = load_settings(args.config)
-    for line in unknown_environment():
-        print(f"gatekeeper: warning: {line}", file=sys.stderr)
+    warn(unknown_environment(), args, settings)
     code: int = args.func(args, settings)
     return code
 

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.cli.output import print_json
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
@@ -23,7 +24,15 @@ REHEARSAL_NODE = "2xH100-80GB"
 
 
 def add_parser(subparsers: Any) -> None:
-    s = subparsers.add_parser("serve", help="run the sidecar: admin API, OpenAI proxy, workers")
+    s = subparsers.add_parser(
+        "serve",
+        help="run the sidecar: admin API, OpenAI proxy, workers",
+        description="Run the sidecar on one node: the admin API (/admin: deploy, list and "
+        "stop vLLM workers, each admitted only when its estimated memory fits the GPUs), "
+        "the OpenAI-compatible proxy (/v1, launching allowed models on demand), /metrics "
+        "and /healthz. Settings come from GATEKEEPER_* variables or --config; --rehearsal "
+        "runs on a declared node with the simulator as the worker, no GPU needed.",
+    )
     s.add_argument("--host", default=None, help="listen address (default: settings, 127.0.0.1)")
     s.add_argument("--port", type=int, default=None)
     s.add_argument(
@@ -32,6 +41,7 @@ def add_parser(subparsers: Any) -> None:
         help="no GPU needed: a declared node, the catalog, and the simulator as the worker",
     )
     s.add_argument("--json", action="store_true", help="print the banner as one JSON object")
+    add_log_format(s)
     s.set_defaults(func=run_serve)
 
 
@@ -108,11 +118,12 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     ledger = Ledger(ledger_path(state))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
     banner = _banner(settings, host, port, declared, args.rehearsal, token_source)
+    config = server_config(app, host=host, port=port, settings=settings)
+    log_format = start_logging(args, settings)  # after uvicorn's own logging set-up
     if args.json:
         print_json(banner)
     else:
-        print("\n".join(banner["lines"]), flush=True)
-    config = server_config(app, host=host, port=port, settings=settings)
+        announce(banner["lines"], log_format, __name__)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

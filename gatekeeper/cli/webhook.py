@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper._version import __version__
+from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.cli.output import print_json
 from gatekeeper.settings import Settings
 
@@ -39,6 +40,7 @@ def add_parser(subparsers: Any) -> None:
         help="how often the certificate files are checked for renewal (default 60)",
     )
     w.add_argument("--json", action="store_true", help="print the start line as one JSON object")
+    add_log_format(w)
     w.set_defaults(func=run_webhook)
 
 
@@ -72,10 +74,11 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     )
     config.load()
     reloader.context = config.ssl
+    log_format = start_logging(args, settings)
     url = f"https://{host}:{args.port}/k8s/validate"
     if args.json:
         print_json({"url": url, "cert": str(args.cert), "reload_seconds": args.reload_seconds})
     else:
-        print(f"gatekeeper admission webhook on {url}", flush=True)
+        announce([f"gatekeeper admission webhook on {url}"], log_format, __name__)
     uvicorn.Server(config).run()
     return 0

@@ -60,6 +60,7 @@ from gatekeeper.sidecar.launcher import (
     process_group_alive,
 )
 from gatekeeper.sidecar.ledger import Ledger, LedgerError
+from gatekeeper.sidecar.logs import deployment_context, deployment_extra
 from gatekeeper.sidecar.rehearsal import simulator_env
 from gatekeeper.vllm.flags import options_record
 
@@ -166,6 +167,13 @@ class DeploymentManager:
                 return decision, None
             d = Deployment.admitted(deployment_id, name, request, decision)
             self.deployments[d.id] = d
+        logger.info(
+            "deployment %s: admitted as %s on GPU %s",
+            d.id,
+            name,
+            ",".join(map(str, d.gpu_indices)),
+            extra=deployment_extra(d.id, d.model),
+        )
         d.supervisor = asyncio.get_running_loop().create_task(self._run(d))
         return decision, d
 
@@ -222,6 +230,7 @@ class DeploymentManager:
         An unexpected error never ends the task silently with the worker running and
         its reservation held: it is logged, the worker stopped and the reservation
         released."""
+        deployment_context.set(deployment_extra(d.id, d.model))  # this task's lines
         try:
             await self._supervise(d)
         except Exception as e:
@@ -642,6 +651,7 @@ class DeploymentManager:
 
     def _set(self, d: Deployment, state: State) -> None:
         d.state = state
+        logger.info("deployment %s: %s", d.id, state, extra=deployment_extra(d.id, d.model))
         self.on_change(d)
 
 
