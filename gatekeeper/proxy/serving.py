@@ -31,8 +31,8 @@ the model), ``GET /v1/models`` and ``GET /v1/models/{id}``.
   ``max_whole_answer_bytes``; a larger one is relayed as it comes, chunked
   (``StreamRelay``), and one the worker cuts is left unfinished (the client's
   connection closes before the last chunk).
-- **Headers** pass both ways without the hop-by-hop fields (RFC 9110 section 7.6.1:
-  ``Connection`` and those it names, ``Keep-Alive``, ``TE``, ``Trailer``,
+- **Headers** pass both ways without the hop-by-hop fields (``headers``; RFC 9110
+  section 7.6.1: ``Connection`` and those it names, ``Keep-Alive``, ``TE``, ``Trailer``,
   ``Transfer-Encoding``, ``Upgrade``, ``Proxy-*``) and without ``Expect`` (the server
   has answered it) or the fields the HTTP layers set themselves.
 - **Ready only** (``LAUNCH_GUARD``): a request whose scope carries it reaches only a
@@ -77,6 +77,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gatekeeper.proxy.headers import answer_headers, request_headers
 from gatekeeper.proxy.httpx_pool import httpx_answer, pool_for
 from gatekeeper.proxy.protocol import (
     FORM_ROUTES,
@@ -127,21 +128,6 @@ LAUNCH_GUARD = "gatekeeper.launch_guard"
 route without a right API key): the request reaches only a model with ready workers
 (``Resolver.ready``), and one that would need a launch, a wait or an eviction gets the
 answer ``scope[LAUNCH_GUARD](model)`` instead."""
-
-# Hop-by-hop headers (RFC 9110 section 7.6.1: Connection and the fields it names,
-# Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*), dropped both ways, and
-# those the HTTP layers set themselves. Expect is answered here (100 Continue), never
-# passed on: the body has been read by then.
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade",
-        b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
-    }
-)  # fmt: skip
-_SKIP_REQUEST = frozenset({*_HOP_BY_HOP, b"host", b"content-length", b"expect"})
-_SKIP_RESPONSE = frozenset({*_HOP_BY_HOP, b"content-length", b"date", b"server"})
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
-"""Connection values that name no field beyond the hop-by-hop ones (the usual case)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +364,7 @@ class Proxy:
         except _Failed as failed:
             self._metrics.observe(model, failed.response.status_code, time.perf_counter() - start)
             return failed.response
-        headers = _passed(scope["headers"], _SKIP_REQUEST)
+        headers = request_headers(scope["headers"])
         for endpoint in candidates:
             payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
             call = _Call(self, endpoint, model, start)
@@ -418,7 +404,7 @@ class Proxy:
             else min(ready, key=lambda e: outstanding.get(e.worker_id, 0))
         )  # the first of the least outstanding, as _candidates orders them
         payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
-        headers = _passed(scope["headers"], _SKIP_REQUEST)
+        headers = request_headers(scope["headers"])
         return _Call(self, endpoint, model, start).now(self._now, path, payload, headers, reply)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
@@ -519,21 +505,8 @@ def _unreported(outcome: Outcome) -> None:
     """``by_query``'s relay reports nothing (no request is counted in flight for it)."""
 
 
-def _passed(
-    headers: list[tuple[bytes, bytes]], skip: frozenset[bytes]
-) -> list[tuple[bytes, bytes]]:
-    """``headers`` (lower-case names) without those in ``skip`` and those a ``Connection``
-    field names (RFC 9110 section 7.6.1)."""
-    kept = [(k, v) for k, v in headers if k not in skip]
-    for name, value in headers:
-        if name == b"connection" and value.lower() not in _PLAIN_CONNECTION:
-            named = {token.strip().lower() for token in value.split(b",")}
-            kept = [(k, v) for k, v in kept if k not in named]
-    return kept
-
-
 def _response_headers(upstream: Answer) -> list[tuple[bytes, bytes]]:
-    return _passed(upstream.headers, _SKIP_RESPONSE)
+    return answer_headers(upstream.headers)
 
 
 class _Forward:
@@ -614,7 +587,7 @@ class _Call:
         reply = self._ended()
         self._status = status
         self._finish("upstream_error" if status >= 500 else "ok")
-        kept = _passed(headers, _SKIP_RESPONSE)
+        kept = answer_headers(headers)
         reply.respond(status, [*kept, (b"content-length", str(len(body)).encode())], body)
 
     def failed(self, error: UpstreamClosed) -> None:

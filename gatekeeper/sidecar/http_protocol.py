@@ -59,30 +59,26 @@ and a lean path for the proxy's POSTs. The limits and their answers are
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 import httptools
 import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
-from uvicorn._types import ASGI3Application, ASGISendEvent
+from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
     HttpToolsProtocol,
     RequestResponseCycle,
 )
 
 from gatekeeper.proxy.relay import DISCONNECT_EXTENSION, AnswerNow
 from gatekeeper.settings import Settings
+from gatekeeper.sidecar.http_cycle import LeanCycle
 from gatekeeper.sidecar.http_limits import ProtocolOptions, linger, protocol_options
 
-__all__ = ["COALESCE_BYTES", "SidecarHttpProtocol", "server_config", "sidecar_http_protocol"]
-
-COALESCE_BYTES = 65536
-"""A whole answer's body up to this size is written in one piece with its head (one
-``send`` call to the kernel instead of two); a larger one is written apart, not copied."""
+__all__ = ["SidecarHttpProtocol", "server_config", "sidecar_http_protocol"]
 
 
 def server_config(app: Starlette, *, host: str, port: int, settings: Settings) -> uvicorn.Config:
@@ -167,7 +163,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     _idle_since: float | None = None
     """When the connection's last answer ended, while no next request has come."""
     _running: RequestResponseCycle | None = None
-    _offer: tuple[_LeanCycle, ASGIApp, AnswerNow] | None = None
+    _offer: tuple[LeanCycle, ASGIApp, AnswerNow] | None = None
     """A lean request whose app waits for its whole body, to be offered to its route's
     ``answer_now`` first."""
 
@@ -295,7 +291,7 @@ class SidecarHttpProtocol(HttpToolsProtocol):
         scope["raw_path"] = self.root_path.encode("ascii") + self.url
         scope["query_string"] = b""
         existing = self.cycle
-        self.cycle = cycle = _LeanCycle(
+        self.cycle = cycle = LeanCycle(
             scope=scope,
             transport=self.transport,
             flow=self.flow,
@@ -464,120 +460,5 @@ class SidecarHttpProtocol(HttpToolsProtocol):
                 continue
             cycle.disconnected = True
             cycle.message_event.set()
-            if isinstance(cycle, _LeanCycle):
+            if isinstance(cycle, LeanCycle):
                 cycle.gone()
-
-
-class _LeanCycle(RequestResponseCycle):
-    """uvicorn's cycle, with a ``send`` for the proxy's answers: the headers are the
-    proxy's own and a worker's (parsed by httptools, so no CR or LF in them), which need
-    none of uvicorn's per-header checks; the method is POST (no HEAD to answer without a
-    body). The rest is uvicorn's: ``receive``, ``run_asgi`` (500 for an exception), and
-    ``send`` itself while writing is paused or the client is gone, or for a message out of
-    order (its errors)."""
-
-    _head = b""
-    """A whole answer's head, written with the first part of its body."""
-    _on_gone: Callable[[], None] | None = None
-    route_app: ASGIApp | None = None
-    """The request's ASGI app, for a request offered to ``answer_now`` (``fall_back``)."""
-    start_app: Callable[[ASGIApp], None] | None = None
-    """Starts an ASGI app as the request's task, for a request offered to ``answer_now``
-    (``fall_back``, ``run``); once."""
-
-    # relay.Reply, for a request offered to its route's answer_now
-
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if self.disconnected or self.response_started:
-            return
-        self._start(status, headers)
-        self._body(body, False)
-
-    def fall_back(self) -> None:
-        start, self.start_app = self.start_app, None
-        if start is not None and self.route_app is not None and not self.disconnected:
-            start(self.route_app)
-
-    def run(self, app: ASGIApp) -> None:
-        start, self.start_app = self.start_app, None
-        if start is not None:
-            start(app)
-
-    def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
-        """``DISCONNECT_EXTENSION``: ``callback`` is called once when the client goes."""
-        self._on_gone = callback
-        if callback is not None and self.disconnected:
-            self.gone()
-
-    def gone(self) -> None:
-        """The client has gone (the protocol calls it): tell the watcher, once."""
-        callback, self._on_gone = self._on_gone, None
-        if callback is not None:
-            callback()
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if self._head and self.flow.write_paused and not self.disconnected:
-            self.transport.write(self._head)  # what uvicorn would have written already
-            self._head = b""
-        if self.flow.write_paused or self.disconnected:
-            await super().send(message)
-        elif not self.response_started and message["type"] == "http.response.start":
-            self._start(message["status"], message.get("headers", ()))
-        elif (
-            self.response_started
-            and not self.response_complete
-            and message["type"] == "http.response.body"
-        ):
-            self._body(message.get("body", b""), message.get("more_body", False))
-        else:
-            await super().send(message)
-
-    def _start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        self.response_started = True
-        self.waiting_for_100_continue = False
-        content = [STATUS_LINE[status]]
-        for name, value in self.default_headers:
-            content += (name, b": ", value, b"\r\n")
-        closes = False
-        for name, value in headers:
-            if name == b"content-length":
-                self.expected_content_length = int(value)
-                self.chunked_encoding = False
-            elif name == b"connection" and b"close" in value.lower():
-                self.keep_alive, closes = False, True
-            content += (name, b": ", value, b"\r\n")
-        if not self.keep_alive and not closes:
-            content.append(b"connection: close\r\n")
-        if self.chunked_encoding is None and status not in (204, 304):
-            self.chunked_encoding = True
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
-        if self.chunked_encoding:  # a stream: its head goes now, before the first event
-            self.transport.write(b"".join(content))
-        else:  # a whole answer: its head goes with the body, in one write
-            self._head = b"".join(content)
-
-    def _body(self, body: bytes, more_body: bool) -> None:
-        if self.chunked_encoding:
-            chunk = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
-            self.transport.write(chunk if more_body else chunk + b"0\r\n\r\n")
-        else:
-            if len(body) > self.expected_content_length:
-                raise RuntimeError("Response content longer than Content-Length")
-            self.expected_content_length -= len(body)
-            head, self._head = self._head, b""
-            if head and len(body) <= COALESCE_BYTES:
-                self.transport.write(head + body)
-            else:
-                if head:
-                    self.transport.write(head)
-                if body:
-                    self.transport.write(body)
-        if not more_body:
-            if self.expected_content_length != 0:
-                raise RuntimeError("Response content shorter than Content-Length")
-            self.response_complete = True
-            self.message_event.set()
-            if not self.keep_alive:
-                self.transport.close()
-            self.on_response()
