@@ -115,6 +115,13 @@ def _window(field: str, value: Any) -> None:
     raise bad_field(field, value, "expected a window size in tokens (0 or null: no window)")
 
 
+def _rank(field: str, value: Any) -> None:
+    """Mamba's ``dt`` rank: a number, or "auto" (transformers' MambaConfig, JambaConfig:
+    ``ceil(hidden / 16)``)."""
+    if value != "auto" and not (_is_int(value) and 0 < value <= MAX_SIZE):
+        raise bad_field(field, value, 'expected a whole number or "auto"')
+
+
 _POSITIVE_COUNT = _count(1, MAX_COUNT)
 _COUNT = _count(0, MAX_COUNT)
 _POSITIVE_SIZE = _count(1, MAX_SIZE)
@@ -155,9 +162,10 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
     ),
     **dict.fromkeys(
         ("attention_chunk_size", "q_lora_rank", "shared_expert_intermediate_size",
-         "type_vocab_size", "mamba_dt_rank", "time_step_rank"),
+         "type_vocab_size"),
         _SIZE,
     ),
+    **dict.fromkeys(("mamba_dt_rank", "time_step_rank"), _rank),
     **dict.fromkeys(("partial_rotary_factor", "pixel_shuffle_ratio"), _RATIO),
     **dict.fromkeys(
         ("tie_word_embeddings", "use_sliding_window", "attn_output_gate", "attention_bias",
