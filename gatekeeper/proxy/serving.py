@@ -505,6 +505,10 @@ def _unreported(outcome: Outcome) -> None:
     """``by_query``'s relay reports nothing (no request is counted in flight for it)."""
 
 
+def _is_sse(upstream: Answer) -> bool:
+    return (upstream.header(b"content-type") or b"").startswith(b"text/event-stream")
+
+
 def _response_headers(upstream: Answer) -> list[tuple[bytes, bytes]]:
     return answer_headers(upstream.headers)
 
@@ -640,16 +644,11 @@ class _Call:
         try:
             answer = await proxy._upstream.request(endpoint.base_url, path, body, headers)
             self._status = answer.status
-            if stream and answer.status == 200:
-                content_type = answer.header(b"content-type") or b""
-                if content_type.startswith(b"text/event-stream"):
-                    headers = _response_headers(answer)
-                    relay, answer = StreamRelay(answer, headers, self._finish), None
-                    return relay
-            content = await answer.read_within(proxy._max_whole_bytes)
-            if content is None:  # too large to hold: relayed as it comes
+            events = bool(stream) and answer.status == 200 and _is_sse(answer)
+            content = None if events else await answer.read_within(proxy._max_whole_bytes)
+            if content is None:  # a stream, or too large to hold: relayed as it comes
                 headers = _response_headers(answer)
-                relay, answer = StreamRelay(answer, headers, self._finish, events=False), None
+                relay, answer = StreamRelay(answer, headers, self._finish, events=events), None
                 return relay
         except UpstreamConnectError:
             self._finish("connect_error")

@@ -118,37 +118,23 @@ class ProtocolOptions:
 
 def protocol_options(settings: Settings, direct: Mapping[str, ASGIApp]) -> ProtocolOptions:
     """The options ``settings`` give, with ``direct``'s POST routes for the lean path."""
-    header_seconds = settings.request_header_timeout_seconds
-    body_seconds = settings.request_body_timeout_seconds
-    total, rate = settings.request_body_total_seconds, settings.request_body_min_bytes_per_second
-    body_message = (
-        f"The request body stalled or came too slowly: no next chunk within {body_seconds:g} s "
-        f"(request_body_timeout_seconds), or not whole within {total:g} s plus 1 s per "
-        f"{rate} bytes received (request_body_total_seconds, "
-        "request_body_min_bytes_per_second). Send the whole body the request announces at once."
-    )
-    head = settings.max_request_head_bytes
-    headers = settings.max_request_headers
+    head, headers = settings.max_request_head_bytes, settings.max_request_headers
     return ProtocolOptions(
-        header_seconds=header_seconds,
-        body_seconds=body_seconds,
-        body_total_seconds=total,
-        body_min_rate=rate,
+        header_seconds=settings.request_header_timeout_seconds,
+        body_seconds=settings.request_body_timeout_seconds,
+        body_total_seconds=settings.request_body_total_seconds,
+        body_min_rate=settings.request_body_min_bytes_per_second,
         max_head_bytes=head,
         max_headers=headers,
         headers_late=closing_answer(
             408,
-            f"the request's headers did not arrive within {header_seconds:g} s "
+            "the request's headers did not arrive within "
+            f"{settings.request_header_timeout_seconds:g} s "
             "(request_header_timeout_seconds); send the whole request at once",
             type="request_timeout",
             code="request_timeout",
         ),
-        body_late={
-            v1: closing_answer(
-                408, body_message, type=None if v1 else "request_timeout", code="request_timeout"
-            )
-            for v1 in (True, False)
-        },
+        body_late=_body_late(settings),
         head_too_large=closing_answer(
             431,
             f"The request head is larger than {head} bytes (max_request_head_bytes) or has "
@@ -157,13 +143,7 @@ def protocol_options(settings: Settings, direct: Mapping[str, ASGIApp]) -> Proto
             type=None,
             code="request_header_fields_too_large",
         ),
-        target_too_long=closing_answer(
-            414,
-            f"The request target is longer than {head} bytes (max_request_head_bytes). "
-            "Send the parameters in the body.",
-            type=None,
-            code="uri_too_long",
-        ),
+        target_too_long=_target_too_long(head),
         routes={path.encode("ascii"): app for path, app in direct.items()},
         now={
             path.encode("ascii"): now
@@ -171,3 +151,29 @@ def protocol_options(settings: Settings, direct: Mapping[str, ASGIApp]) -> Proto
             if (now := getattr(app, "answer_now", None)) is not None
         },
     )
+
+
+def _target_too_long(head: int) -> bytes:
+    message = (
+        f"The request target is longer than {head} bytes (max_request_head_bytes). "
+        "Send the parameters in the body."
+    )
+    return closing_answer(414, message, type=None, code="uri_too_long")
+
+
+def _body_late(settings: Settings) -> dict[bool, bytes]:
+    """The 408 answers to a stalled or trickled body, on /v1 (True) and elsewhere."""
+    total, rate = settings.request_body_total_seconds, settings.request_body_min_bytes_per_second
+    message = (
+        "The request body stalled or came too slowly: no next chunk within "
+        f"{settings.request_body_timeout_seconds:g} s (request_body_timeout_seconds), or "
+        f"not whole within {total:g} s plus 1 s per {rate} bytes received "
+        "(request_body_total_seconds, request_body_min_bytes_per_second). Send the whole "
+        "body the request announces at once."
+    )
+    return {
+        v1: closing_answer(
+            408, message, type=None if v1 else "request_timeout", code="request_timeout"
+        )
+        for v1 in (True, False)
+    }
