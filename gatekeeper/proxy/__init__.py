@@ -4,7 +4,8 @@
 ``Resolver`` names (the sidecar's router implements it), streams server-sent events
 through unbuffered (``relay``), propagates the client's cancellation, and answers errors
 in vLLM's OpenAI-compatible shape (``protocol``; docs/openai.md). ``upstream`` is the
-keep-alive HTTP client to the workers.
+keep-alive HTTP client to the workers (``httpx_pool`` adapts any httpx client instead);
+``headers`` says which header fields pass each way.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units`` and the HTTP libraries. Nothing of
 the sidecar: the proxy knows workers only through the ``Resolver`` it is given.
