@@ -18,12 +18,24 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import check, estimate, exit_codes, gpus, models, operator, serve, webhook
+from gatekeeper.cli import (
+    check,
+    completion,
+    estimate,
+    exit_codes,
+    gpus,
+    models,
+    operator,
+    serve,
+    webhook,
+)
 from gatekeeper.cli.log_options import warn
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
+from gatekeeper.cli.serving_help import overview, release_in, search_help
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import load_settings, unknown_environment
+from gatekeeper.vllm.flags import flag_table
 
 __all__ = ["EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
 
@@ -49,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
-    for command in (estimate, models, gpus, check, serve, operator, webhook):
+    for command in (estimate, models, gpus, check, serve, operator, webhook, completion):
         command.add_parser(subparsers)
     return parser
 
@@ -64,7 +76,14 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
     if i >= len(argv) or argv[i] not in SERVING_COMMANDS:
         return parser.parse_args(argv)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    own, vllm = split_serving_argv(sub.choices[argv[i]], argv[i + 1 :])
+    command = sub.choices[argv[i]]
+    rest = argv[i + 1 :]
+    keyword = next((t.partition("=")[2] for t in rest if t.startswith("--help=")), None)
+    if keyword is not None:  # vllm serve's --help=all, --help=GROUP, --help=WORD
+        print(search_help(command, keyword, rest), end="")
+        raise SystemExit(0)
+    command.epilog = overview(flag_table(release_in(rest)))
+    own, vllm = split_serving_argv(command, rest)
     args = parser.parse_args([*argv[: i + 1], *own])
     args.vllm_argv = vllm
     return args

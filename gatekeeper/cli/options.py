@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gatekeeper.cli.output import UsageError
+from gatekeeper.cli.serving_help import release_in
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.models.source import MODEL_SOURCE_FLAGS
 from gatekeeper.models.spec import ModelSpec
@@ -67,11 +68,9 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
         help="vLLM's LLM class inside a process that already used CUDA (a notebook)",
     )
     p.set_defaults(vllm_argv=[])
-    p.epilog = (
-        "Any `vllm serve` flag is accepted as vLLM reads it (--max-model-len 32k, "
-        "--max_model_len, -tp 2, --config FILE.yaml, --kv-cache-memory-bytes 20G ...); "
-        "a whole pasted `vllm serve MODEL ...` command line works too."
-    )
+    # the epilog lists the vLLM flags by group (serving_help.overview), set when the
+    # command is parsed: its text, kept as written
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def split_serving_argv(
@@ -86,7 +85,7 @@ def split_serving_argv(
     own_options = {
         o: a for a in command._actions for o in a.option_strings if o not in ("-h", "--help")
     }
-    table = flag_table(_release_in(argv))
+    table = flag_table(release_in(argv))
     args = model_first(argv)
     own: list[str] = []
     vllm: list[str] = []
@@ -113,16 +112,6 @@ def split_serving_argv(
             vllm.append(token)  # parse_serve_args says what is wrong with it
         i += 1
     return own, vllm
-
-
-def _release_in(argv: Sequence[str]) -> str | None:
-    """The ``--vllm-version`` a command line gives, if any."""
-    for i, token in enumerate(argv):
-        if token == "--vllm-version" and i + 1 < len(argv):
-            return argv[i + 1]
-        if token.startswith("--vllm-version="):
-            return token.partition("=")[2]
-    return None
 
 
 def _is_number(token: str) -> bool:
