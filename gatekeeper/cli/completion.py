@@ -6,9 +6,12 @@ Install: ``source <(gatekeeper completion bash)`` in ``~/.bashrc``; for zsh,
 ``gatekeeper completion zsh > "${fpath[1]}/_gatekeeper"`` (or ``source <(...)`` in
 ``~/.zshrc``). The zsh script is the bash one under zsh's ``bashcompinit``.
 
-Generated here rather than by shtab: shtab (one small pure-Python package) would be a
-runtime dependency for one command, and the parser's shape (commands, options,
-choices) is all the script needs; argcomplete would run Python on every TAB.
+Generated here rather than by shtab: shtab is small (shtab 1.13.0's wheel, fetched with
+``pip download shtab``: 22,887 bytes, pure Python), but it completes argparse's actions
+only, and the serving commands' ~300 vLLM flags are not argparse actions (gatekeeper's
+flag table reads them, ``options.split_serving_argv``); this module is shorter than the
+glue shtab would need for them, and adds no runtime dependency. argcomplete would run
+Python on every TAB.
 """
 
 from __future__ import annotations
