@@ -30,8 +30,8 @@ from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.settings import Settings
 from gatekeeper.sidecar.http_guard import HttpGuard
 from gatekeeper.sidecar.http_protocol import server_config
-from tests.sidecar.test_lean_path import Conn
 from tests.support.fake_upstream import serve_in_thread
+from tests.support.raw_http import Conn
 
 LIMIT = 1 << 20
 LARGE = 3 * LIMIT

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sidecar.test_lean_path import Conn, ask
+from tests.sidecar.test_lean_path import ask
 from tests.sidecar.test_lean_path import post as lean_post
+from tests.support.raw_http import Conn
 from tests.support.sidecar_harness import Sidecar, running_sidecar, settings_for
 
 KEY = "edge-key"
