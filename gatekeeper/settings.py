@@ -305,7 +305,7 @@ class Settings(BaseSettings):
 
     webhook_default_gpu: str | None = None
     """GPU the admission webhook assumes for a workload that names none (no
-    ``gatekeeper.io/gpu-memory`` annotation, no ``nvidia.com/gpu.product`` node selector
+    ``vllm-gatekeeper.io/gpu-memory`` annotation, no ``nvidia.com/gpu.product`` node selector
     or required node affinity): a GPU from the table (``H100-80GB``) or the memory it
     reports (``79.19GiB``). Unset: such workloads are allowed with a warning."""
 

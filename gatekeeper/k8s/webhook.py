@@ -7,7 +7,7 @@ runs vLLM (``gatekeeper.vllm.command``) it checks the GPUs requested against
 ``--tensor-parallel-size`` and, with the estimator, whether the model fits the GPU the pod
 will land on (``gatekeeper.k8s.fit``), a speculative draft model resolved as the model
 is and counted with it. The GPU comes from, in order: the annotation
-``gatekeeper.io/gpu-memory`` (a size or a product), the ``nvidia.com/gpu.product`` node
+``vllm-gatekeeper.io/gpu-memory`` (a size or a product), the ``nvidia.com/gpu.product`` node
 selector or required node affinity (through the GPU table; the smallest when several),
 the configured default. Outcomes:
 
@@ -17,7 +17,8 @@ the configured default. Outcomes:
   gatekeeper cannot tell (an unknown model or speculative draft model, by the same
   rule ``webhook_unknown_model``; an unknown GPU, unreadable values, flags the release's
   table lacks, an image whose tag names no vLLM release);
-- allowed, saying so, when the template is annotated ``gatekeeper.io/skip: "true"``;
+- allowed, saying so, when the template is annotated ``vllm-gatekeeper.io/skip: "true"``
+  (the earlier ``gatekeeper.io/`` names are read for one release, with a warning);
 - allowed silently when nothing runs vLLM, for deletes, sub-resources, objects being
   deleted and updates that leave the pod templates unchanged.
 
@@ -58,6 +59,7 @@ from gatekeeper.k8s.review import (
 )
 from gatekeeper.k8s.workloads import (
     GPU_MEMORY_ANNOTATION,
+    LEGACY_ANNOTATIONS,
     SKIP_ANNOTATION,
     ContainerRequest,
     PodTemplate,
@@ -201,10 +203,11 @@ class AdmissionWebhook:
         ):
             return WebhookDecision(True, "ignored")
         where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
+        notes = [_legacy_text(where, old) for t in templates for old in t.legacy]
         findings: list[Finding] = []
         skipped = [t for t in templates if _skipped(t)]
         if skipped == templates:
-            return _combine([], [where])
+            return _combine([], [where], notes)
         for template in templates:
             part = f" ({template.path.rsplit('.', 1)[-1]})" if kind == "LeaderWorkerSet" else ""
             if template in skipped:
@@ -213,7 +216,7 @@ class AdmissionWebhook:
             for container in vllm_containers(template, self.config.fit.default_vllm_version):
                 who = f"container {container.name!r} of {where}{part}"
                 findings += self._container(who, template, container, kind == "LeaderWorkerSet")
-        return _combine(findings, [])
+        return _combine(findings, [], notes)
 
     def _container(
         self, who: str, template: PodTemplate, container: ContainerRequest, multi_node: bool
@@ -362,10 +365,19 @@ def _skip_text(where: str) -> str:
     return f"{where}: {SKIP_ANNOTATION} is true, so gatekeeper skipped its GPU memory check"
 
 
-def _combine(findings: list[Finding], skipped: list[str]) -> WebhookDecision:
+def _legacy_text(where: str, old: str) -> str:
+    return (
+        f"{where}: annotation {old} is deprecated (OPA Gatekeeper owns the gatekeeper names); "
+        f"rename it {LEGACY_ANNOTATIONS[old]}: the old name is read until the next release"
+    )
+
+
+def _combine(findings: list[Finding], skipped: list[str], notes: list[str]) -> WebhookDecision:
+    """The decision from the findings; ``notes`` (deprecations) are warnings that never
+    change a skip into a warning."""
     denials = [f.message for f in findings if f.outcome == "deny" and f.message]
     warnings = [f.message for f in findings if f.outcome == "warn" and f.message]
-    warnings += [_skip_text(where) for where in skipped]
+    warnings += [_skip_text(where) for where in skipped] + notes
     unique = tuple(dict.fromkeys(warnings))
     if denials:
         return WebhookDecision(False, "denied", "\n".join(denials), unique)

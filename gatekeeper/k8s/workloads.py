@@ -22,9 +22,11 @@ from typing import Any
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 
 __all__ = [
+    "ANNOTATION_PREFIX",
     "GPU_MEMORY_ANNOTATION",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
+    "LEGACY_ANNOTATIONS",
     "SKIP_ANNOTATION",
     "ContainerRequest",
     "PodTemplate",
@@ -33,8 +35,19 @@ __all__ = [
     "vllm_containers",
 ]
 
-GPU_MEMORY_ANNOTATION = "gatekeeper.io/gpu-memory"
-SKIP_ANNOTATION = "gatekeeper.io/skip"
+ANNOTATION_PREFIX = "vllm-gatekeeper.io/"
+"""gatekeeper's annotations and labels. Not ``gatekeeper.io/``: OPA Gatekeeper, the most
+installed admission controller, owns the ``gatekeeper`` names in a cluster
+(``gatekeeper-system``, ``*.gatekeeper.sh``), and an operator reading
+``gatekeeper.io/skip`` would take it for OPA's."""
+GPU_MEMORY_ANNOTATION = f"{ANNOTATION_PREFIX}gpu-memory"
+SKIP_ANNOTATION = f"{ANNOTATION_PREFIX}skip"
+LEGACY_ANNOTATIONS = {
+    "gatekeeper.io/gpu-memory": GPU_MEMORY_ANNOTATION,
+    "gatekeeper.io/skip": SKIP_ANNOTATION,
+}
+"""The earlier names, still read for one release (the new name wins when both are
+given), each use warned of in the review (DEPRECATED: use the new name)."""
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 """The node label GPU Feature Discovery sets, e.g. ``NVIDIA-H100-80GB-HBM3``."""
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -57,8 +70,11 @@ class PodTemplate:
     path: str
     """``spec.template``, ``spec.leaderWorkerTemplate.workerTemplate`` … (empty for a Pod)."""
     annotations: Mapping[str, str]
-    """The template's annotations over the object's own (the template's win)."""
+    """The template's annotations over the object's own (the template's win), each
+    earlier name (``LEGACY_ANNOTATIONS``) also under its new one."""
     spec: Mapping[str, Any]
+    legacy: tuple[str, ...] = ()
+    """The earlier annotation names the template used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +116,7 @@ def pod_templates(kind: str, obj: object) -> list[PodTemplate]:
     """The pod templates of an object of ``kind``; empty for kinds without one."""
     top = _annotations(_map(obj).get("metadata"))
     if kind == "Pod":
-        return [PodTemplate("", top, _map(_map(obj).get("spec")))]
+        return [_template("", top, _map(_map(obj).get("spec")))]
     paths: tuple[tuple[str, ...], ...] = _TEMPLATE_PATHS.get(kind, ())
     if kind == "LeaderWorkerSet":
         lws = ("spec", "leaderWorkerTemplate")
@@ -110,8 +126,16 @@ def pod_templates(kind: str, obj: object) -> list[PodTemplate]:
         template = _dig(obj, path)
         if isinstance(template, Mapping):
             annotations = {**top, **_annotations(template.get("metadata"))}
-            out.append(PodTemplate(".".join(path), annotations, _map(template.get("spec"))))
+            out.append(_template(".".join(path), annotations, _map(template.get("spec"))))
     return out
+
+
+def _template(path: str, annotations: dict[str, str], spec: Mapping[str, Any]) -> PodTemplate:
+    """A template, its earlier annotation names read under the new ones."""
+    legacy = tuple(old for old in LEGACY_ANNOTATIONS if old in annotations)
+    for old in legacy:
+        annotations.setdefault(LEGACY_ANNOTATIONS[old], annotations[old])
+    return PodTemplate(path, annotations, spec, legacy)
 
 
 def _env(container: Mapping[str, Any]) -> dict[str, str]:

@@ -165,7 +165,7 @@ def test_the_webhook_configuration():
     assert svc["metadata"]["namespace"] == service["namespace"]
     assert service["port"] in {p["port"] for p in svc["spec"]["ports"]}
     excluded = hook["namespaceSelector"]["matchExpressions"][0]
-    assert excluded["operator"] == "NotIn" and {"kube-system", "gatekeeper"} <= set(
+    assert excluded["operator"] == "NotIn" and {"kube-system", "vllm-gatekeeper"} <= set(
         excluded["values"]
     )
     covered: dict[str, set[str]] = {}
@@ -177,7 +177,7 @@ def test_the_webhook_configuration():
 
 def test_the_certificate_serves_the_service_and_is_injected():
     cert = one("Certificate", "gatekeeper-webhook")
-    assert "gatekeeper-webhook.gatekeeper.svc" in cert["spec"]["dnsNames"]
+    assert "gatekeeper-webhook.vllm-gatekeeper.svc" in cert["spec"]["dnsNames"]
     (config,) = by_kind("ValidatingWebhookConfiguration")
     namespace, name = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split("/")
     assert (namespace, name) == (cert["metadata"]["namespace"], cert["metadata"]["name"])

@@ -60,7 +60,7 @@ DENIED: dict[str, list[str]] = {
         "fp8_per_tensor (online fp8 weights).",
     ],
     "cronjob": [
-        "Qwen/Qwen2.5-14B-Instruct does not fit on A10G (annotation gatekeeper.io/gpu-memory)",
+        "Qwen/Qwen2.5-14B-Instruct does not fit on A10G (annotation vllm-gatekeeper.io/gpu-memory)",
         "it needs 31.15 GiB per GPU",
     ],
     "leaderworkerset": [
@@ -78,7 +78,7 @@ WARNED: dict[str, str] = {
     "deployment": "model 'acme-corp/private-llm-13b' is unknown to gatekeeper (not in the "
     "catalog), so it is not checked",
     "statefulset": "cannot tell whether it fits: no GPU named; set nodeSelector "
-    "nvidia.com/gpu.product, annotate gatekeeper.io/gpu-memory, or set "
+    "nvidia.com/gpu.product, annotate vllm-gatekeeper.io/gpu-memory, or set "
     "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
     "replicaset": "--max-model-len 'lots': give a whole number (32k = 32,000, 32K = 32,768), or "
     "auto / -1; checked with vLLM's default instead",
@@ -155,7 +155,7 @@ def test_skipped_is_allowed_and_says_so(webhook, kind):
     assert response["allowed"] is True and "status" not in response
     (warning,) = response["warnings"]
     assert warning.endswith(
-        "gatekeeper.io/skip is true, so gatekeeper skipped its GPU memory check"
+        "vllm-gatekeeper.io/skip is true, so gatekeeper skipped its GPU memory check"
     )
 
 
@@ -192,22 +192,22 @@ def deployment(**changes: Any) -> dict[str, Any]:
 
 
 def test_annotation_wins_over_the_node_selector(webhook):
-    big = deployment(annotations={"gatekeeper.io/gpu-memory": "H200"})
+    big = deployment(annotations={"vllm-gatekeeper.io/gpu-memory": "H200"})
     assert answer(webhook, big)["allowed"] is True
-    small = deployment(annotations={"gatekeeper.io/gpu-memory": "12GiB"})
+    small = deployment(annotations={"vllm-gatekeeper.io/gpu-memory": "12GiB"})
     response = answer(webhook, small)
     assert response["allowed"] is False
     assert (
-        "does not fit on a 12.00 GiB GPU (annotation gatekeeper.io/gpu-memory)"
+        "does not fit on a 12.00 GiB GPU (annotation vllm-gatekeeper.io/gpu-memory)"
         in (response["status"]["message"])
     )
 
 
 def test_a_bad_annotation_is_denied_with_what_to_write(webhook):
-    response = answer(webhook, deployment(annotations={"gatekeeper.io/gpu-memory": "eighty"}))
+    response = answer(webhook, deployment(annotations={"vllm-gatekeeper.io/gpu-memory": "eighty"}))
     assert response["allowed"] is False
     assert (
-        "annotation gatekeeper.io/gpu-memory: 'eighty' is neither a size (79.19GiB) nor a GPU"
+        "annotation vllm-gatekeeper.io/gpu-memory: 'eighty' is neither a size (79.19GiB) nor a GPU"
         in (response["status"]["message"])
     )
 

@@ -200,7 +200,8 @@ POD_SPEC = st.fixed_dictionaries(
 TEMPLATE = st.fixed_dictionaries(
     {"spec": mostly(POD_SPEC, JSON)},
     optional={"metadata": st.fixed_dictionaries({"annotations": st.dictionaries(
-        st.sampled_from(["gatekeeper.io/gpu-memory", "gatekeeper.io/skip"]), SIZES | JSON)})},
+        st.sampled_from(["vllm-gatekeeper.io/gpu-memory", "vllm-gatekeeper.io/skip",
+                         "gatekeeper.io/gpu-memory", "gatekeeper.io/skip"]), SIZES | JSON)})},
 )  # fmt: skip
 KINDS = st.sampled_from(
     [

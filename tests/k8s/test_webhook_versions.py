@@ -126,10 +126,10 @@ def test_an_unknown_draft_warns_as_an_unknown_target_does(webhook, tmp_path: Pat
 
 @pytest.mark.parametrize(("size", "shown"), [("12G", "12.00 GiB"), ("12g", "11.18 GiB")])
 def test_an_annotated_size_reads_g_as_vllm_does(webhook, size, shown):
-    """gatekeeper.io/gpu-memory: 12G is 12 x 2^30 bytes, as vLLM's flags read 12G."""
-    response = answer(webhook, deployment(annotations={"gatekeeper.io/gpu-memory": size}))
+    """vllm-gatekeeper.io/gpu-memory: 12G is 12 x 2^30 bytes, as vLLM's flags read 12G."""
+    response = answer(webhook, deployment(annotations={"vllm-gatekeeper.io/gpu-memory": size}))
     assert response["allowed"] is False
     assert (
-        f"does not fit on a {shown} GPU (annotation gatekeeper.io/gpu-memory)"
+        f"does not fit on a {shown} GPU (annotation vllm-gatekeeper.io/gpu-memory)"
         in (response["status"]["message"])
     )
