@@ -39,9 +39,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_completion(args: argparse.Namespace, settings: Any) -> int:
-    from gatekeeper.cli.main import build_parser
-
-    print(script(build_parser(), args.shell), end="")
+    """The script of the whole command: ``root_parser`` is gatekeeper's parser (the
+    default ``gatekeeper.cli.main.build_parser`` sets)."""
+    print(script(args.root_parser, args.shell), end="")
     return 0
 
 

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for command in (estimate, models, gpus, check, serve, operator, webhook, completion):
         command.add_parser(subparsers)
+    parser.set_defaults(root_parser=parser)  # gatekeeper completion reads the whole parser
     return parser
 
 
