@@ -5,10 +5,12 @@ real operator commands, its output read back line by line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -110,3 +112,48 @@ def test_text_stays_the_default(tmp_path: Path):
     serve.send_signal(signal.SIGINT)
     serve.communicate(timeout=60)
     assert first.startswith("gatekeeper sidecar on http://")
+
+
+def test_the_webhook_logs_json_too_uvicorns_lines_included(tmp_path: Path):
+    from tests.support.tls_certs import issue, make_ca
+
+    ca = make_ca(tmp_path)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    issue(ca, cert, key)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
+    port = free_port()
+    out = tmp_path / "output"
+    with out.open("w") as o:
+        webhook = subprocess.Popen(
+            [str(GATEKEEPER), "webhook", "--cert", str(cert), "--key", str(key),
+             "--host", "127.0.0.1", "--port", str(port), "--log-format", "json"],
+            stdout=o, stderr=subprocess.STDOUT, text=True,
+            env={**clean, "GATEKEEPER_STATE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        try:
+            url = f"https://127.0.0.1:{port}"
+            context = ssl.create_default_context(cafile=str(ca.path))
+            client = httpx.Client(base_url=url, verify=context, timeout=5)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if client.get("/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            client.close()
+            # a request line uvicorn cannot parse: its own warning (uvicorn.error)
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
+                tls.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                with contextlib.suppress(OSError):
+                    tls.recv(1024)
+            time.sleep(0.5)
+        finally:
+            webhook.send_signal(signal.SIGINT)
+            webhook.wait(timeout=30)
+    records = parsed(out)
+    assert any(r["message"].startswith("gatekeeper admission webhook on https://") for r in records)
+    assert any(r["logger"].startswith("uvicorn") for r in records), records
