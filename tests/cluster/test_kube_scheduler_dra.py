@@ -1,0 +1,262 @@
+"""GPU memory as DRA consumable capacity, allocated by the real kube-scheduler (issue 29).
+
+Two Nodes (no kubelet, Ready by their registered status), each publishing a ResourceSlice
+of two GPUs with a ``memory`` capacity, ``allowMultipleAllocations`` and a 1 MiB-step
+request policy. Pods ask for bytes through ResourceClaimTemplates; the controller manager's
+resource-claim controller makes the claims, the scheduler's DynamicResources plugin
+allocates them (k8s.io/dynamic-resource-allocation/structured, allocator.go) and binds the
+pods. The tests read what the scheduler wrote: ``spec.nodeName``, ``status.allocation`` and
+its ``consumedCapacity``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.utils.quantity import parse_quantity
+
+from tests.support.kube_cluster import KubeCluster
+
+pytestmark = pytest.mark.k8s
+
+DRIVER = "gpu.gatekeeper.dev"
+NODES = ("node-a", "node-b")
+GPUS_PER_NODE = 2
+GiB = 2**30
+MiB = 2**20
+DEVICE_BYTES = 80 * GiB
+RANK_BYTES = 12 * GiB
+PODS = 20
+BIND_TIMEOUT_SECONDS = 60.0
+
+
+def node(name: str) -> dict[str, Any]:
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
+    }
+
+
+def device_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+
+
+def gpu_device(node_name: str, index: int) -> dict[str, Any]:
+    memory = {
+        "value": str(DEVICE_BYTES),
+        "requestPolicy": {
+            "default": str(MiB),
+            "validRange": {"min": str(MiB), "max": str(DEVICE_BYTES), "step": str(MiB)},
+        },
+    }
+    return {
+        "name": f"gpu-{index}",
+        "attributes": {
+            "uuid": {"string": f"GPU-{node_name}-{index:04d}"},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        },
+        "capacity": {"memory": memory},
+        "allowMultipleAllocations": True,
+    }
+
+
+def resource_slice(node_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-{DRIVER}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [gpu_device(node_name, i) for i in range(GPUS_PER_NODE)],
+        },
+    }
+
+
+def claim_template(name: str, namespace: str, memory_bytes: int) -> dict[str, Any]:
+    request = {
+        "name": "rank0",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "capacity": {"requests": {"memory": str(memory_bytes)}},
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def pod(name: str, namespace: str, template: str) -> dict[str, Any]:
+    container = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.32.0",
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [container],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster_client(kube_cluster: KubeCluster) -> Iterator[Client]:
+    """A client on a cluster with the two nodes, the DeviceClass and the two slices."""
+    client = kube_cluster.client()
+    for manifest in (*map(node, NODES), device_class(), *map(resource_slice, NODES)):
+        client.create(from_dict(manifest))
+    yield client
+    client.close()
+
+
+def _namespace(client: Client, name: str) -> str:
+    client.create(Namespace(metadata=ObjectMeta(name=name)))
+    return name
+
+
+def _wait_bound(client: Client, name: str, namespace: str) -> str:
+    deadline = time.monotonic() + BIND_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        found = client.get(Pod, name, namespace=namespace)
+        if found.spec is not None and found.spec.nodeName:
+            return found.spec.nodeName
+        time.sleep(0.02)
+    raise AssertionError(f"pod {namespace}/{name} was not bound in {BIND_TIMEOUT_SECONDS} s")
+
+
+def _claim_results(client: Client, namespace: str) -> dict[str, list[dict[str, Any]]]:
+    """Each pod's claim's allocation results, by pod name, as plain dicts."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for claim in client.list(ResourceClaim, namespace=namespace):
+        raw = claim.to_dict()
+        owner = raw["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"]
+        assert owner == "gpu"
+        pod_name = raw["metadata"]["ownerReferences"][0]["name"]
+        results[pod_name] = raw["status"]["allocation"]["devices"]["results"]
+    return results
+
+
+def _consumed_per_device(results: dict[str, list[dict[str, Any]]]) -> dict[str, Decimal]:
+    consumed: dict[str, Decimal] = defaultdict(Decimal)
+    for pod_results in results.values():
+        for result in pod_results:
+            memory = parse_quantity(result["consumedCapacity"]["memory"])
+            assert memory is not None
+            consumed[f"{result['pool']}/{result['device']}"] += memory
+    return consumed
+
+
+@pytest.fixture(scope="module")
+def bound(cluster_client: Client) -> dict[str, Any]:
+    """Twenty pods of one 12 GiB rank each, created one after another, each waited for.
+
+    Returns each pod's node, the seconds from create to bound (polled every 20 ms), and
+    every claim's allocation results.
+    """
+    namespace = _namespace(cluster_client, "fill")
+    cluster_client.create(from_dict(claim_template("rank-12g", namespace, RANK_BYTES)))
+    nodes: dict[str, str] = {}
+    seconds: list[float] = []
+    for i in range(PODS):
+        name = f"worker-{i:02d}"
+        start = time.monotonic()
+        cluster_client.create(from_dict(pod(name, namespace, "rank-12g")))
+        nodes[name] = _wait_bound(cluster_client, name, namespace)
+        seconds.append(time.monotonic() - start)
+    results = _claim_results(cluster_client, namespace)
+    return {"nodes": nodes, "seconds": seconds, "results": results}
+
+
+def test_scheduler_binds_every_pod_to_a_published_node(bound: dict[str, Any]) -> None:
+    assert len(bound["nodes"]) == PODS
+    assert set(bound["nodes"].values()) <= set(NODES)
+    p50 = statistics.median(bound["seconds"])
+    print(f"create to bound: p50 {p50 * 1000:.0f} ms, max {max(bound['seconds']) * 1000:.0f} ms")
+
+
+def test_claims_name_the_device_and_consume_the_requested_bytes(bound: dict[str, Any]) -> None:
+    assert set(bound["results"]) == set(bound["nodes"])
+    for pod_name, results in bound["results"].items():
+        (result,) = results
+        assert result["request"] == "rank0"
+        assert result["driver"] == DRIVER
+        assert result["pool"] == bound["nodes"][pod_name]
+        assert result["device"] in {f"gpu-{i}" for i in range(GPUS_PER_NODE)}
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == RANK_BYTES
+        assert result.get("shareID"), "a shared device's allocation carries a shareID"
+
+
+def test_consumed_capacity_never_exceeds_a_device(bound: dict[str, Any]) -> None:
+    consumed = _consumed_per_device(bound["results"])
+    assert sum(consumed.values()) == PODS * RANK_BYTES
+    assert all(total <= DEVICE_BYTES for total in consumed.values()), consumed
+    # 80 GiB holds six 12 GiB ranks: twenty need at least four devices' worth.
+    assert len(consumed) == len(NODES) * GPUS_PER_NODE
+
+
+def test_a_request_off_the_step_is_rounded_up(cluster_client: Client) -> None:
+    namespace = _namespace(cluster_client, "round")
+    cluster_client.create(from_dict(claim_template("odd", namespace, GiB + 1)))
+    cluster_client.create(from_dict(pod("odd", namespace, "odd")))
+    _wait_bound(cluster_client, "odd", namespace)
+    (result,) = _claim_results(cluster_client, namespace)["odd"]
+    assert parse_quantity(result["consumedCapacity"]["memory"]) == GiB + MiB
+
+
+def _scheduled_condition(client: Client, name: str, namespace: str) -> dict[str, Any]:
+    deadline = time.monotonic() + BIND_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        status = client.get(Pod, name, namespace=namespace).to_dict().get("status", {})
+        for condition in status.get("conditions", []):
+            if condition["type"] == "PodScheduled":
+                return dict(condition)
+        time.sleep(0.1)
+    raise AssertionError(f"pod {namespace}/{name} got no PodScheduled condition")
+
+
+def test_a_rank_beyond_every_devices_remaining_bytes_stays_pending(
+    cluster_client: Client, bound: dict[str, Any]
+) -> None:
+    consumed = _consumed_per_device(bound["results"])
+    largest_free = max(DEVICE_BYTES - total for total in consumed.values())
+    assert largest_free < DEVICE_BYTES, "every device already holds a rank"
+    namespace = _namespace(cluster_client, "too-big")
+    cluster_client.create(from_dict(claim_template("big", namespace, int(largest_free) + MiB)))
+    cluster_client.create(from_dict(pod("big", namespace, "big")))
+    condition = _scheduled_condition(cluster_client, "big", namespace)
+    assert condition["status"] == "False"
+    assert condition["reason"] == "Unschedulable"
+    assert f"{len(NODES)} cannot allocate all claims" in condition["message"]
+    print(f"pending: {condition['message']}")
+    found = cluster_client.get(Pod, "big", namespace=namespace)
+    assert found.spec is not None and not found.spec.nodeName
+    (claim,) = cluster_client.list(ResourceClaim, namespace=namespace)
+    assert claim.status is None or claim.status.allocation is None
