@@ -289,6 +289,11 @@ def run_ps(args: argparse.Namespace, settings: Settings) -> int:
             f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {gpus:<6} {d['port']:<6} "
             f"{uptime:>8} {_total(d.get('predicted')):>11} {_total(d.get('actual')):>20}"
         )
+    hidden = len(data["deployments"]) - len(shown)
+    if hidden:
+        print(
+            f"({hidden} stopped or failed not shown: ps --all lists them, forget --all drops them)"
+        )
     return 0
 
 

@@ -49,6 +49,7 @@ def test_ps_shows_live_deployments_and_all_adds_stopped(sidecar: Sidecar, two: t
     assert set(everything) == {live, stopped} and everything[stopped]["state"] == "stopped"
     table = gatekeeper(sidecar, "ps").stdout
     assert live in table and stopped not in table
+    assert table.splitlines()[-1].startswith("(1 stopped or failed not shown: ps --all")
     assert stopped in gatekeeper(sidecar, "ps", "--all").stdout
 
 
