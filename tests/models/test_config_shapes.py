@@ -92,9 +92,10 @@ def _paths(config: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def _layers(config: dict[str, Any]) -> int:
-    text = config.get("text_config") or config
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) and text else config
     n = text.get("num_hidden_layers") or text.get("n_layer") or 4
-    return n if isinstance(n, int) else 4
+    return n if isinstance(n, int) and 0 < n <= 512 else 4  # a mutated count: any list
 
 
 DELETE = object()
