@@ -3,12 +3,11 @@
 A config is any JSON: a field can hold a string where a number belongs, a list where a
 scalar was, ``null``, zero, a negative or an absurd number. transformers' config classes
 refuse most such values (their strict dataclass validation: ``num_hidden_layers: "12"``,
-``rope_scaling: "linear"``, ``mlp_only_layers: "1,2"``, ``sliding_window: [4096]``), and
-so then does vLLM, which builds its config with them. ``check_shapes`` holds the reading
-to the same line before any arithmetic: every field in ``FIELDS`` has one JSON shape, and
-a value of another shape is a ``ModelSpecError`` naming the field, the value and what to
-do. ``null`` is the field's absence, as transformers and vLLM (``getattr(config, key,
-None)``) read it.
+``rope_scaling: "linear"``, ``mlp_only_layers: "1,2"``), and so then does vLLM, which
+builds its config with them. ``check_shapes`` holds the reading to the same line before
+any arithmetic: every field in ``FIELDS`` has one JSON shape, and a value of another shape
+is a ``ModelSpecError`` naming the field, the value and what to do. ``null`` is the
+field's absence, as transformers and vLLM (``getattr(config, key, None)``) read it.
 
 The shapes transformers or vLLM read beyond a field's plain one are turned into it first
 (``normalize``), each with the file that reads it so:
