@@ -1,7 +1,8 @@
 """GPU memory as DRA consumable capacity, allocated by the real kube-scheduler (issue 29).
 
-Two Nodes (no kubelet, Ready by their registered status), each publishing a ResourceSlice
-of two GPUs with a ``memory`` capacity, ``allowMultipleAllocations`` and a 1 MiB-step
+Two Nodes (no kubelet, Ready by their registered status), each publishing the
+ResourceSlice ``gatekeeper.cluster.resource_slice`` makes of two recorded H100s: a
+``memory`` capacity of 77.1 GiB each, ``allowMultipleAllocations`` and a 1 MiB-step
 request policy. Pods ask for bytes through ResourceClaimTemplates; the controller manager's
 resource-claim controller makes the claims, the scheduler's DynamicResources plugin
 allocates them (k8s.io/dynamic-resource-allocation/structured, allocator.go) and binds the
@@ -11,11 +12,13 @@ its ``consumedCapacity``.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,19 +26,23 @@ from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
+from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.gpus import InventorySnapshot, StaticInventory
+from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster
 
 pytestmark = pytest.mark.k8s
 
-DRIVER = "gpu.gatekeeper.dev"
+DRIVER = DRIVER_NAME
 NODES = ("node-a", "node-b")
 GPUS_PER_NODE = 2
 GiB = 2**30
 MiB = 2**20
-DEVICE_BYTES = 80 * GiB
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
+POLICY = PlacementPolicy()
 RANK_BYTES = 12 * GiB
 PODS = 20
 BIND_TIMEOUT_SECONDS = 60.0
@@ -61,37 +68,14 @@ def device_class() -> dict[str, Any]:
     }
 
 
-def gpu_device(node_name: str, index: int) -> dict[str, Any]:
-    memory = {
-        "value": str(DEVICE_BYTES),
-        "requestPolicy": {
-            "default": str(MiB),
-            "validRange": {"min": str(MiB), "max": str(DEVICE_BYTES), "step": str(MiB)},
-        },
-    }
-    return {
-        "name": f"gpu-{index}",
-        "attributes": {
-            "uuid": {"string": f"GPU-{node_name}-{index:04d}"},
-            "productName": {"string": "NVIDIA H100 80GB HBM3"},
-        },
-        "capacity": {"memory": memory},
-        "allowMultipleAllocations": True,
-    }
-
-
-def resource_slice(node_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node_name}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-            "devices": [gpu_device(node_name, i) for i in range(GPUS_PER_NODE)],
-        },
-    }
+def node_gpus(node_name: str) -> InventorySnapshot:
+    """Two of the recorded H100s, with UUIDs of this node's own."""
+    recorded = StaticInventory.from_json(FIXTURES / "h100_80g_x8.json").snapshot()
+    gpus = tuple(
+        dataclasses.replace(gpu, uuid=f"GPU-{node_name}-{gpu.index:04d}")
+        for gpu in recorded.gpus[:GPUS_PER_NODE]
+    )
+    return dataclasses.replace(recorded, gpus=gpus)
 
 
 def claim_template(name: str, namespace: str, memory_bytes: int) -> dict[str, Any]:
@@ -131,7 +115,8 @@ def pod(name: str, namespace: str, template: str) -> dict[str, Any]:
 def cluster_client(kube_cluster: KubeCluster) -> Iterator[Client]:
     """A client on a cluster with the two nodes, the DeviceClass and the two slices."""
     client = kube_cluster.client()
-    for manifest in (*map(node, NODES), device_class(), *map(resource_slice, NODES)):
+    slices = [resource_slice(name, node_gpus(name), POLICY) for name in NODES]
+    for manifest in (*map(node, NODES), device_class(), *slices):
         client.create(from_dict(manifest))
     yield client
     client.close()
@@ -164,6 +149,18 @@ def _claim_results(client: Client, namespace: str) -> dict[str, list[dict[str, A
     return results
 
 
+def _published_capacity(client: Client) -> dict[str, Decimal]:
+    """Each device's ``memory`` capacity as the apiserver holds it, by pool/device."""
+    capacity: dict[str, Decimal] = {}
+    for published in client.list(ResourceSlice):
+        spec = published.to_dict()["spec"]
+        for device in spec["devices"]:
+            memory = parse_quantity(device["capacity"]["memory"]["value"])
+            assert memory is not None
+            capacity[f"{spec['pool']['name']}/{device['name']}"] = memory
+    return capacity
+
+
 def _consumed_per_device(results: dict[str, list[dict[str, Any]]]) -> dict[str, Decimal]:
     consumed: dict[str, Decimal] = defaultdict(Decimal)
     for pod_results in results.values():
@@ -192,7 +189,20 @@ def bound(cluster_client: Client) -> dict[str, Any]:
         nodes[name] = _wait_bound(cluster_client, name, namespace)
         seconds.append(time.monotonic() - start)
     results = _claim_results(cluster_client, namespace)
-    return {"nodes": nodes, "seconds": seconds, "results": results}
+    capacity = _published_capacity(cluster_client)
+    return {"nodes": nodes, "seconds": seconds, "results": results, "capacity": capacity}
+
+
+def test_the_published_slices_keep_the_consumable_capacity_fields(cluster_client: Client) -> None:
+    """The apiserver drops fields of a disabled feature gate: these must survive."""
+    for name in NODES:
+        sent = resource_slice(name, node_gpus(name), POLICY)
+        kept = cluster_client.get(ResourceSlice, sent["metadata"]["name"]).to_dict()
+        for device in kept["spec"]["devices"]:
+            assert device["allowMultipleAllocations"] is True
+            policy = device["capacity"]["memory"]["requestPolicy"]
+            assert parse_quantity(policy["validRange"]["step"]) == MiB
+        assert len(kept["spec"]["devices"]) == GPUS_PER_NODE
 
 
 def test_scheduler_binds_every_pod_to_a_published_node(bound: dict[str, Any]) -> None:
@@ -216,10 +226,12 @@ def test_claims_name_the_device_and_consume_the_requested_bytes(bound: dict[str,
 
 def test_consumed_capacity_never_exceeds_a_device(bound: dict[str, Any]) -> None:
     consumed = _consumed_per_device(bound["results"])
+    capacity = bound["capacity"]
     assert sum(consumed.values()) == PODS * RANK_BYTES
-    assert all(total <= DEVICE_BYTES for total in consumed.values()), consumed
-    # 80 GiB holds six 12 GiB ranks: twenty need at least four devices' worth.
-    assert len(consumed) == len(NODES) * GPUS_PER_NODE
+    assert all(total <= capacity[device] for device, total in consumed.items()), consumed
+    # An H100's 77.1 GiB holds six 12 GiB ranks: twenty need all four devices.
+    assert set(consumed) == set(capacity)
+    assert len(capacity) == len(NODES) * GPUS_PER_NODE
 
 
 def test_a_request_off_the_step_is_rounded_up(cluster_client: Client) -> None:
@@ -246,8 +258,9 @@ def test_a_rank_beyond_every_devices_remaining_bytes_stays_pending(
     cluster_client: Client, bound: dict[str, Any]
 ) -> None:
     consumed = _consumed_per_device(bound["results"])
-    largest_free = max(DEVICE_BYTES - total for total in consumed.values())
-    assert largest_free < DEVICE_BYTES, "every device already holds a rank"
+    capacity = bound["capacity"]
+    largest_free = max(capacity[device] - total for device, total in consumed.items())
+    assert largest_free + MiB <= min(capacity.values()), "a fresh device would hold it"
     namespace = _namespace(cluster_client, "too-big")
     cluster_client.create(from_dict(claim_template("big", namespace, int(largest_free) + MiB)))
     cluster_client.create(from_dict(pod("big", namespace, "big")))
