@@ -105,6 +105,13 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "mistral_window_0": ({**LLAMA, "model_type": "mistral",
                           "architectures": ["MistralForCausalLM"], "sliding_window": 0}, {}),
     "bert": (BERT, {}),
+    # vLLM registers ChatGLMModel as generative, though its suffix says pooling
+    "chatglm": ({"model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": 2,
+                 "padded_vocab_size": 1024, "vocab_size": 1024, "hidden_size": 128,
+                 "ffn_hidden_size": 256, "intermediate_size": 256, "kv_channels": 64,
+                 "num_attention_heads": 2, "seq_length": 2048, "multi_query_attention": True,
+                 "multi_query_group_num": 1, "torch_dtype": "float16",
+                 "tie_word_embeddings": False}, {}),
     "qwen2_reward": ({**LLAMA, "model_type": "qwen2", "architectures": ["Qwen2ForRewardModel"],
                       "num_labels": 1}, {}),
 }  # fmt: skip
