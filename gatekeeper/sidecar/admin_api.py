@@ -42,7 +42,7 @@ from starlette.routing import Route
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
-from gatekeeper.sidecar.ledger import LedgerError, promised_bytes
+from gatekeeper.sidecar.ledger import LedgerError, LedgerLostError, promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
@@ -86,11 +86,12 @@ def _error(
     kind: str,
     field: str | None = None,
     value: object = None,
+    retry_after: float | None = None,
     **extra: Any,
 ) -> Response:
     """``error_response``'s answer (its shape and retry headers), with ``extra`` beside
     ``error`` (``decision``, ``rehearsal``) and the deprecated ``field``/``value``."""
-    response = error_response(status, message, type=kind, param=field)
+    response = error_response(status, message, type=kind, param=field, retry_after=retry_after)
     body = json.loads(bytes(response.body))
     body["error"].update(field=field, value=_plain(value))
     body.update(extra)
@@ -195,8 +196,11 @@ class AdminApi:
 
     def _failure(self, request: Request, e: Exception) -> Response:
         fail = self._fail
+        retry_after = getattr(e, "retry_after", None)
         if isinstance(e, DeploymentError):
             kind, status = "deployment_error", e.status
+        elif isinstance(e, LedgerLostError):  # recreated by the manager: retry shortly
+            kind, status, retry_after = "state_unavailable", 503, 2
         elif isinstance(e, ModelNotAllowed):
             kind, status = "model_not_allowed", 403
         elif isinstance(e, LedgerError):  # the state directory, not the request
@@ -211,7 +215,14 @@ class AdminApi:
                 "has the traceback: please report it with the request",
                 kind="internal_error",
             )
-        return fail(status, str(e), kind=kind, field=e.field, value=_plain(e.value))
+        return fail(
+            status,
+            str(e),
+            kind=kind,
+            field=e.field,
+            value=_plain(e.value),
+            retry_after=retry_after,
+        )
 
     async def create(self, request: Request) -> Response:
         raw = await request.body()

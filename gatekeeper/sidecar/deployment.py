@@ -14,9 +14,12 @@ from typing import Any, Literal
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.gpus.attribution import tree_usage
+from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
+from gatekeeper.sidecar.ledger import Promise
 from gatekeeper.vllm.flags import options_from_mapping
 from gatekeeper.vllm.log import MemoryFigures
 
@@ -30,6 +33,7 @@ __all__ = [
     "process_start_ticks",
     "recorded_admission",
     "resolve_request",
+    "restored_promises",
     "slug",
     "worker_view",
 ]
@@ -41,10 +45,18 @@ class DeploymentError(GatekeeperError):
     """A deployment request cannot be carried out (conflict, unknown id, not allowed)."""
 
     def __init__(
-        self, message: str, *, status: int, field: str | None = None, value: object = None
+        self,
+        message: str,
+        *,
+        status: int,
+        field: str | None = None,
+        value: object = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, field=field, value=value)
         self.status = status
+        self.retry_after = retry_after
+        """Seconds after which a retry may succeed (``Retry-After``), when it may."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +263,21 @@ def recorded_admission(decision: object) -> tuple[Prediction | None, tuple[int, 
         isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in promise
     )
     return prediction, tuple(promise) if valid else ()
+
+
+def restored_promises(
+    d: Deployment, snapshot: InventorySnapshot, pids: frozenset[int]
+) -> tuple[Promise, ...]:
+    """The reservation of a running worker the ledger lost, rebuilt: the bytes its
+    admission promised on each GPU (its record's decision), else what NVML shows its
+    process tree (``pids``) holding there, else 1 byte (the row still counts the
+    worker on its GPU, which is what keeps a second worker off it with sharing off)."""
+    recorded = d.promise_bytes if len(d.promise_bytes) == len(d.gpu_uuids) else ()
+    used = tree_usage(snapshot, pids)
+    return tuple(
+        Promise(uuid, (recorded[i] if recorded else 0) or used.get(index, 0) or 1)
+        for i, (uuid, index) in enumerate(zip(d.gpu_uuids, d.gpu_indices, strict=False))
+    )
 
 
 def resolve_request(

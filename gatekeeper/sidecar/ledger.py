@@ -41,6 +41,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Ledger",
     "LedgerError",
+    "LedgerLostError",
     "Promise",
     "Reservation",
     "ReservationState",
@@ -95,6 +96,13 @@ _MIGRATIONS = {1: ("ALTER TABLE reservations ADD COLUMN ready_at REAL",)}
 
 class LedgerError(GatekeeperError):
     """The ledger refused an input, or its file cannot be used."""
+
+
+class LedgerLostError(LedgerError):
+    """The ledger's file was removed, moved aside or replaced while it was open: SQLite
+    then refuses every write as "read-only" (``SQLITE_READONLY_DBMOVED``). The owner
+    recreates it (``Ledger.reopen``) and writes its workers' rows back
+    (``Ledger.restore``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +209,23 @@ class Ledger:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._conn: sqlite3.Connection | None = _connect(self.path, timeout_seconds)
+        self._identity = _file_identity(self.path)
+
+    def vanished(self) -> bool:
+        """True when the file this ledger opened is no longer at its path (removed,
+        moved aside or replaced by another file): one ``stat``."""
+        return self._conn is not None and _file_identity(self.path) != self._identity
+
+    def reopen(self) -> None:
+        """Close the connection and open the file at ``path`` again, creating an empty
+        ledger there when it is gone (after ``vanished()``): the caller then writes its
+        workers' rows back with ``restore``."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._conn = _connect(self.path, self._timeout_seconds)
+            self._identity = _file_identity(self.path)
 
     def close(self) -> None:
         """Close the connection; later calls raise ``LedgerError``. Idempotent."""
@@ -309,6 +334,43 @@ class Ledger:
             (self._clock(), deployment_id),
         )
 
+    def restore(
+        self,
+        deployment_id: str,
+        model: str,
+        promises: tuple[Promise, ...],
+        *,
+        ready: bool,
+        ttl_seconds: float,
+        pid: int | None = None,
+        payload: str = "{}",
+    ) -> int:
+        """Write back the rows of a running worker that the ledger does not hold (its file
+        was lost, or replaced by a new one): ``ready`` rows for a serving worker,
+        pending ones expiring ``ttl_seconds`` from now for one still loading. A
+        deployment with any row, released ones included, is left as it is (0 is
+        returned): only a deployment the ledger never saw is restored."""
+        _require_id("deployment_id", deployment_id)
+        _require_id("model", model)
+        _require_seconds("ttl_seconds", ttl_seconds, "how long a loading worker may hold it")
+        checked = _check_promises(promises)
+        with self._write() as conn:
+            query = "SELECT 1 FROM reservations WHERE deployment_id = ? LIMIT 1"
+            if conn.execute(query, (deployment_id,)).fetchone() is not None:
+                return 0
+            now = self._clock()
+            state, ready_at = ("ready", now) if ready else ("pending", None)
+            common = (state, now, now + ttl_seconds, pid, payload, ready_at)
+            rows = [
+                (uuid.uuid4().hex, deployment_id, model, p.gpu_uuid, p.bytes, *common)
+                for p in checked
+            ]
+            conn.executemany(
+                f"INSERT INTO reservations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            return len(rows)
+
     def set_pid(self, deployment_id: str, pid: int) -> None:
         """Record the worker's pid on the deployment's live reservations."""
         _require_id("deployment_id", deployment_id)
@@ -363,14 +425,14 @@ class Ledger:
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._locked() as conn, _translated(self.path, self._timeout_seconds):
+        with self._locked() as conn, _translated(self.path, self._timeout_seconds, self._identity):
             yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with (
             self._locked() as conn,
-            _translated(self.path, self._timeout_seconds),
+            _translated(self.path, self._timeout_seconds, self._identity),
             _transaction(conn),
         ):
             yield conn
@@ -536,13 +598,34 @@ def _invalid(field: str, value: object, advice: str) -> LedgerError:
     )
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 @contextmanager
-def _translated(path: Path, timeout_seconds: float) -> Iterator[None]:
-    """Turn a ``sqlite3.Error`` into a ``LedgerError`` that names the file and what to do."""
+def _translated(
+    path: Path, timeout_seconds: float, identity: tuple[int, int] | None = None
+) -> Iterator[None]:
+    """Turn a ``sqlite3.Error`` into a ``LedgerError`` that names the file and what to do
+    (a ``LedgerLostError`` when the opened file is no longer at ``path``)."""
     try:
         yield
     except sqlite3.Error as e:
         text = f"{type(e).__name__}: {e}"
+        if identity is not None and _file_identity(path) != identity:
+            raise LedgerLostError(
+                f"ledger: {path} was removed or replaced while the sidecar ran ({text}): "
+                "the sidecar recreates it and writes its running workers' reservations "
+                "back; retry in a few seconds (moving the ledger aside under a running "
+                "sidecar is never needed: stop the sidecar first)",
+                field="path",
+                value=str(path),
+            ) from e
         if "locked" in text or "busy" in text:
             advice = (
                 f"another writer held it for more than {timeout_seconds} s; look for a hung "

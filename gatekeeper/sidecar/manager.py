@@ -34,6 +34,7 @@ import httpx
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
+from gatekeeper.gpus.proctree import process_tree
 from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.placement.search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
@@ -49,6 +50,7 @@ from gatekeeper.sidecar.deployment import (
     process_start_ticks,
     recorded_admission,
     resolve_request,
+    restored_promises,
     slug,
     worker_view,
 )
@@ -59,7 +61,7 @@ from gatekeeper.sidecar.launcher import (
     marked_workers,
     process_group_alive,
 )
-from gatekeeper.sidecar.ledger import Ledger, LedgerError
+from gatekeeper.sidecar.ledger import Ledger, LedgerError, LedgerLostError
 from gatekeeper.sidecar.logs import deployment_context, deployment_extra
 from gatekeeper.sidecar.rehearsal import simulator_env
 from gatekeeper.vllm.flags import options_record
@@ -74,6 +76,10 @@ logger = logging.getLogger(__name__)
 FINISHED = ("stopped", "failed")
 """The states of a deployment that is over: ``ps`` lists them with ``--all`` only, and
 ``forget`` drops them."""
+SERVING = ("ready",)
+"""States whose worker's memory is in NVML's figure (its rows are ready)."""
+RESERVING = ("admitted", "launching", "loading", *SERVING)
+"""States whose deployment holds a reservation (rows written back by a rebuild)."""
 
 
 class DeploymentManager:
@@ -112,6 +118,13 @@ class DeploymentManager:
         self._late_releases: set[asyncio.Future[int]] = set()
         """Releases still to happen: of admissions that finished after their time limit,
         and of undeployments whose release the ledger refused (retried)."""
+        self.restoring: str | None = (
+            "the sidecar is starting: the reservations of the workers an earlier sidecar "
+            "left running are being written back to the ledger"
+        )
+        """Why admissions are refused (503) until the ledger holds every running
+        worker's reservation; None once it does (``adopt`` done)."""
+        self._rebuild_lock = asyncio.Lock()
 
     # -- queries ------------------------------------------------------------------------
 
@@ -178,6 +191,7 @@ class DeploymentManager:
         return decision, d
 
     async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+        await self.ledger_in_order()
         # Before the snapshot: a worker turning ready after this is counted by the
         # ledger transaction even if the snapshot missed it (Ledger.admit's since).
         since = self.ledger.now()
@@ -193,6 +207,80 @@ class DeploymentManager:
             cache=self.estimates,
             since=since,
         )
+
+    async def ledger_in_order(self) -> None:
+        """Make sure the ledger holds every running worker's reservation before an
+        admission counts on it: a file that vanished under the sidecar is recreated and
+        refilled first; while that cannot be done (or adoption is not over), 503 with
+        the reason and Retry-After."""
+        try:
+            if self.ledger.vanished():
+                await self.rebuild_ledger()
+        except LedgerError as e:
+            raise DeploymentError(
+                f"the ledger {self.ledger.path} vanished and cannot be recreated ({e}); "
+                "admissions wait until it is",
+                status=503,
+                field="state_dir",
+                value=str(self.config.state_dir),
+                retry_after=5,
+            ) from e
+        if self.restoring is not None:
+            raise DeploymentError(
+                f"{self.restoring}; retry in a few seconds",
+                status=503,
+                field="state_dir",
+                value=str(self.config.state_dir),
+                retry_after=2,
+            )
+
+    async def rebuild_ledger(self) -> int:
+        """The ledger file was removed, moved aside or replaced while the sidecar ran:
+        open (create) the file at its path again and write back the reservation of
+        every deployment that holds or is about to hold GPU memory (``Ledger.restore``:
+        one the new file already knows is left alone). Returns the rows written."""
+        async with self._rebuild_lock:
+            if not self.ledger.vanished():
+                return 0
+            logger.warning(
+                "the ledger %s was removed or replaced while the sidecar ran: recreating "
+                "it and writing back the reservations of the running deployments",
+                self.ledger.path,
+            )
+            await asyncio.to_thread(self.ledger.reopen)
+            snapshot = await self.snapshot()
+            written = 0
+            for d in list(self.deployments.values()):
+                written += await self._restore_rows(d, snapshot)
+            logger.warning("the ledger %s was recreated with %d rows", self.ledger.path, written)
+            return written
+
+    async def _restore_rows(self, d: Deployment, snapshot: InventorySnapshot) -> int:
+        """Write back a live deployment's rows if the ledger has none (``Ledger.restore``):
+        ready for a serving worker, pending for one still starting."""
+        if d.state not in RESERVING or not d.gpu_uuids or (d.worker and not d.worker.alive):
+            return 0
+        pid = d.worker.pid if d.worker is not None else None
+        pids = await asyncio.to_thread(process_tree, pid) if pid is not None else frozenset()
+        return await asyncio.to_thread(
+            self.ledger.restore,
+            d.id,
+            d.model,
+            restored_promises(d, snapshot, pids),
+            ready=d.state in SERVING,
+            ttl_seconds=self.config.startup_timeout_seconds + 60,
+            pid=pid,
+            payload=json.dumps(d.decision_record()),
+        )
+
+    async def _ledger_write(self, write: Callable[[str], int], deployment_id: str) -> int:
+        """``write(deployment_id)`` in a thread; a ledger file lost under the sidecar is
+        rebuilt and the write tried once more."""
+        try:
+            return await asyncio.to_thread(write, deployment_id)
+        except LedgerLostError:
+            await self.rebuild_ledger()
+            return await asyncio.to_thread(write, deployment_id)
 
     async def _admit_within_limit(self, deployment_id: str, request: PlacementRequest) -> Decision:
         """``_admit`` bounded by ``admission_timeout_seconds``. The admission's thread
@@ -324,7 +412,7 @@ class DeploymentManager:
     async def _fail(self, d: Deployment) -> None:
         if d.worker is not None:
             await d.worker.stop(self.config.stop_grace_seconds)
-        await asyncio.to_thread(self.ledger.release, d.id)
+        await self._ledger_write(self.ledger.release, d.id)
         d.ready_event.clear()
         self._set(d, "failed")
 
@@ -487,16 +575,22 @@ class DeploymentManager:
         rows = await asyncio.to_thread(self.ledger.live)
         live = {r.deployment_id for r in rows}
         adopted = []
+        snapshot = await self.snapshot()
         for path in sorted(self.records_dir.glob("*.json")):
             d = await self._adopt_one(path, live, resolve)
             if d is not None:
                 adopted.append(d.id)
+                # A ledger moved aside or lost holds no row of it: written back from its
+                # record (and NVML) before any admission is answered (#27 item 4).
+                if await self._restore_rows(d, snapshot):
+                    logger.warning("deployment %s: its reservation was written back", d.id)
         await self._stop_unrecorded_workers(set(adopted))
         # A reservation whose deployment was not adopted has no worker behind it (the
         # sidecar died between admission and launch, or its record was unreadable): it
         # would block its GPU until it expired. One sidecar owns a state directory.
         for deployment_id in sorted(live - set(adopted)):
             await asyncio.to_thread(self.ledger.release, deployment_id)
+        self.restoring = None
         return adopted
 
     async def _stop_unrecorded_workers(self, adopted: set[str]) -> None:
@@ -553,7 +647,8 @@ class DeploymentManager:
         # Serving: adopted whatever its row says (a row left pending by a sidecar killed
         # while the worker loaded may have expired by now; the worker's memory is in
         # NVML's figure). Still loading with a live row: adopted and awaited.
-        loading = ours and not healthy and record.id in live
+        known = ours and bool(await asyncio.to_thread(self.ledger.by_deployment, record.id))
+        loading = ours and not healthy and (record.id in live or not known)
         if not (healthy or loading):
             if ours and record.pid is not None:
                 stale = WorkerProcess.adopt(spec, record.pid)
@@ -611,7 +706,7 @@ class DeploymentManager:
 
     async def _became_ready(self, d: Deployment, mark: Callable[[str], int]) -> None:
         """The worker serves: its rows become ready (``mark``), then the deployment."""
-        await asyncio.to_thread(mark, d.id)
+        await self._ledger_write(mark, d.id)
         d.ready_at = time.time()
         d.error = None
         self._set(d, "ready")
