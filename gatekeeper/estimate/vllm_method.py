@@ -340,7 +340,7 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
         if opts.quantization
         else spec.quantization
     )
-    length = opts.max_model_len or spec.max_position_embeddings
+    length = opts.max_model_len or spec.default_max_model_len
     shape = batch_defaults(
         acc,
         total_bytes=gpu.total_bytes,

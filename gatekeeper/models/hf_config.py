@@ -370,7 +370,7 @@ def _read(
     declared = _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS, required=False)
     # vLLM: no length key at all means 2048, or --max-model-len as given (Mamba2 configs)
     max_pos = _positive("max_position_embeddings", declared if declared is not None else 2048)
-    served_len, len_declared = derived_max_len(
+    longest, served_len, len_declared = derived_max_len(
         text, model_type, pooling.max_seq_length if pooling else None
     )
     moe, layer_moe = _moe(text, layers)
@@ -411,7 +411,8 @@ def _read(
             if "vocab_size" in text
             else config.get("vocab_size"),
         ),
-        max_position_embeddings=served_len,
+        max_position_embeddings=longest,
+        served_max_model_len=served_len if served_len != longest else None,
         torch_dtype=_dtype(config, text, checkpoint),
         tie_word_embeddings=_tied(config, text),
         layer_attention=_attention_kinds(text, layers, max_pos, hybrid),

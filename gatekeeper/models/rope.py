@@ -12,7 +12,8 @@ in ``vllm/transformers_utils/model_arch_config_convertor.py``):
   (not ``su``, ``longrope``, ``llama3``, ``yarn``, ``deepseek_yarn``,
   ``deepseek_llama_scaling``), except for Gemma 3, whose length is already scaled;
 - a sentence-transformers ``max_seq_length`` (``sentence_bert_config.json``) replaces it;
-- LongRoPE serves ``original_max_position_embeddings`` by default (Phi-3/4 128K: 4096).
+- LongRoPE serves ``original_max_position_embeddings`` by default (Phi-3/4 128K: 4096),
+  while a ``--max-model-len`` up to the derived length is still accepted.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def _kind(rope: Mapping[str, Any]) -> str:
 
 def derived_max_len(
     cfg: Mapping[str, Any], model_type: str, max_seq_length: int | None = None
-) -> tuple[int, bool]:
-    """(the length vLLM serves at without ``--max-model-len``, whether the config names
-    one); see the module docstring."""
+) -> tuple[int, int, bool]:
+    """(the longest ``--max-model-len`` vLLM accepts, the one it serves at when none is
+    given, whether the config names a length); see the module docstring."""
     present = [int(cfg[k]) for k in LENGTH_KEYS if cfg.get(k) is not None]
     length = float(min(present)) if present else float(DEFAULT_MAX_LEN)
     if cfg.get("model_max_length"):
@@ -78,9 +79,10 @@ def derived_max_len(
         length *= float(factor) if factor is not None else 1.0
     if max_seq_length is not None:
         length = float(max_seq_length)
+    default = length
     if any(_kind(rope) == "longrope" for rope in ropes):
-        length = float(cfg.get("original_max_position_embeddings") or length)
-    return int(length), bool(present) or max_seq_length is not None
+        default = float(cfg.get("original_max_position_embeddings") or length)
+    return int(length), int(default), bool(present) or max_seq_length is not None
 
 
 def rope_cache(

@@ -155,11 +155,15 @@ class ModelSpec:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
-    """The length vLLM serves the model at when ``--max-model-len`` is not given, as it
-    derives it from the config (``models/rope.py``: the smallest length key, RoPE
-    scaling, LongRoPE's original length, a sentence-transformers ``max_seq_length``)."""
+    """The longest ``--max-model-len`` vLLM accepts, as it derives it from the config
+    (``models/rope.py``: the smallest length key, RoPE scaling, a sentence-transformers
+    ``max_seq_length``); also the length it serves at by default, unless
+    ``served_max_model_len`` says otherwise."""
     torch_dtype: str
     tie_word_embeddings: bool = False
+    served_max_model_len: int | None = None
+    """The length vLLM serves at without ``--max-model-len`` where it is below
+    ``max_position_embeddings`` (LongRoPE: ``original_max_position_embeddings``)."""
     sentence_transformers: bool = False
     """A ``modules.json`` beside the config names a sentence-transformers Pooling module:
     vLLM's auto runner then serves even a ``*ForCausalLM`` as a pooling model, without
@@ -213,6 +217,11 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.torch_dtype]
+
+    @property
+    def default_max_model_len(self) -> int:
+        """The length vLLM serves at when ``--max-model-len`` is not given."""
+        return self.served_max_model_len or self.max_position_embeddings
 
     @property
     def value_head_dim(self) -> int:

