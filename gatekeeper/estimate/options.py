@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.dtype import resolve_dtype
 from gatekeeper.estimate.speculative import Speculative
 from gatekeeper.models.spec import ModelSpec
 
@@ -26,7 +25,6 @@ __all__ = [
     "ServeOptions",
     "check_parallelism",
     "draft_reference",
-    "resolve_dtype",
     "resolve_kv_dtype",
 ]
 

@@ -15,7 +15,7 @@ Pure. vLLM 0.32's ``ModelConfig`` (``vllm/config/model.py``):
 
 A pooling runner loads no LM head and samples nothing (``weights.WeightOptions.lm_head``,
 the sampler's activation), and ``--dtype auto`` prefers float16 for its float32
-checkpoints (``options.resolve_dtype``).
+checkpoints (``dtype.resolve_dtype``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from gatekeeper.estimate.accounting import (
     parse_vllm_version,
 )
 from gatekeeper.estimate.drafter import DraftContext, DraftCost, draft_cost
+from gatekeeper.estimate.dtype import resolve_dtype
 from gatekeeper.estimate.kv_cache import KvLayout, StatePages, kv_layout
 from gatekeeper.estimate.lora import (
     DEFAULT_MAX_LORA_RANK,
@@ -40,7 +41,6 @@ from gatekeeper.estimate.lora import (
 from gatekeeper.estimate.options import (
     ServeOptions,
     check_parallelism,
-    resolve_dtype,
     resolve_kv_dtype,
 )
 from gatekeeper.estimate.overhead import (

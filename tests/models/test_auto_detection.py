@@ -25,7 +25,8 @@ import pytest
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimate import vllm_registry
-from gatekeeper.estimate.options import ServeOptions, resolve_dtype
+from gatekeeper.estimate.dtype import resolve_dtype
+from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.estimate.runner import resolve_runner
 from gatekeeper.estimate.vllm_method import GpuTarget, estimate
 from gatekeeper.models.source import load_model_dir
