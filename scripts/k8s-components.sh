@@ -20,8 +20,9 @@ binaries=(etcd kube-apiserver kube-scheduler kube-controller-manager)
 module_version() { awk -v m="$1" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$mod/go.mod"; }
 kube_version=$(module_version k8s.io/kubernetes)
 etcd_version=$(module_version go.etcd.io/etcd/server/v3)
-sums=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-16)
-want="kubernetes=$kube_version etcd=$etcd_version $("$go_bin" env GOVERSION) modules=$sums"
+# The stamp changes with the versions, the pinned modules and this script.
+sums=$(cat "$mod/go.mod" "$mod/go.sum" "$0" | sha256sum | cut -c1-16)
+want="kubernetes=$kube_version etcd=$etcd_version $("$go_bin" env GOVERSION) inputs=$sums"
 
 stamp="$out/.versions"
 cached=1
@@ -35,14 +36,16 @@ mkdir -p "$out"
 rm -f "$stamp"
 minor=${kube_version#v1.}
 minor=${minor%%.*}
+cd "$mod"
+# The release's own time as the build date, so that a rebuild gives the same bytes.
+build_date=$("$go_bin" list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
 kube_ldflags="-s -w \
  -X k8s.io/component-base/version.gitVersion=$kube_version \
  -X k8s.io/component-base/version.gitMajor=1 \
  -X k8s.io/component-base/version.gitMinor=$minor \
  -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/component-base/version.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+ -X k8s.io/component-base/version.buildDate=$build_date"
 
-cd "$mod"
 export CGO_ENABLED=0
 start=$SECONDS
 nice -n 19 "$go_bin" mod download

@@ -61,8 +61,9 @@ def missing_reason(bin_dir: Path) -> str | None:
         return None
     return (
         f"Kubernetes components missing from {bin_dir}: {', '.join(missing)}; "
-        f"run scripts/k8s-components.sh (about 12 minutes the first time here, then cached) or set {KUBE_BIN_ENV} "
-        "to a folder holding etcd, kube-apiserver, kube-scheduler and kube-controller-manager"
+        "run scripts/k8s-components.sh (8 to 12 minutes the first time on 2 cores, then "
+        f"cached) or set {KUBE_BIN_ENV} to a folder holding etcd, kube-apiserver, "
+        "kube-scheduler and kube-controller-manager"
     )
 
 
