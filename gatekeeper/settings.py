@@ -271,6 +271,18 @@ class Settings(BaseSettings):
     restart_backoff_seconds: float = Field(default=5.0, ge=0)
     """Wait before the first restart; doubled at each further one."""
 
+    health_interval_seconds: float = Field(default=10.0, gt=0)
+    """How often a ready worker's ``/health`` is probed (liveness, as Kubernetes' own
+    default period); a worker that misses ``health_failures`` probes in a row becomes
+    ``unhealthy``, gets no traffic, and is stopped and restarted per ``restart_policy``."""
+
+    health_timeout_seconds: float = Field(default=5.0, gt=0)
+    """How long one liveness probe waits for ``/health`` (vLLM answers at once while the
+    engine lives; a hung or frozen worker never does)."""
+
+    health_failures: int = Field(default=3, ge=1)
+    """Failed liveness probes in a row that make a ready worker ``unhealthy``."""
+
     admission_timeout_seconds: float = Field(default=30.0, gt=0)
     """Longest an admission (estimate and placement) may take; past it the request gets
     503 and nothing is reserved (an estimate that never ends holds one thread, never the

@@ -146,6 +146,11 @@ class SidecarMetrics:
             "Seconds from a worker's launch to its readiness.",
             ["model"], buckets=LAUNCH_BUCKETS, registry=r,
         )  # fmt: skip
+        self.unhealthy = Counter(
+            "gatekeeper_worker_unhealthy",
+            "Ready workers that stopped answering /health (liveness) and were taken out.",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.requests, self.latency = _proxy_metrics(r)
         self.prediction_error = Histogram(
             "gatekeeper_prediction_error_ratio",
@@ -176,7 +181,9 @@ class SidecarMetrics:
         children[1].observe(seconds)
 
     def worker_ready(self, view: WorkerView, launch_seconds: float | None = None) -> None:
-        """Call once when a worker becomes ready: launch time and prediction error."""
+        """Call once when a worker becomes ready: launch time and prediction error (and
+        its model's unhealthy count shows 0 from then on)."""
+        self.unhealthy.labels(self._model_label(view.model))
         if launch_seconds is not None:
             self.launch.labels(view.model).observe(launch_seconds)
         for component in COMPONENTS:
@@ -184,6 +191,10 @@ class SidecarMetrics:
             actual = view.actual.get(component)
             if predicted and actual is not None:
                 self.prediction_error.labels(component).observe((actual - predicted) / predicted)
+
+    def worker_unhealthy(self, model: str) -> None:
+        """Count a ready worker that failed its liveness probes (``health_failures``)."""
+        self.unhealthy.labels(self._model_label(model)).inc()
 
     def _model_label(self, model: str) -> str:
         if self._known is not None:

@@ -52,10 +52,12 @@ Component = Literal["weights", "kv_cache", "activation", "non_torch", "cuda_grap
 COMPONENTS: tuple[Component, ...] = ("weights", "kv_cache", "activation", "non_torch", "cuda_graph")
 """The ``component`` label's values, in vLLM's accounting order."""
 
-WORKER_STATES = ("admitted", "launching", "loading", "ready", "failed", "stopping", "stopped")
+WORKER_STATES = (
+    "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
+)  # fmt: skip
 """``gatekeeper.sidecar.deployment.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
 
-_LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "stopping"})
+_LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "unhealthy", "stopping"})
 _PENDING_STATES = frozenset({"admitted", "launching", "loading"})
 """States in which a worker's promise is outstanding (its reservation not yet ready)."""
 

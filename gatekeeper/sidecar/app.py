@@ -73,6 +73,9 @@ def manager_config(settings: Settings) -> ManagerConfig:
         policy=placement_policy(settings),
         rehearsal=is_simulator(settings.worker_command),
         admission_timeout_seconds=settings.admission_timeout_seconds,
+        health_interval_seconds=settings.health_interval_seconds,
+        health_timeout_seconds=settings.health_timeout_seconds,
+        health_failures=settings.health_failures,
     )
 
 
@@ -186,12 +189,16 @@ def build_app(
     async def healthz(request: Request) -> Response:
         # "rehearsal" as the admin API means it (simulator workers); "declared_gpus" for a
         # node read from GATEKEEPER_GPUS instead of NVML.
+        # "degraded" while a worker failed its liveness probes (it is being restarted);
+        # still 200: the sidecar itself serves, and restarting it would not help.
+        unhealthy = sorted(d.id for d in manager.deployments.values() if d.state == "unhealthy")
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "degraded" if unhealthy else "ok",
                 "version": __version__,
                 "rehearsal": manager.config.rehearsal,
                 "declared_gpus": rehearsal,
+                "unhealthy_workers": unhealthy,
             }
         )
 

@@ -38,7 +38,11 @@ __all__ = [
     "worker_view",
 ]
 
-State = Literal["admitted", "launching", "loading", "ready", "failed", "stopping", "stopped"]
+State = Literal[
+    "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
+]
+"""``unhealthy``: a ready worker that stopped answering ``/health`` (liveness); no
+traffic goes to it, and it is stopped (then ``failed``, and restarted per policy)."""
 
 
 class DeploymentError(GatekeeperError):
@@ -218,7 +222,12 @@ class ManagerConfig:
     policy: PlacementPolicy
     rehearsal: bool = False
     admission_timeout_seconds: float = 30.0
-    """Workers are the simulator: tell it the predicted figures to report."""
+    health_interval_seconds: float = 10.0
+    """Liveness: a ready worker's ``/health`` is probed this often ..."""
+    health_timeout_seconds: float = 5.0
+    """... each probe waiting this long ..."""
+    health_failures: int = 3
+    """... and this many failures in a row make it ``unhealthy``."""
 
 
 def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:

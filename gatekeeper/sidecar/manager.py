@@ -331,10 +331,11 @@ class DeploymentManager:
             ok = await self._launch_once(d)
             if ok:
                 assert d.worker is not None
-                await d.worker.exited.wait()
+                unhealthy = await self._watch_serving(d)
                 if d.stopping:
                     return
-                d.error = f"worker exited with code {d.worker.returncode} while serving"
+                if not unhealthy:
+                    d.error = f"worker exited with code {d.worker.returncode} while serving"
             await self._fail(d)
             if not ok and not d.stopping:
                 self.on_start_failure(d)
@@ -722,10 +723,11 @@ class DeploymentManager:
             if await self._should_restart(d):
                 await self._run(d)
             return
-        await d.worker.exited.wait()
+        unhealthy = await self._watch_serving(d)
         if d.stopping:
             return
-        d.error = "adopted worker exited"
+        if not unhealthy:
+            d.error = "adopted worker exited"
         try:
             await self._fail(d)
             restart = await self._should_restart(d)
@@ -737,9 +739,41 @@ class DeploymentManager:
         if restart:
             await self._run(d)
 
-    async def _health(self, host: str, port: int) -> bool:
+    async def _watch_serving(self, d: Deployment) -> bool:
+        """While the worker serves: probe its ``/health`` every ``health_interval_seconds``
+        (liveness; each probe bounded by ``health_timeout_seconds``), and see a lost
+        ledger file on the way. Returns False when the worker exits (or is being
+        stopped), True when it missed ``health_failures`` probes in a row: it is then
+        ``unhealthy``, gets no traffic, and the caller stops and restarts it as it
+        would a worker that exited (the restart policy). vLLM's ``/health`` answers
+        200 while its engine lives (vllm/entrypoints/serve/instrumentator/health.py)."""
+        assert d.worker is not None
+        c, failures = self.config, 0
+        while failures < c.health_failures:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(d.worker.exited.wait(), c.health_interval_seconds)
+            if not d.worker.alive or d.stopping or d.state != "ready":
+                return False
+            if self.ledger.vanished():
+                with contextlib.suppress(LedgerError):  # retried next round
+                    await self.rebuild_ledger()
+            healthy = await self._health(d.worker.spec.host, d.port, c.health_timeout_seconds)
+            failures = 0 if healthy else failures + 1
+        d.error = (
+            f"worker stopped answering /health: {failures} probes in a row failed (timeout "
+            f"{c.health_timeout_seconds:g} s, every {c.health_interval_seconds:g} s); stopped "
+            f"and restarted per restart_policy ({c.restart_policy})"
+        )
+        d.ready_event.clear()
+        self._set(d, "unhealthy")
+        logger.warning("deployment %s: %s", d.id, d.error, extra=deployment_extra(d.id, d.model))
+        if self.metrics is not None:
+            self.metrics.worker_unhealthy(d.name)
+        return True
+
+    async def _health(self, host: str, port: int, timeout: float = 5.0) -> bool:
         try:
-            response = await self.client.get(f"http://{host}:{port}/health", timeout=5.0)
+            response = await self.client.get(f"http://{host}:{port}/health", timeout=timeout)
         except httpx.TransportError:
             return False
         return response.status_code == 200

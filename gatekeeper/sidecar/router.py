@@ -37,11 +37,19 @@ from gatekeeper.units import format_gib
 
 __all__ = ["ModelRouter", "rejection_text"]
 
-LIVE = ("admitted", "launching", "loading", "ready")
+LIVE = ("admitted", "launching", "loading", "ready", "unhealthy")
+"""A deployment with a worker on the way or serving; an ``unhealthy`` one is being
+restarted, so requests wait for it (they never go to it: only ``ready`` ones serve)."""
 MAX_BACKOFF_SECONDS = 3600.0
 CARD_FETCH_SECONDS = 2.0
 """How long ``models()`` waits for a worker's own ``/v1/models``."""
-_STATES = {"admitted": "loading", "launching": "loading", "loading": "loading", "ready": "ready"}
+_STATES = {
+    "admitted": "loading",
+    "launching": "loading",
+    "loading": "loading",
+    "ready": "ready",
+    "unhealthy": "loading",
+}
 
 
 @dataclasses.dataclass(slots=True)

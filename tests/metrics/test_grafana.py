@@ -219,6 +219,7 @@ def test_alert_rules_are_complete():
         "GatekeeperPredictionDrift",
         "GatekeeperWorkerRestarting",
         "GatekeeperWorkerFailed",
+        "GatekeeperWorkerUnhealthy",
         "GatekeeperAdmissionErrors",
         "GatekeeperGpuCollectionFailing",
         "GatekeeperGpuUnhealthy",
