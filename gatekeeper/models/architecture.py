@@ -53,6 +53,11 @@ QKV_BIASED: dict[str, str] = {
     "qwen2_moe": "vllm qwen2_moe.py Qwen2MoeAttention (qkv_proj bias=True)",
     "qwen2_vl": "vllm qwen2_vl.py (Qwen2Model's layers)",
     "qwen2_5_vl": "vllm qwen2_5_vl.py (Qwen2Model's layers)",
+    # the nested layout (transformers >= 4.52 writes text_config with these model types):
+    # the wrapper builds Qwen2ForCausalLM from it (init_vllm_registered_model,
+    # architectures=["Qwen2ForCausalLM"] in qwen2_vl.py and qwen2_5_vl.py)
+    "qwen2_vl_text": "vllm qwen2_vl.py (Qwen2ForCausalLM from text_config)",
+    "qwen2_5_vl_text": "vllm qwen2_5_vl.py (Qwen2ForCausalLM from text_config)",
 }
 """Model types with a q/k/v bias and no other, whatever the config says."""
 
@@ -61,6 +66,8 @@ QK_NORM: dict[str, str] = {
     "qwen3_moe": "vllm qwen3_moe.py Qwen3MoeAttention (q_norm, k_norm)",
     "gemma3": "vllm gemma3.py Gemma3Attention (q_norm, k_norm)",
     "gemma3_text": "vllm gemma3.py Gemma3Attention (q_norm, k_norm)",
+    "qwen3_vl_text": "vllm qwen3.py Qwen3DecoderLayer (qwen3_vl.py's language model)",
+    "qwen3_vl_moe_text": "vllm qwen3_moe.py Qwen3MoeDecoderLayer (qwen3_vl_moe.py's)",
     "olmo2": "transformers modeling_olmo2.py Olmo2Attention (q_norm, k_norm)",
 }
 """Model types that normalize queries and keys per head."""

@@ -13,7 +13,13 @@ import pytest
 from gatekeeper.estimate.options import ServeOptions
 from gatekeeper.estimate.vllm_method import GpuTarget, estimate
 from gatekeeper.estimate.weights import parameter_count
-from gatekeeper.models.architecture import ALL_BIASED, NORMS_PER_LAYER, QK_NORM, UNGATED_MLP
+from gatekeeper.models.architecture import (
+    ALL_BIASED,
+    NORMS_PER_LAYER,
+    QK_NORM,
+    QKV_BIASED,
+    UNGATED_MLP,
+)
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.units import GIB
 
@@ -167,3 +173,47 @@ def test_the_transformers_backend_serves_the_architectures_cited_from_transforme
     for arch in ("PhiForCausalLM", "GPTBigCodeForCausalLM", "GPTNeoXForCausalLM"):
         assert f'"{arch}": ("transformers", "TransformersForCausalLM")' in registry
     assert all(c.split()[0] in ("vllm", "transformers") for c in ALL_BIASED.values())
+
+
+_QWEN25_TEXT: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+_QWEN25_VISION = {"depth": 1, "hidden_size": 128, "out_hidden_size": 256}
+
+
+def test_qwen2_5_vl_text_config_layout_keeps_the_qkv_biases():
+    """transformers >= 4.52 writes Qwen2.5-VL's language model as a ``text_config`` of
+    model type ``qwen2_5_vl_text``; vLLM builds Qwen2ForCausalLM from it either way
+    (qwen2_5_vl.py ``init_vllm_registered_model(..., architectures=["Qwen2ForCausalLM"])``),
+    so both layouts have the same bytes, q/k/v biases included."""
+    top = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl"}
+    flat = spec_from_config({**top, **_QWEN25_TEXT, "vision_config": _QWEN25_VISION}, name="f")
+    text = {**_QWEN25_TEXT, "model_type": "qwen2_5_vl_text"}
+    nested = spec_from_config(
+        {**top, "torch_dtype": "bfloat16", "tie_word_embeddings": False, "text_config": text,
+         "vision_config": _QWEN25_VISION},
+        name="n",
+    )  # fmt: skip
+    assert nested.attention_bias and not nested.output_bias and not nested.mlp_bias
+    options = ServeOptions(max_model_len=1024)
+    flat_bytes = estimate(flat, options, H100).worst.weights_bytes
+    nested_bytes = estimate(nested, options, H100).worst.weights_bytes
+    assert nested_bytes == flat_bytes
+    unbiased = estimate(dataclasses.replace(nested, attention_bias=False), options, H100)
+    qkv_out = 4 * 64 + 2 * 2 * 64  # q heads + k and v heads, x head_dim
+    assert nested_bytes - unbiased.worst.weights_bytes == 2 * qkv_out * 2  # layers x bf16
+
+
+@pytest.mark.parametrize("model_type", sorted(QKV_BIASED))
+def test_qkv_biases_are_in_the_model_code(model_type):
+    text = _source(_file(QKV_BIASED[model_type]))
+    assert "qkv_proj" in text or "Qwen2ForCausalLM" in text
