@@ -134,6 +134,14 @@ class Settings(BaseSettings):
     (``--kv-cache-memory-bytes``); off: a GPU hosts one gatekeeper worker, which gets all
     of its usable memory as ``--gpu-memory-utilization``."""
 
+    shared_kv_sequences: int = Field(default=8, gt=0)
+    """With ``share_gpus``, how many sequences of max_model_len a worker's KV cache is
+    sized for when its options set no budget (no ``kv-cache-memory-bytes`` or
+    ``gpu-memory-utilization``): min(max_num_seqs, this); when that does not fit, the
+    most that do, down to the model's ``min_sequences``. A budget that cannot run
+    max_num_seqs at full length is named in the decision's warnings. (Alone on a GPU a
+    worker gets all of its usable memory, as ``vllm serve`` would.)"""
+
     allow_pipeline: bool = False
     """Let placement use pipeline parallelism when no tensor-parallel group fits."""
 
@@ -358,6 +366,7 @@ def placement_policy(settings: Settings) -> PlacementPolicy:
         margin_fraction=settings.safety_margin_fraction,
         allowed_gpus=frozenset(settings.allowed_gpus) if settings.allowed_gpus else None,
         share_gpus=settings.share_gpus,
+        shared_kv_sequences=settings.shared_kv_sequences,
         allow_pipeline=settings.allow_pipeline,
         default_vllm_version=settings.default_vllm_version,
     )

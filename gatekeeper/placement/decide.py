@@ -14,9 +14,16 @@ from collections.abc import Iterable, Mapping
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.hints import rejection_reasons, suggestions
 from gatekeeper.placement.search import EstimateCache, Need, SearchResult, search
-from gatekeeper.placement.types import Decision, GpuLine, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.types import (
+    Decision,
+    GpuLine,
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+)
+from gatekeeper.units import format_gib
 
-__all__ = ["decide", "mark_lines"]
+__all__ = ["decide", "kv_warnings", "mark_lines"]
 
 
 def decide(
@@ -48,6 +55,7 @@ def decide(
             placement=found.placement,
             reasons=(),
             gpus=tuple(mark_lines(found.lines, found.chosen, found.needs)),
+            warnings=kv_warnings(request, found.placement, policy),
         )
     return _reject(request, snapshot, found, policy, suggest, cache)
 
@@ -67,6 +75,32 @@ def mark_lines(
         status = "chosen" if g.index in picked else ("fits" if fits else "too small")
         out.append(dataclasses.replace(g, status=status, need_bytes=need))
     return out
+
+
+def kv_warnings(
+    request: PlacementRequest, p: Placement, policy: PlacementPolicy
+) -> tuple[str, ...]:
+    """A warning when a KV byte budget (``share_gpus``, or the request's
+    ``--kv-cache-memory-bytes``) cannot hold ``max_num_seqs`` sequences of max_model_len
+    at once (a worker alone on its GPUs gets all their memory, and is not warned of): vLLM then schedules fewer (it logs the same figure at start-up
+    as "Maximum concurrency for N tokens per request", ``vllm/v1/core/kv_cache_utils.py``
+    ``_report_kv_cache_config``), and longer batches wait or are preempted."""
+    e = p.estimate
+    budgeted = policy.share_gpus or p.flags.kv_cache_memory_bytes is not None
+    if not budgeted or not e.kv_block_bytes or p.kv_cache_bytes >= e.kv_bytes_for(e.max_num_seqs):
+        return ()
+    held = max(0, p.kv_cache_bytes // e.kv_block_bytes - 1) // max(1, e.blocks_per_request)
+    fix = (
+        "raise --kv-cache-memory-bytes"
+        if request.options.kv_cache_memory_bytes is not None
+        else f"raise shared_kv_sequences (now {policy.shared_kv_sequences}) or min_sequences"
+    )
+    return (
+        f"{request.model.name}: its KV cache ({format_gib(p.kv_cache_bytes)} per GPU) holds {held} "
+        f"sequence(s) of max_model_len {e.max_model_len} at once, fewer than max_num_seqs "
+        f"{e.max_num_seqs}; requests beyond that wait or are preempted. To run more at full "
+        f"length, {fix}, or lower --max-model-len; else set --max-num-seqs {max(held, 1)}.",
+    )
 
 
 def _reject(

@@ -66,6 +66,7 @@ def render_decision(d: Decision) -> str:
             f"KV cache {format_gib(p.kv_cache_bytes)}, "
             f"promised {format_gib(max(p.promise_bytes))} until ready"
         )
+        lines += [f"  warning: {w}" for w in d.warnings]
     else:
         lines.append(f"REJECTED {d.model}")
         lines += [f"  - {r}" for r in d.reasons]

@@ -7,7 +7,8 @@ tried). ``decide`` turns it into a ``Decision``; ``hints`` probes variants with 
     usable(GPU) = NVML free - outstanding reservations - policy.margin_for(total)
     need(rank)  = CUDA context (+ NCCL under TP) + weights + non-torch + activation peak
                   + CUDA graphs + the KV cache the request asks for
-                  (default: vLLM's minimum, one sequence of max_model_len plus the null block)
+                  (default: vLLM's minimum, one sequence of max_model_len plus the null
+                  block; with ``share_gpus``, up to ``shared_kv_sequences`` of them)
 
 One GPU first (best fit: the least usable memory left over), then the smallest
 tensor-parallel group (TP must divide the heads; GPUs of one product preferred) whose
@@ -55,6 +56,7 @@ __all__ = [
     "SearchResult",
     "gpu_lines",
     "search",
+    "shared_sequences",
 ]
 
 TP_SIZES = (1, 2, 4, 8, 16)
@@ -182,8 +184,11 @@ def _needs(
     candidates: list[GpuLine],
     policy: PlacementPolicy,
     cache: EstimateCache,
+    sequences: int,
 ) -> dict[int, Need]:
-    """The need of ``shape`` on each GPU product (by total bytes) among ``candidates``."""
+    """The need of ``shape`` on each GPU product (by total bytes) among ``candidates``,
+    with a KV cache of ``sequences`` requests of max_model_len unless the request sets
+    its own budget."""
     tp, pp = shape
     options = dataclasses.replace(
         request.options, tensor_parallel_size=tp, pipeline_parallel_size=pp
@@ -202,17 +207,17 @@ def _needs(
         )
         if request.corrections:
             e = scale_estimate(e, request.corrections)
-        out[g.total_bytes] = _need(request, e, g.total_bytes)
+        out[g.total_bytes] = _need(request, e, g.total_bytes, sequences)
     return out
 
 
-def _need(request: PlacementRequest, e: Estimate, total: int) -> Need:
+def _need(request: PlacementRequest, e: Estimate, total: int, sequences: int) -> Need:
     """The per-rank need on a GPU of ``total`` bytes. The KV cache is what the request
     asks for: its ``--kv-cache-memory-bytes`` exactly; what its
     ``--gpu-memory-utilization`` budget leaves after the rest (vLLM's own sizing); else
-    enough for ``min_sequences`` requests of max_model_len (or ``min_kv_tokens``)."""
+    enough for ``sequences`` requests of max_model_len (or ``min_kv_tokens``)."""
     o = request.options
-    wanted = e.kv_bytes_for(request.min_sequences, request.min_kv_tokens)
+    wanted = e.kv_bytes_for(sequences, request.min_kv_tokens)
     if o.kv_cache_memory_bytes is not None:
         kvs = [o.kv_cache_memory_bytes] * len(e.stages)
         what = f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes}"
@@ -262,6 +267,57 @@ def _group(candidates: list[GpuLine], size: int, needs: Mapping[int, int]) -> li
     return min(groups, key=lambda chosen: (sum(map(room, chosen)), sum(g.workers for g in chosen)))
 
 
+_Fit = tuple[dict[int, Need], list[GpuLine] | None]
+
+
+def _fit(
+    request: PlacementRequest,
+    shape: Shape,
+    candidates: list[GpuLine],
+    policy: PlacementPolicy,
+    cache: EstimateCache,
+) -> _Fit:
+    """The needs of ``shape`` and the GPUs it fits on (None when none): with the KV
+    cache ``shared_sequences`` asks for, else the most sequences that fit down to the
+    request's ``min_sequences`` (binary search: more sequences never need less)."""
+    gpus = shape[0] * shape[1] * request.options.data_parallel_size  # dp x tp x pp
+
+    def attempt(sequences: int) -> _Fit:
+        needs = _needs(request, shape, candidates, policy, cache, sequences)
+        beyond = any(n.estimate.length_beyond_model for n in needs.values())
+        beyond = beyond or all(n.short for n in needs.values())
+        # a GPU product the request's own budget cannot work on takes no rank
+        sizes = {t: (n.max_bytes if not n.short else 2**62) for t, n in needs.items()}
+        return needs, None if beyond else _group(candidates, gpus, sizes)
+
+    least = request.min_sequences
+    best = attempt(least)
+    if best[1] is None or not best[0]:
+        return best
+    lo, hi = least + 1, shared_sequences(request, policy, next(iter(best[0].values())).estimate)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = attempt(mid)
+        if found[1] is not None:
+            best, lo = found, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def shared_sequences(request: PlacementRequest, policy: PlacementPolicy, e: Estimate) -> int:
+    """The sequences of max_model_len a worker's KV cache is sized for when it shares
+    its GPUs (``share_gpus``) and the request sets no budget of its own (neither
+    ``--kv-cache-memory-bytes`` nor ``--gpu-memory-utilization``):
+    ``max(min_sequences, min(max_num_seqs, shared_kv_sequences))``. Otherwise the
+    request's ``min_sequences`` (alone on its GPUs, a worker gets all their usable
+    memory, as ``vllm serve`` would take ``--gpu-memory-utilization 0.9``)."""
+    o = request.options
+    if not policy.share_gpus or (o.kv_cache_memory_bytes or o.gpu_memory_utilization):
+        return request.min_sequences
+    return max(request.min_sequences, min(e.max_num_seqs, policy.shared_kv_sequences))
+
+
 def search(
     request: PlacementRequest,
     snapshot: InventorySnapshot,
@@ -286,17 +342,11 @@ def search(
     tried: list[tuple[Shape, Mapping[int, Need]]] = []
     for shape in _shapes(request, policy, len(candidates)):
         try:
-            needs = _needs(request, shape, candidates, policy, cache)
+            needs, chosen = _fit(request, shape, candidates, policy, cache)
         except ServeOptionsError:
             if not request.auto_parallel:
                 raise
             continue
-        beyond = any(n.estimate.length_beyond_model for n in needs.values())
-        beyond = beyond or all(n.short for n in needs.values())
-        # a GPU product the request's own budget cannot work on takes no rank
-        sizes = {t: (n.max_bytes if not n.short else 2**62) for t, n in needs.items()}
-        gpus = shape[0] * shape[1] * request.options.data_parallel_size  # dp x tp x pp
-        chosen = None if beyond else _group(candidates, gpus, sizes)
         if chosen is None:
             tried.append((shape, needs))
             continue

@@ -38,6 +38,10 @@ class PlacementPolicy:
     """GPU indices (as strings) or UUIDs gatekeeper may use; None = all."""
     share_gpus: bool = False
     """Several workers on one GPU, each with a byte budget (--kv-cache-memory-bytes)."""
+    shared_kv_sequences: int = 8
+    """With ``share_gpus``, the sequences of max_model_len a worker's KV budget holds when
+    the request sets no budget of its own: min(max_num_seqs, this), else the most that
+    fit down to the request's ``min_sequences`` (``gatekeeper.placement.search``)."""
     allow_pipeline: bool = False
     default_vllm_version: str = DEFAULT_VLLM_VERSION
     """The release whose accounting applies when the options name none."""
@@ -173,6 +177,9 @@ class Decision:
     reasons: tuple[str, ...]
     gpus: tuple[GpuLine, ...]
     suggestions: tuple[Suggestion, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What an admitted worker will not do as asked (its KV cache cannot run
+    max_num_seqs sequences of max_model_len at once)."""
 
     def promises(self) -> tuple[tuple[str, int], ...]:
         """(GPU UUID, bytes) to reserve; empty when rejected."""
@@ -234,4 +241,5 @@ def _decision_json(d: Decision) -> dict[str, Any]:
         "suggestions": [
             {"kind": s.kind, "text": s.text, "options": dict(s.options)} for s in d.suggestions
         ],
+        "warnings": list(d.warnings),
     }

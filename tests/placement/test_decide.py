@@ -22,6 +22,7 @@ from gatekeeper.units import GIB
 LLAMA8 = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
 LLAMA70 = resolve_model("meta-llama/Llama-3.3-70B-Instruct")
 SHARED = PlacementPolicy(share_gpus=True)
+ONE_SEQ = PlacementPolicy(share_gpus=True, shared_kv_sequences=1)
 
 
 def node(text: str, used_gib: dict[int, float] | None = None) -> InventorySnapshot:
@@ -107,8 +108,8 @@ def test_exclusive_worker_gets_a_fraction_that_passes_vllms_free_memory_check():
 
 
 def test_shared_worker_gets_a_byte_budget_for_the_kv_it_asked_for():
-    d = decide(dataclasses.replace(req(), min_sequences=4), node("1xH100-80GB"), policy=SHARED)
-    one = decide(req(), node("1xH100-80GB"), policy=SHARED)
+    d = decide(dataclasses.replace(req(), min_sequences=4), node("1xH100-80GB"), policy=ONE_SEQ)
+    one = decide(req(), node("1xH100-80GB"), policy=ONE_SEQ)
     assert d.placement is not None and one.placement is not None
     kv, kv_one = d.placement.flags.kv_cache_memory_bytes, one.placement.flags.kv_cache_memory_bytes
     assert kv is not None and kv_one is not None
