@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from gatekeeper._version import __version__
 from gatekeeper.cli import (
+    agent,
     check,
     completion,
     estimate,
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
-    for command in (estimate, models, gpus, check, serve, operator, webhook, completion):
+    for command in (estimate, models, gpus, check, serve, operator, webhook, agent, completion):
         command.add_parser(subparsers)
     parser.set_defaults(root_parser=parser)  # gatekeeper completion reads the whole parser
     return parser

@@ -1,0 +1,112 @@
+"""``gatekeeper agent``: the node agent the cluster mode's DaemonSet runs on each GPU node.
+
+It publishes the node's GPUs as one DRA ResourceSlice, taints a device while memory no
+claim books is in use, and republishes when GPUs appear or vanish
+(``gatekeeper.cluster.agent``; docs/cluster.md). The GPUs come from ``--gpus`` (else the
+``gpus`` setting): ``nvml``, or a declared node, read again at each pass so that a JSON
+file of GPUs can change under a running agent. The apiserver is reached through
+``--kubeconfig``, else the pod's service account (in-cluster). Needs the ``cluster``
+extra (``pip install 'gatekeeper[cluster]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gatekeeper.cli.log_options import add_log_format, announce, start_logging
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.settings import Settings, gpu_source, placement_policy
+from gatekeeper.units import MIB
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "agent",
+        help="publish this node's GPUs to Kubernetes as a DRA ResourceSlice (cluster mode)",
+        description="Publish this node's GPUs as a ResourceSlice (pool = node name), taint "
+        "a GPU while memory no claim books is used on it, and republish when GPUs change.",
+    )
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="the Node this agent runs on (default: $NODE_NAME, set by the DaemonSet)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="nvml, or a declared node (2xH100-80GB or a JSON file of GPUs) "
+        "(default: the gpus setting)",
+    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
+    p.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between passes (default 10)"
+    )
+    p.add_argument(
+        "--tolerance-mib",
+        type=int,
+        default=512,
+        help="memory used beyond the claims' bookings, in MiB, tolerated before a GPU is "
+        "tainted NoSchedule (default 512)",
+    )
+    p.add_argument("--once", action="store_true", help="publish once and exit")
+    add_log_format(p)
+    p.set_defaults(func=run)
+
+
+def _reader(settings: Settings, gpus: str | None) -> Callable[[], InventorySnapshot]:
+    """A fresh snapshot per call: NVML read again, a declared node parsed again."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def read() -> InventorySnapshot:
+        return gpu_source(settings, gpus).snapshot(visible_devices=visible)
+
+    return read
+
+
+def _client(kubeconfig: str | None) -> Any:
+    from lightkube import Client, KubeConfig
+
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    return Client(config, field_manager="gatekeeper-agent", trust_env=False)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.node_name:
+        raise GatekeeperError(
+            "--node-name is empty and $NODE_NAME is not set; pass --node-name or set "
+            "NODE_NAME from the pod's spec.nodeName (deploy/kubernetes/cluster)",
+            field="--node-name",
+            value=args.node_name,
+        )
+    from gatekeeper.cluster.agent import AgentConfig, NodeAgent
+
+    log_format = start_logging(args, settings)
+    config = AgentConfig(
+        node_name=args.node_name,
+        policy=placement_policy(settings),
+        interval_seconds=args.interval,
+        tolerance_bytes=args.tolerance_mib * MIB,
+    )
+    agent = NodeAgent(_client(args.kubeconfig), config, _reader(settings, args.gpus))
+    if args.once:
+        result = agent.publish()
+        print(f"slice {agent.slice_name} {result.action}: generation {result.generation}")
+        return 0
+    announce(
+        [f"gatekeeper agent: node {config.node_name}, slice {agent.slice_name}"],
+        log_format,
+        "gatekeeper.cluster.agent",
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    agent.run(stop)
+    return 0

@@ -1,0 +1,236 @@
+"""The node agent (``gatekeeper agent``, one per node from the DaemonSet): publish, taint,
+republish (issue 29 item 1; ``../shared/reference/cluster.md``).
+
+Each pass reads the node's GPUs and the ResourceClaims allocated on its pool, then:
+
+1. builds the node's ResourceSlice (``slices.resource_slice``: pool = node name);
+2. taints ``NoSchedule`` each device whose NVML-used memory exceeds what its claims booked
+   by more than the tolerance (``accounting.with_taints``), and lifts the taint once the
+   memory is free again;
+3. creates the slice, or replaces it when its devices differ from the published ones, or
+   leaves it alone. The pool's generation goes up by one when the device set changes (a
+   GPU appeared or vanished); a taint or a capacity change is one update of the pool's one
+   slice and keeps it, as kubernetes' own publisher does
+   (``k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go``,
+   ``syncPool``: "Kept generation because at most one update API call is necessary").
+
+A restarted agent finds its slice, sees the same devices and writes nothing: allocations
+live in the claims and are never touched by the agent. When a device vanishes, each pod
+whose claim was allocated on it is reported: a WARNING log line and a ``GpuVanished``
+Warning Event on the pod. A GPU reading that fails keeps the published slice (publishing
+an empty pool would tell the scheduler the node has no GPUs).
+
+The one module of the wing that talks to the apiserver (lightkube, the ``cluster`` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import httpx
+from lightkube import ALL_NS, ApiError, Client
+from lightkube.codecs import from_dict
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.utils.quantity import parse_quantity
+
+from gatekeeper.cluster.accounting import (
+    Allocation,
+    allocations,
+    booked_bytes,
+    unaccounted_bytes,
+    vanished,
+    with_taints,
+)
+from gatekeeper.cluster.slices import DRIVER_NAME, SliceError, resource_slice
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.units import MIB
+
+__all__ = ["AgentConfig", "NodeAgent", "PassResult", "quantity_bytes"]
+
+log = logging.getLogger("gatekeeper.cluster.agent")
+Action = Literal["created", "updated", "unchanged", "kept"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What the agent publishes, and how often."""
+
+    node_name: str
+    policy: PlacementPolicy = field(default_factory=PlacementPolicy)
+    driver: str = DRIVER_NAME
+    interval_seconds: float = 10.0
+    tolerance_bytes: int = 512 * MIB
+    """Unaccounted memory up to this is not tainted (a context, a probe's few MiB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What one pass did."""
+
+    action: Action
+    """created, updated, unchanged, or kept (the GPU reading failed: slice left as is)."""
+    generation: int
+    devices: tuple[str, ...] = ()
+    tainted: tuple[str, ...] = ()
+    vanished: tuple[Allocation, ...] = ()
+
+
+def quantity_bytes(text: str) -> int:
+    """An API quantity (``12Gi``, ``12884901888``) as integer bytes."""
+    value = parse_quantity(text)
+    if value is None:
+        raise GatekeeperError(
+            f"quantity {text!r} is not a Kubernetes quantity; expected e.g. 12Gi or 12884901888",
+            field="quantity",
+            value=text,
+        )
+    return int(value)
+
+
+def _canonical(devices: list[dict[str, Any]]) -> list[Any]:
+    """Devices as comparable values: quantities as ints, taints without ``timeAdded``."""
+    out: list[Any] = []
+    for device in sorted(devices, key=lambda d: str(d["name"])):
+        capacity = {}
+        for name, cap in (device.get("capacity") or {}).items():
+            rng = (cap.get("requestPolicy") or {}).get("validRange") or {}
+            capacity[name] = (
+                quantity_bytes(cap["value"]),
+                sorted((k, quantity_bytes(v)) for k, v in rng.items()),
+            )
+        taints = sorted(
+            (t["key"], t.get("value", ""), t["effect"]) for t in device.get("taints") or []
+        )
+        attrs = device.get("attributes") or {}
+        multiple = bool(device.get("allowMultipleAllocations"))
+        out.append((device["name"], sorted(attrs.items(), key=str), capacity, taints, multiple))
+    return out
+
+
+def _device_names(slice_: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(str(d["name"]) for d in slice_["spec"]["devices"]))
+
+
+class NodeAgent:
+    """Publishes one node's GPUs as its ResourceSlice through ``client``."""
+
+    def __init__(
+        self,
+        client: Client,
+        config: AgentConfig,
+        read_gpus: Callable[[], InventorySnapshot],
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._read_gpus = read_gpus
+        self.slice_name = f"{config.node_name}-{config.driver}"
+
+    def _published(self) -> dict[str, Any] | None:
+        try:
+            found = self._client.get(ResourceSlice, self.slice_name)
+        except ApiError as e:
+            if e.status.code == 404:
+                return None
+            raise
+        published: dict[str, Any] = found.to_dict()
+        return published
+
+    def _allocations(self) -> list[Allocation]:
+        claims = [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
+        return allocations(claims, self._config.driver, self._config.node_name, quantity_bytes)
+
+    def _desired(
+        self, snapshot: InventorySnapshot, found: list[Allocation], generation: int
+    ) -> dict[str, Any]:
+        cfg = self._config
+        desired = resource_slice(
+            cfg.node_name, snapshot, cfg.policy, generation=generation, driver=cfg.driver
+        )
+        used = {f"gpu-{gpu.index}": gpu.used_bytes for gpu in snapshot.gpus}
+        unaccounted = unaccounted_bytes(used, booked_bytes(found))
+        return with_taints(desired, unaccounted, cfg.tolerance_bytes)
+
+    def publish(self) -> PassResult:
+        """One pass: read, compare, write what changed, report vanished devices' pods."""
+        snapshot = self._read_gpus()
+        current = self._published()
+        generation = int(current["spec"]["pool"]["generation"]) if current else 1
+        if not snapshot.ok:
+            log.warning("GPU reading failed, slice %s kept: %s", self.slice_name, snapshot.error)
+            return PassResult("kept", generation)
+        found = self._allocations()
+        desired = self._desired(snapshot, found, generation)
+        names = _device_names(desired)
+        tainted = tuple(d["name"] for d in desired["spec"]["devices"] if d.get("taints"))
+        if current is None:
+            self._client.create(from_dict(desired))
+            return PassResult("created", generation, names, tainted)
+        if names != _device_names(current):
+            generation += 1
+            desired["spec"]["pool"]["generation"] = generation
+        elif _canonical(current["spec"]["devices"]) == _canonical(desired["spec"]["devices"]):
+            return PassResult("unchanged", generation, names, tainted)
+        desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        self._client.replace(from_dict(desired))
+        gone = tuple(vanished(found, names))
+        for allocation in gone:
+            self._report_vanished(allocation)
+        return PassResult("updated", generation, names, tainted, gone)
+
+    def _report_vanished(self, allocation: Allocation) -> None:
+        node = self._config.node_name
+        for pod in allocation.pods:
+            message = (
+                f"GPU {allocation.device} of node {node} is no longer published; claim "
+                f"{allocation.claim} booked {allocation.memory_bytes} bytes on it. Delete "
+                "the pod so that its workload is placed again"
+            )
+            log.warning("pod %s/%s: %s", allocation.namespace, pod, message)
+            self._post_event(allocation.namespace, pod, message)
+
+    def _post_event(self, namespace: str, pod: str, message: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod}.", "namespace": namespace},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
+            "reason": "GpuVanished",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "gatekeeper-agent", "host": self._config.node_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._client.create(from_dict(event))
+        except ApiError as e:
+            log.warning("event for pod %s/%s not recorded: %s", namespace, pod, e)
+
+    def run(self, stop: threading.Event) -> None:
+        """Passes every ``interval_seconds`` until ``stop`` is set; a failed pass is
+        logged and retried at the next one."""
+        while not stop.is_set():
+            try:
+                result = self.publish()
+            except (ApiError, SliceError, GatekeeperError, httpx.HTTPError, OSError) as e:
+                log.warning("publishing %s failed, retrying: %s", self.slice_name, e)
+            else:
+                if result.action in ("created", "updated"):
+                    log.info(
+                        "slice %s %s: generation %d, devices %s, tainted %s",
+                        self.slice_name,
+                        result.action,
+                        result.generation,
+                        ",".join(result.devices) or "none",
+                        ",".join(result.tainted) or "none",
+                    )
+            stop.wait(self._config.interval_seconds)
