@@ -201,6 +201,7 @@ def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
         + ",".join(map(str, dep["gpus"])),
         f"          {'simulator (as ' if rehearsal else ''}vllm serve "
         f"{' '.join(dep['vllm_args'])}{')' if rehearsal else ''}",
+        *(f"          warning: {w}" for w in dep.get("warnings") or []),
     ]
     if not args.json:
         _banner(rehearsal)
@@ -289,6 +290,8 @@ def run_ps(args: argparse.Namespace, settings: Settings) -> int:
             f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {gpus:<6} {d['port']:<6} "
             f"{uptime:>8} {_total(d.get('predicted')):>11} {_total(d.get('actual')):>20}"
         )
+    for did, warning in ((s["id"], w) for s in shown for w in s.get("warnings") or []):
+        print(f"warning: {did}: {warning}")
     hidden = len(data["deployments"]) - len(shown)
     if hidden:
         print(

@@ -182,6 +182,7 @@ class Deployment:
                 else {}
             ),
             "log_path": str(w.spec.log_path) if w is not None else None,
+            "warnings": list(self.decision_record().get("warnings") or []),
         }
 
 
