@@ -26,6 +26,7 @@ The one module of the wing that talks to the apiserver (lightkube, the ``cluster
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,15 +84,18 @@ class PassResult:
 
 
 def quantity_bytes(text: str) -> int:
-    """An API quantity (``12Gi``, ``12884901888``) as integer bytes."""
-    value = parse_quantity(text)
+    """An API quantity (``12Gi``, ``12884901888``) as integer bytes, a fraction rounded up."""
+    try:
+        value = parse_quantity(text)
+    except ValueError:
+        value = None
     if value is None:
         raise GatekeeperError(
             f"quantity {text!r} is not a Kubernetes quantity; expected e.g. 12Gi or 12884901888",
             field="quantity",
             value=text,
         )
-    return int(value)
+    return math.ceil(value)
 
 
 def _canonical(devices: list[dict[str, Any]]) -> list[Any]:

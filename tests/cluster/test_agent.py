@@ -317,3 +317,13 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     assert sorted(e["involvedObject"]["name"] for e in events) == sorted(on_vanished)
     assert all(f"GPU {device} of node {NODE}" in e["message"] for e in events)
     assert f"pod agent/first: GPU {device} of node {NODE}" in agent.log.read_text()
+
+
+def test_without_a_node_name_the_agent_says_how_to_give_one() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    done = subprocess.run(
+        [str(GATEKEEPER), "agent", "--once"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2
+    assert "--node-name is empty and $NODE_NAME is not set" in done.stderr
+    assert "spec.nodeName" in done.stderr
