@@ -74,6 +74,10 @@ def rehearsal_settings(settings: Settings) -> tuple[Settings, str]:
             "allowed_models": settings.allowed_models or [e.repo_id for e in catalog_entries()],
             "restart_backoff_seconds": min(settings.restart_backoff_seconds, 1.0),
             "startup_timeout_seconds": min(settings.startup_timeout_seconds, 120.0),
+            # Ctrl-C ends the rehearsal's simulators too, unless the operator chose
+            # otherwise (then the banner says what keeps running and how to stop it).
+            "stop_workers_on_exit": settings.stop_workers_on_exit
+            or setting_source(settings, "stop_workers_on_exit") == "default",
         }
     )
     return rehearsed, where
@@ -109,6 +113,7 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
                 f"gpus: NVML cannot be read ({snapshot.error}); run `gatekeeper serve --rehearsal` "
                 "or set GATEKEEPER_GPUS=2xH100-80GB to rehearse on a declared node"
             )
+    _check_preloads(settings)
     inventory = source.inventory(visible_devices=visible)
     # Bound before the app exists: a port already taken ends the command here, before the
     # lifespan adopts or launches any worker (uvicorn.run binds only after the lifespan).
@@ -133,6 +138,28 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         if close is not None:
             close()
     return 0
+
+
+def _check_preloads(settings: Settings) -> None:
+    """Resolve every model marked ``preload`` before anything starts: one that cannot be
+    found ends ``serve`` with one line naming the entry and the model (exit code 2), not
+    with the traceback of a failed start-up."""
+    from gatekeeper.settings import model_resolver
+
+    resolve = model_resolver(settings)
+    for entry in settings.models:
+        if not entry.preload:
+            continue
+        try:
+            resolve(entry.model)
+        except GatekeeperError as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise GatekeeperError(
+                f"models: the preloaded model {entry.name!r} (model = {entry.model!r}) cannot "
+                f"be resolved: {reason}. Fix the entry's model, or set preload = false",
+                field="models",
+                value=entry.model,
+            ) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -188,6 +215,13 @@ def _banner(
             lines.append(f"  export GATEKEEPER_ADMIN_TOKEN=$(cat {state / 'admin-token'})")
     else:
         lines.append("admin API off: set GATEKEEPER_ADMIN_TOKEN to turn it on")
+    if settings.stop_workers_on_exit:
+        lines.append("workers are stopped when the sidecar exits (Ctrl-C)")
+    else:
+        lines.append(
+            "workers keep running when the sidecar exits (stop_workers_on_exit = false): "
+            "the next start adopts them; stop them first with gatekeeper undeploy ID (gatekeeper ps lists them)"
+        )
     return {
         "url": url,
         "rehearsal": rehearsal,

@@ -207,6 +207,7 @@ class ServeOptions:
                     field=flag,
                     value=value,
                 )
+        _check_block_size(self.block_size)
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ServeOptionsError(
@@ -421,6 +422,23 @@ def check_parallelism(
             f"use at most {spec.num_layers}",
             field="pipeline_parallel_size",
             value=pp,
+        )
+
+
+def _check_block_size(block_size: int | None) -> None:
+    """vLLM 0.32 takes any ``--block-size`` above 0 (``CacheConfig``), then finds no
+    attention backend for one that is not a multiple of 16: FlashAttention, Triton and
+    FlexAttention take ``MultipleOf(16)``, FlashInfer 16, 32 or 64 and up, the CPU
+    backend ``MultipleOf(32)`` (``get_supported_kernel_block_sizes`` in
+    vllm/v1/attention/backends/; ``CudaPlatform.get_attn_backend_cls`` then raises "No
+    valid attention backend found ... block_size not supported")."""
+    if block_size is not None and block_size % 16:
+        raise ServeOptionsError(
+            f"block_size: {block_size} tokens is not a multiple of 16, which no attention "
+            "backend of vLLM's takes (vLLM then refuses to start); give 16, 32, 64 or 128, "
+            "or omit it for vLLM's choice",
+            field="block_size",
+            value=block_size,
         )
 
 

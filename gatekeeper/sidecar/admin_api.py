@@ -76,6 +76,9 @@ FIELD_HELP = {
 }
 """What each field of ``DeployBody`` takes, for the 400 that names it."""
 
+MAX_LOG_OFFSET = 2**63 - 1
+"""The largest offset ``GET /admin/deployments/ID/log`` takes (a file offset is an off_t)."""
+
 EXAMPLE = '{"model": "NAME", "options": {"max_model_len": 8192}}'
 
 
@@ -289,13 +292,15 @@ class AdminApi:
         try:
             offset = max(0, int(given))
         except ValueError:
+            offset = -1
+        if not 0 <= offset <= MAX_LOG_OFFSET:  # a file offset is a signed 64-bit number
             return self._fail(
                 400,
-                f"offset = {given!r} is not a whole number of bytes; send ?offset=0 first, "
-                "then the offset the last answer gave",
+                f"offset = {given[:40]!r} is not a whole number of bytes from 0 to "
+                f"{MAX_LOG_OFFSET}; send ?offset=0 first, then the offset the last answer gave",
                 kind="bad_request",
                 field="offset",
-                value=given,
+                value=given[:40],
             )
         lines, new_offset = _read_log(d.worker.spec.log_path if d.worker else None, offset)
         return self._answer({"offset": new_offset, "lines": lines, **summary(d)})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ __all__ = [
     "DeploymentRecord",
     "ManagerConfig",
     "State",
+    "check_name",
     "free_port",
     "process_start_ticks",
     "recorded_admission",
@@ -328,6 +330,26 @@ _DEFAULTS: dict[str, Any] = {
     if f.default is not dataclasses.MISSING
 }
 """``ServeOptions``' defaults as ``options_record`` writes them (tuples as lists)."""
+
+
+_NAME = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./:@+-]{0,255}")
+NAME_RULE = (
+    "1 to 256 of the letters A-Z and a-z, digits and . _ / : @ + -, beginning with a "
+    'letter, digit, "_", "." or "/" (e.g. "llama-8b", "Qwen/Qwen3-8B")'
+)
+
+
+def check_name(name: str) -> None:
+    """Refuse a deployment name that could be read as something else: it is passed to the
+    worker as ``--served-model-name NAME`` (``--x`` would be a flag), and goes into log
+    lines and headers (a NUL, CR or LF would split them)."""
+    if not _NAME.fullmatch(name):
+        raise DeploymentError(
+            f"name = {name!r} is not a deployment name: use {NAME_RULE}",
+            status=400,
+            field="name",
+            value=name,
+        )
 
 
 def slug(name: str) -> str:

@@ -46,6 +46,7 @@ from gatekeeper.sidecar.deployment import (
     DeploymentRecord,
     ManagerConfig,
     State,
+    check_name,
     free_port,
     process_start_ticks,
     recorded_admission,
@@ -159,6 +160,7 @@ class DeploymentManager:
         self, name: str, request: PlacementRequest
     ) -> tuple[Decision, Deployment | None]:
         """Admit and launch; returns the decision and, when admitted, the deployment."""
+        check_name(name)
         request = self._calibrated(request)
         async with self._lock:
             live = [d for d in self.by_name(name) if d.state != "failed"]
