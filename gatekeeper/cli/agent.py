@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.node_name:
         raise GatekeeperError(
             "--node-name is empty and $NODE_NAME is not set; pass --node-name or set "
-            "NODE_NAME from the pod's spec.nodeName (deploy/kubernetes/cluster)",
+            "NODE_NAME from the pod's spec.nodeName (deploy/kubernetes/components/cluster)",
             field="--node-name",
             value=args.node_name,
         )

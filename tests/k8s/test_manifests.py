@@ -23,7 +23,7 @@ from gatekeeper.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 BUILTIN_GROUPS = ("v1", "apps/v1", "batch/v1", "policy/v1", "rbac.authorization.k8s.io/v1",
-                  "admissionregistration.k8s.io/v1")  # fmt: skip
+                  "admissionregistration.k8s.io/v1", "resource.k8s.io/v1")  # fmt: skip
 WORKLOAD_RULES = {
     "": {"pods"},
     "apps": {"deployments", "statefulsets", "replicasets"},
@@ -190,11 +190,13 @@ def test_the_certificate_serves_the_service_and_is_injected():
 
 
 def test_the_daemonset_runs_on_gpu_nodes():
-    (daemonset,) = by_kind("DaemonSet")
-    spec = daemonset["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    (container,) = spec["containers"]
-    assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))
+    daemonsets = by_kind("DaemonSet")  # the sidecar; the cluster mode's node agent
+    assert len(daemonsets) == 2
+    for daemonset in daemonsets:
+        spec = daemonset["spec"]["template"]["spec"]
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        (container,) = spec["containers"]
+        assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))
 
 
 def gatekeeper_containers() -> Iterator[tuple[Doc, Doc]]:
@@ -208,7 +210,7 @@ def gatekeeper_containers() -> Iterator[tuple[Doc, Doc]]:
 
 def test_gatekeeper_runs_as_non_root_with_no_privileges():
     found = list(gatekeeper_containers())
-    assert len(found) == 3
+    assert len(found) == 4
     for pod, container in found:
         context = {**pod.get("securityContext", {}), **container["securityContext"]}
         assert context["runAsNonRoot"] is True and context.get("runAsUser", 10001) != 0

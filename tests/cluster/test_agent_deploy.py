@@ -1,0 +1,114 @@
+"""deploy/kubernetes/components/cluster: the agent's DaemonSet arguments parse, and its RBAC,
+applied to the real apiserver, allows exactly what ``gatekeeper agent`` does (issue 29).
+
+The apiserver's own RBAC authorizer answers: a SubjectAccessReview per request the agent
+makes (gatekeeper/cluster/agent.py), as the agent's ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client
+from lightkube.codecs import from_dict
+from lightkube.resources.authorization_v1 import SubjectAccessReview
+from lightkube.resources.resource_v1 import DeviceClass
+
+from gatekeeper.cli.main import build_parser
+from gatekeeper.cluster import DRIVER_NAME
+from tests.support.kube_cluster import KubeCluster
+
+pytestmark = pytest.mark.k8s
+
+COMPONENT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "components" / "cluster"
+AGENT = "system:serviceaccount:vllm-gatekeeper:gatekeeper-agent"
+# (verb, group, resource): each call gatekeeper/cluster/agent.py makes.
+AGENT_CALLS = [
+    ("get", "resource.k8s.io", "resourceslices"),
+    ("create", "resource.k8s.io", "resourceslices"),
+    ("update", "resource.k8s.io", "resourceslices"),
+    ("list", "resource.k8s.io", "resourceclaims"),
+    ("create", "", "events"),
+]
+NOT_THE_AGENTS = [
+    ("update", "resource.k8s.io", "resourceclaims"),
+    ("delete", "resource.k8s.io", "resourceslices"),
+    ("delete", "", "pods"),
+    ("update", "", "nodes"),
+    ("get", "", "secrets"),
+]
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((COMPONENT / name).read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def rbac_client(kube_cluster: KubeCluster) -> Iterator[Client]:
+    client = kube_cluster.client()
+    client.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                             "metadata": {"name": "vllm-gatekeeper"}}))  # fmt: skip
+    for doc in docs("agent-rbac.yaml"):
+        client.create(from_dict(doc))
+    yield client
+    client.close()
+
+
+def allowed(client: Client, verb: str, group: str, resource: str) -> bool:
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": AGENT,
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:vllm-gatekeeper"],
+            "resourceAttributes": {
+                "verb": verb,
+                "group": group,
+                "resource": resource,
+                "namespace": "agent-test" if resource in ("events", "resourceclaims") else "",
+            },
+        },
+    }
+    answer = client.create(from_dict(review))
+    assert isinstance(answer, SubjectAccessReview) and answer.status is not None
+    return bool(answer.status.allowed)
+
+
+@pytest.mark.parametrize("call", AGENT_CALLS, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_the_agents_rbac_allows_each_call_it_makes(
+    rbac_client: Client, call: tuple[str, ...]
+) -> None:
+    assert allowed(rbac_client, *call)
+
+
+@pytest.mark.parametrize("call", NOT_THE_AGENTS, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_the_agents_rbac_allows_nothing_else(rbac_client: Client, call: tuple[str, ...]) -> None:
+    assert not allowed(rbac_client, *call)
+
+
+def test_the_device_class_selects_the_agents_driver(rbac_client: Client) -> None:
+    (device_class,) = docs("deviceclass.yaml")
+    assert device_class["metadata"]["name"] == DRIVER_NAME
+    (selector,) = device_class["spec"]["selectors"]
+    assert selector["cel"]["expression"] == f'device.driver == "{DRIVER_NAME}"'
+    try:  # the apiserver compiles the CEL expression on create
+        rbac_client.create(from_dict(device_class))
+    except ApiError as e:
+        assert e.status.code == 409, e  # another cluster test made the same class
+    else:  # the other cluster modules create it as their own
+        rbac_client.delete(DeviceClass, DRIVER_NAME)
+
+
+def test_the_daemonsets_arguments_are_the_agents() -> None:
+    (daemonset,) = docs("agent-daemonset.yaml")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "agent"
+    assert (args.gpus, args.interval, args.tolerance_mib) == ("nvml", 10.0, 512)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "gatekeeper-agent"
