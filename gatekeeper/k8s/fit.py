@@ -31,6 +31,7 @@ from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, 
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
+    MAX_NODE_GPUS,
     MIN_SUGGESTED_LEN,
     larger_sizes,
     lighter_variants,
@@ -327,11 +328,14 @@ def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) 
 def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> list[str]:
     """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
     smaller one that fits with a shorter max_model_len; GPUs as the estimate counts
-    them (``Estimate.gpus``: dp x tp x pp)."""
+    them (``Estimate.gpus``: dp x tp x pp), no more than one node has (``MAX_NODE_GPUS``)
+    unless the pods form a multi-node group."""
     out: list[str] = []
     tp, pp = o.tensor_parallel_size, o.pipeline_parallel_size
     sizes = (
-        [(tp, p) for p in larger_sizes(pp)] if multi_node else [(t, pp) for t in larger_sizes(tp)]
+        [(tp, p) for p in larger_sizes(pp)]
+        if multi_node  # pipeline stages span the group's pods
+        else [(t, pp) for t in larger_sizes(tp, pp * o.data_parallel_size, MAX_NODE_GPUS)]
     )
     for t, p in sizes:
         changed = dataclasses.replace(o, tensor_parallel_size=t, pipeline_parallel_size=p)

@@ -114,7 +114,7 @@ def suggestions(
     )
     found = [_shorter(probe), *_lighter(probe), _parallel(probe)]
     out = [s for s in found if s is not None]
-    return out or [_idle(probe, lines)]
+    return out or _idle(probe, lines)
 
 
 def _shorter(probe: _Probe) -> Suggestion | None:
@@ -165,34 +165,45 @@ def _parallel(probe: _Probe) -> Suggestion | None:
     )
 
 
-def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> Suggestion:
+def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
+    """What would fit once the node's GPUs are idle: the request as asked, else each
+    change of the menu (a shorter max_model_len, fp8 KV cache, fp8 weights), any TP or
+    PP size the node has GPUs for; else that nothing does."""
     request, snapshot = probe.request, probe.snapshot
-    idle = dataclasses.replace(
-        snapshot,
-        gpus=tuple(
-            dataclasses.replace(g, free_bytes=g.visible_total_bytes, processes=())
-            for g in snapshot.gpus
+    idle = _Probe(
+        dataclasses.replace(request, auto_parallel=True),
+        dataclasses.replace(
+            snapshot,
+            gpus=tuple(
+                dataclasses.replace(g, free_bytes=g.visible_total_bytes, processes=())
+                for g in snapshot.gpus
+            ),
         ),
+        dataclasses.replace(probe.policy, share_gpus=True, allow_pipeline=True, allowed_gpus=None),
+        reserved={},
+        workers={},
+        cache=probe.cache,
     )
-    open_policy = dataclasses.replace(
-        probe.policy, share_gpus=True, allow_pipeline=True, allowed_gpus=None
-    )
-    try:
-        p = search(
-            dataclasses.replace(request, auto_parallel=True),
-            idle,
-            policy=open_policy,
-            cache=probe.cache,
-        ).placement
-    except GatekeeperError:
-        p = None
+    held = format_gib(sum(g.total_bytes - g.free_bytes for g in lines))
+    p = idle.placed()
     if p is not None:
-        held = sum(g.total_bytes - g.free_bytes for g in lines)
-        return Suggestion(
-            "wait",
-            f"it would fit on {_where(p)} of this node once they are idle ({format_gib(held)} is held by other processes now)",
+        return [
+            Suggestion(
+                "wait",
+                f"it would fit on {_where(p)} of this node once they are idle ({held} is held by other processes now)",
+            )
+        ]
+    changed = [s for s in (_shorter(idle), *_lighter(idle)) if s is not None]
+    if changed:
+        return [
+            Suggestion(
+                "wait", f"once this node's GPUs are idle ({held} is held now): {s.text}", s.options
+            )
+            for s in changed
+        ]
+    return [
+        Suggestion(
+            "none",
+            f"nothing fits on this node: even idle, its {len(lines)} GPU(s) cannot hold {request.model.name} with these options",
         )
-    return Suggestion(
-        "none",
-        f"nothing fits on this node: even idle, its {len(lines)} GPU(s) cannot hold {request.model.name} with these options",
-    )
+    ]

@@ -2,7 +2,8 @@
 
 One menu, shared by the sidecar's rejections (``gatekeeper.placement.hints``) and the
 webhook's denials (``gatekeeper.k8s.fit``), so both offer the same changes: a larger
-tensor-parallel size (from the sizes placement searches), the longest ``max_model_len``
+tensor-parallel size (from the sizes placement searches, no more GPUs than one node has:
+the sidecar's own, ``MAX_NODE_GPUS`` for the webhook), the longest ``max_model_len``
 that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when the cache is
 16-bit, and online fp8 weights when the model is not quantized (the flag vLLM's release
 spells it with). Each caller probes them its own way and in its own order (the sidecar
@@ -21,6 +22,7 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.search import TP_SIZES
 
 __all__ = [
+    "MAX_NODE_GPUS",
     "MIN_SUGGESTED_LEN",
     "Variant",
     "larger_sizes",
@@ -81,10 +83,19 @@ def lighter_variants(
     return out
 
 
-def larger_sizes(current: int) -> tuple[int, ...]:
+MAX_NODE_GPUS = 8
+"""The most GPUs a menu offers on one node when it cannot see the node (the webhook):
+NVIDIA's HGX and DGX boards carry 8, and a larger tensor-parallel group spans nodes
+(the sidecar offers only what its own node has, ``search``'s shapes)."""
+
+
+def larger_sizes(current: int, gpus_per_unit: int = 1, limit: int | None = None) -> tuple[int, ...]:
     """The parallel sizes (placement's TP sizes, also used for PP) above ``current``,
-    smallest first."""
-    return tuple(t for t in TP_SIZES if t > current)
+    smallest first; with ``limit``, only those whose ``size x gpus_per_unit`` GPUs (the
+    other parallel sizes' product) a node of ``limit`` GPUs has."""
+    return tuple(
+        t for t in TP_SIZES if t > current and (limit is None or t * gpus_per_unit <= limit)
+    )
 
 
 def longest_length(probe: Callable[[int], T | None], now: int) -> tuple[int, T] | None:

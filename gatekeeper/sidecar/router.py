@@ -242,10 +242,29 @@ class ModelRouter:
             if not decision.admitted:
                 raise RouteError(
                     507,
-                    rejection_text(model, decision),
+                    self._served_as(model) + rejection_text(model, decision),
                     type="Insufficient Storage",
                     code="model_does_not_fit",
                 )
+
+    def _served_as(self, model: str) -> str:
+        """For a model reference (a repo id) that this node configures or runs under
+        other names: a first line naming them, since those carry the configured options
+        and the running workers, and a launch under the reference itself does not."""
+        names = {e.name for e in self.registry.entries if e.model == model and e.name != model}
+        names |= {
+            d.name
+            for d in self.manager.deployments.values()
+            if d.model == model and d.name != model and d.state in LIVE
+        }
+        if not names:
+            return ""
+        listed = ", ".join(f"`{n}`" for n in sorted(names))
+        return (
+            f"`{model}` is served on this node as {listed}: send that name as the model "
+            "(its configured options, and its worker when one runs); launched under its "
+            "own name, with vLLM's defaults, it does not fit:\n"
+        )
 
     async def evict_for(self, request: PlacementRequest) -> bool:
         """Stop the least recently used idle workers whose memory would make ``request`` fit."""
