@@ -5,7 +5,9 @@
 ``openapi`` schema), ``/metrics`` and the webhook. The ``manager`` admits
 (``admission``: placement and reservation in one ``ledger`` transaction), launches
 (``launcher``), supervises, restarts, stops and adopts ``deployment``s of the models the
-``registry`` allows; the ``calibrator`` learns corrections from ready workers;
+``registry`` allows, and probes the ready ones' ``/health`` (liveness); its
+``ledger_keeper`` rebuilds the ledger's rows from the live deployments when the file
+is lost; the ``calibrator`` learns corrections from ready workers;
 ``rehearsal`` is the one module that knows the simulator's protocol.
 
 May import every wing below it: ``k8s``, ``metrics``, ``settings``, ``placement``,

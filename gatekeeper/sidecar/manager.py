@@ -34,7 +34,6 @@ import httpx
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
-from gatekeeper.gpus.proctree import process_tree
 from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.placement.search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
@@ -51,7 +50,6 @@ from gatekeeper.sidecar.deployment import (
     process_start_ticks,
     recorded_admission,
     resolve_request,
-    restored_promises,
     slug,
     worker_view,
 )
@@ -62,7 +60,8 @@ from gatekeeper.sidecar.launcher import (
     marked_workers,
     process_group_alive,
 )
-from gatekeeper.sidecar.ledger import Ledger, LedgerError, LedgerLostError
+from gatekeeper.sidecar.ledger import Ledger, LedgerError
+from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_context, deployment_extra
 from gatekeeper.sidecar.rehearsal import simulator_env
 from gatekeeper.vllm.flags import options_record
@@ -77,10 +76,6 @@ logger = logging.getLogger(__name__)
 FINISHED = ("stopped", "failed")
 """The states of a deployment that is over: ``ps`` lists them with ``--all`` only, and
 ``forget`` drops them."""
-SERVING = ("ready",)
-"""States whose worker's memory is in NVML's figure (its rows are ready)."""
-RESERVING = ("admitted", "launching", "loading", *SERVING)
-"""States whose deployment holds a reservation (rows written back by a rebuild)."""
 
 
 class DeploymentManager:
@@ -119,13 +114,14 @@ class DeploymentManager:
         self._late_releases: set[asyncio.Future[int]] = set()
         """Releases still to happen: of admissions that finished after their time limit,
         and of undeployments whose release the ledger refused (retried)."""
-        self.restoring: str | None = (
-            "the sidecar is starting: the reservations of the workers an earlier sidecar "
-            "left running are being written back to the ledger"
+        self.keeper = LedgerKeeper(
+            ledger,
+            lambda: self.deployments.values(),
+            self.snapshot,
+            state_dir=config.state_dir,
+            ttl_seconds=config.startup_timeout_seconds + 60,
         )
-        """Why admissions are refused (503) until the ledger holds every running
-        worker's reservation; None once it does (``adopt`` done)."""
-        self._rebuild_lock = asyncio.Lock()
+        """Rebuilds the ledger's rows when its file is lost (#27 item 4)."""
 
     # -- queries ------------------------------------------------------------------------
 
@@ -193,7 +189,7 @@ class DeploymentManager:
         return decision, d
 
     async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
-        await self.ledger_in_order()
+        await self.keeper.in_order()
         # Before the snapshot: a worker turning ready after this is counted by the
         # ledger transaction even if the snapshot missed it (Ledger.admit's since).
         since = self.ledger.now()
@@ -209,80 +205,6 @@ class DeploymentManager:
             cache=self.estimates,
             since=since,
         )
-
-    async def ledger_in_order(self) -> None:
-        """Make sure the ledger holds every running worker's reservation before an
-        admission counts on it: a file that vanished under the sidecar is recreated and
-        refilled first; while that cannot be done (or adoption is not over), 503 with
-        the reason and Retry-After."""
-        try:
-            if self.ledger.vanished():
-                await self.rebuild_ledger()
-        except LedgerError as e:
-            raise DeploymentError(
-                f"the ledger {self.ledger.path} vanished and cannot be recreated ({e}); "
-                "admissions wait until it is",
-                status=503,
-                field="state_dir",
-                value=str(self.config.state_dir),
-                retry_after=5,
-            ) from e
-        if self.restoring is not None:
-            raise DeploymentError(
-                f"{self.restoring}; retry in a few seconds",
-                status=503,
-                field="state_dir",
-                value=str(self.config.state_dir),
-                retry_after=2,
-            )
-
-    async def rebuild_ledger(self) -> int:
-        """The ledger file was removed, moved aside or replaced while the sidecar ran:
-        open (create) the file at its path again and write back the reservation of
-        every deployment that holds or is about to hold GPU memory (``Ledger.restore``:
-        one the new file already knows is left alone). Returns the rows written."""
-        async with self._rebuild_lock:
-            if not self.ledger.vanished():
-                return 0
-            logger.warning(
-                "the ledger %s was removed or replaced while the sidecar ran: recreating "
-                "it and writing back the reservations of the running deployments",
-                self.ledger.path,
-            )
-            await asyncio.to_thread(self.ledger.reopen)
-            snapshot = await self.snapshot()
-            written = 0
-            for d in list(self.deployments.values()):
-                written += await self._restore_rows(d, snapshot)
-            logger.warning("the ledger %s was recreated with %d rows", self.ledger.path, written)
-            return written
-
-    async def _restore_rows(self, d: Deployment, snapshot: InventorySnapshot) -> int:
-        """Write back a live deployment's rows if the ledger has none (``Ledger.restore``):
-        ready for a serving worker, pending for one still starting."""
-        if d.state not in RESERVING or not d.gpu_uuids or (d.worker and not d.worker.alive):
-            return 0
-        pid = d.worker.pid if d.worker is not None else None
-        pids = await asyncio.to_thread(process_tree, pid) if pid is not None else frozenset()
-        return await asyncio.to_thread(
-            self.ledger.restore,
-            d.id,
-            d.model,
-            restored_promises(d, snapshot, pids),
-            ready=d.state in SERVING,
-            ttl_seconds=self.config.startup_timeout_seconds + 60,
-            pid=pid,
-            payload=json.dumps(d.decision_record()),
-        )
-
-    async def _ledger_write(self, write: Callable[[str], int], deployment_id: str) -> int:
-        """``write(deployment_id)`` in a thread; a ledger file lost under the sidecar is
-        rebuilt and the write tried once more."""
-        try:
-            return await asyncio.to_thread(write, deployment_id)
-        except LedgerLostError:
-            await self.rebuild_ledger()
-            return await asyncio.to_thread(write, deployment_id)
 
     async def _admit_within_limit(self, deployment_id: str, request: PlacementRequest) -> Decision:
         """``_admit`` bounded by ``admission_timeout_seconds``. The admission's thread
@@ -415,7 +337,7 @@ class DeploymentManager:
     async def _fail(self, d: Deployment) -> None:
         if d.worker is not None:
             await d.worker.stop(self.config.stop_grace_seconds)
-        await self._ledger_write(self.ledger.release, d.id)
+        await self.keeper.write(self.ledger.release, d.id)
         d.ready_event.clear()
         self._set(d, "failed")
 
@@ -585,7 +507,7 @@ class DeploymentManager:
                 adopted.append(d.id)
                 # A ledger moved aside or lost holds no row of it: written back from its
                 # record (and NVML) before any admission is answered (#27 item 4).
-                if await self._restore_rows(d, snapshot):
+                if await self.keeper.restore(d, snapshot):
                     logger.warning("deployment %s: its reservation was written back", d.id)
         await self._stop_unrecorded_workers(set(adopted))
         # A reservation whose deployment was not adopted has no worker behind it (the
@@ -593,7 +515,7 @@ class DeploymentManager:
         # would block its GPU until it expired. One sidecar owns a state directory.
         for deployment_id in sorted(live - set(adopted)):
             await asyncio.to_thread(self.ledger.release, deployment_id)
-        self.restoring = None
+        self.keeper.restoring = None
         return adopted
 
     async def _stop_unrecorded_workers(self, adopted: set[str]) -> None:
@@ -709,7 +631,7 @@ class DeploymentManager:
 
     async def _became_ready(self, d: Deployment, mark: Callable[[str], int]) -> None:
         """The worker serves: its rows become ready (``mark``), then the deployment."""
-        await self._ledger_write(mark, d.id)
+        await self.keeper.write(mark, d.id)
         d.ready_at = time.time()
         d.error = None
         self._set(d, "ready")
@@ -758,7 +680,7 @@ class DeploymentManager:
                 return False
             if self.ledger.vanished():
                 with contextlib.suppress(LedgerError):  # retried next round
-                    await self.rebuild_ledger()
+                    await self.keeper.rebuild()
             healthy = await self._health(d.worker.spec.host, d.port, c.health_timeout_seconds)
             failures = 0 if healthy else failures + 1
         d.error = (
