@@ -334,6 +334,7 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     check_parallelism(spec, tp, pp, opts)
     pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
+    spec = spec.for_runner(pooling)  # a pooling run: the tokenizer's length cap
     dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1", pooling=pooling)
     quant = (
         quant_from_flag(opts.quantization, spec.quantization)

@@ -253,12 +253,18 @@ def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
     )
 
 
-def _tied(top: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
-    """``tie_word_embeddings`` (with its class's default filled in; False without one)."""
-    for cfg in (top, text):
-        if cfg.get("tie_word_embeddings") is not None:
-            return bool(cfg["tie_word_embeddings"])
-    return False
+def _tied(
+    top: Mapping[str, Any], text: Mapping[str, Any], checkpoint: CheckpointWeights | None
+) -> bool:
+    """``tie_word_embeddings`` (with its class's default filled in; False without one):
+    a multimodal wrapper's own, which vLLM copies into its language model's config
+    (``VllmConfig.with_hf_config``); untied when the safetensors carry an ``lm_head``
+    tensor (``ModelConfig.maybe_untie_word_embeddings``, ``checkpoint_has_lm_head``)."""
+    tied = next((bool(c["tie_word_embeddings"]) for c in (top, text)
+                 if c.get("tie_word_embeddings") is not None), False)  # fmt: skip
+    if tied and checkpoint is not None:
+        return not any(t.name.endswith("lm_head.weight") for t in checkpoint.tensors)
+    return tied
 
 
 def _quant(top: Mapping[str, Any], text: Mapping[str, Any]) -> QuantSpec | None:
@@ -395,6 +401,7 @@ def _read(
     return ModelSpec(
         max_position_declared=len_declared,
         sentence_transformers=pooling is not None and pooling.pooling,
+        pooling_max_model_len=pooling.pooling_cap(config, longest) if pooling else None,
         attention_output_gate=bool(text.get("attn_output_gate", model_type in _OUTPUT_GATED)),
         name=name,
         architecture=str(architecture),
@@ -414,7 +421,7 @@ def _read(
         max_position_embeddings=longest,
         served_max_model_len=served_len if served_len != longest else None,
         torch_dtype=_dtype(config, text, checkpoint),
-        tie_word_embeddings=_tied(config, text),
+        tie_word_embeddings=_tied(config, text, checkpoint),
         layer_attention=_attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,

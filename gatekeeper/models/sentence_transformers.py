@@ -9,18 +9,31 @@ vLLM looks for them in the model directory (``vllm/transformers_utils/config.py`
 - ``sentence_bert_config.json`` (or its RoBERTa, DistilBERT, ... siblings): its
   ``max_seq_length`` becomes the model's length (``get_sentence_transformer_tokenizer_config``,
   read by ``_get_and_verify_max_len`` as ``encoder_config``).
+
+Beside them, the tokenizer's ``tokenizer_config.json``: its ``model_max_length`` caps the
+length of a pooling model with absolute position embeddings (``ModelConfig.get_and_verify_max_len``
+reads it through ``try_get_tokenizer_config`` only when ``runner_type == "pooling"`` and
+``hf_config.position_embedding_type == "absolute"``; ``_get_and_verify_max_len`` takes the
+smaller of it and the config's length, before a ``max_seq_length`` replaces both).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import ModelSpecError
 
-__all__ = ["POOLING_MODULE_TYPES", "PoolingFiles", "read_pooling_files"]
+__all__ = [
+    "ENCODER_CONFIG_FILES",
+    "POOLING_MODULE_TYPES",
+    "TOKENIZER_CONFIG",
+    "PoolingFiles",
+    "read_pooling_files",
+]
 
 POOLING_MODULE_TYPES = frozenset(
     {
@@ -39,6 +52,7 @@ ENCODER_CONFIG_FILES = (
     "sentence_xlnet_config.json",
 )
 """vLLM's ``sentence_transformer_config_files``, in its order."""
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,19 @@ class PoolingFiles:
     pooling: bool
     """``modules.json`` names a Pooling module."""
     max_seq_length: int | None = None
+    tokenizer_max_length: int | None = None
+    """``tokenizer_config.json``'s ``model_max_length``: a pooling model with absolute
+    positions is served at most this long."""
+
+    def pooling_cap(self, config: Mapping[str, Any], longest: int) -> int | None:
+        """The tokenizer's cap on ``longest`` when vLLM runs ``config`` as a pooling model:
+        only with absolute positions (``hf_config.position_embedding_type``, the class
+        default filled in), only when no ``max_seq_length`` replaces the length anyway,
+        and only when it is smaller."""
+        cap = self.tokenizer_max_length
+        if cap is None or self.max_seq_length is not None or cap >= longest:
+            return None
+        return cap if config.get("position_embedding_type") == "absolute" else None
 
 
 def _json(path: Path) -> Any:
@@ -94,11 +121,33 @@ def _max_seq_length(directory: Path) -> int | None:
     return None
 
 
+def _tokenizer_max_length(directory: Path) -> int | None:
+    """``model_max_length`` of ``tokenizer_config.json`` (transformers writes 10^30 for
+    "no limit", which then caps nothing)."""
+    path = directory / TOKENIZER_CONFIG
+    if not path.is_file():
+        return None
+    tokenizer = _json(path)
+    value = tokenizer.get("model_max_length") if isinstance(tokenizer, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ModelSpecError(
+            f"model_max_length: {path} says {value!r}; it must be a positive number of "
+            "tokens. Fix the file, or remove the key to take the config's length",
+            field="model_max_length",
+            value=value if isinstance(value, str | int | float) else repr(value),
+        )
+    return int(value)
+
+
 def read_pooling_files(directory: Path) -> PoolingFiles | None:
-    """The sentence-transformers files in ``directory``; None when it has none."""
+    """The sentence-transformers files and the tokenizer config in ``directory``; None
+    when it has none of them."""
     modules = directory / "modules.json"
     pooling = modules.is_file() and _has_pooling(_json(modules), modules)
     length = _max_seq_length(directory)
-    if not pooling and length is None:
+    tokenizer = _tokenizer_max_length(directory)
+    if not pooling and length is None and tokenizer is None:
         return None
-    return PoolingFiles(pooling=pooling, max_seq_length=length)
+    return PoolingFiles(pooling=pooling, max_seq_length=length, tokenizer_max_length=tokenizer)

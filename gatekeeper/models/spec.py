@@ -8,7 +8,7 @@ sliding-window attention, dense and MoE MLPs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gatekeeper.models.quantization import QuantSpec
@@ -164,6 +164,10 @@ class ModelSpec:
     served_max_model_len: int | None = None
     """The length vLLM serves at without ``--max-model-len`` where it is below
     ``max_position_embeddings`` (LongRoPE: ``original_max_position_embeddings``)."""
+    pooling_max_model_len: int | None = None
+    """The tokenizer's ``model_max_length`` where it caps the length of this model run as
+    a pooling model (absolute positions; ``sentence_transformers.PoolingFiles.pooling_cap``);
+    ``for_runner`` applies it."""
     sentence_transformers: bool = False
     """A ``modules.json`` beside the config names a sentence-transformers Pooling module:
     vLLM's auto runner then serves even a ``*ForCausalLM`` as a pooling model, without
@@ -217,6 +221,19 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.torch_dtype]
+
+    def for_runner(self, pooling: bool) -> ModelSpec:
+        """The spec as vLLM sees it under the resolved runner: a pooling run takes the
+        tokenizer's cap (``ModelConfig.get_and_verify_max_len``), a generating one not."""
+        cap = self.pooling_max_model_len
+        if not pooling or cap is None:
+            return self
+        served = self.served_max_model_len
+        return replace(
+            self,
+            max_position_embeddings=cap,
+            served_max_model_len=served if served is not None and served < cap else None,
+        )
 
     @property
     def default_max_model_len(self) -> int:

@@ -78,6 +78,20 @@ GEMMA2: dict[str, Any] = {
     "sliding_window": 256, "torch_dtype": "float16",
 }  # fmt: skip
 
+
+def _safetensors(names: list[str]) -> bytes:
+    """A valid safetensors file: one bf16 element per tensor (only the names matter)."""
+    header = {n: {"dtype": "BF16", "shape": [1], "data_offsets": [2 * i, 2 * i + 2]}
+              for i, n in enumerate(names)}  # fmt: skip
+    blob = json.dumps(header).encode()
+    return len(blob).to_bytes(8, "little") + blob + bytes(2 * len(names))
+
+
+TIED = {**LLAMA, "tie_word_embeddings": True}
+LAYER_0 = ["model.embed_tokens.weight", "model.norm.weight"]
+TOKENIZER_256 = {"tokenizer_config.json": {"model_max_length": 256}}
+UNBOUNDED = {"tokenizer_config.json": {"model_max_length": 1000000000000000019884624838656}}
+
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "llama": (LLAMA, {}),
     "llama_fp32": ({**LLAMA, "torch_dtype": "float32"}, {}),
@@ -107,6 +121,17 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "mistral_window_0": ({**LLAMA, "model_type": "mistral",
                           "architectures": ["MistralForCausalLM"], "sliding_window": 0}, {}),
     "bert": (BERT, {}),
+    # a pooling model with absolute positions: the tokenizer's model_max_length caps it,
+    # unless a sentence-transformers max_seq_length replaces the length (even upwards)
+    "bert_tokenizer": (BERT, TOKENIZER_256),
+    "bert_tokenizer_unbounded": (BERT, UNBOUNDED),
+    "bert_tokenizer_st": (BERT, {**TOKENIZER_256,
+                                 "sentence_bert_config.json": {"max_seq_length": 384}}),
+    "llama_tokenizer": (LLAMA, TOKENIZER_256),  # rotary: no cap, even pooled
+    # tied in the config, but the checkpoint has an lm_head: vLLM unties
+    "llama_tied": (TIED, {"model.safetensors": _safetensors(LAYER_0)}),
+    "llama_tied_lm_head": (TIED, {"model.safetensors": _safetensors([*LAYER_0,
+                                                                     "lm_head.weight"])}),
     # vLLM registers ChatGLMModel as generative, though its suffix says pooling
     "chatglm": ({"model_type": "chatglm", "architectures": ["ChatGLMModel"], "num_layers": 2,
                  "padded_vocab_size": 1024, "vocab_size": 1024, "hidden_size": 128,
@@ -117,6 +142,51 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen2_reward": ({**LLAMA, "model_type": "qwen2", "architectures": ["Qwen2ForRewardModel"],
                       "num_labels": 1}, {}),
 }  # fmt: skip
+
+_TEXT = {k: v for k, v in LLAMA.items() if k not in ("architectures", "torch_dtype")}
+_PIXTRAL = {"model_type": "pixtral", "hidden_size": 128, "num_hidden_layers": 1, "head_dim": 64}
+_CLIP = {"model_type": "clip_vision_model", "hidden_size": 128, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "intermediate_size": 256}  # fmt: skip
+_SIGLIP = {**_CLIP, "model_type": "siglip_vision_model", "image_size": 64, "patch_size": 16}
+
+
+def _wrapper(arch: str, model_type: str, text: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
+            "text_config": {**_TEXT, **text}, **top}  # fmt: skip
+
+
+_MISTRAL3 = _wrapper("Mistral3ForConditionalGeneration", "mistral3",
+                     {"model_type": "mistral", "tie_word_embeddings": False},
+                     vision_config=_PIXTRAL)  # fmt: skip
+WRAPPERS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # Mistral3Config's own default is True (transformers 5): the text config's False is
+    # not what vLLM builds with; a checkpoint's lm_head unties it, as published ones do
+    "mistral3": (_MISTRAL3, {}),
+    "mistral3_lm_head": (_MISTRAL3, {"model.safetensors": _safetensors(
+        ["language_model.model.embed_tokens.weight", "language_model.lm_head.weight"])}),
+    "mistral3_top_false": ({**_MISTRAL3, "tie_word_embeddings": False}, {}),
+    "llava_text_false": (_wrapper("LlavaForConditionalGeneration", "llava",
+                                  {"model_type": "llama", "tie_word_embeddings": False},
+                                  vision_config=_CLIP), {}),
+    "llava_text_true": (_wrapper("LlavaForConditionalGeneration", "llava",
+                                 {"model_type": "llama", "tie_word_embeddings": True},
+                                 vision_config=_CLIP), {}),
+    "gemma3": (_wrapper("Gemma3ForConditionalGeneration", "gemma3",
+                        {"model_type": "gemma3_text", "head_dim": 64},
+                        vision_config=_SIGLIP), {}),
+    "gemma3_text_false": (_wrapper("Gemma3ForConditionalGeneration", "gemma3",
+                                   {"model_type": "gemma3_text", "head_dim": 64,
+                                    "tie_word_embeddings": False},
+                                   vision_config=_SIGLIP), {}),
+    "qwen2_5_vl_nested": (_wrapper("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl",
+                                   {"model_type": "qwen2_5_vl_text",
+                                    "tie_word_embeddings": True},
+                                   vision_config={"depth": 1, "hidden_size": 128}), {}),
+    "qwen2_5_vl_flat": ({**LLAMA, "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                         "model_type": "qwen2_5_vl",
+                         "vision_config": {"depth": 1, "hidden_size": 128}}, {}),
+}  # fmt: skip
+"""Multimodal wrappers: whether their language model ties its LM head, as vLLM decides."""
 
 CASES: list[tuple[str, str, str, str]] = [
     *((name, "auto", "auto", "auto") for name in MODELS),
@@ -135,6 +205,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("gemma2_fp16", "auto", "auto", "float32"),
     ("llama_fp16", "auto", "auto", "bfloat16"),
     ("qwen2_reward", "pooling", "auto", "auto"),
+    ("llama_tokenizer", "pooling", "auto", "auto"),
 ]
 
 
@@ -147,6 +218,8 @@ LENGTH_CASES: list[tuple[str, int]] = [
     ("rope_yarn", 32769),
     ("model_max_length", 2048),
     ("model_max_length", 2049),
+    ("bert_tokenizer", 256),
+    ("bert_tokenizer", 257),
 ]
 
 
@@ -156,7 +229,10 @@ def _write(root: Path, name: str, config: dict[str, Any], files: dict[str, Any])
     (directory / "config.json").write_text(json.dumps(config))
     for rel, content in files.items():
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-        (directory / rel).write_text(json.dumps(content))
+        if isinstance(content, bytes):
+            (directory / rel).write_bytes(content)
+        else:
+            (directory / rel).write_text(json.dumps(content))
     return directory
 
 
@@ -175,6 +251,10 @@ def vllm_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
          "convert": "auto", "dtype": "auto", "max_model_len": n}
         for name, n in LENGTH_CASES
     ]  # fmt: skip
+    wrappers = {name: _write(root, name, *WRAPPERS[name]) for name in WRAPPERS}
+    cases += [{"id": f"wrapper/{name}", "model": str(d), "wrapper": True}
+              for name, d in wrappers.items()]  # fmt: skip
+    dirs |= wrappers
     (root / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)
@@ -203,7 +283,7 @@ def _gatekeeper(model_dir: str, runner: str, convert: str, dtype: str) -> dict[s
         "runner_type": resolved.runner,
         "convert_type": resolved.convert,
         "dtype": served,
-        "max_model_len": spec.default_max_model_len,
+        "max_model_len": spec.for_runner(resolved.pooling).default_max_model_len,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "sliding_window": spec.sliding_window,
     }
@@ -221,6 +301,15 @@ def test_gatekeeper_infers_what_vllm_model_config_infers(
         return
     assert "error" not in ours, f"vLLM accepts it ({theirs}); gatekeeper: {ours['error']}"
     assert {k: v for k, v in theirs.items() if k != "id"} == ours
+
+
+@pytest.mark.parametrize("name", sorted(WRAPPERS))
+def test_a_wrapper_ties_its_lm_head_where_vllm_does(
+    vllm_answers: dict[str, Any], name: str
+) -> None:
+    theirs = next(r for r in vllm_answers["cases"] if r["id"] == f"wrapper/{name}")
+    spec = load_model_dir(Path(vllm_answers["dirs"][name]))
+    assert spec.tie_word_embeddings == theirs["tie_word_embeddings"]
 
 
 @pytest.mark.parametrize("case", LENGTH_CASES, ids=[f"{n}/len={m}" for n, m in LENGTH_CASES])

@@ -10,7 +10,9 @@ a directory with a ``config.json`` (and sentence-transformers files where the ca
 them). For each, ``vllm.config.ModelConfig(model=..., runner=..., convert=..., dtype=...)``
 is built in this one process and its inferences written out: ``runner_type``,
 ``convert_type``, ``dtype``, ``max_model_len``, ``tie_word_embeddings`` (the text
-config's), ``sliding_window``; or ``error`` when vLLM refuses the case. ``OUT.json`` also
+config's, after ``maybe_untie_word_embeddings``), ``sliding_window``; or ``error`` when vLLM
+refuses the case. A case with ``"wrapper": true`` (a multimodal wrapper) gets only
+``tie_word_embeddings``, read as ``_wrapper_tie`` says. ``OUT.json`` also
 holds ``registry``: the architectures vLLM registers as pooling-only and the generative
 ones whose suffix says otherwise (``gatekeeper/estimate/vllm_registry.py`` mirrors them).
 """
@@ -62,6 +64,10 @@ def _case(case: dict[str, Any]) -> dict[str, Any]:
         )
     except Exception as e:  # vLLM refuses the combination: that is the answer
         return {"id": case["id"], "error": f"{type(e).__name__}: {e}"}
+    # VllmConfig.__post_init__ runs this for every load format that reads the checkpoint
+    # (not dummy or sharded_state): a config that says tied while the safetensors carry
+    # an lm_head tensor is built untied
+    config.maybe_untie_word_embeddings()
     text = config.hf_text_config
     return {
         "id": case["id"],
@@ -74,9 +80,29 @@ def _case(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _wrapper_tie(case: dict[str, Any]) -> dict[str, Any]:
+    """Whether a multimodal wrapper's language model ties its LM head. ``ModelConfig``
+    cannot be built for these wrappers here (inspecting their classes imports
+    torchvision, absent from the CPU build), so vLLM's own steps are taken one by one:
+    the config as ``get_config`` reads it; ``VllmConfig.with_hf_config`` (vllm/config/vllm.py)
+    copies the wrapper's ``tie_word_embeddings`` into the text config the language model
+    is built from; ``ModelConfig.maybe_untie_word_embeddings`` unties when the checkpoint
+    has an ``lm_head`` tensor (``checkpoint_has_lm_head``)."""
+    from vllm.transformers_utils.config import (  # type: ignore[import-not-found, unused-ignore]
+        checkpoint_has_lm_head,
+        get_config,
+    )
+
+    hf_config = get_config(case["model"], trust_remote_code=False)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    if tied and checkpoint_has_lm_head(case["model"]):
+        tied = False
+    return {"id": case["id"], "tie_word_embeddings": tied}
+
+
 def main(cases_path: str, out_path: str) -> None:
     cases = json.loads(Path(cases_path).read_text())
-    results = [_case(case) for case in cases]
+    results = [_wrapper_tie(case) if case.get("wrapper") else _case(case) for case in cases]
     Path(out_path).write_text(json.dumps({"cases": results, "registry": _registry()}))
 
 
