@@ -10,7 +10,11 @@ One call, ``fetch_hub_model``, makes these requests through ``huggingface_hub``:
    ``snapshots/COMMIT/`` and a branch or tag in ``refs/``, so the next look-up finds it
    offline (``gatekeeper.models.hf_cache``), as vLLM and transformers would.
 3. For sharded checkpoints, ``model.safetensors.index.json`` the same way, at that commit.
-4. ``GET`` with ``Range: bytes=0-100000`` on each ``*.safetensors`` file
+4. The files beside the config that change what vLLM builds, where the repo has them, the
+   same way into the cache: ``modules.json`` and ``sentence_bert_config.json`` (or a
+   sibling; ``gatekeeper.models.sentence_transformers``: a pooling model, its length) and
+   ``tokenizer_config.json`` (a pooling model's length cap). Small JSON, never weights.
+5. ``GET`` with ``Range: bytes=0-100000`` on each ``*.safetensors`` file
    (``HfApi.parse_safetensors_file_metadata``): the header only, a second range request
    when the header is larger. Headers are not cached (the cache holds whole files): an
    offline look-up of the same model reads the index's ``total_size``, or, for a
@@ -53,13 +57,21 @@ from huggingface_hub.errors import (
     SafetensorsParsingError,
 )
 
-from gatekeeper.errors import HubError
+from gatekeeper.errors import HubError, ModelSpecError
+from gatekeeper.models.sentence_transformers import (
+    ENCODER_CONFIG_FILES,
+    TOKENIZER_CONFIG,
+    PoolingFiles,
+    read_pooling_files,
+)
 from gatekeeper.models.spec import CheckpointTensor, CheckpointWeights
 
 __all__ = ["HubModel", "fetch_hub_model"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SIDE_FILES = ("modules.json", *ENCODER_CONFIG_FILES, TOKENIZER_CONFIG)
+"""Metadata files fetched beside ``config.json`` when the repo has them."""
 _MAX_PARALLEL_HEADERS = 8
 _OFFLINE_HINT = (
     "use a local model directory or a name from the embedded catalog instead "
@@ -78,6 +90,9 @@ class HubModel:
     """The parsed ``config.json``."""
     checkpoint: CheckpointWeights | None
     """Exact bytes per tensor from the safetensors headers; None without safetensors."""
+    pooling: PoolingFiles | None = None
+    """The sentence-transformers files and tokenizer config (``SIDE_FILES``); None
+    without any."""
 
 
 def fetch_hub_model(
@@ -104,12 +119,25 @@ def fetch_hub_model(
         config_path = first.download("config.json")  # writes refs/REVISION too
         fetch = _Fetch(api, repo_id, config_path.parent.name, cache_dir, timeout_seconds)
         config = _read_config(config_path, repo_id)
+        for name in SIDE_FILES:
+            if name in files:
+                fetch.download(name)  # into the same snapshot directory as config.json
+        pooling = _read_side_files(config_path.parent, repo_id)
         checkpoint = _read_checkpoint(fetch, files)
     except HubError:
         raise
     except Exception as e:
         raise _hub_error(e, repo_id, api.endpoint, revision, timeout_seconds) from e
-    return HubModel(repo_id=repo_id, revision=revision, config=config, checkpoint=checkpoint)
+    return HubModel(
+        repo_id=repo_id, revision=revision, config=config, checkpoint=checkpoint, pooling=pooling
+    )
+
+
+def _read_side_files(snapshot: Path, repo_id: str) -> PoolingFiles | None:
+    try:
+        return read_pooling_files(snapshot)
+    except ModelSpecError as e:
+        raise _malformed(repo_id, str(e.field), f"is malformed ({e.message})") from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,6 +225,7 @@ def _from_hub(
         source="Hugging Face hub" + (f" (revision {revision})" if revision else ""),
         checkpoint=model.checkpoint,
         overrides=overrides,
+        pooling=model.pooling,
     )
 
 

@@ -292,3 +292,81 @@ def test_offline_mode_is_named(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(HubError, match="HF_HUB_OFFLINE is set"):
         _fetch(hub, "org/small")
     assert hub.requests == []
+
+
+ST_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+ST_FILES = {
+    "modules.json": [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ],
+    "sentence_bert_config.json": {"max_seq_length": 512},
+    "tokenizer_config.json": {"model_max_length": 256},
+}
+
+
+def test_sentence_transformers_files_are_fetched_beside_the_config(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    """modules.json, sentence_bert_config.json and tokenizer_config.json come into the cache
+    with config.json (metadata, never weights), so a hub model vLLM runs as a pooling
+    model is sized as one (no LM head), and the next look-up finds them offline."""
+    from gatekeeper.estimate.options import ServeOptions
+    from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+    from gatekeeper.models.source import resolve_model
+
+    files = {name: json.dumps(body).encode() for name, body in ST_FILES.items()}
+    hub.repos["org/st"] = Repo({"config.json": json.dumps(ST_LLAMA).encode(), **files})
+    hub.repos["org/plain"] = Repo({"config.json": json.dumps(ST_LLAMA).encode()})
+    cache = str(tmp_path / "cache")
+
+    model = _fetch(hub, "org/st", cache_dir=str(tmp_path / "first"))  # not ``cache``
+    assert model.pooling is not None and model.pooling.pooling
+    assert (model.pooling.max_seq_length, model.pooling.tokenizer_max_length) == (512, 256)
+    assert not any("1_Pooling" in p for _, p, _, _ in hub.requests)
+    assert _fetch(hub, "org/plain", cache_dir=str(tmp_path / "first")).pooling is None
+    assert not any("org/plain/resolve" in p and "json" in p and "config.json" not in p
+                   for _, p, _, _ in hub.requests)  # fmt: skip
+
+    def spec(repo: str, network: bool) -> Any:
+        return resolve_model(repo, allow_network=network, hf_endpoint=hub.endpoint,
+                             timeout_seconds=TIMEOUT, download_dir=cache)  # fmt: skip
+
+    hub.requests.clear()
+    pooled, plain = spec("org/st", True), spec("org/plain", True)  # from the hub
+    assert any(p.endswith("/modules.json") for _, p, _, _ in hub.requests)
+    assert pooled.sentence_transformers and pooled.max_position_embeddings == 512
+    assert not plain.sentence_transformers and plain.max_position_embeddings == 4096
+    gpu = GpuTarget(total_bytes=80 * 2**30, name="H100-80GB")
+    options = ServeOptions(max_model_len=256)
+    head = 1024 * 128 * 2  # the padded vocabulary x hidden, in bf16
+    generating = estimate(plain, options, gpu).worst.weights_bytes
+    assert generating - estimate(pooled, options, gpu).worst.weights_bytes == head
+    hub.requests.clear()
+    offline = spec("org/st", False)  # from the cache alone
+    assert not hub.requests
+    assert offline.sentence_transformers and offline.max_position_embeddings == 512
+
+
+def test_a_malformed_side_file_names_it(hub: FakeHub) -> None:
+    hub.repos["org/bad"] = Repo(
+        {"config.json": json.dumps(ST_LLAMA).encode(), "modules.json": b'{"not": "a list"}'}
+    )
+    with pytest.raises(HubError, match=r"modules.json of org/bad on the hub is malformed"):
+        _fetch(hub, "org/bad")
