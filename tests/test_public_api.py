@@ -91,7 +91,7 @@ def test_importing_the_core_loads_no_http_nvml_or_prometheus_library():
     code = (
         "import sys, gatekeeper\n"
         "heavy = ('httpx', 'httpx2', 'starlette', 'uvicorn', 'pynvml', 'prometheus_client',"
-        " 'huggingface_hub', 'sqlite3')\n"
+        " 'huggingface_hub', 'sqlite3', 'lightkube')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

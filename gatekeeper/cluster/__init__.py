@@ -2,11 +2,15 @@
 
 Kubernetes' own scheduler places the pods and keeps the books, with GPU memory as DRA
 consumable capacity. ``slices`` turns a node's GPUs (an ``InventorySnapshot``) into the
-ResourceSlice the node agent publishes, as plain dicts.
+ResourceSlice the node agent publishes, as plain dicts; ``accounting`` (pure too) reads
+what the claims book on a pool's devices and taints a device that holds memory no claim
+books; ``agent`` (``gatekeeper agent``) publishes, taints and republishes through the
+apiserver.
 
 May import: ``gatekeeper.placement`` (its types), ``gatekeeper.estimate``,
-``gatekeeper.gpus`` (the inventory types), ``errors``, ``units``. The pure modules
-import no Kubernetes client; that stays in the agent to come.
+``gatekeeper.gpus`` (the inventory types), ``errors``, ``units``. Only ``agent`` imports
+the Kubernetes client (lightkube, the ``cluster`` extra), and this package does not import
+``agent``: ``import gatekeeper.cluster`` loads no client.
 """
 
 from gatekeeper.cluster.slices import (

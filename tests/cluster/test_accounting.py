@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,12 @@ def test_a_quantity_that_is_not_one_is_refused() -> None:
     with pytest.raises(GatekeeperError, match="not a Kubernetes quantity") as raised:
         quantity_bytes("twelve")
     assert raised.value.field == "quantity"
+
+
+def test_the_wing_and_the_cli_load_no_kubernetes_client_until_the_agent_runs() -> None:
+    code = (
+        "import sys, gatekeeper.cluster, gatekeeper.cluster.accounting, gatekeeper.cli.main\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightkube'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
