@@ -6,6 +6,7 @@ the first would be a double booking."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,18 @@ def test_a_write_to_a_vanished_ledger_says_so_and_reopen_starts_a_new_one(
         assert ledger.restore("a", "m", promise, ready=True, ttl_seconds=60) == 0
         (row,) = ledger.live()
         assert (row.state, row.bytes, row.pid, row.ready_at is not None) == ("ready", GiB, 7, True)
+
+
+def test_a_ledger_removed_under_a_running_sidecar_is_recreated_by_the_liveness_round(
+    tmp_path: Path,
+) -> None:
+    """No admission needed: the next liveness round sees the file gone and rebuilds it."""
+    with running_sidecar(settings_for(tmp_path, health_interval_seconds=0.2)) as sc:
+        first = sc.wait_state(str(_deploy(sc, "first")["id"]), ("ready",))
+        before = _rows(tmp_path)
+        ledger_path(tmp_path).unlink()
+        deadline = time.monotonic() + 10
+        while not (ledger_path(tmp_path).exists() and _rows(tmp_path) == before):
+            assert time.monotonic() < deadline, "the running worker's row did not come back"
+            time.sleep(0.05)
+        assert before[0][0] == first["id"]
