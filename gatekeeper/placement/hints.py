@@ -166,9 +166,10 @@ def _parallel(probe: _Probe) -> Suggestion | None:
 
 
 def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
-    """What would fit once the node's GPUs are idle: the request as asked, else each
-    change of the menu (a shorter max_model_len, fp8 KV cache, fp8 weights), any TP or
-    PP size the node has GPUs for; else that nothing does."""
+    """What would fit once the node's GPUs are idle, under the same policy: the request
+    as asked, else each change of the menu (a shorter max_model_len, fp8 KV cache, fp8
+    weights), at any TP (PP when allowed) size the node has GPUs for; else that nothing
+    does."""
     request, snapshot = probe.request, probe.snapshot
     idle = _Probe(
         dataclasses.replace(request, auto_parallel=True),
@@ -179,7 +180,7 @@ def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
                 for g in snapshot.gpus
             ),
         ),
-        dataclasses.replace(probe.policy, share_gpus=True, allow_pipeline=True, allowed_gpus=None),
+        probe.policy,  # the operator's rules (no pipeline unless allowed): none others run
         reserved={},
         workers={},
         cache=probe.cache,
