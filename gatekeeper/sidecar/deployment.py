@@ -44,7 +44,8 @@ State = Literal[
     "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
 ]
 """``unhealthy``: a ready worker that stopped answering ``/health`` (liveness); no
-traffic goes to it, and it is stopped (then ``failed``, and restarted per policy)."""
+traffic goes to it, it is stopped, and the deployment stays ``unhealthy`` until its
+restart (``launching``), or becomes ``failed`` when it will not be restarted."""
 
 
 class DeploymentError(GatekeeperError):

@@ -252,7 +252,7 @@ class DeploymentManager:
 
     async def _supervise(self, d: Deployment) -> None:
         while True:
-            ok = await self._launch_once(d)
+            ok, unhealthy = await self._launch_once(d), False
             if ok:
                 assert d.worker is not None
                 unhealthy = await self._watch_serving(d)
@@ -260,10 +260,10 @@ class DeploymentManager:
                     return
                 if not unhealthy:
                     d.error = f"worker exited with code {d.worker.returncode} while serving"
-            await self._fail(d)
+            await self._fail(d, "unhealthy" if unhealthy else "failed")
             if not ok and not d.stopping:
                 self.on_start_failure(d)
-            if not await self._should_restart(d):
+            if not await self._restart_or_fail(d):
                 return
 
     async def _launch_once(self, d: Deployment) -> bool:
@@ -334,12 +334,22 @@ class DeploymentManager:
             },
         )
 
-    async def _fail(self, d: Deployment) -> None:
+    async def _fail(self, d: Deployment, state: State = "failed") -> None:
+        """Stop the worker and release its rows; the deployment is ``failed``, or stays
+        ``unhealthy`` (a worker taken out by liveness) until its restart is decided."""
         if d.worker is not None:
             await d.worker.stop(self.config.stop_grace_seconds)
         await self.keeper.write(self.ledger.release, d.id)
         d.ready_event.clear()
-        self._set(d, "failed")
+        self._set(d, state)
+
+    async def _restart_or_fail(self, d: Deployment) -> bool:
+        """``_should_restart``; an ``unhealthy`` deployment that will not be restarted
+        becomes ``failed``."""
+        restart = await self._should_restart(d)
+        if not restart and d.state == "unhealthy":
+            self._set(d, "failed")
+        return restart
 
     async def _should_restart(self, d: Deployment) -> bool:
         c = self.config
@@ -653,8 +663,8 @@ class DeploymentManager:
         if not unhealthy:
             d.error = "adopted worker exited"
         try:
-            await self._fail(d)
-            restart = await self._should_restart(d)
+            await self._fail(d, "unhealthy" if unhealthy else "failed")
+            restart = await self._restart_or_fail(d)
         except Exception as e:
             logger.exception("deployment %s: supervisor failed", d.id)
             d.error = f"supervisor failed: {type(e).__name__}: {e}"

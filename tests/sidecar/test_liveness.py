@@ -1,7 +1,8 @@
 """A worker that stops answering while it serves is taken out and restarted (#27 item
 7): a real simulator worker frozen with SIGSTOP (a real signal to a real process) misses
 its liveness probes, becomes ``unhealthy`` (the admin API, ``/healthz`` and the metric
-say so), gets no traffic, and is stopped and restarted per the restart policy. Short
+say so, and ``gatekeeper ps``), gets no traffic, and is stopped and restarted per the
+restart policy (``unhealthy`` until then). Short
 intervals keep it quick; the times from freeze to ``unhealthy`` and to the restarted
 worker's readiness are printed (``pytest -s``)."""
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,9 @@ from typing import Any
 import httpx
 
 from gatekeeper.sidecar.launcher import process_group_alive
-from tests.support.sidecar_harness import running_sidecar, settings_for
+from tests.support.sidecar_harness import TOKEN, running_sidecar, settings_for
+
+GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 
 INTERVAL, TIMEOUT, FAILURES = 0.5, 0.5, 3
 
@@ -40,7 +45,7 @@ def test_a_frozen_worker_becomes_unhealthy_gets_no_traffic_and_is_restarted(
         health_timeout_seconds=TIMEOUT,
         health_failures=FAILURES,
         stop_grace_seconds=1.0,
-        restart_backoff_seconds=0.2,
+        restart_backoff_seconds=2.0,  # unhealthy through the stop and the back-off
     )
     with running_sidecar(settings) as sc:
         r = sc.admin.post("/admin/deployments", json={"model": "tiny"})
@@ -58,6 +63,15 @@ def test_a_frozen_worker_becomes_unhealthy_gets_no_traffic_and_is_restarted(
             to_unhealthy = time.monotonic() - t0
             assert sick["state"] == "unhealthy", sick
             assert "stopped answering /health" in sick["error"], sick
+            ps = subprocess.run(
+                [str(GATEKEEPER), "ps", "--url", sc.url, "--token", TOKEN],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")},
+            )
+            row = [line for line in ps.stdout.splitlines() if line.startswith(deployment_id)]
+            assert row and " unhealthy " in row[0], ps.stdout + ps.stderr
             health = httpx.get(f"{sc.url}/healthz", timeout=5).json()
             assert health["status"] == "degraded" and health["unhealthy_workers"] == [
                 deployment_id
