@@ -118,8 +118,17 @@ def _canonical(devices: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
-def _device_names(slice_: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(sorted(str(d["name"]) for d in slice_["spec"]["devices"]))
+def _identities(slice_: Mapping[str, Any]) -> dict[str, str]:
+    """Each device's name and the GPU behind it (its uuid attribute).
+
+    Names are ``gpu-<index>`` and NVML's indices are positions: when GPU 0 vanishes, the
+    old GPU 1 comes back as ``gpu-0``. A name whose uuid changed is a vanished device and
+    a new one, never the same device.
+    """
+    return {
+        str(d["name"]): str((d.get("attributes") or {}).get("uuid", {}).get("string", ""))
+        for d in slice_["spec"]["devices"]
+    }
 
 
 class NodeAgent:
@@ -171,28 +180,31 @@ class NodeAgent:
             return PassResult("kept", generation)
         found = self._allocations()
         desired = self._desired(snapshot, found, generation)
-        names = _device_names(desired)
+        identities = _identities(desired)
+        names = tuple(sorted(identities))
         tainted = tuple(d["name"] for d in desired["spec"]["devices"] if d.get("taints"))
         if current is None:
             self._client.create(from_dict(desired))
             return PassResult("created", generation, names, tainted)
-        if names != _device_names(current):
+        before = _identities(current)
+        if identities != before:
             generation += 1
             desired["spec"]["pool"]["generation"] = generation
         elif _canonical(current["spec"]["devices"]) == _canonical(desired["spec"]["devices"]):
             return PassResult("unchanged", generation, names, tainted)
         desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         self._client.replace(from_dict(desired))
-        gone = tuple(vanished(found, names))
+        kept = [name for name, uuid in before.items() if identities.get(name) == uuid]
+        gone = tuple(vanished(found, kept))
         for allocation in gone:
-            self._report_vanished(allocation)
+            self._report_vanished(allocation, before.get(allocation.device, ""))
         return PassResult("updated", generation, names, tainted, gone)
 
-    def _report_vanished(self, allocation: Allocation) -> None:
+    def _report_vanished(self, allocation: Allocation, uuid: str) -> None:
         node = self._config.node_name
         for pod in allocation.pods:
             message = (
-                f"GPU {allocation.device} of node {node} is no longer published; claim "
+                f"GPU {allocation.device} ({uuid}) of node {node} is no longer published; claim "
                 f"{allocation.claim} booked {allocation.memory_bytes} bytes on it. Delete "
                 "the pod so that its workload is placed again"
             )

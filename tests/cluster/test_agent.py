@@ -1,8 +1,9 @@
 """``gatekeeper agent`` on the real control plane (issue 29 item 1).
 
-The agent runs as its own process (the installed ``gatekeeper`` command), its GPUs a
-recorded snapshot file of two H100s that the tests rewrite (a declared node is read again
-at each pass). One Node, ``agent-node``, tainted so that only these tests' pods (which
+The agent runs as its own process (the installed ``gatekeeper`` command) with
+``--gpus nvml`` on the NVML stand-in driver (``gatekeeper/gpus/stand_in``, built by the
+suite): two H100s whose used memory, and whose presence, the tests change through the
+stand-in's state file, re-read on every NVML call. One Node, ``agent-node``, tainted so that only these tests' pods (which
 tolerate it) land there and the other cluster tests' pods never do; its slice and Node are
 deleted at the end. The real scheduler allocates the claims and binds the pods.
 
@@ -12,7 +13,6 @@ Figures printed: agent start to slice visible, and a GPU change to the republish
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -31,7 +31,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import TAINT_KEY
-from gatekeeper.gpus import InventorySnapshot, StaticInventory
+from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
 from tests.support.kube_cluster import KubeCluster
 
 pytestmark = pytest.mark.k8s
@@ -40,34 +40,15 @@ NODE = "agent-node"
 SLICE = f"{NODE}-{DRIVER_NAME}"
 NODE_TAINT = {"key": "gatekeeper.dev/agent-test", "value": "only", "effect": "NoSchedule"}
 GiB = 2**30
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 GATEKEEPER = Path(sys.executable).with_name("gatekeeper")
 TIMEOUT_SECONDS = 30.0
 POD_NAMES = ("first", "second", "blocked")
 INTERVAL = "0.2"
 
 
-def gpus(used_bytes: int = 0, count: int = 2) -> InventorySnapshot:
-    """The first ``count`` recorded H100s, idle but for ``used_bytes`` each."""
-    recorded = StaticInventory.from_json(FIXTURES / "h100_80g_x8.json").snapshot()
-    chosen = tuple(
-        dataclasses.replace(
-            gpu,
-            uuid=f"GPU-{NODE}-{gpu.index:04d}",
-            used_bytes=used_bytes,
-            free_bytes=gpu.visible_total_bytes - used_bytes,
-            processes=(),
-        )
-        for gpu in recorded.gpus[:count]
-    )
-    return dataclasses.replace(recorded, gpus=chosen)
-
-
-def write_gpus(path: Path, snapshot: InventorySnapshot) -> None:
-    """Atomically, so that the agent never reads half a file."""
-    part = path.with_suffix(".part")
-    part.write_text(json.dumps(snapshot.to_dict()))
-    os.replace(part, path)
+def set_gpus(state: Path, used_bytes: int = 0, indices: tuple[int, ...] = (0, 1)) -> None:
+    """The stand-in serves these H100s (NVML indices are positions in this list)."""
+    write_state(state, [h100(i, used_bytes=used_bytes) for i in indices])
 
 
 def wait_for(what: str, check: Callable[[], Any]) -> Any:
@@ -82,10 +63,11 @@ def wait_for(what: str, check: Callable[[], Any]) -> Any:
 
 @dataclasses.dataclass
 class Agent:
-    """Starts and kills ``gatekeeper agent`` processes on one GPU file."""
+    """Starts and kills ``gatekeeper agent`` processes on one stand-in NVML state."""
 
     cluster: KubeCluster
-    gpu_file: Path
+    state: Path
+    env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
 
@@ -94,7 +76,7 @@ class Agent:
             str(GATEKEEPER),
             "agent",
             f"--node-name={NODE}",
-            f"--gpus={self.gpu_file}",
+            "--gpus=nvml",
             f"--kubeconfig={self.cluster.kubeconfig}",
             *extra,
         ]
@@ -102,7 +84,10 @@ class Agent:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv(f"--interval={INTERVAL}"), stdout=out, stderr=subprocess.STDOUT
+                self.argv(f"--interval={INTERVAL}"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
             )
 
     def kill(self) -> None:
@@ -111,7 +96,9 @@ class Agent:
             self.proc.wait(timeout=10)
 
     def once(self) -> str:
-        done = subprocess.run(self.argv("--once"), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            self.argv("--once"), capture_output=True, text=True, timeout=60, env=self.env
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -151,10 +138,14 @@ def client(kube_cluster: KubeCluster) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def agent(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+def agent(
+    kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
     work = tmp_path_factory.mktemp("agent")
-    write_gpus(work / "gpus.json", gpus())
-    started = Agent(kube_cluster, work / "gpus.json", work / "agent.log")
+    state = work / "nvml_state.txt"
+    set_gpus(state)
+    env = subprocess_env(nvml_stub_lib.parent, state)
+    started = Agent(kube_cluster, state, env, work / "agent.log")
     yield started
     started.kill()
 
@@ -266,7 +257,7 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
 ) -> None:
     generation = published(client)["spec"]["pool"]["generation"]  # type: ignore[index]
     start = time.monotonic()
-    write_gpus(agent.gpu_file, gpus(used_bytes=60 * GiB))
+    set_gpus(agent.state, used_bytes=60 * GiB)
     wait_for("taints", lambda: all(_taints(client).values()))
     print(f"foreign memory to tainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert {key for keys in _taints(client).values() for key in keys} == {TAINT_KEY}
@@ -277,7 +268,7 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
     assert not bound_node(client, "blocked")
 
     start = time.monotonic()
-    write_gpus(agent.gpu_file, gpus())
+    set_gpus(agent.state)
     wait_for("taints lifted", lambda: not any(_taints(client).values()))
     print(f"memory freed to untainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert wait_for("blocked bound", lambda: bound_node(client, "blocked")) == NODE
@@ -288,24 +279,30 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     client: Client, agent: Agent
 ) -> None:
     device = allocation(client, "first")["devices"]["results"][0]["device"]
+    before = published(client)
+    assert before is not None
+    uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in before["spec"]["devices"]}
     keep = 0 if device == "gpu-1" else 1
-    snapshot = gpus()
-    remaining = dataclasses.replace(snapshot, gpus=(snapshot.gpus[keep],))
     start = time.monotonic()
-    write_gpus(agent.gpu_file, remaining)
+    set_gpus(agent.state, indices=(keep,))
     current = wait_for(
         "the new generation",
         lambda: (s := published(client)) and s["spec"]["pool"]["generation"] == 2 and s,
     )
-    print(f"GPU vanished to republished slice: {(time.monotonic() - start) * 1000:.0f} ms")
-    assert [d["name"] for d in current["spec"]["devices"]] == [f"gpu-{keep}"]
+    print(f"GPU {device} vanished to republished slice: {(time.monotonic() - start) * 1000:.0f} ms")
+    # NVML's indices are positions: the GPU left is gpu-0 now, whichever it was.
+    (left,) = current["spec"]["devices"]
+    assert left["name"] == "gpu-0"
+    assert left["attributes"]["uuid"]["string"] == uuids[f"gpu-{keep}"]
+    # gpu-1 is gone by name, and gpu-0 now names another GPU if gpu-0 vanished.
+    gone = {"gpu-1"} | ({"gpu-0"} if keep == 1 else set())
 
     def vanished_events() -> list[dict[str, Any]]:
         events = [e.to_dict() for e in client.list(Event, namespace="agent")]
         return [e for e in events if e.get("reason") == "GpuVanished"]
 
     results = {p: allocation(client, p)["devices"]["results"][0] for p in POD_NAMES}
-    on_vanished = {p for p, result in results.items() if result["device"] == device}
+    on_vanished = {p for p, result in results.items() if result["device"] in gone}
     assert "first" in on_vanished
 
     def reported() -> set[str]:
@@ -315,8 +312,10 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     time.sleep(0.5)  # a few more passes: nothing else is reported, nothing twice
     events = vanished_events()
     assert sorted(e["involvedObject"]["name"] for e in events) == sorted(on_vanished)
-    assert all(f"GPU {device} of node {NODE}" in e["message"] for e in events)
-    assert f"pod agent/first: GPU {device} of node {NODE}" in agent.log.read_text()
+    for event in events:
+        name = results[event["involvedObject"]["name"]]["device"]
+        assert f"GPU {name} ({uuids[name]}) of node {NODE}" in event["message"]
+    assert f"pod agent/first: GPU {device} ({uuids[device]})" in agent.log.read_text()
 
 
 def test_without_a_node_name_the_agent_says_how_to_give_one() -> None:
