@@ -409,7 +409,7 @@ def rejection_text(model: str, decision: Decision) -> str:
     lines += [g.text() for g in decision.gpus]
     fits = [s for s in decision.suggestions if s.kind != "none"]
     if fits:
-        lines += [f"Would fit: {s.text}." for s in fits[:3]]
+        lines += [f"Would fit: {s.text}." for s in fits]  # all, as check shows them
     else:
         lines.append(_nothing_fits(decision))
     return "\n".join(lines)

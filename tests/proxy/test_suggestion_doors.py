@@ -36,6 +36,12 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     models = [
         ModelEntry(name="big", model=MODEL, options={"max_model_len": 32768}),
         ModelEntry(name="small", model="Qwen/Qwen3-0.6B", options={"max_model_len": 4096}),
+        ModelEntry(
+            name="pinned",
+            model="meta-llama/Llama-3.1-8B-Instruct",
+            options={"max_model_len": 131072, "tensor_parallel_size": 1},
+            min_sequences=4,
+        ),
     ]
     settings = settings_for(tmp_path_factory.mktemp("doors"), models=models)
     with running_sidecar(settings) as sc:
@@ -46,19 +52,24 @@ def menu(suggestions: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return [(s["kind"], s["options"]) for s in suggestions]
 
 
-@pytest.fixture(scope="module")
-def checked() -> list[tuple[str, dict[str, Any]]]:
-    """``gatekeeper check`` on the declared (idle) node: the reference menu."""
-    args = ["check", MODEL, "--node", "2xH100-80GB", "--max-model-len", "32768", "--json"]
+def run_check(*args: str) -> list[dict[str, Any]]:
+    """The suggestions of the real ``gatekeeper check --json`` (no GATEKEEPER_ settings)."""
     result = subprocess.run(
-        [str(GATEKEEPER), *args],
+        [str(GATEKEEPER), *args, "--json"],
         capture_output=True,
         text=True,
         timeout=120,
         env={"PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 1, result.stderr
-    found = menu(json.loads(result.stdout)["suggestions"])
+    found: list[dict[str, Any]] = json.loads(result.stdout)["suggestions"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def checked() -> list[tuple[str, dict[str, Any]]]:
+    """``gatekeeper check`` on the declared (idle) node: the reference menu."""
+    found = menu(run_check("check", MODEL, "--node", "2xH100-80GB", "--max-model-len", "32768"))
     assert [kind for kind, _ in found] == KINDS
     assert found[1][1] == {"kv_cache_dtype": "fp8"} and found[2][1] == {"quantization": FP8}
     assert 256 <= found[0][1]["max_model_len"] < 32768
@@ -90,6 +101,23 @@ def test_the_proxys_507_gives_checks_menu(sidecar: Sidecar, checked):
         "Would fit: kv_cache_dtype fp8 fits on GPUs 0, 1.",
         f"Would fit: quantization {FP8} (online fp8 weights) fits on GPUs 0, 1.",
     ]
+
+
+def test_the_proxys_507_shows_all_four_changes_check_finds(sidecar: Sidecar):
+    """A request that pins TP=1 gets the whole menu: shorter, fp8 KV, fp8 weights, TP=2
+    (the 507 showed three of them before)."""
+    args = ["check", "meta-llama/Llama-3.1-8B-Instruct", "--node", "2xH100-80GB"]
+    args += ["--max-model-len", "131072", "--tensor-parallel-size", "1", "--min-sequences", "4"]
+    found = run_check(*args)
+    assert [s["kind"] for s in found] == [*KINDS, "parallelism"]
+    answer = httpx.post(
+        f"{sidecar.url}/v1/completions",
+        json={"model": "pinned", "prompt": "hi", "max_tokens": 1},
+        timeout=60,
+    )
+    assert answer.status_code == 507
+    offered = [line for line in answer.json()["error"]["message"].splitlines() if "Would" in line]
+    assert offered == [f"Would fit: {s['text']}." for s in found]
 
 
 def test_behind_a_busy_gpu_the_507_offers_the_menu_once_idle(sidecar: Sidecar, checked):
