@@ -79,6 +79,7 @@ norm (transformers modeling_phi.py ``input_layernorm``; vllm gpt_j.py ``ln_1``).
 
 _LAYER_NORM_EPS = ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")
 _LAYER_NORM_TYPES = frozenset({"opt"})  # vllm opt.py: nn.LayerNorm, and no eps field
+_BERT_EMBEDDINGS = frozenset({"bert", "roberta", "xlm-roberta"})  # vllm bert.py, roberta.py
 _WPE = frozenset({"gpt2", "gpt_bigcode"})  # vllm gpt2.py wte + wpe; modeling_gpt_bigcode.py
 OPT_POSITION_OFFSET = 2
 """OPT's learned position table has two rows more (vllm opt.py OPTLearnedPositionalEmbedding)."""
@@ -113,7 +114,10 @@ def _positions(cfg: Mapping[str, Any], model_type: str, max_pos: int) -> int:
         return max_pos + OPT_POSITION_OFFSET
     if model_type in _WPE:
         return max_pos
-    if cfg.get("position_embedding_type") == "absolute":  # BERT family, and token types
+    # BERT family, and token types; vllm bert.py BertEmbeddings reads an absent
+    # position_embedding_type as "absolute" (transformers 5's BertConfig has no default)
+    default = "absolute" if model_type in _BERT_EMBEDDINGS else None
+    if cfg.get("position_embedding_type", default) == "absolute":
         return max_pos + int(cfg.get("type_vocab_size") or 0)
     return 0
 

@@ -128,6 +128,10 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "bert_tokenizer_st": (BERT, {**TOKENIZER_256,
                                  "sentence_bert_config.json": {"max_seq_length": 384}}),
     "llama_tokenizer": (LLAMA, TOKENIZER_256),  # rotary: no cap, even pooled
+    # transformers 5's BertConfig has no position_embedding_type default: only a config
+    # that names it is capped
+    "bert_tokenizer_unnamed": ({k: v for k, v in BERT.items()
+                                if k != "position_embedding_type"}, TOKENIZER_256),
     # tied in the config, but the checkpoint has an lm_head: vLLM unties
     "llama_tied": (TIED, {"model.safetensors": _safetensors(LAYER_0)}),
     "llama_tied_lm_head": (TIED, {"model.safetensors": _safetensors([*LAYER_0,

@@ -133,6 +133,15 @@ def test_an_embedding_model_is_sized_without_an_lm_head():
     assert as_lm.worst.weights_bytes - pooled.worst.weights_bytes == head
 
 
+def test_a_bert_config_without_position_embedding_type_has_absolute_positions():
+    """vllm bert.py ``BertEmbeddings`` builds the position table when the config names no
+    ``position_embedding_type`` (transformers 5's BertConfig no longer defaults it)."""
+    unnamed = {k: v for k, v in MINILM.items() if k != "position_embedding_type"}
+    spec = spec_from_config(unnamed, name="m")
+    assert spec.learned_position_embeddings == 512 + 2
+    assert parameter_count(spec) == parameter_count(spec_from_config(MINILM, name="m"))
+
+
 def _source(path: Path) -> str:
     """The file's code, without its comment lines."""
     if not path.is_file():

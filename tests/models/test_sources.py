@@ -164,3 +164,21 @@ def test_every_catalog_model_estimates_on_an_h100():
 def test_unknown_model_without_network_says_how_to_proceed():
     with pytest.raises(ModelSpecError, match="GATEKEEPER_ALLOW_NETWORK"):
         resolve_model("someone/unknown-model")
+
+
+@pytest.mark.parametrize("value", ["512", 0, -1, True, [512]])
+def test_a_tokenizer_config_length_that_is_no_number_names_the_file(
+    tmp_path: Path, value: object
+) -> None:
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 100,
+              "intermediate_size": 128, "max_position_embeddings": 512,
+              "position_embedding_type": "absolute"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": value}))
+    with pytest.raises(ModelSpecError, match=r"model_max_length: .*tokenizer_config.json says"):
+        load_model_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+    spec = load_model_dir(tmp_path)
+    assert spec.for_runner(pooling=True).default_max_model_len == 128
+    assert spec.for_runner(pooling=False).default_max_model_len == 512
