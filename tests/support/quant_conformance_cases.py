@@ -73,8 +73,10 @@ _TEXT = {k: v for k, v in _BASE.items() if k != "torch_dtype"}
 
 
 def _wrapper(arch: str, model_type: str, text: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    # tie_word_embeddings at the top too: vLLM reads the language model's, gatekeeper today
-    # the wrapper's (absent: True); that reading is not what this check is about
+    # tie_word_embeddings at the top: vLLM 0.32 copies the wrapper's value into the language
+    # model's config (VllmConfig.with_hf_config; absent, the wrapper class's default), as
+    # gatekeeper reads it; this harness builds the language model from text_config directly,
+    # so both sides are given the same value here
     return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
             "text_config": text, "image_token_index": 10, "tie_word_embeddings": False,
             **extra}  # fmt: skip
