@@ -56,6 +56,12 @@ def add_parser(subparsers: Any) -> None:
         help="memory used beyond the claims' bookings, in MiB, tolerated before a GPU is "
         "tainted NoSchedule (default 512)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (default: none)",
+    )
     p.add_argument("--once", action="store_true", help="publish once and exit")
     add_log_format(p)
     p.set_defaults(func=run)
@@ -76,6 +82,16 @@ def _client(kubeconfig: str | None) -> Any:
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     return Client(config, field_manager="gatekeeper-agent", trust_env=False)
+
+
+def _serve_metrics(agent: Any, port: int) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gatekeeper.cluster.agent_metrics import AgentCollector
+
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    start_http_server(port, registry=registry)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -105,6 +121,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         log_format,
         "gatekeeper.cluster.agent",
     )
+    if args.metrics_port is not None:
+        _serve_metrics(agent, args.metrics_port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

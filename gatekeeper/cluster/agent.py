@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -144,6 +145,13 @@ class NodeAgent:
         self._config = config
         self._read_gpus = read_gpus
         self.slice_name = f"{config.node_name}-{config.driver}"
+        self.last: PassResult | None = None
+        """The last pass that succeeded."""
+        self.passes: Counter[str] = Counter()
+        """Passes by outcome: created, updated, unchanged, kept, failed."""
+        self.orphans: dict[tuple[str, str, str], tuple[Allocation, str]] = {}
+        """Allocations on vanished devices, with the vanished GPU's uuid, by (namespace,
+        claim, device); kept until the claim is gone (its pod deleted)."""
 
     def _published(self) -> dict[str, Any] | None:
         try:
@@ -171,7 +179,18 @@ class NodeAgent:
         return with_taints(desired, unaccounted, cfg.tolerance_bytes)
 
     def publish(self) -> PassResult:
-        """One pass: read, compare, write what changed, report vanished devices' pods."""
+        """One pass: read, compare, write what changed, report vanished devices' pods.
+        Counted in ``passes`` (an exception counts as failed and propagates)."""
+        try:
+            result = self._pass()
+        except Exception:
+            self.passes["failed"] += 1
+            raise
+        self.passes[result.action] += 1
+        self.last = result
+        return result
+
+    def _pass(self) -> PassResult:
         snapshot = self._read_gpus()
         current = self._published()
         generation = int(current["spec"]["pool"]["generation"]) if current else 1
@@ -179,6 +198,8 @@ class NodeAgent:
             log.warning("GPU reading failed, slice %s kept: %s", self.slice_name, snapshot.error)
             return PassResult("kept", generation)
         found = self._allocations()
+        live = {(a.namespace, a.claim) for a in found}
+        self.orphans = {k: v for k, v in self.orphans.items() if k[:2] in live}
         desired = self._desired(snapshot, found, generation)
         identities = _identities(desired)
         names = tuple(sorted(identities))
@@ -197,7 +218,12 @@ class NodeAgent:
         kept = [name for name, uuid in before.items() if identities.get(name) == uuid]
         gone = tuple(vanished(found, kept))
         for allocation in gone:
-            self._report_vanished(allocation, before.get(allocation.device, ""))
+            uuid = before.get(allocation.device, "")
+            self.orphans[(allocation.namespace, allocation.claim, allocation.device)] = (
+                allocation,
+                uuid,
+            )
+            self._report_vanished(allocation, uuid)
         return PassResult("updated", generation, names, tainted, gone)
 
     def _report_vanished(self, allocation: Allocation, uuid: str) -> None:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import TAINT_KEY
 from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
 from tests.support.kube_cluster import KubeCluster
+from tests.support.prometheus_server import free_port
 
 pytestmark = pytest.mark.k8s
 
@@ -70,6 +72,13 @@ class Agent:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text: str = answer.read().decode()
+            return text
 
     def argv(self, *extra: str) -> list[str]:
         return [
@@ -82,9 +91,10 @@ class Agent:
         ]
 
     def start(self) -> None:
+        self.metrics_port = free_port()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv(f"--interval={INTERVAL}"),
+                self.argv(f"--interval={INTERVAL}", f"--metrics-port={self.metrics_port}"),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -198,6 +208,15 @@ def allocation(client: Client, pod: str) -> dict[str, Any]:
             result: dict[str, Any] = raw["status"]["allocation"]
             return result
     raise AssertionError(f"no claim for pod {pod}")
+
+
+def claim_names(client: Client) -> dict[str, str]:
+    """Each pod's claim's name, by pod."""
+    names = {}
+    for claim in client.list(ResourceClaim, namespace="agent"):
+        raw = claim.to_dict()
+        names[raw["metadata"]["ownerReferences"][0]["name"]] = raw["metadata"]["name"]
+    return names
 
 
 def published(client: Client) -> dict[str, Any] | None:
@@ -316,6 +335,17 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
         name = results[event["involvedObject"]["name"]]["device"]
         assert f"GPU {name} ({uuids[name]}) of node {NODE}" in event["message"]
     assert f"pod agent/first: GPU {device} ({uuids[device]})" in agent.log.read_text()
+    scraped = agent.metrics()
+    claims = claim_names(client)
+    for pod in on_vanished:
+        name = results[pod]["device"]
+        assert (
+            f'gatekeeper_agent_orphaned_pod_info{{claim="{claims[pod]}",'
+            f'device="{name}",namespace="agent",pod="{pod}",uuid="{uuids[name]}"}} 1.0'
+        ) in scraped, scraped
+    assert scraped.count("gatekeeper_agent_orphaned_pod_info{") == len(on_vanished)
+    assert "gatekeeper_agent_pool_generation 2.0" in scraped
+    assert 'gatekeeper_agent_devices{state="published"} 1.0' in scraped
 
 
 def test_without_a_node_name_the_agent_says_how_to_give_one() -> None:
