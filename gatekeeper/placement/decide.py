@@ -12,8 +12,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.placement.budget import Need
 from gatekeeper.placement.hints import rejection_reasons, suggestions
-from gatekeeper.placement.search import EstimateCache, Need, SearchResult, search
+from gatekeeper.placement.search import EstimateCache, SearchResult, search
 from gatekeeper.placement.types import (
     Decision,
     GpuLine,

@@ -52,7 +52,6 @@ __all__ = [
     "PP_SIZES",
     "TP_SIZES",
     "EstimateCache",
-    "Need",
     "SearchResult",
     "gpu_lines",
     "search",

@@ -1,7 +1,8 @@
 """The running service: ``gatekeeper serve``.
 
 ``app.build_app(settings, inventory, ledger, ...)`` assembles it: the OpenAI proxy
-(``gatekeeper.proxy``) with the ``router`` as its resolver, the ``admin_api`` (with its
+(``gatekeeper.proxy``) with the ``router`` as its resolver (its 507 message:
+``rejection``), the ``admin_api`` (with its
 ``openapi`` schema), ``/metrics`` and the webhook. The ``manager`` admits
 (``admission``: placement and reservation in one ``ledger`` transaction), launches
 (``launcher``), supervises, restarts, stops and adopts ``deployment``s of the models the

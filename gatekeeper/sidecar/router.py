@@ -26,16 +26,16 @@ import httpx
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.search import search
-from gatekeeper.placement.types import Decision, PlacementRequest
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.proxy.serving import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger import promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
-from gatekeeper.units import format_gib
+from gatekeeper.sidecar.rejection import rejection_text
 
-__all__ = ["ModelRouter", "rejection_text"]
+__all__ = ["ModelRouter"]
 
 LIVE = ("admitted", "launching", "loading", "ready", "unhealthy")
 """A deployment with a worker on the way or serving; an ``unhealthy`` one is being
@@ -242,29 +242,20 @@ class ModelRouter:
             if not decision.admitted:
                 raise RouteError(
                     507,
-                    self._served_as(model) + rejection_text(model, decision),
+                    rejection_text(model, decision, self._served_as(model)),
                     type="Insufficient Storage",
                     code="model_does_not_fit",
                 )
 
-    def _served_as(self, model: str) -> str:
-        """For a model reference (a repo id) that this node configures or runs under
-        other names: a first line naming them, since those carry the configured options
-        and the running workers, and a launch under the reference itself does not."""
+    def _served_as(self, model: str) -> list[str]:
+        """The other names this node configures or runs ``model`` (a repo id) under."""
         names = {e.name for e in self.registry.entries if e.model == model and e.name != model}
         names |= {
             d.name
             for d in self.manager.deployments.values()
             if d.model == model and d.name != model and d.state in LIVE
         }
-        if not names:
-            return ""
-        listed = ", ".join(f"`{n}`" for n in sorted(names))
-        return (
-            f"`{model}` is served on this node as {listed}: send that name as the model "
-            "(its configured options, and its worker when one runs); launched under its "
-            "own name, with vLLM's defaults, it does not fit:\n"
-        )
+        return sorted(names)
 
     async def evict_for(self, request: PlacementRequest) -> bool:
         """Stop the least recently used idle workers whose memory would make ``request`` fit."""
@@ -398,35 +389,3 @@ def _card(name: str, model: str, state: str, max_model_len: int | None) -> dict[
         "permission": [],
         "state": state,
     }
-
-
-def rejection_text(model: str, decision: Decision) -> str:
-    """The 507 message: what the model needs, one line per GPU, then what would fit, or
-    plainly that nothing does and which GPU comes closest."""
-    gpu_lines = {g.text() for g in decision.gpus}
-    needs = [r for r in decision.reasons if r not in gpu_lines]
-    lines = [f"The model `{model}` does not fit on this node now.", *needs[:3]]
-    lines += [g.text() for g in decision.gpus]
-    fits = [s for s in decision.suggestions if s.kind != "none"]
-    if fits:
-        lines += [f"Would fit: {s.text}." for s in fits]  # all, as check shows them
-    else:
-        lines.append(_nothing_fits(decision))
-    return "\n".join(lines)
-
-
-def _nothing_fits(decision: Decision) -> str:
-    why = next((s.text for s in decision.suggestions if s.kind == "none"), "")
-    why = why.removeprefix("nothing fits on this node: ")
-    short = [g for g in decision.gpus if g.need_bytes is not None]
-    closest = ""
-    if short:
-        best = min(short, key=lambda g: (g.need_bytes or 0) - g.usable_bytes)
-        gap = format_gib((best.need_bytes or 0) - best.usable_bytes)
-        closest = f" The closest is GPU {best.index} ({best.name}), short by {gap}."
-    return (
-        "No setting fits on this node: none of a shorter max_model_len, an fp8 KV cache, "
-        f"fp8 weights or more tensor parallelism fits now{', and ' + why if why else ''}."
-        f"{closest} Serve it on a node with more GPU memory, or pick a smaller or "
-        "quantised model."
-    )

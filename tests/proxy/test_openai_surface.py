@@ -28,7 +28,7 @@ from gatekeeper.proxy.protocol import (
 from gatekeeper.proxy.serving import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.sidecar.registry import ModelRegistry
-from gatekeeper.sidecar.router import rejection_text
+from gatekeeper.sidecar.rejection import rejection_text
 from gatekeeper.simulator.http import ServingConfig, build_app
 from tests.support.fake_upstream import serve_in_thread
 
