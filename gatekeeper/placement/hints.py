@@ -171,21 +171,8 @@ def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
     as asked, else each change of the menu (a shorter max_model_len, fp8 KV cache, fp8
     weights), at any TP (PP when allowed) size the node has GPUs for; else that nothing
     does."""
-    request, snapshot = probe.request, probe.snapshot
-    idle = _Probe(
-        dataclasses.replace(request, auto_parallel=True),
-        dataclasses.replace(
-            snapshot,
-            gpus=tuple(
-                dataclasses.replace(g, free_bytes=g.visible_total_bytes, processes=())
-                for g in snapshot.gpus
-            ),
-        ),
-        probe.policy,  # the operator's rules (no pipeline unless allowed): none others run
-        reserved={},
-        workers={},
-        cache=probe.cache,
-    )
+    request = probe.request
+    idle = _idle_probe(probe)
     held = format_gib(sum(g.total_bytes - g.free_bytes for g in lines))
     p = idle.placed()
     if p is not None:
@@ -209,3 +196,21 @@ def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
             f"nothing fits on this node: even idle, its {len(lines)} GPU(s) cannot hold {request.model.name} with these options",
         )
     ]
+
+
+def _idle_probe(probe: _Probe) -> _Probe:
+    """The probe on the node as if its GPUs were idle, under the operator's rules (no
+    pipeline unless allowed, only the allowed GPUs: nothing else can run there)."""
+    snapshot = probe.snapshot
+    gpus = tuple(
+        dataclasses.replace(g, free_bytes=g.visible_total_bytes, processes=())
+        for g in snapshot.gpus
+    )
+    return _Probe(
+        dataclasses.replace(probe.request, auto_parallel=True),
+        dataclasses.replace(snapshot, gpus=gpus),
+        probe.policy,
+        reserved={},
+        workers={},
+        cache=probe.cache,
+    )
