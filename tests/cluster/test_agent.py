@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import TAINT_KEY
-from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
+from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, subprocess_env, write_state
 from tests.support.kube_cluster import KubeCluster
 from tests.support.prometheus_server import free_port
 
@@ -346,6 +347,23 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     assert scraped.count("gatekeeper_agent_orphaned_pod_info{") == len(on_vanished)
     assert "gatekeeper_agent_pool_generation 2.0" in scraped
     assert 'gatekeeper_agent_devices{state="published"} 1.0' in scraped
+
+
+def test_a_failed_gpu_reading_keeps_the_published_slice(client: Client, agent: Agent) -> None:
+    before = published(client)
+    assert before is not None
+    generation = before["spec"]["pool"]["generation"]
+    failure = FakeFailure(UNKNOWN, symbol="nvmlDeviceGetCount_v2")
+    write_state(agent.state, [h100(0)], failures=[failure])
+    assert agent.once() == f"slice {SLICE} kept: generation {generation}"
+    wait_for("the running agent's warning", lambda: "GPU reading failed" in agent.log.read_text())
+    time.sleep(0.5)  # a few of the running agent's passes
+    after = published(client)
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    kept = re.search(r'gatekeeper_agent_passes_total\{outcome="kept"\} (\S+)', agent.metrics())
+    assert kept is not None and float(kept.group(1)) >= 1
+    set_gpus(agent.state, indices=(0,))
 
 
 def test_without_a_node_name_the_agent_says_how_to_give_one() -> None:

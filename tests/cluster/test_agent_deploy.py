@@ -109,6 +109,8 @@ def test_the_daemonsets_arguments_are_the_agents() -> None:
     args = build_parser().parse_args(container["args"])
     assert args.command == "agent"
     assert (args.gpus, args.interval, args.tolerance_mib) == ("nvml", 10.0, 512)
+    (port,) = container["ports"]
+    assert port == {"name": "metrics", "containerPort": args.metrics_port}
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "gatekeeper-agent"
