@@ -180,6 +180,7 @@ class PlanResult:
                 out.append(
                     f"ADMITTED {name} on GPU {gpus}: vllm serve {' '.join(d.placement.args)}"
                 )
+                out += [f"    warning: {w}" for w in d.warnings]
             else:
                 headline = next((r for r in reversed(d.reasons) if " at TP=" in r), None)
                 out.append(f"REJECTED {name}: {headline or (d.reasons[0] if d.reasons else '?')}")

@@ -13,6 +13,7 @@ from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decide import decide
+from gatekeeper.placement.plan import load_plan, run_plan
 from gatekeeper.placement.render import render_decision
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.settings import Settings, placement_policy
@@ -107,3 +108,19 @@ def test_the_setting_reaches_the_policy(monkeypatch):
     policy = placement_policy(Settings(share_gpus=True))
     assert policy.shared_kv_sequences == 3
     assert placed(decide(qwen(max_num_seqs=1024), h100(), policy=policy))[0] == 3
+
+
+def test_a_plan_shows_each_workers_warning(tmp_path):
+    path = tmp_path / "plan.toml"
+    path.write_text(
+        'node = "1xH100-80GB"\n'
+        + "".join(
+            f'[[deployments]]\nname = "{n}"\nmodel = "Qwen/Qwen2.5-0.5B-Instruct"\n'
+            f"max_num_seqs = {seqs}\n"
+            for n, seqs in (("wide", 1024), ("narrow", 4))
+        )
+    )
+    result = run_plan(load_plan(path), h100(), SHARED, resolve_model)
+    wide, narrow = result.to_json()["deployments"]
+    assert len(wide["warnings"]) == 1 and narrow["warnings"] == []
+    assert f"    warning: {wide['warnings'][0]}" in result.render().splitlines()
