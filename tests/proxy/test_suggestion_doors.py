@@ -187,3 +187,15 @@ def test_the_webhook_offers_no_tp_larger_than_a_node():
     message = denial(_pod([*command, "--tensor-parallel-size", "8"], 8, "NVIDIA-H100-80GB-HBM3"))
     assert "--tensor-parallel-size 16" not in message
     assert f"--quantization {FP8}" in message
+
+
+def test_a_quantized_model_is_offered_no_fp8_weights_at_either_door():
+    """An FP8 checkpoint takes no online fp8: check and the webhook both offer TP=8 only."""
+    fp8 = "meta-llama/Meta-Llama-3.1-405B-Instruct-FP8"
+    args = ["--max-model-len", "8192", "--tensor-parallel-size", "4"]
+    found = run_check("check", fp8, "--node", "8xH100-80GB", *args)
+    assert [(s["kind"], s["options"]["tensor_parallel_size"]) for s in found] == [
+        ("parallelism", 8)
+    ]
+    message = denial(_pod(["vllm", "serve", fp8, *args], 4, "NVIDIA-H100-80GB-HBM3"))
+    assert message.split("Would fit: ")[1] == "--tensor-parallel-size 8 with nvidia.com/gpu: 8."
