@@ -598,6 +598,17 @@ def _invalid(field: str, value: object, advice: str) -> LedgerError:
     )
 
 
+def _lost(path: Path, text: str) -> LedgerLostError:
+    return LedgerLostError(
+        f"ledger: {path} was removed or replaced while the sidecar ran ({text}): the "
+        "sidecar recreates it and writes its running workers' reservations back; retry in "
+        "a few seconds (moving the ledger aside under a running sidecar is never needed: "
+        "stop the sidecar first)",
+        field="path",
+        value=str(path),
+    )
+
+
 def _file_identity(path: Path) -> tuple[int, int] | None:
     """The file at ``path`` (device, inode), or None when there is none."""
     try:
@@ -618,14 +629,7 @@ def _translated(
     except sqlite3.Error as e:
         text = f"{type(e).__name__}: {e}"
         if identity is not None and _file_identity(path) != identity:
-            raise LedgerLostError(
-                f"ledger: {path} was removed or replaced while the sidecar ran ({text}): "
-                "the sidecar recreates it and writes its running workers' reservations "
-                "back; retry in a few seconds (moving the ledger aside under a running "
-                "sidecar is never needed: stop the sidecar first)",
-                field="path",
-                value=str(path),
-            ) from e
+            raise _lost(path, text) from e
         if "locked" in text or "busy" in text:
             advice = (
                 f"another writer held it for more than {timeout_seconds} s; look for a hung "

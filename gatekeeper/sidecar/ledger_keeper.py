@@ -15,11 +15,15 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from pathlib import Path
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.gpus.proctree import process_tree
-from gatekeeper.sidecar.deployment import Deployment, DeploymentError, restored_promises
+from gatekeeper.sidecar.deployment import (
+    Deployment,
+    DeploymentError,
+    ManagerConfig,
+    restored_promises,
+)
 from gatekeeper.sidecar.ledger import Ledger, LedgerError, LedgerLostError
 
 __all__ = ["RESERVING", "SERVING", "LedgerKeeper"]
@@ -40,15 +44,14 @@ class LedgerKeeper:
         ledger: Ledger,
         deployments: Callable[[], Iterable[Deployment]],
         snapshot: Callable[[], Awaitable[InventorySnapshot]],
-        *,
-        state_dir: Path,
-        ttl_seconds: float,
+        config: ManagerConfig,
     ) -> None:
         self.ledger = ledger
         self._deployments = deployments
         self._snapshot = snapshot
-        self._state_dir = state_dir
-        self._ttl_seconds = ttl_seconds
+        self._state_dir = config.state_dir
+        self._ttl_seconds = config.startup_timeout_seconds + 60
+        """A loading worker's written-back rows expire as an admission's would."""
         self._lock = asyncio.Lock()
         self.restoring: str | None = (
             "the sidecar is starting: the reservations of the workers an earlier sidecar "

@@ -114,14 +114,7 @@ class DeploymentManager:
         self._late_releases: set[asyncio.Future[int]] = set()
         """Releases still to happen: of admissions that finished after their time limit,
         and of undeployments whose release the ledger refused (retried)."""
-        self.keeper = LedgerKeeper(
-            ledger,
-            lambda: self.deployments.values(),
-            self.snapshot,
-            state_dir=config.state_dir,
-            ttl_seconds=config.startup_timeout_seconds + 60,
-        )
-        """Rebuilds the ledger's rows when its file is lost (#27 item 4)."""
+        self.keeper = LedgerKeeper(ledger, self.deployments.values, self.snapshot, config)
 
     # -- queries ------------------------------------------------------------------------
 
