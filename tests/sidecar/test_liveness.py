@@ -23,7 +23,7 @@ from tests.support.sidecar_harness import TOKEN, running_sidecar, settings_for
 
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 
-INTERVAL, TIMEOUT, FAILURES = 0.5, 0.5, 3
+INTERVAL, TIMEOUT, FAILURES = 0.5, 1.0, 3  # a loaded CI machine answers in 1 s
 
 
 def _poll(sc, deployment_id: str, done, timeout: float = 30.0) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def test_a_frozen_worker_becomes_unhealthy_gets_no_traffic_and_is_restarted(
         metrics = httpx.get(f"{sc.url}/metrics", timeout=5).text
         assert 'gatekeeper_worker_unhealthy_total{model="tiny"} 1.0' in metrics
         assert httpx.get(f"{sc.url}/healthz", timeout=5).json()["status"] == "ok"
-        bound = INTERVAL * FAILURES + TIMEOUT * FAILURES + 1.0
+        bound = (INTERVAL + TIMEOUT) * FAILURES + 2.0  # + the polling, on a busy machine
         assert to_unhealthy < bound, to_unhealthy
         print(
             f"\nfreeze -> unhealthy {to_unhealthy:.2f} s, -> restarted and ready {to_ready:.2f} s"
