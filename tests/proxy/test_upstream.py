@@ -19,6 +19,7 @@ from gatekeeper.proxy.upstream import (
     Upstream,
     UpstreamClosed,
     UpstreamConnectError,
+    UpstreamResponse,
     upstream_client,
 )
 from tests.support.fake_upstream import closed_port
@@ -175,6 +176,10 @@ class Sink:
 
     def stale(self) -> None:
         self.got.append(("stale", None))
+        self.done.set()
+
+    def large(self, answer: UpstreamResponse) -> None:
+        self.got.append(("large", answer.status))
         self.done.set()
 
 
