@@ -1,7 +1,7 @@
 """Score the estimator against real figures vLLM printed (shared/calibration).
 
 For every record of ``vllm_observations.jsonl`` it rebuilds the serving options, runs
-``gatekeeper.estimate.vllm_method`` with the record's vLLM version, and compares each component
+``gatekeeper.estimator.vllm_method`` with the record's vLLM version, and compares each component
 with what vLLM logged. It prints the mean absolute % error per component and per source
 group next to the seed's rule (``M = P x Q/8 x 1.2``) on the same rows, and the
 start/no-start verdict accuracy.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate import (
+from gatekeeper.estimator import (
     Estimate,
     GpuTarget,
     ServeOptions,

@@ -1,6 +1,6 @@
 """Placement figures: decision latency, and packing quality against the optimum.
 
-1. **Latency** of ``gatekeeper.placement.decide.decide`` on 8 H100s hosting 50 gatekeeper
+1. **Latency** of ``gatekeeper.placement.decision.decide`` on 8 H100s hosting 50 gatekeeper
    workers (a few still starting, so with reservations): p50 and p99 of admitted
    decisions, of rejections without suggestions (``suggest=False``) and of rejections
    with them (the suggestions run extra searches). "Warm" reuses placement's estimate

@@ -14,7 +14,7 @@ The core API, pure and synchronous::
     (True, (0,))
 
 The wings (each package's docstring says what it does and what it may import):
-``models`` (model facts), ``estimate`` (per-GPU bytes, pure), ``placement`` (decisions,
+``models`` (model facts), ``estimator`` (per-GPU bytes, pure), ``placement`` (decisions,
 pure), ``gpus`` (the inventory seam: NVML, declared nodes), ``vllm`` (vLLM's command
 line and log), ``sidecar`` (``gatekeeper serve``), ``proxy`` (the OpenAI proxy),
 ``metrics`` (Prometheus), ``k8s`` (the admission webhook), ``simulator`` (the stand-in
@@ -31,7 +31,7 @@ from gatekeeper.errors import (
     ServeOptionsError,
     UnknownGpuError,
 )
-from gatekeeper.estimate import Estimate, GpuTarget, ServeOptions, estimate, simple_estimate
+from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate, simple_estimate
 from gatekeeper.gpus.inventory import GpuInfo, GpuInventory, InventorySnapshot
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.models import ModelSpec, resolve_model

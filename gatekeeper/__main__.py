@@ -1,5 +1,5 @@
 """``python -m gatekeeper`` runs the command-line interface."""
 
-from gatekeeper.cli.main import main
+from gatekeeper.cli.entry import main
 
 raise SystemExit(main())

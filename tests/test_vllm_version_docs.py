@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 PATTERNS = (

@@ -10,6 +10,6 @@ to do, or with ``--json`` one JSON object on stdout, errors included.
 May import every other wing; nothing imports it.
 """
 
-from gatekeeper.cli.main import build_parser, main
+from gatekeeper.cli.entry import build_parser, main
 
 __all__ = ["build_parser", "main"]

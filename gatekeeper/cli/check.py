@@ -19,9 +19,9 @@ from gatekeeper.cli.options import (
     serve_command,
 )
 from gatekeeper.cli.output import GpusUnreadable
-from gatekeeper.estimate.options import draft_reference
+from gatekeeper.estimator.options import draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.placement.plan import load_plan, run_plan
 from gatekeeper.placement.render import render_decision
 from gatekeeper.placement.types import Decision, PlacementRequest, auto_parallel

@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run_completion(args: argparse.Namespace, settings: Any) -> int:
     """The script of the whole command: ``root_parser`` is gatekeeper's parser (the
-    default ``gatekeeper.cli.main.build_parser`` sets)."""
+    default ``gatekeeper.cli.entry.build_parser`` sets)."""
     print(script(args.root_parser, args.shell), end="")
     return 0
 

@@ -14,10 +14,10 @@ from gatekeeper.cli.options import (
     options_from_args,
 )
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions, draft_reference
-from gatekeeper.estimate.simple_method import simple_estimate
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
-from gatekeeper.estimate.weights import parameter_count
+from gatekeeper.estimator.options import ServeOptions, draft_reference
+from gatekeeper.estimator.simple_method import simple_estimate
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.weights import parameter_count
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.settings import Settings, model_resolver

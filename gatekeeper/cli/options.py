@@ -21,7 +21,7 @@ from typing import Any
 
 from gatekeeper.cli.output import UsageError
 from gatekeeper.cli.serving_help import release_in
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.source import MODEL_SOURCE_FLAGS
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.settings import Settings, model_resolver

@@ -7,7 +7,7 @@ what the claims book on a pool's devices and taints a device that holds memory n
 books; ``agent`` (``gatekeeper agent``) publishes, taints and republishes through the
 apiserver.
 
-May import: ``gatekeeper.placement`` (its types), ``gatekeeper.estimate``,
+May import: ``gatekeeper.placement`` (its types), ``gatekeeper.estimator``,
 ``gatekeeper.gpus`` (the inventory types), ``errors``, ``units``. Only ``agent`` imports
 the Kubernetes client (lightkube, the ``cluster`` extra), and this package does not import
 ``agent``: ``import gatekeeper.cluster`` loads no client.

@@ -13,7 +13,7 @@ named after the node; one device per placeable GPU, named ``gpu-<index>``, with:
 
   e.g. an H100 80GB (79.19 GiB visible) under the default policy (512 MiB + 2 %):
   79.19 - 0.5 - 1.58 = 77.10 GiB. A rank's claim request is placement's per-rank need,
-  CUDA context included (``gatekeeper.placement.search``), so the context is not
+  CUDA context included (``gatekeeper.placement.gpu_search``), so the context is not
   subtracted here a second time;
 - ``allowMultipleAllocations: true`` and a ``requestPolicy`` in 1 MiB steps from 1 MiB
   to the capacity; a request that names no memory takes the whole capacity (the

@@ -12,19 +12,19 @@ May import: ``gatekeeper.models`` (``spec`` and what it needs), ``gatekeeper.err
 or drivers (an import-linter contract keeps it so).
 """
 
-from gatekeeper.estimate.accounting import (
+from gatekeeper.estimator.accounting import (
     ACCOUNTINGS,
     DEFAULT_VLLM_VERSION,
     Accounting,
     accounting_for,
     parse_vllm_version,
 )
-from gatekeeper.estimate.calibration import CalibrationTable, Factor, scale_estimate
-from gatekeeper.estimate.kv_cache import KvGroup, KvLayout, kv_layout
-from gatekeeper.estimate.options import KV_DTYPES, ServeOptions
-from gatekeeper.estimate.simple_method import SimpleEstimate, simple_estimate
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
-from gatekeeper.estimate.weights import WeightPlan, parameter_count, weight_plan
+from gatekeeper.estimator.calibration import CalibrationTable, Factor, scale_estimate
+from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, kv_layout
+from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
+from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.estimator.weights import WeightPlan, parameter_count, weight_plan
 
 __all__ = [
     "ACCOUNTINGS",

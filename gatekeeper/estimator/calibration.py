@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from gatekeeper.estimate.vllm_method import Estimate, StageEstimate
+from gatekeeper.estimator.vllm_method import Estimate, StageEstimate
 
 __all__ = [
     "BOUNDS",

@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.accounting import Accounting
-from gatekeeper.estimate.kv_cache import page_bytes_per_token
-from gatekeeper.estimate.options import KvDtype
-from gatekeeper.estimate.overhead import BatchShape, cuda_graph_bytes, forward_peak_bytes
-from gatekeeper.estimate.speculative import Speculative
-from gatekeeper.estimate.weights import layer_bytes, lm_head_bytes, weight_plan
+from gatekeeper.estimator.accounting import Accounting
+from gatekeeper.estimator.kv_cache import page_bytes_per_token
+from gatekeeper.estimator.options import KvDtype
+from gatekeeper.estimator.overhead import BatchShape, cuda_graph_bytes, forward_peak_bytes
+from gatekeeper.estimator.speculative import Speculative
+from gatekeeper.estimator.weights import layer_bytes, lm_head_bytes, weight_plan
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import ModelSpec
 

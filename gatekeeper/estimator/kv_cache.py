@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gatekeeper.estimate.options import KvDtype
+from gatekeeper.estimator.options import KvDtype
 from gatekeeper.models.spec import AttentionKind, ModelSpec
 from gatekeeper.units import cdiv, round_up
 

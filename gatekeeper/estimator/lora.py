@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gatekeeper.estimate.lora_vocab import VOCAB_LORA_ARCHITECTURES
+from gatekeeper.estimator.lora_vocab import VOCAB_LORA_ARCHITECTURES
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import cdiv
 

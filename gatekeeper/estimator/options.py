@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.speculative import Speculative
+from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = [
@@ -149,7 +149,7 @@ class ServeOptions:
     max_cpu_loras: int | None = None
     """Adapters cached in host memory: no GPU bytes."""
     speculative_config: Speculative | None = None
-    """vLLM's ``--speculative-config``, read (``gatekeeper.estimate.speculative``)."""
+    """vLLM's ``--speculative-config``, read (``gatekeeper.estimator.speculative``)."""
     cpu_offload_gb: float = 0.0
     """GiB (2^30 bytes) of each GPU's decoder-layer weights kept in host memory (UVA)."""
     data_parallel_size: int = 1

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gatekeeper.estimate.accounting import Accounting
+from gatekeeper.estimator.accounting import Accounting
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import GIB, MIB, cdiv, round_up
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.vllm_registry import GENERATIVE_OTHER_SUFFIX, POOLING_ARCHITECTURES
+from gatekeeper.estimator.vllm_registry import GENERATIVE_OTHER_SUFFIX, POOLING_ARCHITECTURES
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = ["CONVERTS", "RUNNERS", "SUFFIX_DEFAULTS", "Runner", "resolve_runner"]

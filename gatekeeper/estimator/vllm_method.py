@@ -22,28 +22,28 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.accounting import (
+from gatekeeper.estimator.accounting import (
     DEFAULT_VLLM_VERSION,
     Accounting,
     accounting_by_name,
     accounting_for,
     parse_vllm_version,
 )
-from gatekeeper.estimate.drafter import DraftContext, DraftCost, draft_cost
-from gatekeeper.estimate.dtype import resolve_dtype
-from gatekeeper.estimate.kv_cache import KvLayout, StatePages, kv_layout
-from gatekeeper.estimate.lora import (
+from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
+from gatekeeper.estimator.dtype import resolve_dtype
+from gatekeeper.estimator.kv_cache import KvLayout, StatePages, kv_layout
+from gatekeeper.estimator.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
     LoraSlots,
     lora_bytes,
 )
-from gatekeeper.estimate.options import (
+from gatekeeper.estimator.options import (
     ServeOptions,
     check_parallelism,
     resolve_kv_dtype,
 )
-from gatekeeper.estimate.overhead import (
+from gatekeeper.estimator.overhead import (
     BatchShape,
     batch_defaults,
     capture_size,
@@ -54,10 +54,10 @@ from gatekeeper.estimate.overhead import (
     pre_init_bytes,
     sampler_peak_bytes,
 )
-from gatekeeper.estimate.runner import resolve_runner
-from gatekeeper.estimate.speculative import Speculative
-from gatekeeper.estimate.state import state_bytes
-from gatekeeper.estimate.weights import WeightOptions, pp_partition, weight_plan
+from gatekeeper.estimator.runner import resolve_runner
+from gatekeeper.estimator.speculative import Speculative
+from gatekeeper.estimator.state import state_bytes
+from gatekeeper.estimator.weights import WeightOptions, pp_partition, weight_plan
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB, format_gib
@@ -490,7 +490,7 @@ CHUNKED_HYBRID_SINCE = (0, 32, 0)
 ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to 1 (read from the
 0.32.0 CPU wheel's ``envs.py``); earlier releases are kept as modelled before, with the
 allocator off for chunked layers (shared/reference/vllm-memory.md). The conformance test
-(tests/estimate/test_conformance.py) measures it on a tiny Llama 4."""
+(tests/estimator/test_conformance.py) measures it on a tiny Llama 4."""
 MAMBA2_CHECKPOINT_SINCE = (0, 32, 0)
 """Mamba-2 mixers declare ``num_prefill_checkpoint_blocks=1`` (0.32.0's
 ``mamba_mixer2.py::get_kv_cache_spec``): in align mode a request holds

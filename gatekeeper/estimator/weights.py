@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gatekeeper.estimate.state import mixer_weight_bytes
+from gatekeeper.estimator.state import mixer_weight_bytes
 from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointWeights, ModelSpec

@@ -7,7 +7,7 @@ and suggests from placement's menu of nearby configurations; ``server`` builds t
 webhook from the settings and serves it on its own over TLS.
 
 May import: ``gatekeeper.settings``, ``gatekeeper.metrics``, ``gatekeeper.placement``,
-``gatekeeper.vllm``, ``gatekeeper.estimate``, ``gatekeeper.models``, ``gatekeeper.gpus``
+``gatekeeper.vllm``, ``gatekeeper.estimator``, ``gatekeeper.models``, ``gatekeeper.gpus``
 (the GPU table), ``errors``, ``units``, Starlette and ``prometheus_client``.
 """
 

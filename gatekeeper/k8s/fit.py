@@ -1,7 +1,7 @@
 """Whether one vLLM container fits the GPU it will land on, in words an operator can act on.
 
 Pure: a ``ModelSpec`` (and the speculative draft's, resolved by the caller as it
-resolved the target: ``gatekeeper.estimate.options.draft_reference``), the container's
+resolved the target: ``gatekeeper.estimator.options.draft_reference``), the container's
 ``VllmCommand``, the GPUs it requests and the GPU it will run on in; a ``Finding``
 (allow, warn or deny, with its message) out. The estimator judges the flags as given,
 every flag it models (LoRA slots, the draft, CPU offload, DP/EP, ...), the way vLLM
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gatekeeper.errors import GatekeeperError, HubError, ServeOptionsError, UnknownGpuError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.options import ServeOptions, draft_reference
+from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.k8s.fit import (
     Finding,
     GpuChoice,

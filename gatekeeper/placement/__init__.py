@@ -9,17 +9,17 @@ webhook shares). ``types`` holds the policy, request and decision (and the decis
 JSON form), ``render`` draws them for people, ``plan`` admits a file of deployments in
 order. Estimates are cached by an ``EstimateCache`` that the caller holds.
 
-May import: ``gatekeeper.vllm`` (the launch flags), ``gatekeeper.estimate``,
+May import: ``gatekeeper.vllm`` (the launch flags), ``gatekeeper.estimator``,
 ``gatekeeper.models`` (the spec), ``gatekeeper.gpus`` (the snapshot types), ``errors``,
 ``units``. No I/O beyond ``plan`` reading its file (an import-linter contract forbids
 the sidecar, NVML, the hub, HTTP, SQLite, threads and asyncio).
 """
 
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
+from gatekeeper.placement.gpu_search import TP_SIZES, EstimateCache, SearchResult, gpu_lines, search
 from gatekeeper.placement.nearby import MIN_SUGGESTED_LEN, Variant, lighter_variants
 from gatekeeper.placement.plan import Plan, PlanError, PlanResult, load_plan, run_plan
 from gatekeeper.placement.render import render_bar, render_decision
-from gatekeeper.placement.search import TP_SIZES, EstimateCache, SearchResult, gpu_lines, search
 from gatekeeper.placement.types import (
     Decision,
     GpuLine,

@@ -33,8 +33,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gatekeeper.estimate.overhead import pre_init_bytes
-from gatekeeper.estimate.vllm_method import Estimate
+from gatekeeper.estimator.overhead import pre_init_bytes
+from gatekeeper.estimator.vllm_method import Estimate
 from gatekeeper.placement.types import GpuLine, Placement, PlacementPolicy, PlacementRequest
 from gatekeeper.vllm.launch import (
     LaunchFlags,

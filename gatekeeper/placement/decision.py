@@ -1,6 +1,6 @@
 """The decision: search, then, on a rejection, the reasons and what would fit.
 
-Pure: ``decide`` runs ``search`` (``gatekeeper.placement.search``) and returns a
+Pure: ``decide`` runs ``search`` (``gatekeeper.placement.gpu_search``) and returns a
 ``Decision``: admitted, with the placement and every GPU's line marked (chosen, fits,
 too small, or why it was passed over); or rejected, with a reason per shape tried and
 per GPU, and the nearest configurations that would fit (``gatekeeper.placement.hints``).
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.budget import Need
+from gatekeeper.placement.gpu_search import EstimateCache, SearchResult, search
 from gatekeeper.placement.hints import rejection_reasons, suggestions
-from gatekeeper.placement.search import EstimateCache, SearchResult, search
 from gatekeeper.placement.types import (
     Decision,
     GpuLine,

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.calibration import scale_estimate
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.calibration import scale_estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.budget import Need, placement_for, whole_device_status

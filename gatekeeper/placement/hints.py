@@ -18,8 +18,8 @@ from typing import Any
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.budget import Need
+from gatekeeper.placement.gpu_search import EstimateCache, Shape, search
 from gatekeeper.placement.nearby import lighter_variants, longest_length
-from gatekeeper.placement.search import EstimateCache, Shape, search
 from gatekeeper.placement.types import (
     GpuLine,
     Placement,

@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from gatekeeper.estimate.accounting import accounting_for
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.accounting import accounting_for
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.placement.search import TP_SIZES
+from gatekeeper.placement.gpu_search import TP_SIZES
 
 __all__ = [
     "MAX_NODE_GPUS",

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.accounting import parse_vllm_version
-from gatekeeper.estimate.options import ServeOptions, draft_reference
+from gatekeeper.estimator.accounting import parse_vllm_version
+from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
+from gatekeeper.placement.gpu_search import EstimateCache, gpu_lines
 from gatekeeper.placement.render import LEGEND, render_bar
-from gatekeeper.placement.search import EstimateCache, gpu_lines
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, auto_parallel
 from gatekeeper.units import format_gib
 from gatekeeper.vllm.flags import options_from_mapping

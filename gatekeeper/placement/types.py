@@ -1,6 +1,6 @@
 """The data of a placement: the policy, the request, and the decision with its GPU
 lines, placement and suggestions, and the decision's machine-readable form (bytes as
-integers). ``gatekeeper.placement.decide`` makes decisions."""
+integers). ``gatekeeper.placement.decision`` makes decisions."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import MIB, format_gib
 from gatekeeper.vllm.launch import LaunchFlags
@@ -41,7 +41,7 @@ class PlacementPolicy:
     shared_kv_sequences: int = 8
     """With ``share_gpus``, the sequences of max_model_len a worker's KV budget holds when
     the request sets no budget of its own: min(max_num_seqs, this), else the most that
-    fit down to the request's ``min_sequences`` (``gatekeeper.placement.search``)."""
+    fit down to the request's ``min_sequences`` (``gatekeeper.placement.gpu_search``)."""
     allow_pipeline: bool = False
     default_vllm_version: str = DEFAULT_VLLM_VERSION
     """The release whose accounting applies when the options name none."""
@@ -72,10 +72,10 @@ class PlacementRequest:
     """Concurrent sequences of max_model_len the KV cache must hold (vLLM's minimum is 1)."""
     corrections: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Calibration factors per component (weights, activation, non_torch, cuda_graph)
-    learned from earlier workers of the same family (``gatekeeper.estimate.calibration``)."""
+    learned from earlier workers of the same family (``gatekeeper.estimator.calibration``)."""
     draft: ModelSpec | None = None
     """The speculative draft model's spec, when the options' ``speculative_config`` names
-    one (``gatekeeper.estimate.speculative.draft_reference``)."""
+    one (``gatekeeper.estimator.speculative.draft_reference``)."""
 
 
 @dataclass(frozen=True, slots=True)

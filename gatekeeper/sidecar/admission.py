@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.placement.decide import decide
-from gatekeeper.placement.search import EstimateCache, search
+from gatekeeper.placement.decision import decide
+from gatekeeper.placement.gpu_search import EstimateCache, search
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar.ledger import (
     Ledger,

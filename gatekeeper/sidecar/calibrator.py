@@ -2,7 +2,7 @@
 state directory after every change, and switchable off.
 
 The factors themselves and how they are learned and applied are pure
-(``gatekeeper.estimate.calibration``); this module adds the file
+(``gatekeeper.estimator.calibration``); this module adds the file
 (``calibration.json``, written atomically), the lock (admissions read while workers
 turning ready write) and the clock (when a factor was last updated).
 """
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.estimate.calibration import CalibrationTable, Factor
+from gatekeeper.estimator.calibration import CalibrationTable, Factor
 
 __all__ = [
     "CALIBRATION_FILENAME",

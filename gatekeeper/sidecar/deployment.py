@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.attribution import tree_usage
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components

@@ -35,7 +35,7 @@ import httpx
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.metrics.events import SidecarMetrics
-from gatekeeper.placement.search import EstimateCache
+from gatekeeper.placement.gpu_search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.calibrator import Calibrator

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimate.options import draft_reference
+from gatekeeper.estimator.options import draft_reference
 from gatekeeper.models.catalog import catalog_entries, find_in_catalog
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementRequest, auto_parallel

@@ -25,7 +25,7 @@ import httpx
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.placement.search import search
+from gatekeeper.placement.gpu_search import search
 from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.proxy.serving import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry

@@ -78,7 +78,7 @@ its value grammar), ``argv`` (vLLM's rewrites before argparse), ``env`` (the ``G
 (start-up, log, signals), ``http`` (vLLM's HTTP surface), ``memory`` (the figures and
 vLLM's start-up failures), ``nvml_claims`` (memory held in the stand-in NVML driver).
 
-It stands apart from the estimator: it imports nothing of ``gatekeeper.estimate``,
+It stands apart from the estimator: it imports nothing of ``gatekeeper.estimator``,
 ``placement``, ``vllm`` or ``sidecar``, so that a rehearsal cannot agree with the
 prediction by sharing its code (an import-linter contract keeps it so). It shares vLLM's
 flag table with ``gatekeeper.vllm`` as data: each reads the file with its own code. Only

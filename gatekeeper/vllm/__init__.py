@@ -10,7 +10,7 @@ reads a vLLM command line out of a container (the webhook's input); ``log`` read
 worker's log: start-up phases, vLLM's own memory figures and the errors that end a
 start-up. All pure but for reading the shipped table (and ``--config`` files).
 
-May import: ``gatekeeper.estimate`` (the serving options), ``gatekeeper.errors``,
+May import: ``gatekeeper.estimator`` (the serving options), ``gatekeeper.errors``,
 ``gatekeeper.units``. Never ``vllm`` itself: the engine lives in its own environment.
 """
 

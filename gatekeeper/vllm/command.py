@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.vllm.flags import FlagTable, flag_table, serve_options
 from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
 

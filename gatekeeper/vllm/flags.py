@@ -20,8 +20,8 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import CompilationOptions, HfOverrides, MmLimits, ServeOptions
-from gatekeeper.estimate.speculative import parse_speculative
+from gatekeeper.estimator.options import CompilationOptions, HfOverrides, MmLimits, ServeOptions
+from gatekeeper.estimator.speculative import parse_speculative
 from gatekeeper.vllm.table import Flag as Flag
 from gatekeeper.vllm.table import FlagTable as FlagTable
 from gatekeeper.vllm.table import flag_table as flag_table

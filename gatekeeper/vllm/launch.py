@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gatekeeper.estimate.accounting import accounting_for, parse_vllm_version
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.accounting import accounting_for, parse_vllm_version
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.vllm.table import flag_table
 
 __all__ = [

@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.accounting import parse_vllm_version
+from gatekeeper.estimator.accounting import parse_vllm_version
 
 __all__ = [
     "Flag",

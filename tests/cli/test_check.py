@@ -105,7 +105,7 @@ def test_bad_plan_files_get_one_line(tmp_path, content, needle):
 def test_check_reads_flags_with_the_vllm_version_and_a_config_files_model(
     capsys, tmp_path: Path, version, read
 ):
-    from gatekeeper.cli.main import main
+    from gatekeeper.cli.entry import main
 
     config = tmp_path / "serve.yaml"
     config.write_text("model: meta-llama/Llama-3.1-8B-Instruct\nmax-num-seq: 16\n")
@@ -128,7 +128,7 @@ def test_check_reads_flags_with_the_vllm_version_and_a_config_files_model(
 
 
 def test_deploy_takes_the_model_from_a_config_file(capsys, tmp_path: Path):
-    from gatekeeper.cli.main import main
+    from gatekeeper.cli.entry import main
     from tests.support.sidecar_harness import TOKEN, running_sidecar, settings_for
 
     config = tmp_path / "serve.yaml"

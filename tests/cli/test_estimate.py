@@ -173,7 +173,7 @@ LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from gatekeeper.cli.main import main
+    from gatekeeper.cli.entry import main
 
     code = main(list(args))
     out = capsys.readouterr()

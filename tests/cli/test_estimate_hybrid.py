@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.cli.test_estimate import gatekeeper
-from tests.estimate.test_hybrid import GRANITE_H
+from tests.estimator.test_hybrid import GRANITE_H
 
 
 def test_a_hybrid_models_table_shows_its_recurrent_state_per_sequence(tmp_path: Path):

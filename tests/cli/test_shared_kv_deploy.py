@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.settings import placement_policy
 from tests.cli.test_rehearsal_output import gatekeeper

@@ -126,7 +126,7 @@ def test_a_quantity_that_is_not_one_is_refused() -> None:
 
 def test_the_wing_and_the_cli_load_no_kubernetes_client_until_the_agent_runs() -> None:
     code = (
-        "import sys, gatekeeper.cluster, gatekeeper.cluster.accounting, gatekeeper.cli.main\n"
+        "import sys, gatekeeper.cluster, gatekeeper.cluster.accounting, gatekeeper.cli.entry\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightkube'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,7 +18,7 @@ from lightkube.codecs import from_dict
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.resource_v1 import DeviceClass
 
-from gatekeeper.cli.main import build_parser
+from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster import DRIVER_NAME
 from tests.support.kube_cluster import KubeCluster
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gatekeeper.estimate.calibration import BOUNDS, CORRECTED, CalibrationTable, scale_estimate
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.calibration import BOUNDS, CORRECTED, CalibrationTable, scale_estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.metrics.gpus import CalibrationCollector
 from gatekeeper.models.source import resolve_model
 from gatekeeper.sidecar.calibrator import CALIBRATION_FILENAME, Calibrator, load_table, save_table
@@ -191,7 +191,7 @@ def test_the_table_round_trips_through_the_state_directory(tmp_path):
 def test_an_unreadable_file_starts_empty_with_a_warning(tmp_path, content, caplog):
     path = tmp_path / CALIBRATION_FILENAME
     path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="gatekeeper.estimate.calibration"):
+    with caplog.at_level(logging.WARNING, logger="gatekeeper.estimator.calibration"):
         assert load_table(path).entries == {}
     assert "cannot be read" in caplog.text
     assert load_table(tmp_path / "missing.json").entries == {}

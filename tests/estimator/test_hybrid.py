@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.units import GIB, cdiv
 from gatekeeper.vllm.flags import options_from_mapping
@@ -165,7 +165,7 @@ def test_granite_4_h_aligns_the_attention_block_to_a_mamba2_state():
     bytes_per_block = 4 * attn_per_token * block
     assert e.kv_block_bytes == bytes_per_block
     # prefix caching on: 2 state blocks per group, + 1 prefill checkpoint block for Mamba-2
-    # (vLLM 0.32's mamba_mixer2.py; measured by tests/estimate/test_conformance.py)
+    # (vLLM 0.32's mamba_mixer2.py; measured by tests/estimator/test_conformance.py)
     per_request = cdiv(8192, block) + 9 * 3
     assert e.blocks_per_request == per_request
     assert e.kv_bytes_per_token == 4 * attn_per_token  # the attention part only

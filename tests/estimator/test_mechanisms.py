@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.source import resolve_model
@@ -123,7 +123,7 @@ def test_the_vocab_lora_list_is_what_the_script_reads_from_vllm_today(tmp_path):
     generated.write_text(script.render(found[-1]))
     namespace: dict[str, Any] = {}
     exec(generated.read_text(), namespace)
-    from gatekeeper.estimate.lora_vocab import VOCAB_LORA_ARCHITECTURES
+    from gatekeeper.estimator.lora_vocab import VOCAB_LORA_ARCHITECTURES
 
     assert namespace["VOCAB_LORA_ARCHITECTURES"] == VOCAB_LORA_ARCHITECTURES
     assert "LlamaForCausalLM" in VOCAB_LORA_ARCHITECTURES

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.estimate import ServeOptions, estimate
+from gatekeeper.estimator import ServeOptions, estimate
 from tests.support.quant_conformance import (
     CASES,
     GPU,

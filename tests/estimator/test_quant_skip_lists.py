@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.estimate.weights import layer_bytes
+from gatekeeper.estimator.weights import layer_bytes
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.spec import ModelSpec
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.estimate.weights import layer_bytes, lm_head_bytes, weight_plan
+from gatekeeper.estimator.weights import layer_bytes, lm_head_bytes, weight_plan
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.quantization import quant_from_config, quant_from_flag
 from gatekeeper.models.spec import CheckpointTensor, CheckpointWeights, ModelSpec
@@ -461,7 +461,7 @@ def test_gptq_act_order_is_sized_but_refused_by_vllm_0_32():
     """vLLM 0.32 refuses a GPTQ checkpoint with ``desc_act: true`` and a group size
     (``gptq_utils.normalize_and_validate_gptq_desc_act``; the conformance check records
     its error); earlier releases load it with an int32 ``g_idx`` per input."""
-    from gatekeeper.estimate import GpuTarget, ServeOptions, estimate
+    from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
 
     config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}
     s = spec(LLAMA, config)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import KV_DTYPES, ServeOptions
-from gatekeeper.estimate.simple_method import simple_estimate
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
+from gatekeeper.estimator.simple_method import simple_estimate
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.models.quantization import quant_from_config
 from gatekeeper.models.source import resolve_model
 from gatekeeper.units import GIB, MIB

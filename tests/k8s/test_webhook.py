@@ -19,7 +19,7 @@ from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement import PlacementPolicy
 from gatekeeper.settings import Settings
-from tests.estimate.test_mechanisms import EAGLE_LLAMA
+from tests.estimator.test_mechanisms import EAGLE_LLAMA
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "admission"

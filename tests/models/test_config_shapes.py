@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from gatekeeper.cli.output import error_code
 from gatekeeper.errors import GatekeeperError, ModelSpecError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.runner import CONVERTS, RUNNERS
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.runner import CONVERTS, RUNNERS
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.spec import ModelSpec

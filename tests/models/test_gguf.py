@@ -12,8 +12,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.models.source import resolve_model
 from gatekeeper.units import GIB
 

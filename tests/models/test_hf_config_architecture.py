@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
-from gatekeeper.estimate.weights import parameter_count
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.weights import parameter_count
 from gatekeeper.models.architecture import (
     ALL_BIASED,
     NORMS_PER_LAYER,

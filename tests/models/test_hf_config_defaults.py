@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.estimate.weights import parameter_count
+from gatekeeper.estimator.weights import parameter_count
 from gatekeeper.models.catalog import catalog_entries, find_in_catalog
 from gatekeeper.models.config_defaults import class_defaults
 from gatekeeper.models.hf_config import spec_from_config, written_out

@@ -327,8 +327,8 @@ def test_sentence_transformers_files_are_fetched_beside_the_config(
     """modules.json, sentence_bert_config.json and tokenizer_config.json come into the cache
     with config.json (metadata, never weights), so a hub model vLLM runs as a pooling
     model is sized as one (no LM head), and the next look-up finds them offline."""
-    from gatekeeper.estimate.options import ServeOptions
-    from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+    from gatekeeper.estimator.options import ServeOptions
+    from gatekeeper.estimator.vllm_method import GpuTarget, estimate
     from gatekeeper.models.source import resolve_model
 
     files = {name: json.dumps(body).encode() for name, body in ST_FILES.items()}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
-from gatekeeper.estimate.weights import layer_bytes
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.weights import layer_bytes
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.units import GIB
 

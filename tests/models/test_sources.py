@@ -10,8 +10,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.vllm_method import GpuTarget, estimate
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.models.catalog import catalog_entries, find_in_catalog
 from gatekeeper.models.safetensors import read_header
 from gatekeeper.models.source import load_model_dir, resolve_model

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.overhead import pre_init_bytes
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
-from gatekeeper.placement.search import gpu_lines
+from gatekeeper.placement.decision import decide
+from gatekeeper.placement.gpu_search import gpu_lines
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.units import GIB
 

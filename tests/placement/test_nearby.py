@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.nearby import (
     MIN_SUGGESTED_LEN,

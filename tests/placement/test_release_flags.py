@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions
-from gatekeeper.estimate.overhead import pre_init_bytes
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model

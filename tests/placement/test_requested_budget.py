@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement import PlacementPolicy, PlacementRequest, decide

@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.placement.plan import load_plan, run_plan
 from gatekeeper.placement.render import render_decision
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest

@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.proxy.protocol import (
     FORM_ROUTES,
     JSON_ROUTES,

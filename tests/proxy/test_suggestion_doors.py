@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.nearby import online_fp8_flag
 from gatekeeper.settings import ModelEntry, Settings

@@ -8,11 +8,11 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.decide import decide
-from gatekeeper.placement.search import gpu_lines
+from gatekeeper.placement.decision import decide
+from gatekeeper.placement.gpu_search import gpu_lines
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.ledger import Ledger, promised_bytes

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.sidecar.deployment import resolve_request

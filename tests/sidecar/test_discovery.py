@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.sidecar.deployment import Deployment, State

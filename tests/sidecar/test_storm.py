@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.models.source import resolve_model

@@ -14,7 +14,7 @@ config's, after ``maybe_untie_word_embeddings``), ``sliding_window``; or ``error
 refuses the case. A case with ``"wrapper": true`` (a multimodal wrapper) gets only
 ``tie_word_embeddings``, read as ``_wrapper_tie`` says. ``OUT.json`` also
 holds ``registry``: the architectures vLLM registers as pooling-only and the generative
-ones whose suffix says otherwise (``gatekeeper/estimate/vllm_registry.py`` mirrors them).
+ones whose suffix says otherwise (``gatekeeper/estimator/vllm_registry.py`` mirrors them).
 """
 
 from __future__ import annotations

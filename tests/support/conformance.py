@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.estimate import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
 from gatekeeper.models.source import resolve_model
 from tests.support.conformance_families import (
     FAMILIES,

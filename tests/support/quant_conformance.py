@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.estimate import GpuTarget, ServeOptions, estimate
-from gatekeeper.estimate.options import MmLimits
+from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator.options import MmLimits
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.module_names import module_names
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag

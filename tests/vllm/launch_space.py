@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.vllm.flags import MODELLED, flag_table, options_from_mapping
 from gatekeeper.vllm.launch import LaunchFlags, launch_args
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.estimate.accounting import DEFAULT_VLLM_VERSION
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.k8s.workloads import gpu_product_constraint, pod_templates, vllm_containers
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 from gatekeeper.vllm.flags import flag_table, serve_options

