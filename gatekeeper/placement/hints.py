@@ -120,7 +120,7 @@ def suggestions(
 
 def _shorter(probe: _Probe) -> Suggestion | None:
     options = probe.request.options
-    length = options.max_model_len or probe.request.model.max_position_embeddings
+    length = options.max_model_len or probe.request.model.default_max_model_len
     best = longest_length(
         lambda n: probe.placed(options=dataclasses.replace(options, max_model_len=n)), length
     )

@@ -336,7 +336,7 @@ class ModelRouter:
         for entry in entries:
             try:
                 request = self.registry.request(entry)
-                length = request.options.max_model_len or request.model.max_position_embeddings
+                length = request.options.max_model_len or request.model.default_max_model_len
             except GatekeeperError:
                 length = None
             lengths[entry.name] = length
