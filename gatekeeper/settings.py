@@ -329,6 +329,11 @@ class Settings(BaseSettings):
     or required node affinity): a GPU from the table (``H100-80GB``) or the memory it
     reports (``79.19GiB``). Unset: such workloads are allowed with a warning."""
 
+    webhook_max_gpus_per_node: int = Field(default=8, ge=1, le=1024)
+    """The most GPUs the admission webhook's denials suggest on one node (a larger
+    ``--tensor-parallel-size`` is offered only while TP x PP x DP stays within it): 8 for
+    NVIDIA's HGX and DGX boards; set 4 (or 2) where the cluster's GPU nodes carry fewer."""
+
     webhook_unknown_model: Literal["warn", "deny"] = "warn"
     """What the admission webhook does with a vLLM workload whose model is neither in the
     catalog nor reachable (a path inside the container, a private repo, the hub off):

@@ -165,6 +165,8 @@ class _Case:
     draft: ModelSpec | None
     gpu: GpuChoice
     policy: PlacementPolicy
+    max_node_gpus: int = MAX_NODE_GPUS
+    """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +207,14 @@ def judge(
     *,
     multi_node: bool = False,
     draft: ModelSpec | None = None,
+    max_node_gpus: int = MAX_NODE_GPUS,
 ) -> list[Finding]:
     """The findings for one container whose model and GPU are known; ``multi_node``: the
     pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods; ``draft``:
-    the speculative draft model's spec, when the options name one (``draft_reference``)."""
+    the speculative draft model's spec, when the options name one (``draft_reference``);
+    ``max_node_gpus``: the most GPUs a suggestion puts on one node."""
     options = command.options
-    case = _Case(spec, draft, gpu, policy)
+    case = _Case(spec, draft, gpu, policy, max_node_gpus)
     try:
         ev = _evaluate(case, options)
     except ServeOptionsError as e:
@@ -307,10 +311,12 @@ def suggestions(
     *,
     multi_node: bool = False,
     draft: ModelSpec | None = None,
+    max_node_gpus: int = MAX_NODE_GPUS,
 ) -> list[str]:
     """Nearby flags that fit: TP (PP across a multi-node group), max model len, fp8 KV
     cache, online fp8 weights."""
-    return _suggest(_Case(spec, draft, gpu, policy), command, ev, multi_node=multi_node)
+    case = _Case(spec, draft, gpu, policy, max_node_gpus)
+    return _suggest(case, command, ev, multi_node=multi_node)
 
 
 def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) -> list[str]:
@@ -328,14 +334,14 @@ def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) 
 def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> list[str]:
     """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
     smaller one that fits with a shorter max_model_len; GPUs as the estimate counts
-    them (``Estimate.gpus``: dp x tp x pp), no more than one node has (``MAX_NODE_GPUS``)
-    unless the pods form a multi-node group."""
+    them (``Estimate.gpus``: dp x tp x pp), no more than one node has
+    (``webhook_max_gpus_per_node``, default ``MAX_NODE_GPUS``) unless the pods form a multi-node group."""
     out: list[str] = []
     tp, pp = o.tensor_parallel_size, o.pipeline_parallel_size
     sizes = (
         [(tp, p) for p in larger_sizes(pp)]
         if multi_node  # pipeline stages span the group's pods
-        else [(t, pp) for t in larger_sizes(tp, pp * o.data_parallel_size, MAX_NODE_GPUS)]
+        else [(t, pp) for t in larger_sizes(tp, pp * o.data_parallel_size, case.max_node_gpus)]
     )
     for t, p in sizes:
         changed = dataclasses.replace(o, tensor_parallel_size=t, pipeline_parallel_size=p)

@@ -47,6 +47,7 @@ def webhook_from_settings(
         fit=placement_policy(settings),
         default_gpu=gpu_from_value(default, "setting webhook_default_gpu") if default else None,
         unknown_model=settings.webhook_unknown_model,
+        max_node_gpus=settings.webhook_max_gpus_per_node,
     )
     resolve = resolve or model_resolver(settings)
     metrics = WebhookMetrics(registry) if registry is not None else None

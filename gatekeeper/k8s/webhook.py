@@ -68,6 +68,7 @@ from gatekeeper.k8s.workloads import (
     vllm_containers,
 )
 from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.nearby import MAX_NODE_GPUS
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.vllm.command import MODEL_ENV_VARS, VllmCommand
 from gatekeeper.vllm.flags import model_location
@@ -97,6 +98,8 @@ class WebhookConfig:
     default_gpu: GpuChoice | None = None
     """Assumed when a workload names no GPU; None: such workloads are warned about."""
     unknown_model: Literal["warn", "deny"] = "warn"
+    max_node_gpus: int = MAX_NODE_GPUS
+    """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,14 @@ class AdmissionWebhook:
             if isinstance(draft, Finding):
                 return [*findings, draft]
             findings += judge(
-                who, spec, command, gpu[0], self.config.fit, multi_node=multi_node, draft=draft
+                who,
+                spec,
+                command,
+                gpu[0],
+                self.config.fit,
+                multi_node=multi_node,
+                draft=draft,
+                max_node_gpus=self.config.max_node_gpus,
             )
         return findings
 
