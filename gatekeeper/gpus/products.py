@@ -1,6 +1,7 @@
 """GPU products and the total memory vLLM sees on each (``data/gpus.json``).
 
-The figure is what ``cudaMemGetInfo`` reports as total, which is what vLLM
+Each product also carries its CUDA compute capability (what vLLM's quantization
+methods check: ``get_min_capability``). The memory figure is what ``cudaMemGetInfo`` reports as total, which is what vLLM
 multiplies by ``--gpu-memory-utilization``: an H100 80GB shows 79.19 GiB, not 80.
 Lookup is forgiving: ``H100-80GB``, ``h100``, ``NVIDIA H100 80GB HBM3`` and the GPU
 Feature Discovery label ``NVIDIA-H100-80GB-HBM3`` all name the same product.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -17,22 +19,32 @@ from importlib import resources
 from gatekeeper.errors import UnknownGpuError
 from gatekeeper.units import GIB
 
-__all__ = ["GpuProduct", "gpu_products", "lookup_gpu"]
+__all__ = ["GpuProduct", "best_capability", "gpu_products", "lookup_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
 class GpuProduct:
-    """A GPU product: its canonical name and the total bytes vLLM sees."""
+    """A GPU product: its canonical name, the total bytes vLLM sees and its CUDA compute
+    capability (NVIDIA's figure, ``(9, 0)`` for an H100; None where the table has none)."""
 
     name: str
     total_bytes: int
     source: str
     aliases: tuple[str, ...] = ()
     gfd_products: tuple[str, ...] = ()
+    compute_capability: tuple[int, int] | None = None
 
 
 def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _capability(text: str | None) -> tuple[int, int] | None:
+    """``"8.9"`` as ``(8, 9)``."""
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
 
 
 @cache
@@ -46,6 +58,7 @@ def gpu_products() -> tuple[GpuProduct, ...]:
             source=p["source"],
             aliases=tuple(p.get("aliases", ())),
             gfd_products=tuple(p.get("gfd_products", ())),
+            compute_capability=_capability(p.get("compute_capability")),
         )
         for p in raw["products"]
     )
@@ -75,3 +88,12 @@ def lookup_gpu(name: str) -> GpuProduct:
             value=name,
         )
     return product
+
+
+def best_capability(names: Iterable[str]) -> tuple[int, int] | None:
+    """The highest compute capability among GPUs named as ``lookup_gpu`` takes them (NVML
+    names too); None when there are none or any is not in the table (unknown: assume
+    nothing is out of reach)."""
+    found = [_index().get(_key(name)) for name in names]
+    known = [p.compute_capability for p in found if p is not None and p.compute_capability]
+    return max(known) if found and len(known) == len(found) else None

@@ -31,6 +31,7 @@ from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate,
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
+    FP8_WEIGHTS_MIN_CAPABILITY,
     MAX_NODE_GPUS,
     MIN_SUGGESTED_LEN,
     larger_sizes,
@@ -63,6 +64,8 @@ class GpuChoice:
     total_bytes: int
     name: str | None
     origin: str
+    compute_capability: tuple[int, int] | None = None
+    """From the GPU table when the GPU is a product; None for a bare size."""
 
     @property
     def label(self) -> str:
@@ -96,7 +99,7 @@ def gpu_from_value(value: str, origin: str) -> GpuChoice:
             field=origin,
             value=value,
         ) from e
-    return GpuChoice(product.total_bytes, product.name, origin)
+    return GpuChoice(product.total_bytes, product.name, origin, product.compute_capability)
 
 
 def gpu_count_finding(
@@ -215,6 +218,9 @@ def judge(
     ``max_node_gpus``: the most GPUs a suggestion puts on one node."""
     options = command.options
     case = _Case(spec, draft, gpu, policy, max_node_gpus)
+    refused = _fp8_refusal(who, options, gpu)
+    if refused is not None:
+        return [refused]
     try:
         ev = _evaluate(case, options)
     except ServeOptionsError as e:
@@ -239,6 +245,24 @@ def judge(
             )
         )
     return findings or [Finding("allow")]
+
+
+def _fp8_refusal(who: str, options: ServeOptions, gpu: GpuChoice) -> Finding | None:
+    """Deny online fp8 weights (``--quantization fp8...``) on a GPU below compute capability
+    7.5: vLLM refuses them at start (``_get_quantization_config`` in vLLM's
+    ``config/vllm.py`` against ``Fp8Config.get_min_capability``, 75)."""
+    method, cc = options.quantization, gpu.compute_capability
+    if method is None or not method.startswith("fp8") or cc is None:
+        return None
+    if cc >= FP8_WEIGHTS_MIN_CAPABILITY:
+        return None
+    least = ".".join(map(str, FP8_WEIGHTS_MIN_CAPABILITY))
+    return Finding(
+        "deny",
+        f"{who}: --quantization {method} needs a GPU of compute capability {least} or more "
+        f"but {gpu.label} has {cc[0]}.{cc[1]}, so vLLM would refuse to start; drop "
+        "--quantization or pin a newer GPU (nodeSelector nvidia.com/gpu.product)",
+    )
 
 
 def _denial(who: str, case: _Case, ev: _Eval, fixes: list[str]) -> str:
@@ -325,7 +349,8 @@ def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) 
     length = _margin_length(case, options, ev) or ev.e.max_model_len_fit
     if MIN_SUGGESTED_LEN <= length < ev.e.max_model_len:
         out.append(f"--max-model-len {length}")
-    for v in lighter_variants(case.spec, options, case.policy.default_vllm_version):
+    version = case.policy.default_vllm_version
+    for v in lighter_variants(case.spec, options, version, case.gpu.compute_capability):
         if _fits(case, dataclasses.replace(options, **v.changes)):
             out.append(v.flag)
     return out

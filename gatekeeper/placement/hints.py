@@ -17,6 +17,7 @@ from typing import Any
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.gpus.products import best_capability
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, Shape, search
 from gatekeeper.placement.nearby import lighter_variants, longest_length
@@ -137,7 +138,10 @@ def _shorter(probe: _Probe) -> Suggestion | None:
 def _lighter(probe: _Probe) -> list[Suggestion]:
     request, options = probe.request, probe.request.options
     out = []
-    for v in lighter_variants(request.model, options, probe.policy.default_vllm_version):
+    # a GPU vLLM runs fp8 weights on (the node's best: the search may use any of them)
+    capability = best_capability(g.name for g in probe.snapshot.gpus)
+    version = probe.policy.default_vllm_version
+    for v in lighter_variants(request.model, options, version, capability):
         p = probe.placed(options=dataclasses.replace(options, **v.changes))
         if p is not None:
             out.append(Suggestion(v.kind, f"{v.option} fits on {_where(p)}", dict(v.changes)))

@@ -6,7 +6,7 @@ tensor-parallel size (from the sizes placement searches, no more GPUs than one n
 the sidecar's own, ``MAX_NODE_GPUS`` for the webhook), the longest ``max_model_len``
 that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when the cache is
 16-bit, and online fp8 weights when the model is not quantized (the flag vLLM's release
-spells it with). Each caller probes them its own way and in its own order (the sidecar
+spells it with) and the GPU can run them (compute capability 7.5 or more, when known). Each caller probes them its own way and in its own order (the sidecar
 with ``search`` on the node, the webhook with the estimator on the pod's GPU). Pure.
 """
 
@@ -22,6 +22,7 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.gpu_search import TP_SIZES
 
 __all__ = [
+    "FP8_WEIGHTS_MIN_CAPABILITY",
     "MAX_NODE_GPUS",
     "MIN_SUGGESTED_LEN",
     "Variant",
@@ -33,6 +34,12 @@ __all__ = [
 
 MIN_SUGGESTED_LEN = 256
 """A shorter ``max_model_len`` is not worth suggesting."""
+
+FP8_WEIGHTS_MIN_CAPABILITY = (7, 5)
+"""The least compute capability vLLM runs fp8 weights on: ``Fp8Config.get_min_capability``
+and the online schemes' ``get_min_capability`` are 75 (vLLM 0.32:
+``model_executor/layers/quantization/fp8.py`` and ``.../online/base.py``; vLLM refuses a
+lower GPU in ``config/vllm.py``'s ``_get_quantization_config``). A V100 (7.0) gets none."""
 
 T = TypeVar("T")
 
@@ -56,10 +63,14 @@ def online_fp8_flag(vllm_version: str) -> str:
 
 
 def lighter_variants(
-    spec: ModelSpec, options: ServeOptions, default_vllm_version: str
+    spec: ModelSpec,
+    options: ServeOptions,
+    default_vllm_version: str,
+    capability: tuple[int, int] | None = None,
 ) -> list[Variant]:
     """An fp8 KV cache (when it is ``auto``), then online fp8 weights (when neither the
-    checkpoint nor the options quantize)."""
+    checkpoint nor the options quantize, and ``capability``, the GPU's compute capability
+    when known, is at least ``FP8_WEIGHTS_MIN_CAPABILITY``)."""
     out = []
     if options.kv_cache_dtype == "auto":
         out.append(
@@ -70,7 +81,8 @@ def lighter_variants(
                 "--kv-cache-dtype fp8",
             )
         )
-    if spec.quantization is None and options.quantization is None:
+    fp8_runs = capability is None or capability >= FP8_WEIGHTS_MIN_CAPABILITY
+    if spec.quantization is None and options.quantization is None and fp8_runs:
         flag = online_fp8_flag(options.vllm_version or default_vllm_version)
         out.append(
             Variant(

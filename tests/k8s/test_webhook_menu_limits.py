@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.gpus.products import best_capability, gpu_products, lookup_gpu
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.nearby import online_fp8_flag
 from gatekeeper.settings import Settings
-from tests.proxy.test_suggestion_doors import _pod
+from tests.proxy.test_suggestion_doors import _pod, run_check
 
 FP8 = online_fp8_flag(DEFAULT_VLLM_VERSION)
 
@@ -41,3 +42,55 @@ def test_the_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("GATEKEEPER_WEBHOOK_MAX_GPUS_PER_NODE", "2")
     assert Settings().webhook_max_gpus_per_node == 2
     assert webhook_from_settings(Settings()).config.max_node_gpus == 2
+
+
+def _offered(message: str) -> list[str]:
+    return message.split("Would fit: ")[1].rstrip(".").split("; or ")
+
+
+def test_a_v100_is_offered_no_fp8_weights_and_an_h100_is():
+    """Qwen3-8B's bf16 weights overflow a V100-16GB; fp8 weights would fit in its bytes
+    (offered for a bare size of the same memory, whose capability is unknown) but vLLM
+    runs none on a 7.0 GPU, so the V100 itself is offered none; an H100 (9.0) is."""
+    command = ["vllm", "serve", "Qwen/Qwen3-8B", "--max-model-len", "4096"]
+    review = _pod(command, 1, "Tesla-V100-SXM2-16GB")
+    fp8_weights = f"--quantization {FP8} (online fp8 weights)"
+    assert not [o for o in _offered(_denial(review, Settings())) if "--quantization" in o]
+    total = lookup_gpu("V100-16GB").total_bytes
+    review["request"]["object"]["metadata"].setdefault("annotations", {})[
+        "vllm-gatekeeper.io/gpu-memory"
+    ] = str(total)
+    assert fp8_weights in _offered(_denial(review, Settings()))
+    big = ["vllm", "serve", "meta-llama/Llama-3.3-70B-Instruct", "--max-model-len", "32768"]
+    big += ["--tensor-parallel-size", "2"]
+    assert fp8_weights in _offered(_denial(_pod(big, 2, "NVIDIA-H100-80GB-HBM3"), Settings()))
+
+
+def test_online_fp8_weights_asked_on_a_v100_are_denied():
+    command = ["vllm", "serve", "Qwen/Qwen3-0.6B", "--max-model-len", "4096"]
+    command += ["--quantization", FP8]
+    message = _denial(_pod(command, 1, "Tesla-V100-SXM2-16GB"), Settings())
+    assert f"--quantization {FP8} needs a GPU of compute capability 7.5" in message
+    assert "has 7.0" in message
+    status, body, _ = webhook_from_settings(Settings()).answer(
+        json.dumps(_pod(command, 1, "Tesla-T4")).encode()
+    )
+    assert status == 200 and body["response"]["allowed"] is True, body
+
+
+def test_check_offers_fp8_weights_on_a_t4_and_none_on_a_larger_v100():
+    """The sidecar's menu (``gatekeeper check`` on a declared node) follows the same rule:
+    a T4 (7.5, 14.56 GiB) is offered fp8 weights for Qwen3-8B, a V100-16GB (7.0) none."""
+    args = ["Qwen/Qwen3-8B", "--max-model-len", "4096", "--node"]
+    t4 = run_check("check", *args, "1xT4")
+    assert [s["kind"] for s in t4] == ["quantization"]
+    v100 = run_check("check", *args, "1xV100-16GB")
+    assert "quantization" not in [s["kind"] for s in v100]
+
+
+def test_every_gpu_in_the_table_has_its_compute_capability():
+    assert all(p.compute_capability for p in gpu_products())
+    named = {n: lookup_gpu(n).compute_capability for n in ("H100", "V100-32GB", "T4", "B200")}
+    assert named == {"H100": (9, 0), "V100-32GB": (7, 0), "T4": (7, 5), "B200": (10, 0)}
+    assert best_capability(["NVIDIA H100 80GB HBM3", "Tesla-T4"]) == (9, 0)
+    assert best_capability(["Tesla-T4", "a GPU not in the table"]) is None
