@@ -3,7 +3,7 @@
 One menu, shared by the sidecar's rejections (``gatekeeper.placement.hints``) and the
 webhook's denials (``gatekeeper.k8s.fit``), so both offer the same changes: a larger
 tensor-parallel size (from the sizes placement searches, no more GPUs than one node has:
-the sidecar's own, ``MAX_NODE_GPUS`` for the webhook), the longest ``max_model_len``
+the sidecar's own, ``webhook_max_gpus_per_node`` for the webhook, default ``MAX_NODE_GPUS``), the longest ``max_model_len``
 that fits (never below ``MIN_SUGGESTED_LEN``), an fp8 KV cache when the cache is
 16-bit, and online fp8 weights when the model is not quantized (the flag vLLM's release
 spells it with) and the GPU can run them (compute capability 7.5 or more, when known). Each caller probes them its own way and in its own order (the sidecar
