@@ -6,6 +6,7 @@ runs the checks. The sizes quoted in the Makefile and the README were measured w
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,12 +20,16 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def planned(target: str, venv: Path) -> list[str]:
+    # under `make test` (CI) this make is a sub-make: MAKEFLAGS and MAKELEVEL would make it
+    # print "make[1]: Entering/Leaving directory" lines among the commands
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     result = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}"],
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
