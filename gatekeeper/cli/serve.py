@@ -122,7 +122,9 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     state.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path(state))
     app = build_app(settings, inventory, ledger, rehearsal=declared)
-    banner = _banner(settings, host, port, declared, args.rehearsal, token_source)
+    # the port bound, which --port 0 lets the kernel choose
+    bound = int(sock.getsockname()[1])
+    banner = _banner(settings, host, bound, declared, args.rehearsal, token_source)
     config = server_config(app, host=host, port=port, settings=settings)
     log_format = start_logging(args, settings)  # after uvicorn's own logging set-up
     if args.json:

@@ -10,11 +10,24 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 SECRET = "banner-test-token-1234"
+
+
+def _serving(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/healthz", timeout=2)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
 
 
 def banner(*args: str, env: dict[str, str]) -> dict[str, Any]:
@@ -34,9 +47,18 @@ def banner(*args: str, env: dict[str, str]) -> dict[str, Any]:
             lines.append(line)
             if line.rstrip() == "}":
                 break
+        # Ctrl-C once the server answers: a SIGINT that lands while the main thread is
+        # still importing can be swallowed by Python's import machinery ("Exception
+        # ignored in _get_module_lock.cb"), and the process then never sees it
+        _serving(json.loads("".join(lines))["url"], process)
     finally:
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()  # and its pipes closed, not left to a later test's collection
+            _, stderr = process.communicate()
+            raise AssertionError(f"serve did not stop on SIGINT within 30 s: {stderr}") from None
     text = "".join(lines)
     assert text, stderr
     assert SECRET not in text + stderr
