@@ -55,6 +55,24 @@ def midpoint(seconds: float, q: float) -> float:
     return lower + (upper - lower) * q
 
 
+def assert_promtool_passes(path: Path, series: list[Any], tests: list[Any]) -> None:
+    """Write a ``promtool test rules`` unit of ``tests`` over ``series`` (1m steps) to
+    ``path`` and assert that it passes."""
+    unit = {
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+    path.write_text(yaml.safe_dump(unit, sort_keys=False))
+    result = subprocess.run(
+        ["promtool", "test", "rules", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_launch_time_shows_first_launches_and_launches_within_the_range(tmp_path: Path):
     series = [
         # The first launch of "first" (42 s) at 7m: its series appears holding it.
@@ -72,43 +90,12 @@ def test_launch_time_shows_first_launches_and_launches_within_the_range(tmp_path
             for model in ("again", "first")
         ]
         tests.append({"expr": expr, "eval_time": "10m", "exp_samples": samples})
-    unit = {
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
-    }
-    path = tmp_path / "launch_time_test.yml"
-    path.write_text(yaml.safe_dump(unit, sort_keys=False))
-    result = subprocess.run(
-        ["promtool", "test", "rules", path.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_promtool_passes(tmp_path / "launch_time_test.yml", series, tests)
 
 
 def test_a_bare_increase_leaves_the_first_launch_out(tmp_path: Path):
     """The expression the panel had: the first launch gives no number (NaN, or nothing)."""
     series = bucket_series("first", [(7, 42.0)], first=7)
     old = f"histogram_quantile(0.5, sum by (le, model) (increase({NAME}[5m]))) > 0"
-    unit = {
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [{"expr": old, "eval_time": "10m", "exp_samples": []}],
-            }
-        ],
-    }
-    path = tmp_path / "bare_increase_test.yml"
-    path.write_text(yaml.safe_dump(unit, sort_keys=False))
-    result = subprocess.run(
-        ["promtool", "test", "rules", path.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    tests = [{"expr": old, "eval_time": "10m", "exp_samples": []}]
+    assert_promtool_passes(tmp_path / "bare_increase_test.yml", series, tests)
