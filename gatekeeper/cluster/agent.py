@@ -54,7 +54,7 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import MIB
 
-__all__ = ["AgentConfig", "NodeAgent", "PassResult", "quantity_bytes"]
+__all__ = ["Action", "AgentConfig", "NodeAgent", "PassResult", "quantity_bytes"]
 
 log = logging.getLogger("gatekeeper.cluster.agent")
 Action = Literal["created", "updated", "unchanged", "kept"]

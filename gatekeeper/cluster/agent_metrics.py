@@ -12,15 +12,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gatekeeper.cluster.agent import NodeAgent
+from gatekeeper.cluster.agent import Action, NodeAgent
 
 __all__ = ["AgentCollector"]
 
-OUTCOMES = ("created", "updated", "unchanged", "kept", "failed")
+OUTCOMES: tuple[str, ...] = (*get_args(Action), "failed")
+"""A pass's actions, and ``failed`` (``NodeAgent.passes``)."""
 
 
 class AgentCollector(Collector):
