@@ -278,7 +278,9 @@ class _Features:
     weights: WeightOptions
 
 
-def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -> _Features:
+def _features(
+    spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int, *, pooling: bool
+) -> _Features:
     sp = opts.speculative_config
     comp = opts.compilation_config
     mode = comp.cudagraph_mode if comp else None
@@ -307,7 +309,6 @@ def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -
             opts.lora_dtype,
             opts.fully_sharded_loras,
         )
-    pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
     weights = WeightOptions(
         ep_size=ep,
         lm_head=not pooling,
@@ -330,7 +331,8 @@ def _features(spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int) -
 
 
 def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_version: str) -> _Plan:
-    acc = accounting_for(opts.vllm_version or default_version)
+    version = opts.vllm_version or default_version
+    acc = accounting_for(version)
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     check_parallelism(spec, tp, pp, opts)
     pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
@@ -354,8 +356,7 @@ def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_versio
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
-    features = _features(spec, opts, shape, tp)
-    version = opts.vllm_version or default_version
+    features = _features(spec, opts, shape, tp, pooling=pooling)
     return _Plan(
         acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
         version,
