@@ -34,6 +34,7 @@ from gatekeeper.placement.nearby import (
     FP8_WEIGHTS_MIN_CAPABILITY,
     MAX_NODE_GPUS,
     MIN_SUGGESTED_LEN,
+    fp8_weights_run,
     larger_sizes,
     lighter_variants,
 )
@@ -252,9 +253,7 @@ def _fp8_refusal(who: str, options: ServeOptions, gpu: GpuChoice) -> Finding | N
     7.5: vLLM refuses them at start (``_get_quantization_config`` in vLLM's
     ``config/vllm.py`` against ``Fp8Config.get_min_capability``, 75)."""
     method, cc = options.quantization, gpu.compute_capability
-    if method is None or not method.startswith("fp8") or cc is None:
-        return None
-    if cc >= FP8_WEIGHTS_MIN_CAPABILITY:
+    if method is None or not method.startswith("fp8") or cc is None or fp8_weights_run(cc):
         return None
     least = ".".join(map(str, FP8_WEIGHTS_MIN_CAPABILITY))
     return Finding(

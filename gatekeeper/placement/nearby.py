@@ -26,6 +26,7 @@ __all__ = [
     "MAX_NODE_GPUS",
     "MIN_SUGGESTED_LEN",
     "Variant",
+    "fp8_weights_run",
     "larger_sizes",
     "lighter_variants",
     "longest_length",
@@ -40,6 +41,12 @@ FP8_WEIGHTS_MIN_CAPABILITY = (7, 5)
 and the online schemes' ``get_min_capability`` are 75 (vLLM 0.32:
 ``model_executor/layers/quantization/fp8.py`` and ``.../online/base.py``; vLLM refuses a
 lower GPU in ``config/vllm.py``'s ``_get_quantization_config``). A V100 (7.0) gets none."""
+
+
+def fp8_weights_run(capability: tuple[int, int] | None) -> bool:
+    """Whether vLLM runs fp8 weights on a GPU of ``capability`` (None: unknown, assumed so)."""
+    return capability is None or capability >= FP8_WEIGHTS_MIN_CAPABILITY
+
 
 T = TypeVar("T")
 
@@ -81,8 +88,7 @@ def lighter_variants(
                 "--kv-cache-dtype fp8",
             )
         )
-    fp8_runs = capability is None or capability >= FP8_WEIGHTS_MIN_CAPABILITY
-    if spec.quantization is None and options.quantization is None and fp8_runs:
+    if spec.quantization is None and options.quantization is None and fp8_weights_run(capability):
         flag = online_fp8_flag(options.vllm_version or default_vllm_version)
         out.append(
             Variant(
