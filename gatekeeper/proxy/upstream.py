@@ -172,9 +172,7 @@ class _Connection(asyncio.Protocol):
             self._break(_ODD_STATUS[101])
         if not self.head_done and self.received > _HEAD_LIMIT_BYTES:
             self._break(f"an answer head longer than {_HEAD_LIMIT_BYTES} bytes")
-        if self._buffered > _PAUSE_ABOVE_BYTES and not self._paused and self._transport:
-            self._paused = True
-            self._transport.pause_reading()
+        self._pause_if_full()
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -233,6 +231,10 @@ class _Connection(asyncio.Protocol):
         bound, as for bytes received)."""
         self.body[:0] = parts
         self._buffered += sum(len(part) for part in parts)
+        self._pause_if_full()
+
+    def _pause_if_full(self) -> None:
+        """Stop reading the socket while more than ``_PAUSE_ABOVE_BYTES`` wait untaken."""
         if self._buffered > _PAUSE_ABOVE_BYTES and not self._paused and self._transport:
             self._paused = True
             self._transport.pause_reading()
