@@ -18,8 +18,10 @@ from gatekeeper.cluster.slices import (
     REQUEST_STEP_BYTES,
     SliceError,
     device_capacity_bytes,
+    device_name,
     gpu_device,
     resource_slice,
+    slice_name,
 )
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "REQUEST_STEP_BYTES",
     "SliceError",
     "device_capacity_bytes",
+    "device_name",
     "gpu_device",
     "resource_slice",
+    "slice_name",
 ]

@@ -48,7 +48,13 @@ from gatekeeper.cluster.accounting import (
     vanished,
     with_taints,
 )
-from gatekeeper.cluster.slices import DRIVER_NAME, SliceError, resource_slice
+from gatekeeper.cluster.slices import (
+    DRIVER_NAME,
+    SliceError,
+    device_name,
+    resource_slice,
+    slice_name,
+)
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.types import PlacementPolicy
@@ -144,7 +150,7 @@ class NodeAgent:
         self._client = client
         self._config = config
         self._read_gpus = read_gpus
-        self.slice_name = f"{config.node_name}-{config.driver}"
+        self.slice_name = slice_name(config.node_name, config.driver)
         self.last: PassResult | None = None
         """The last pass that succeeded."""
         self.passes: Counter[str] = Counter()
@@ -174,7 +180,7 @@ class NodeAgent:
         desired = resource_slice(
             cfg.node_name, snapshot, cfg.policy, generation=generation, driver=cfg.driver
         )
-        used = {f"gpu-{gpu.index}": gpu.used_bytes for gpu in snapshot.gpus}
+        used = {device_name(gpu): gpu.used_bytes for gpu in snapshot.gpus}
         unaccounted = unaccounted_bytes(used, booked_bytes(found))
         return with_taints(desired, unaccounted, cfg.tolerance_bytes)
 

@@ -39,8 +39,10 @@ __all__ = [
     "REQUEST_STEP_BYTES",
     "SliceError",
     "device_capacity_bytes",
+    "device_name",
     "gpu_device",
     "resource_slice",
+    "slice_name",
 ]
 
 DRIVER_NAME = "gpu.gatekeeper.dev"
@@ -53,6 +55,16 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 
 class SliceError(GatekeeperError):
     """A node's GPUs cannot be published as a ResourceSlice."""
+
+
+def device_name(gpu: GpuInfo) -> str:
+    """The device's name in the slice: ``gpu-<index>`` (NVML's index, a position)."""
+    return f"gpu-{gpu.index}"
+
+
+def slice_name(node_name: str, driver: str = DRIVER_NAME) -> str:
+    """The name of ``node_name``'s one ResourceSlice under ``driver``."""
+    return f"{node_name}-{driver}"
 
 
 def device_capacity_bytes(gpu: GpuInfo, policy: PlacementPolicy) -> int:
@@ -91,7 +103,7 @@ def gpu_device(gpu: GpuInfo, capacity_bytes: int, driver_version: str | None) ->
         },
     }
     return {
-        "name": f"gpu-{gpu.index}",
+        "name": device_name(gpu),
         "attributes": attributes,
         "capacity": {"memory": {"value": str(capacity_bytes), "requestPolicy": policy}},
         "allowMultipleAllocations": True,
@@ -127,7 +139,7 @@ def resource_slice(
             field="snapshot.ok",
             value=snapshot.ok,
         )
-    name = f"{node_name}-{driver}"
+    name = slice_name(node_name, driver)
     if len(name) > _MAX_NAME:
         raise SliceError(
             f"node {node_name}: the slice name {name!r} has {len(name)} characters, over "
