@@ -350,7 +350,7 @@ def weight_plan(
     if ckpt is None or (quant is not None and quant.source == "runtime"):
         return _offloaded(arch, parts, "architecture (config.json)", opts)
     if ckpt.tensors:
-        totals, in_layers = _from_tensors(spec, ckpt, tp, stages, dtype_bytes, quant, opts)
+        totals, in_layers = _from_tensors(ctx, ckpt, stages)
         return _offloaded(totals, _rescaled(parts, in_layers), ckpt.source, opts)
     # Only the index's total_size: scale the architecture's split to the exact total.
     base = _Ctx.of(spec, 1, spec.dtype_bytes, spec.quantization)
@@ -452,15 +452,10 @@ def _loaded(spec: ModelSpec, name: str, layer: int | None, opts: WeightOptions) 
 
 
 def _from_tensors(
-    spec: ModelSpec,
-    ckpt: CheckpointWeights,
-    tp: int,
-    stages: list[range],
-    dtype_bytes: int,
-    quant: QuantSpec | None,
-    opts: WeightOptions,
+    ctx: _Ctx, ckpt: CheckpointWeights, stages: list[range]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(bytes per stage, of which in decoder layers) from the checkpoint's tensors."""
+    spec, tp, dtype_bytes, quant, opts = ctx.spec, ctx.tp, ctx.dtype_bytes, ctx.quant, ctx.opts
     stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
     totals = [0] * len(stages)
     in_layers = [0] * len(stages)
@@ -499,7 +494,6 @@ def _from_tensors(
             round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
         )
     extras = _rope_cache_bytes(spec, dtype_bytes)
-    ctx = _Ctx.of(spec, tp, dtype_bytes, quant, opts)
     for k, layers in enumerate(stages):
         totals[k] += sum(_mla_copies(ctx, i) for i in layers)
     return tuple(b + extras for b in totals), tuple(in_layers)
