@@ -27,7 +27,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,8 +228,15 @@ def _controller_args(work_dir: Path, kubeconfig: Path, port: int, extra: list[st
     ]
 
 
-def _wait_ready(cluster: KubeCluster, component: Component, path: str, deadline: float) -> None:
-    """Polls ``path`` on the apiserver until it answers 200, or fails with the logs."""
+def _wait(
+    cluster: KubeCluster,
+    component: Component,
+    probe: Callable[[], object],
+    what: str,
+    deadline: float,
+) -> None:
+    """Calls ``probe`` until it raises no URL or OS error, or fails with the logs when
+    ``component`` exits or ``deadline`` passes."""
     while time.monotonic() < deadline:
         if component.proc.poll() is not None:
             raise RuntimeError(
@@ -237,10 +244,15 @@ def _wait_ready(cluster: KubeCluster, component: Component, path: str, deadline:
                 f"{cluster.logs()}"
             )
         with contextlib.suppress(urllib.error.URLError, OSError):
-            cluster.get(path)
+            probe()
             return
         time.sleep(0.2)
-    raise RuntimeError(f"{component.name} was not ready in time ({path}):\n{cluster.logs()}")
+    raise RuntimeError(f"{component.name} was not ready in time ({what}):\n{cluster.logs()}")
+
+
+def _wait_ready(cluster: KubeCluster, component: Component, path: str, deadline: float) -> None:
+    """Polls ``path`` on the apiserver until it answers 200, or fails with the logs."""
+    _wait(cluster, component, lambda: cluster.get(path), path, deadline)
 
 
 def _wait_local(cluster: KubeCluster, component: Component, port: int, deadline: float) -> None:
@@ -248,16 +260,12 @@ def _wait_local(cluster: KubeCluster, component: Component, port: int, deadline:
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    while time.monotonic() < deadline:
-        if component.proc.poll() is not None:
-            raise RuntimeError(
-                f"{component.name} exited with {component.proc.returncode}:\n{cluster.logs()}"
-            )
-        with contextlib.suppress(urllib.error.URLError, OSError):
-            urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context, timeout=2)
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"{component.name} /healthz did not answer in time:\n{cluster.logs()}")
+    url = f"https://127.0.0.1:{port}/healthz"
+
+    def probe() -> None:
+        urllib.request.urlopen(url, context=context, timeout=2).close()
+
+    _wait(cluster, component, probe, url, deadline)
 
 
 def start_cluster(bin_dir: Path, work_dir: Path) -> KubeCluster:
