@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,20 +18,15 @@ import httpx
 import pytest
 
 from gatekeeper.sidecar.launcher import process_group_alive
+from tests.support.prometheus_server import free_port
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    port = _free_port()
+    port = free_port()
     full = {**clean, "GATEKEEPER_STATE_DIR": str(tmp_path / "state"), **env}
     with (tmp_path / "serve.log").open("w") as log:  # the child keeps its own copy
         process = subprocess.Popen(
@@ -108,7 +102,7 @@ def test_an_unknown_preloaded_model_ends_serve_with_one_line_and_exit_code_2(
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     env = {**clean, "GATEKEEPER_CONFIG_FILE": str(config), "GATEKEEPER_STATE_DIR": str(tmp_path)}
     done = subprocess.run(
-        [str(GATEKEEPER), "serve", "--rehearsal", "--port", str(_free_port())],
+        [str(GATEKEEPER), "serve", "--rehearsal", "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=60,
