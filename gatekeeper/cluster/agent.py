@@ -50,7 +50,6 @@ from gatekeeper.cluster.accounting import (
 )
 from gatekeeper.cluster.slices import (
     DRIVER_NAME,
-    SliceError,
     device_name,
     resource_slice,
     slice_name,
@@ -269,7 +268,7 @@ class NodeAgent:
         while not stop.is_set():
             try:
                 result = self.publish()
-            except (ApiError, SliceError, GatekeeperError, httpx.HTTPError, OSError) as e:
+            except (ApiError, GatekeeperError, httpx.HTTPError, OSError) as e:
                 log.warning("publishing %s failed, retrying: %s", self.slice_name, e)
             else:
                 if result.action in ("created", "updated"):
