@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gatekeeper.errors import ModelSpecError
+from gatekeeper.models.rope import LENGTH_KEYS
 
 __all__ = ["FIELDS", "MAX_COUNT", "MAX_SIZE", "bad_field", "check_shapes", "normalize"]
 
@@ -146,9 +147,8 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
         _COUNT,
     ),
     **dict.fromkeys(
-        ("hidden_size", "n_embd", "d_model", "head_dim", "vocab_size", "max_position_embeddings",
-         "n_positions", "max_seq_len", "seq_length", "model_max_length", "max_target_positions",
-         "max_sequence_length", "max_seq_length", "seq_len", "intermediate_size",
+        ("hidden_size", "n_embd", "d_model", "head_dim", "vocab_size", *LENGTH_KEYS,
+         "intermediate_size",
          "intermediate_size_mlp", "ffn_dim", "n_inner", "moe_intermediate_size",
          "expert_intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
          "v_head_dim", "original_max_position_embeddings", "mamba_d_state", "mamba_d_conv",
