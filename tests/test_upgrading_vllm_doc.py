@@ -25,6 +25,12 @@ def test_the_guide_names_many_paths():
     assert len(set(REPO_PATH.findall(TEXT))) >= 25
 
 
+@pytest.mark.parametrize("pattern", [NODE, TEST_NAME, VLLM_FILE])
+def test_each_kind_of_name_is_found(pattern):
+    """The parametrized checks below check nothing when their pattern finds nothing."""
+    assert pattern.findall(TEXT), pattern.pattern
+
+
 @pytest.mark.parametrize("path", sorted(set(REPO_PATH.findall(TEXT))))
 def test_every_repository_path_exists(path):
     assert (ROOT / path).exists(), f"docs/upgrading-vllm.md names {path}, which is not there"
