@@ -33,6 +33,7 @@ __all__ = [
     "CachedSnapshot",
     "cache_dirs",
     "find_cached",
+    "hf_download_hint",
     "is_offline",
     "looks_like_repo_id",
     "repo_folder",
@@ -64,6 +65,14 @@ def cache_dirs(download_dir: str | None = None) -> tuple[Path, ...]:
         own = Path(download_dir).expanduser()
         return (own,) if own == default else (own, default)
     return (default,)
+
+
+def hf_download_hint(repo_id: str, revision: str | None) -> str:
+    """The ``hf download`` command that fetches ``repo_id``'s config.json (huggingface_hub's
+    CLI; ``huggingface-cli`` no longer installs with it), naming a revision other than
+    the default branch."""
+    at = f" --revision {revision}" if revision and revision != DEFAULT_REVISION else ""
+    return f"hf download {repo_id} config.json{at}"
 
 
 def repo_folder(cache: Path, repo_id: str) -> Path:
@@ -113,8 +122,8 @@ def _not_at_revision(repo_id: str, revision: str, caches: list[Path]) -> ModelSp
             return ModelSpecError(
                 f"model: {repo_id} at revision {revision!r} is in the Hugging Face cache "
                 f"({folder / 'snapshots' / commit}) without config.json; vLLM cannot load it "
-                "from there. Download its config (hf download "
-                f"{repo_id} config.json --revision {revision}), or give a checkpoint directory",
+                "from there. Download its config "
+                f"({hf_download_hint(repo_id, revision)}), or give a checkpoint directory",
                 field="config.json",
                 value=repo_id,
             )

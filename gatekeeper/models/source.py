@@ -33,6 +33,7 @@ from gatekeeper.models.hf_cache import (
     CachedSnapshot,
     cache_dirs,
     find_cached,
+    hf_download_hint,
     is_offline,
     looks_like_repo_id,
     snapshot_repo_id,
@@ -241,11 +242,6 @@ def _from_catalog(
     )
 
 
-def _revision_flag(revision: str | None) -> str:
-    """``hf download``'s flag for a revision other than the default branch."""
-    return f" --revision {revision}" if revision and revision != "main" else ""
-
-
 def _not_found(
     reference: str,
     allow_network: bool,
@@ -276,7 +272,7 @@ def _not_found(
             f"cache ({caches}) nor in the embedded catalog ({len(catalog_entries())} models: "
             "gatekeeper models lists them)"
         )
-        todo = f"download it (hf download {reference} config.json{_revision_flag(revision)})"
+        todo = f"download it ({hf_download_hint(reference, revision)})"
     if is_offline() and looks_like_repo_id(reference):
         what += "; HF_HUB_OFFLINE is set, so the hub is not asked"
         todo += " while online, or unset HF_HUB_OFFLINE"
