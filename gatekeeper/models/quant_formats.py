@@ -9,7 +9,7 @@ lists every method with its bytes per weight and what stays unquantized.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gatekeeper.models.quant_fields import (
     Config,
@@ -20,7 +20,9 @@ from gatekeeper.models.quant_fields import (
 from gatekeeper.models.quant_groups import compressed_tensors, fp_quant, quark
 from gatekeeper.models.quant_spec import QuantSpec
 
-__all__ = ["READERS"]
+__all__ = ["FORMATS", "Format", "Reader"]
+
+Reader = Callable[[Config], QuantSpec]
 
 
 def _awq(config: Config) -> QuantSpec:
@@ -148,28 +150,24 @@ def _fp8(config: Config) -> QuantSpec:
     )
 
 
-def _fbgemm_fp8(config: Config) -> QuantSpec:
-    return QuantSpec(
-        method="fbgemm_fp8",
-        weight_bits=8,
-        group_size=0,
-        scale_bytes=4,
-        skip_patterns=skip_list(config, ("modules_to_not_convert",)),
-        maps_names=False,
-    )
+# the formats whose shape is fixed: only the list of modules left unquantized is read
+_FBGEMM_FP8 = QuantSpec(
+    method="fbgemm_fp8", weight_bits=8, group_size=0, scale_bytes=4, maps_names=False
+)
+_MXFP4 = QuantSpec(
+    method="mxfp4",
+    weight_bits=4,
+    group_size=32,
+    scale_bytes=1,
+    experts_only=True,
+    moe_intermediate_multiple=256,
+    maps_names=False,
+)
 
 
-def _mxfp4(config: Config) -> QuantSpec:
-    return QuantSpec(
-        method="mxfp4",
-        weight_bits=4,
-        group_size=32,
-        scale_bytes=1,
-        experts_only=True,
-        moe_intermediate_multiple=256,
-        skip_patterns=skip_list(config, ("ignored_layers",)),
-        maps_names=False,
-    )
+def _fixed(spec: QuantSpec, skip_key: str) -> Reader:
+    """A reader of a fixed-shape format: ``spec`` with the modules listed under ``skip_key``."""
+    return lambda config: replace(spec, skip_patterns=skip_list(config, (skip_key,)))
 
 
 def _bitsandbytes(config: Config) -> QuantSpec:
@@ -270,26 +268,31 @@ def _opt_int(recipe: Config) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-READERS: dict[str, Callable[[Config], QuantSpec]] = {
-    "awq": _awq,
-    "awq_marlin": _awq,
-    "auto_awq": _awq,
-    "gptq": _gptq,
-    "gptq_marlin": _gptq,
-    "auto_gptq": _gptq,
-    "moe_wna16": _moe_wna16,
-    "fp8": _fp8,
-    "fbgemm_fp8": _fbgemm_fp8,
-    "mxfp4": _mxfp4,
-    "gpt_oss_mxfp4": _mxfp4,
-    "bitsandbytes": _bitsandbytes,
-    "compressed-tensors": compressed_tensors,
-    "compressed_tensors": compressed_tensors,
-    "modelopt": _modelopt,
-    "modelopt_fp4": _modelopt,
-    "modelopt_mxfp8": _modelopt,
-    "modelopt_mixed": _modelopt,
-    "mxfp8": _modelopt,
-    "quark": quark,
-    "fp_quant": fp_quant,
+@dataclass(frozen=True, slots=True)
+class Format:
+    """One of vLLM's ``quant_method`` names: how its config is read, and the family (the
+    first of vLLM's names for it) that a ``--quantization`` flag naming it must match."""
+
+    read: Reader
+    family: str
+
+
+def _names(read: Reader, family: str, *aliases: str) -> dict[str, Format]:
+    return {name: Format(read, family) for name in (family, *aliases)}
+
+
+FORMATS: dict[str, Format] = {
+    **_names(_awq, "awq", "awq_marlin", "auto_awq"),
+    **_names(_gptq, "gptq", "gptq_marlin", "auto_gptq"),
+    **_names(_moe_wna16, "moe_wna16"),
+    **_names(_fp8, "fp8"),
+    **_names(_fixed(_FBGEMM_FP8, "modules_to_not_convert"), "fbgemm_fp8"),
+    **_names(_fixed(_MXFP4, "ignored_layers"), "mxfp4", "gpt_oss_mxfp4"),
+    **_names(_bitsandbytes, "bitsandbytes"),
+    **_names(compressed_tensors, "compressed-tensors", "compressed_tensors"),
+    **_names(_modelopt, "modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed"),
+    # a ModelOpt MXFP8 checkpoint; as a flag, vLLM's online MXFP8 (its own family)
+    **_names(_modelopt, "mxfp8"),
+    **_names(quark, "quark"),
+    **_names(fp_quant, "fp_quant"),
 }

@@ -1,7 +1,7 @@
 """Readers of the configs that give modules schemes of their own: compressed-tensors
 (``config_groups`` by target), Quark (``layer_quant_config``) and fp_quant; shapes from
 each vLLM 0.32 scheme's ``create_weights`` (``model_executor/layers/quantization/``).
-``quant_formats.READERS`` holds them with the others."""
+``quant_formats.FORMATS`` holds them with the others."""
 
 from __future__ import annotations
 

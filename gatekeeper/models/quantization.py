@@ -28,12 +28,10 @@ from dataclasses import replace
 from typing import Any
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.models.quant_formats import READERS
+from gatekeeper.models.quant_formats import FORMATS
 from gatekeeper.models.quant_spec import QuantSpec as QuantSpec  # where callers import it
 
 __all__ = ["RUNTIME_METHODS", "quant_from_config", "quant_from_flag"]
-
-_FROM_CONFIG = READERS
 
 
 def quant_from_config(config: Mapping[str, Any]) -> QuantSpec:
@@ -48,12 +46,12 @@ def quant_from_config(config: Mapping[str, Any]) -> QuantSpec:
         method = "gptq" if packing.startswith("auto_gptq") else ""
     if not method and isinstance(config.get("quantization"), Mapping):
         method = "modelopt"  # hf_quant_config.json: {"producer": ..., "quantization": ...}
-    reader = _FROM_CONFIG.get(method)
-    if reader is None:
-        known = ", ".join(sorted(_FROM_CONFIG))
+    form = FORMATS.get(method)
+    if form is None:
+        known = ", ".join(sorted(FORMATS))
         raise ValueError(f"quant_method {method!r} is not supported (known: {known})")
     try:
-        return reader(config)
+        return form.read(config)
     except (TypeError, KeyError, IndexError, AttributeError) as e:
         raise ValueError(f"{method} config is malformed ({type(e).__name__}: {e})") from e
 
@@ -93,23 +91,13 @@ RUNTIME_METHODS: dict[str, QuantSpec] = {
     ),
 }
 
-CHECKPOINT_METHODS = frozenset(_FROM_CONFIG)
-
-# flags naming a checkpoint's method by another of vLLM's names for it
-_FAMILY = {
-    "modelopt_fp4": "modelopt",
-    "modelopt_mxfp8": "modelopt",
-    "modelopt_mixed": "modelopt",
-    "auto_awq": "awq",
-    "auto_gptq": "gptq",
-    "gpt_oss_mxfp4": "mxfp4",
-    "compressed_tensors": "compressed-tensors",
-}
+CHECKPOINT_METHODS = frozenset(FORMATS)
 
 
 def _same_family(name: str, checkpoint: QuantSpec) -> bool:
     base = checkpoint.method.split(":")[0]
-    flag = _FAMILY.get(name, name).removesuffix("_marlin")
+    form = FORMATS.get(name)
+    flag = (form.family if form else name).removesuffix("_marlin")
     if flag == "moe_wna16":  # vLLM's MoE kernels for a GPTQ/AWQ checkpoint: same bytes
         return base in ("gptq", "awq", "moe_wna16")
     return flag in (base, base.removesuffix("_marlin"))

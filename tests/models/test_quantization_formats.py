@@ -7,6 +7,7 @@ import pytest
 
 from gatekeeper.errors import ModelSpecError, ServeOptionsError
 from gatekeeper.models.hf_config import spec_from_config
+from gatekeeper.models.quant_formats import FORMATS
 from gatekeeper.models.quantization import quant_from_config, quant_from_flag
 
 
@@ -123,3 +124,32 @@ def test_flags_accept_vllms_other_names_for_the_checkpoint_method():
         quant_from_flag("awq", nvfp4)
     bnb = quant_from_flag("bitsandbytes", None)
     assert bnb is not None and bnb.removed_in == "0.32"
+
+
+# one small config per family that has other names (quant_formats.FORMATS)
+_FAMILY_CONFIGS: dict[str, dict[str, object]] = {
+    "awq": {"bits": 4, "group_size": 128},
+    "gptq": {"bits": 4, "group_size": 128},
+    "mxfp4": {},
+    "modelopt": {"quant_algo": "NVFP4"},
+    "compressed-tensors": {
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+            }
+        }
+    },
+}
+_ALIASES = sorted((name, f.family) for name, f in FORMATS.items() if name != f.family)
+
+
+@pytest.mark.parametrize(("alias", "family"), _ALIASES)
+def test_each_other_name_reads_and_flags_as_its_family(alias: str, family: str):
+    config = _FAMILY_CONFIGS[family]
+    checkpoint = quant_from_config({"quant_method": family, **config})
+    assert quant_from_config({"quant_method": alias, **config}) == checkpoint
+    assert quant_from_flag(alias, checkpoint) is checkpoint
+    other = quant_from_config({"quant_method": "fp8"})
+    with pytest.raises(ServeOptionsError, match="does not match the checkpoint"):
+        quant_from_flag(alias, other)
