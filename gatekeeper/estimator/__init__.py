@@ -20,7 +20,7 @@ from gatekeeper.estimator.accounting import (
     parse_vllm_version,
 )
 from gatekeeper.estimator.calibration import CalibrationTable, Factor, scale_estimate
-from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, kv_layout
+from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, KvOptions, kv_layout
 from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
 from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
@@ -37,6 +37,7 @@ __all__ = [
     "GpuTarget",
     "KvGroup",
     "KvLayout",
+    "KvOptions",
     "ServeOptions",
     "SimpleEstimate",
     "StageEstimate",

@@ -28,7 +28,14 @@ from gatekeeper.estimator.options import KvDtype
 from gatekeeper.models.spec import AttentionKind, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
-__all__ = ["KvGroup", "KvLayout", "StatePages", "kv_layout", "page_bytes_per_token"]
+__all__ = [
+    "KvGroup",
+    "KvLayout",
+    "KvOptions",
+    "StatePages",
+    "kv_layout",
+    "page_bytes_per_token",
+]
 
 FP8_DS_MLA_BYTES = 656
 
@@ -130,35 +137,6 @@ def _group_size(bucket_sizes: list[int]) -> int:
     return largest if largest < 1.5 * smallest else smallest
 
 
-def kv_layout(
-    spec: ModelSpec,
-    layers: range,
-    *,
-    tp: int,
-    kv: KvDtype,
-    block_size: int,
-    hybrid: bool,
-    mla_align: int = 0,
-    extra_bytes_per_token: int = 0,
-    dcp: int = 1,
-    state: StatePages | None = None,
-    chunked_hybrid: bool = False,
-) -> KvLayout:
-    """Group the attention (and recurrent-state) layers of one pipeline stage the way
-    vLLM does; ``chunked_hybrid``: the hybrid allocator stays on for chunked-local
-    attention (vLLM 0.32 on), else chunked layers turn it off."""
-    states = [i for i in layers if spec.has_state(i)] if state is not None else []
-    if states and state is not None:
-        layout = _hybrid(spec, layers, len(states), tp=tp, kv=kv, block_size=block_size,
-                         mla_align=mla_align, state=state)  # fmt: skip
-    else:
-        layout = _grouped(spec, layers, tp=tp, kv=kv, block_size=block_size, hybrid=hybrid,
-                          mla_align=mla_align, chunked_hybrid=chunked_hybrid)  # fmt: skip
-    if not layout.groups and extra_bytes_per_token:
-        layout = KvLayout(block_size, 0, layout.page_bytes_per_token, (KvGroup("full", None),))
-    return replace(layout, extra_bytes_per_token=extra_bytes_per_token, dcp=dcp)
-
-
 @dataclass(frozen=True, slots=True)
 class StatePages:
     """What the state layers of a hybrid or attention-free model put in the KV pool."""
@@ -171,27 +149,59 @@ class StatePages:
     """Tokens a state block stands for when no layer attends (vLLM's mamba_block_size)."""
 
 
+@dataclass(frozen=True, slots=True)
+class KvOptions:
+    """What shapes one rank's KV cache besides the model: the serving options and the
+    vLLM release's rules, as ``kv_layout`` reads them."""
+
+    tp: int
+    kv: KvDtype
+    block_size: int
+    hybrid: bool
+    """vLLM's hybrid allocator is on: layers of different kinds form separate groups."""
+    mla_align: int = 0
+    """MLA entries aligned to this many bytes (vLLM V0: 256); 0, unaligned."""
+    extra_bytes_per_token: int = 0
+    """A speculative drafter's pages per token (``KvLayout.extra_bytes_per_token``)."""
+    dcp: int = 1
+    state: StatePages | None = None
+    """The state layers' pages, for a model with recurrent state; None, attention only."""
+    chunked_hybrid: bool = False
+    """The hybrid allocator stays on for chunked-local attention (vLLM 0.32 on); else
+    chunked layers turn it off."""
+
+
+def kv_layout(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
+    """Group the attention (and recurrent-state) layers of one pipeline stage the way
+    vLLM does."""
+    state = options.state
+    states = [i for i in layers if spec.has_state(i)] if state is not None else []
+    if states and state is not None:
+        layout = _hybrid(spec, layers, len(states), options, state)
+    else:
+        layout = _grouped(spec, layers, options)
+    extra = options.extra_bytes_per_token
+    if not layout.groups and extra:
+        layout = KvLayout(
+            options.block_size, 0, layout.page_bytes_per_token, (KvGroup("full", None),)
+        )
+    return replace(layout, extra_bytes_per_token=extra, dcp=options.dcp)
+
+
 KERNEL_BLOCK_ALIGNMENT = 16
 """The attention backends' smallest kernel block (FlashAttention: multiples of 16)."""
 MLA_HYBRID_ALIGNMENT = 128
 
 
 def _hybrid(
-    spec: ModelSpec,
-    layers: range,
-    n_state: int,
-    *,
-    tp: int,
-    kv: KvDtype,
-    block_size: int,
-    mla_align: int,
-    state: StatePages,
+    spec: ModelSpec, layers: range, n_state: int, options: KvOptions, state: StatePages
 ) -> KvLayout:
     """vLLM's hybrid layout (``platforms/interface.py::_align_hybrid_block_size``): the
     attention block grows until one attention page holds a state page, the state page is
     padded to it, and state layers form groups like any other kind; with no attention
     layer at all, each sequence's state is one block of max_model_len tokens."""
-    page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
+    block_size = options.block_size
+    page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
     kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
     per_sequence = n_state * state.bytes_per_sequence
     if not kinds:
@@ -221,25 +231,17 @@ def _hybrid(
     )  # fmt: skip
 
 
-def _grouped(
-    spec: ModelSpec,
-    layers: range,
-    *,
-    tp: int,
-    kv: KvDtype,
-    block_size: int,
-    hybrid: bool,
-    mla_align: int,
-    chunked_hybrid: bool = False,
-) -> KvLayout:
-    page = page_bytes_per_token(spec, tp, kv, mla_align=mla_align)
+def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
+    block_size = options.block_size
+    page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
     kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
     if not kinds:
         return KvLayout(block_size, 0, page, ())
     windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
     distinct = sorted(set(kinds))
     # Before 0.32 vLLM turned the hybrid allocator off for chunked-local attention.
-    if len(distinct) > 1 and (not hybrid or ("chunked" in distinct and not chunked_hybrid)):
+    chunked_off = "chunked" in distinct and not options.chunked_hybrid
+    if len(distinct) > 1 and (not options.hybrid or chunked_off):
         return KvLayout(block_size, len(kinds), page, (KvGroup("full", None),))
     if len(distinct) == 1:
         kind = distinct[0]

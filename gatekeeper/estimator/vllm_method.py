@@ -31,7 +31,7 @@ from gatekeeper.estimator.accounting import (
 )
 from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
 from gatekeeper.estimator.dtype import resolve_dtype
-from gatekeeper.estimator.kv_cache import KvLayout, StatePages, kv_layout
+from gatekeeper.estimator.kv_cache import KvLayout, KvOptions, StatePages, kv_layout
 from gatekeeper.estimator.lora import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -471,9 +471,7 @@ def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayo
     kv = resolve_kv_dtype(p.opts.kv_cache_dtype, p.dtype, p.spec)
     last = bool(layers) and layers[-1] == p.spec.num_layers - 1
     extra = drafter.kv_bytes_per_token if drafter is not None and last else 0
-    return kv_layout(
-        p.spec,
-        layers,
+    options = KvOptions(
         tp=p.tp,
         kv=kv,
         block_size=p.block_size,
@@ -484,6 +482,7 @@ def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayo
         state=_state_pages(p),
         chunked_hybrid=_since(p, CHUNKED_HYBRID_SINCE),
     )
+    return kv_layout(p.spec, layers, options)
 
 
 CHUNKED_HYBRID_SINCE = (0, 32, 0)
