@@ -24,6 +24,11 @@ seconds), ``_total`` on counters, ``_ratio`` on ratios, and ``gatekeeper_build_i
   proxy's ``ProxyMetrics``), and the prediction error histogram observed once per
   worker when it becomes ready.
 
+- ``register_collectors(registry, sources)`` (``wiring``): all of the above on one
+  registry, reading a ``MetricSources`` (the ledger's promises, the deployments, the
+  calibration factors, …); the sidecar's ``build_app`` and the tests' fixture node both
+  call it, and ``docs/metrics.md`` has a row for every family it registers.
+
 - ``metrics_endpoint(registry)`` (``exposition``): ``GET /metrics`` for the sidecar and
   the webhook, with ``prometheus_client``'s own content negotiation (OpenMetrics, gzip).
 
@@ -40,6 +45,7 @@ May import: ``gatekeeper.placement`` (decisions and the policy's margin),
 from gatekeeper.metrics.events import SidecarMetrics, decision_reason, status_reason
 from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.wiring import MetricSources, SidecarCollectors, register_collectors
 from gatekeeper.metrics.workers import (
     COMPONENTS,
     WORKER_STATES,
@@ -56,6 +62,8 @@ __all__ = [
     "CalibrationCollector",
     "Component",
     "GpuCollector",
+    "MetricSources",
+    "SidecarCollectors",
     "SidecarMetrics",
     "WorkerCollector",
     "WorkerView",
@@ -64,5 +72,6 @@ __all__ = [
     "metrics_endpoint",
     "policy_margin",
     "predicted_components",
+    "register_collectors",
     "status_reason",
 ]

@@ -24,13 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gatekeeper._version import __version__
-from gatekeeper.gpus.cached import CachedInventory
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.k8s.server import webhook_from_settings
-from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.metrics.exposition import metrics_endpoint
-from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
-from gatekeeper.metrics.workers import WorkerCollector
+from gatekeeper.metrics.wiring import MetricSources, register_collectors
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.serving import Proxy
@@ -104,14 +101,23 @@ def build_app(
     calibrator = Calibrator.in_state_dir(
         settings.state_dir.expanduser(), enabled=settings.calibration
     )
-    metrics = SidecarMetrics(
+    node = settings.node_name or socket.gethostname()
+    metrics = register_collectors(
         registry_metrics,
-        known_models=lambda: (
-            {e.name for e in settings.models}
-            | {d.name for d in list(holder["manager"].deployments.values())}
+        MetricSources(
+            inventory,
+            promised=lambda: promised_bytes(ledger.outstanding()),
+            workers=lambda: [worker_view(d) for d in list(holder["manager"].deployments.values())],
+            outstanding=lambda: len(ledger.outstanding()),
+            known_models=lambda: (
+                {e.name for e in settings.models}
+                | {d.name for d in list(holder["manager"].deployments.values())}
+            ),
+            calibration=calibrator.metric_items,
+            policy=placement_policy(settings),
+            node=node,
         ),
-        outstanding=lambda: len(ledger.outstanding()),
-    )
+    ).metrics
     manager = DeploymentManager(
         manager_config(settings),
         inventory,
@@ -141,22 +147,6 @@ def build_app(
     )
     manager.in_flight = proxy.outstanding
     admin = AdminApi(manager, registry, settings.admin_token)
-    scrape_inventory = CachedInventory(inventory)
-    node = settings.node_name or socket.gethostname()
-    GpuCollector(
-        scrape_inventory,
-        lambda: promised_bytes(ledger.outstanding()),
-        policy_margin(placement_policy(settings)),
-        node=node,
-        registry=registry_metrics,
-    )
-    WorkerCollector(
-        lambda: [worker_view(d) for d in list(manager.deployments.values())],
-        scrape_inventory,
-        node=node,
-        registry=registry_metrics,
-    )
-    CalibrationCollector(calibrator.metric_items, registry=registry_metrics)
 
     async def discovery(request: Request) -> Response:
         """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gatekeeper.gpus.cached import CachedInventory
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
-from gatekeeper.metrics.events import SidecarMetrics
-from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
-from gatekeeper.metrics.workers import WorkerCollector, WorkerView
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.metrics import (
+    MetricSources,
+    SidecarCollectors,
+    SidecarMetrics,
+    WorkerView,
+    register_collectors,
+)
 from gatekeeper.units import GIB, MIB
 
 GPU2_UUID = "GPU-00000002-aaaa-bbbb-cccc-000000000002"
@@ -76,42 +77,28 @@ class FailingInventory:
         raise RuntimeError("boom")
 
 
-@dataclass
-class Sidecar:
-    registry: CollectorRegistry
-    metrics: SidecarMetrics
-    gpus: GpuCollector
-    workers: WorkerCollector
-
-
 def sidecar_registry(
     inventory: GpuInventory,
     views: Iterable[WorkerView] = VIEWS,
     *,
     reserved: Mapping[str, int] | None = None,
     parents: Mapping[int, int] = PARENTS,
-) -> Sidecar:
-    """Every collector on a private registry, wired as the sidecar wires them."""
-    registry = CollectorRegistry()
-    cached = CachedInventory(inventory)
+) -> SidecarCollectors:
+    """Every collector on a private registry, wired by the sidecar's own wiring."""
     held = {GPU2_UUID: 20 * GIB} if reserved is None else dict(reserved)
     view_list = list(views)
-    margin = policy_margin(PlacementPolicy())
-    gpus = GpuCollector(cached, lambda: held, margin, node=NODE, registry=registry)
-    workers = WorkerCollector(
-        lambda: view_list, cached, parent_map=lambda: parents, node=NODE, registry=registry
-    )
-    CalibrationCollector(
-        lambda: {("llama", "activation"): (1.2, 1), ("llama", "cuda_graph"): (1.25, 2)},
-        registry=registry,
-    )
-    metrics = SidecarMetrics(
-        registry,
-        known_models=lambda: MODELS,
+    sources = MetricSources(
+        inventory,
+        promised=lambda: held,
+        workers=lambda: view_list,
         outstanding=lambda: sum(1 for v in view_list if v.state == "loading"),
+        known_models=lambda: MODELS,
+        calibration=lambda: {("llama", "activation"): (1.2, 1), ("llama", "cuda_graph"): (1.25, 2)},
+        node=NODE,
+        parent_map=lambda: parents,
         version="test",
     )
-    return Sidecar(registry, metrics, gpus, workers)
+    return register_collectors(CollectorRegistry(), sources)
 
 
 def record_events(metrics: SidecarMetrics) -> None:
