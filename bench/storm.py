@@ -29,7 +29,8 @@ from bench.serve_process import TOKEN, free_port, sidecar
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.settings import Settings, placement_policy
-from gatekeeper.sidecar.ledger import Ledger, ledger_path, promised_bytes, workers_per_gpu
+from gatekeeper.sidecar.ledger import Ledger, ledger_path
+from gatekeeper.sidecar.ledger_view import promised_bytes, workers_per_gpu
 
 MODEL = "Qwen/Qwen3-8B"
 GPUS = "2xH100-80GB"

@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from gatekeeper.gpus.attribution import worker_usage
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.gpus.proctree import descendants, read_parent_map
+from gatekeeper.metrics.worker_states import PENDING_STATES as _PENDING_STATES
 
 __all__ = [
     "COMPONENTS",
@@ -58,8 +59,6 @@ WORKER_STATES = (
 """``gatekeeper.sidecar.deployment.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
 
 _LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "unhealthy", "stopping"})
-_PENDING_STATES = frozenset({"admitted", "launching", "loading"})
-"""States in which a worker's promise is outstanding (its reservation not yet ready)."""
 
 _PREDICTED_KEYS: Mapping[Component, str] = {
     "weights": "weights_bytes",

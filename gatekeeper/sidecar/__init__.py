@@ -19,7 +19,8 @@ only), ``errors``, ``units``. Nothing of ``gatekeeper.cli``.
 from gatekeeper.sidecar.app import build_app
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError, ManagerConfig
-from gatekeeper.sidecar.ledger import Ledger, LedgerError, ledger_path, ledger_usage
+from gatekeeper.sidecar.ledger import Ledger, ledger_path, ledger_usage
+from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 from gatekeeper.sidecar.rehearsal import SIMULATOR, RehearsalInventory

@@ -42,7 +42,7 @@ from starlette.routing import Route
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
-from gatekeeper.sidecar.ledger import LedgerError, LedgerLostError, promised_bytes
+from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
@@ -307,7 +307,7 @@ class AdminApi:
 
     async def gpus(self, request: Request) -> Response:
         snapshot = await self.manager.snapshot()
-        reserved = promised_bytes(await asyncio.to_thread(self.manager.ledger.outstanding))
+        reserved = (await asyncio.to_thread(self.manager.ledger.view)).promised
         data = snapshot.to_dict()
         for gpu in data.get("gpus", []):
             gpu["reserved_by_gatekeeper_bytes"] = reserved.get(gpu.get("uuid", ""), 0)

@@ -18,13 +18,8 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import EstimateCache, search
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
-from gatekeeper.sidecar.ledger import (
-    Ledger,
-    Promise,
-    Reservation,
-    promised_bytes,
-    workers_per_gpu,
-)
+from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation
+from gatekeeper.sidecar.ledger_view import promised_bytes
 
 __all__ = ["admit"]
 
@@ -48,12 +43,13 @@ def admit(
     The estimates are computed before the ledger's write lock is taken (a search against
     the promises as they stand), so that the decision inside the transaction only adds
     up bytes: no estimate runs while other admissions wait for the lock."""
-    workers = workers_per_gpu(ledger.live())
+    view = ledger.view()
+    workers = view.workers
     cache = cache if cache is not None else EstimateCache()
     search(
         request,
         snapshot,
-        reserved=promised_bytes(ledger.outstanding()),
+        reserved=view.promised,
         workers=workers,
         policy=policy,
         cache=cache,

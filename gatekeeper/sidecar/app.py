@@ -38,7 +38,7 @@ from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
 from gatekeeper.sidecar.discovery import advertised_host, worker_targets
 from gatekeeper.sidecar.http_guard import HttpGuard
-from gatekeeper.sidecar.ledger import Ledger, promised_bytes
+from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.openapi import openapi_schema
 from gatekeeper.sidecar.registry import ModelRegistry
@@ -106,7 +106,7 @@ def build_app(
         registry_metrics,
         MetricSources(
             inventory,
-            promised=lambda: promised_bytes(ledger.outstanding()),
+            promised=lambda: ledger.view().promised,
             workers=lambda: [worker_view(d) for d in list(holder["manager"].deployments.values())],
             outstanding=lambda: len(ledger.outstanding()),
             known_models=lambda: (
@@ -243,7 +243,7 @@ def _held(ledger: Ledger) -> dict[str, int]:
     the ledger, not from the deployments' states, so a worker is held from the moment
     its row stops being outstanding (``mark_ready``), with no gap in which it counts
     nowhere."""
-    return promised_bytes(r for r in ledger.live() if r.state == "ready")
+    return dict(ledger.view().held)
 
 
 def _log_failure(task: asyncio.Task[object]) -> None:

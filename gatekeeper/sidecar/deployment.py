@@ -17,6 +17,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.attribution import tree_usage
 from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.metrics.worker_states import State
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
@@ -39,14 +40,6 @@ __all__ = [
     "slug",
     "worker_view",
 ]
-
-State = Literal[
-    "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
-]
-"""``unhealthy``: a ready worker that stopped answering ``/health`` (liveness); no
-traffic goes to it, it is stopped, and the deployment stays ``unhealthy`` until its
-restart (``launching``), or becomes ``failed`` when it will not be restarted."""
-
 
 class DeploymentError(GatekeeperError):
     """A deployment request cannot be carried out (conflict, unknown id, not allowed)."""

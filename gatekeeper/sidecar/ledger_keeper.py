@@ -18,22 +18,19 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.gpus.proctree import process_tree
+from gatekeeper.metrics.worker_states import RESERVING_STATES, SERVING_STATES
 from gatekeeper.sidecar.deployment import (
     Deployment,
     DeploymentError,
     ManagerConfig,
     restored_promises,
 )
-from gatekeeper.sidecar.ledger import Ledger, LedgerError, LedgerLostError
+from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 
-__all__ = ["RESERVING", "SERVING", "LedgerKeeper"]
+__all__ = ["LedgerKeeper"]
 
 logger = logging.getLogger(__name__)
-
-SERVING = ("ready", "unhealthy")
-"""States whose worker's memory is in NVML's figure (its rows are ready)."""
-RESERVING = ("admitted", "launching", "loading", *SERVING)
-"""States whose deployment holds a reservation (rows written back by a rebuild)."""
 
 
 class LedgerKeeper:
@@ -110,7 +107,7 @@ class LedgerKeeper:
     async def restore(self, d: Deployment, snapshot: InventorySnapshot) -> int:
         """Write back a live deployment's rows if the ledger has none (``Ledger.restore``):
         ready for a serving worker, pending for one still starting."""
-        if d.state not in RESERVING or not d.gpu_uuids or (d.worker and not d.worker.alive):
+        if d.state not in RESERVING_STATES or not d.gpu_uuids or (d.worker and not d.worker.alive):
             return 0
         pid = d.worker.pid if d.worker is not None else None
         pids = await asyncio.to_thread(process_tree, pid) if pid is not None else frozenset()
@@ -119,7 +116,7 @@ class LedgerKeeper:
             d.id,
             d.model,
             restored_promises(d, snapshot, pids),
-            ready=d.state in SERVING,
+            ready=d.state in SERVING_STATES,
             ttl_seconds=self._ttl_seconds,
             pid=pid,
             payload=json.dumps(d.decision_record()),

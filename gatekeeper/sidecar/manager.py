@@ -60,7 +60,8 @@ from gatekeeper.sidecar.launcher import (
     marked_workers,
     process_group_alive,
 )
-from gatekeeper.sidecar.ledger import Ledger, LedgerError
+from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_context, deployment_extra
 from gatekeeper.sidecar.rehearsal import simulator_env

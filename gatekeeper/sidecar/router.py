@@ -25,19 +25,19 @@ import httpx
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.metrics.worker_states import RESERVING_STATES
 from gatekeeper.placement.gpu_search import search
 from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.proxy.serving import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
-from gatekeeper.sidecar.ledger import promised_bytes
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
 from gatekeeper.sidecar.rejection import rejection_text
 
 __all__ = ["ModelRouter"]
 
-LIVE = ("admitted", "launching", "loading", "ready", "unhealthy")
+LIVE = RESERVING_STATES
 """A deployment with a worker on the way or serving; an ``unhealthy`` one is being
 restarted, so requests wait for it (they never go to it: only ``ready`` ones serve)."""
 MAX_BACKOFF_SECONDS = 3600.0
@@ -273,7 +273,7 @@ class ModelRouter:
         if not idle:
             return False
         snapshot = await self.manager.snapshot()
-        reserved = promised_bytes(await asyncio.to_thread(self.manager.ledger.outstanding))
+        reserved = (await asyncio.to_thread(self.manager.ledger.view)).promised
         policy = self.manager.config.policy
         for k in range(1, len(idle) + 1):
             victims = idle[:k]

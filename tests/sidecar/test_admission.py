@@ -15,7 +15,8 @@ from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import gpu_lines
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar.admission import admit
-from gatekeeper.sidecar.ledger import Ledger, promised_bytes
+from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.ledger_view import promised_bytes
 
 POLICY = PlacementPolicy(share_gpus=True)
 REQUEST = PlacementRequest(resolve_model("Qwen/Qwen3-0.6B"), ServeOptions(max_model_len=4096))

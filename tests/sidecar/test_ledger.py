@@ -24,12 +24,12 @@ from gatekeeper.sidecar.ledger import (
     LEDGER_FILENAME,
     SCHEMA_VERSION,
     Ledger,
-    LedgerError,
     Promise,
     Reservation,
     ledger_path,
-    promised_bytes,
 )
+from gatekeeper.sidecar.ledger_file import LedgerError
+from gatekeeper.sidecar.ledger_view import promised_bytes
 
 GiB = 1024**3
 

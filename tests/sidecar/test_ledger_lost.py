@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.sidecar.ledger import (
-    Ledger,
-    LedgerLostError,
-    Promise,
-    ledger_path,
-)
+from gatekeeper.sidecar.ledger import Ledger, Promise, ledger_path
+from gatekeeper.sidecar.ledger_file import LedgerLostError
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
 GiB = 2**30

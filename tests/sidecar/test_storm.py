@@ -30,7 +30,8 @@ from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
 from gatekeeper.settings import placement_policy
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.app import _held
-from gatekeeper.sidecar.ledger import Ledger, ledger_path, promised_bytes
+from gatekeeper.sidecar.ledger import Ledger, ledger_path
+from gatekeeper.sidecar.ledger_view import promised_bytes
 from gatekeeper.sidecar.rehearsal import RehearsalInventory
 from tests.support.sidecar_harness import TOKEN, free_port_block, running_sidecar, settings_for
 
