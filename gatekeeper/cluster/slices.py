@@ -4,8 +4,11 @@ Pure: an ``InventorySnapshot`` and the placement policy in, the object the node 
 publishes out (design: ``../shared/reference/cluster.md``). One slice per node, its pool
 named after the node; one device per placeable GPU, named ``gpu-<index>``, with:
 
-- attributes ``uuid``, ``productName``, ``index`` and, when the snapshot knows it,
-  ``driverVersion`` (as a semantic version, so CEL selectors can compare it);
+- attributes ``uuid``, ``productName``, ``index``, ``node`` (the node's name: the same on
+  every device of the pool, so a claim's ``matchAttribute: gpu.gatekeeper.dev/node`` keeps
+  a TP group on one node), ``cudaComputeCapability`` when the GPU table knows the product
+  (``9.0.0`` for an H100) and ``driverVersion`` when the snapshot knows it (both as
+  semantic versions, so CEL selectors can compare them);
 - a ``memory`` capacity: what a gatekeeper worker may use there, the figure placement
   sizes by on an empty GPU::
 
@@ -31,6 +34,7 @@ from typing import Any
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.gpus.products import best_capability
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import MIB
 
@@ -84,13 +88,20 @@ def _semver(driver_version: str) -> str | None:
     return ".".join(str(int(part or 0)) for part in match.groups())
 
 
-def gpu_device(gpu: GpuInfo, capacity_bytes: int, driver_version: str | None) -> dict[str, Any]:
-    """One GPU as a ResourceSlice device with ``capacity_bytes`` of shareable memory."""
+def gpu_device(
+    gpu: GpuInfo, capacity_bytes: int, driver_version: str | None, node_name: str
+) -> dict[str, Any]:
+    """One GPU of ``node_name`` as a ResourceSlice device with ``capacity_bytes`` of
+    shareable memory."""
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid},
         "productName": {"string": gpu.name},
         "index": {"int": gpu.index},
+        "node": {"string": node_name},
     }
+    capability = best_capability([gpu.name])
+    if capability is not None:
+        attributes["cudaComputeCapability"] = {"version": f"{capability[0]}.{capability[1]}.0"}
     version = _semver(driver_version) if driver_version else None
     if version is not None:
         attributes["driverVersion"] = {"version": version}
@@ -148,7 +159,7 @@ def resource_slice(
             value=driver,
         )
     devices = [
-        gpu_device(gpu, device_capacity_bytes(gpu, policy), snapshot.driver_version)
+        gpu_device(gpu, device_capacity_bytes(gpu, policy), snapshot.driver_version, node_name)
         for gpu in snapshot.gpus
         if _published(gpu, policy)
     ]

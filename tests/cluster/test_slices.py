@@ -38,6 +38,8 @@ def test_each_gpu_is_a_shareable_device_with_its_usable_bytes() -> None:
         "uuid": {"string": "GPU-00000003-aaaa-bbbb-cccc-000000000003"},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
         "index": {"int": 3},
+        "node": {"string": "node-a"},
+        "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "550.54.15"},
     }
     assert device["allowMultipleAllocations"] is True
