@@ -17,16 +17,8 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gatekeeper.gpus import CachedInventory, GpuProcess, StaticInventory, parse_declared_node
-from gatekeeper.metrics import (
-    Component,
-    GpuCollector,
-    SidecarMetrics,
-    WorkerCollector,
-    WorkerView,
-    policy_margin,
-)
-from gatekeeper.placement import PlacementPolicy
+from gatekeeper.gpus import GpuProcess, StaticInventory, parse_declared_node
+from gatekeeper.metrics import Component, MetricSources, WorkerView, register_collectors
 from gatekeeper.units import GIB
 
 GPUS, WORKERS = 8, 50
@@ -76,12 +68,14 @@ def main() -> int:
     args = parser.parse_args()
     registry = CollectorRegistry()
     workers = views()
-    metrics = SidecarMetrics(
-        registry, known_models=lambda: {v.model for v in workers}, outstanding=lambda: 3
+    sources = MetricSources(
+        node(),
+        promised=dict,
+        workers=lambda: workers,
+        outstanding=lambda: 3,
+        known_models=lambda: {v.model for v in workers},
     )
-    inventory = CachedInventory(node())
-    GpuCollector(inventory, dict, policy_margin(PlacementPolicy()), registry=registry)
-    WorkerCollector(lambda: workers, inventory, registry=registry)
+    metrics = register_collectors(registry, sources).metrics
     for v in workers:
         metrics.worker_ready(v, 30.0)
     times = []
