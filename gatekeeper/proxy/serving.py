@@ -397,12 +397,7 @@ class Proxy:
         ready = None if parsed.stream else self._resolver.ready(model)
         if not ready:
             return False
-        outstanding = self._outstanding
-        endpoint = (
-            ready[0]
-            if len(ready) == 1
-            else min(ready, key=lambda e: outstanding.get(e.worker_id, 0))
-        )  # the first of the least outstanding, as _candidates orders them
+        endpoint = _least_busy_first(ready, self._outstanding)[0]
         payload = body if endpoint.served_name == model else _rewrite(parsed, endpoint)
         headers = request_headers(scope["headers"])
         return _Call(self, endpoint, model, start).now(self._now, path, payload, headers, reply)
@@ -455,10 +450,15 @@ class Proxy:
         if not endpoints:
             message = f"No worker serving `{model}` is ready. Retry in a moment."
             raise _Failed(error_response(503, message, code="model_loading", retry_after=1.0))
-        if len(endpoints) == 1:
-            return endpoints
-        # Least outstanding first; sorted() is stable, so ties keep the resolver's order.
-        return sorted(endpoints, key=lambda e: self._outstanding.get(e.worker_id, 0))
+        return _least_busy_first(endpoints, self._outstanding)
+
+
+def _least_busy_first(endpoints: list[Endpoint], outstanding: dict[str, int]) -> list[Endpoint]:
+    """The workers by requests in flight through this proxy, fewest first; ties keep the
+    resolver's order (``sorted`` is stable)."""
+    if len(endpoints) == 1:
+        return endpoints
+    return sorted(endpoints, key=lambda e: outstanding.get(e.worker_id, 0))
 
 
 def _parse(body: bytes, kind: type[OpenAIRequest], scope: Scope) -> OpenAIRequest:

@@ -406,6 +406,26 @@ def test_least_outstanding_spreads_across_workers(rig: Rig, oai: openai.OpenAI) 
     assert eventually(lambda: rig.proxy.outstanding("A") + rig.proxy.outstanding("B") == 0)
 
 
+def test_a_whole_answer_goes_to_the_least_busy_worker_too(
+    rig: Rig, oai: openai.OpenAI, http: httpx.Client
+) -> None:
+    """Whole answers choose as streams do (``answer_now`` under the sidecar's protocol,
+    ``forward`` otherwise): with A holding a stream, and an idle pooled connection to A
+    at hand, a whole answer for the pair goes to B."""
+    stream = oai.chat.completions.create(
+        model="pair", messages=HI, stream=True, extra_body=fake(chunks=200, delay=0.05)
+    )
+    try:
+        assert next(iter(stream)).system_fingerprint == "A"
+        http.post("/v1/chat/completions", json={"model": "m"}).raise_for_status()
+        for _ in range(2):
+            answer = http.post("/v1/chat/completions", json={"model": "pair"})
+            assert answer.json()["choices"][0]["message"]["content"] == "hello from B"
+    finally:
+        stream.close()
+    assert eventually(lambda: rig.proxy.outstanding("A") + rig.proxy.outstanding("B") == 0)
+
+
 # --- errors -----------------------------------------------------------------------
 
 
