@@ -11,7 +11,7 @@ May import: ``gatekeeper.settings``, ``gatekeeper.metrics``, ``gatekeeper.placem
 (the GPU table), ``errors``, ``units``, Starlette and ``prometheus_client``.
 """
 
-from gatekeeper.k8s.fit import Finding, GpuChoice, gpu_from_value, judge
+from gatekeeper.k8s.fit import Case, Finding, GpuChoice, gpu_from_value, judge
 from gatekeeper.k8s.review import AdmissionReview, parse_review, review_response
 from gatekeeper.k8s.server import CertReloader, build_webhook_app, webhook_from_settings
 from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookDecision
@@ -19,6 +19,7 @@ from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookDecis
 __all__ = [
     "AdmissionReview",
     "AdmissionWebhook",
+    "Case",
     "CertReloader",
     "Finding",
     "GpuChoice",

@@ -1,8 +1,8 @@
 """Whether one vLLM container fits the GPU it will land on, in words an operator can act on.
 
-Pure: a ``ModelSpec`` (and the speculative draft's, resolved by the caller as it
-resolved the target: ``gatekeeper.estimator.options.draft_reference``), the container's
-``VllmCommand``, the GPUs it requests and the GPU it will run on in; a ``Finding``
+Pure: a ``Case`` (a ``ModelSpec`` and the speculative draft's, resolved by the caller as
+it resolved the target: ``gatekeeper.estimator.options.draft_reference``; the container's
+``VllmCommand``; the GPU it will run on; the rules) in; a ``Finding``
 (allow, warn or deny, with its message) out. The estimator judges the flags as given,
 every flag it models (LoRA slots, the draft, CPU offload, DP/EP, ...), the way vLLM
 will at start-up (its budget is ``gpu_memory_utilization x total``)::
@@ -43,6 +43,7 @@ from gatekeeper.units import format_gib, parse_size
 from gatekeeper.vllm.command import VllmCommand
 
 __all__ = [
+    "Case",
     "Finding",
     "GpuChoice",
     "Outcome",
@@ -162,13 +163,17 @@ def unknown_model_finding(
 
 
 @dataclass(frozen=True, slots=True)
-class _Case:
-    """What one container is judged against: the models, the GPU and the rules."""
+class Case:
+    """One container to judge: its model, its command, the GPU it lands on and the rules."""
 
     spec: ModelSpec
-    draft: ModelSpec | None
+    command: VllmCommand
     gpu: GpuChoice
     policy: PlacementPolicy
+    draft: ModelSpec | None = None
+    """The speculative draft model's spec, when the options name one (``draft_reference``)."""
+    multi_node: bool = False
+    """The pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods."""
     max_node_gpus: int = MAX_NODE_GPUS
     """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
 
@@ -182,7 +187,7 @@ class _Eval:
     margin_bytes: int
 
 
-def _evaluate(case: _Case, options: ServeOptions) -> _Eval:
+def _evaluate(case: Case, options: ServeOptions) -> _Eval:
     gpu = case.gpu
     e = estimate(
         case.spec,
@@ -202,23 +207,10 @@ def _evaluate(case: _Case, options: ServeOptions) -> _Eval:
     return _Eval(e, need, kv_min, slack, margin)
 
 
-def judge(
-    who: str,
-    spec: ModelSpec,
-    command: VllmCommand,
-    gpu: GpuChoice,
-    policy: PlacementPolicy,
-    *,
-    multi_node: bool = False,
-    draft: ModelSpec | None = None,
-    max_node_gpus: int = MAX_NODE_GPUS,
-) -> list[Finding]:
-    """The findings for one container whose model and GPU are known; ``multi_node``: the
-    pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods; ``draft``:
-    the speculative draft model's spec, when the options name one (``draft_reference``);
-    ``max_node_gpus``: the most GPUs a suggestion puts on one node."""
+def judge(who: str, case: Case) -> list[Finding]:
+    """The findings for one container whose model and GPU are known."""
+    spec, command, gpu = case.spec, case.command, case.gpu
     options = command.options
-    case = _Case(spec, draft, gpu, policy, max_node_gpus)
     refused = _fp8_refusal(who, options, gpu)
     if refused is not None:
         return [refused]
@@ -232,7 +224,7 @@ def judge(
         length = dataclasses.replace(options, max_model_len=ev.e.max_model_len_fit)
         ev = _evaluate(case, length)
     if not ev.e.fits:
-        fixes = _suggest(case, command, ev, multi_node=multi_node)
+        fixes = suggestions(case, ev)
         return [*findings, Finding("deny", _denial(who, case, ev, fixes))]
     if ev.slack_bytes < ev.margin_bytes:
         shorter = _margin_length(case, options, ev)
@@ -264,7 +256,7 @@ def _fp8_refusal(who: str, options: ServeOptions, gpu: GpuChoice) -> Finding | N
     )
 
 
-def _denial(who: str, case: _Case, ev: _Eval, fixes: list[str]) -> str:
+def _denial(who: str, case: Case, ev: _Eval, fixes: list[str]) -> str:
     spec, gpu, e, w = case.spec, case.gpu, ev.e, ev.e.worst
     shape = f"TP={e.tensor_parallel_size}" + (
         f" PP={e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
@@ -302,7 +294,7 @@ def _weights_parts(w: StageEstimate) -> str:
     return f" with {', '.join(parts)}" if parts else ""
 
 
-def _margin_length(case: _Case, options: ServeOptions, ev: _Eval) -> int | None:
+def _margin_length(case: Case, options: ServeOptions, ev: _Eval) -> int | None:
     """The longest max_model_len that fits with the safety margin left in vLLM's budget."""
     if options.kv_cache_memory_bytes is not None:
         return None
@@ -318,33 +310,18 @@ def _margin_length(case: _Case, options: ServeOptions, ev: _Eval) -> int | None:
     return fit if MIN_SUGGESTED_LEN <= fit < ev.e.max_model_len else None
 
 
-def _fits(case: _Case, options: ServeOptions) -> bool:
+def _fits(case: Case, options: ServeOptions) -> bool:
     try:
         return _evaluate(case, options).e.fits
     except GatekeeperError:
         return False
 
 
-def suggestions(
-    spec: ModelSpec,
-    command: VllmCommand,
-    gpu: GpuChoice,
-    policy: PlacementPolicy,
-    ev: _Eval,
-    *,
-    multi_node: bool = False,
-    draft: ModelSpec | None = None,
-    max_node_gpus: int = MAX_NODE_GPUS,
-) -> list[str]:
+def suggestions(case: Case, ev: _Eval) -> list[str]:
     """Nearby flags that fit: TP (PP across a multi-node group), max model len, fp8 KV
     cache, online fp8 weights."""
-    case = _Case(spec, draft, gpu, policy, max_node_gpus)
-    return _suggest(case, command, ev, multi_node=multi_node)
-
-
-def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) -> list[str]:
-    options = command.options
-    out = _parallel(case, options, ev.e.max_model_len, multi_node)
+    options = case.command.options
+    out = _parallel(case, options, ev.e.max_model_len)
     length = _margin_length(case, options, ev) or ev.e.max_model_len_fit
     if MIN_SUGGESTED_LEN <= length < ev.e.max_model_len:
         out.append(f"--max-model-len {length}")
@@ -355,7 +332,7 @@ def _suggest(case: _Case, command: VllmCommand, ev: _Eval, *, multi_node: bool) 
     return out
 
 
-def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> list[str]:
+def _parallel(case: Case, o: ServeOptions, length: int) -> list[str]:
     """The smallest larger TP (PP in a multi-node group) that fits as asked, and a
     smaller one that fits with a shorter max_model_len; GPUs as the estimate counts
     them (``Estimate.gpus``: dp x tp x pp), no more than one node has
@@ -364,7 +341,7 @@ def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> li
     tp, pp = o.tensor_parallel_size, o.pipeline_parallel_size
     sizes = (
         [(tp, p) for p in larger_sizes(pp)]
-        if multi_node  # pipeline stages span the group's pods
+        if case.multi_node  # pipeline stages span the group's pods
         else [(t, pp) for t in larger_sizes(tp, pp * o.data_parallel_size, case.max_node_gpus)]
     )
     for t, p in sizes:
@@ -373,7 +350,7 @@ def _parallel(case: _Case, o: ServeOptions, length: int, multi_node: bool) -> li
             ev = _evaluate(case, changed)
         except GatekeeperError:
             continue
-        if multi_node:
+        if case.multi_node:
             text = f"--pipeline-parallel-size {p} ({ev.e.gpus} GPUs in the group)"
         else:
             text = f"--tensor-parallel-size {t} with nvidia.com/gpu: {ev.e.gpus}"

@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.k8s.fit import (
+    Case,
     Finding,
     GpuChoice,
     gpu_count_finding,
@@ -240,16 +241,16 @@ class AdmissionWebhook:
             draft = self._draft(who, command)
             if isinstance(draft, Finding):
                 return [*findings, draft]
-            findings += judge(
-                who,
+            case = Case(
                 spec,
                 command,
                 gpu[0],
                 self.config.fit,
-                multi_node=multi_node,
                 draft=draft,
+                multi_node=multi_node,
                 max_node_gpus=self.config.max_node_gpus,
             )
+            findings += judge(who, case)
         return findings
 
     def _draft(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:
