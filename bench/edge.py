@@ -1,0 +1,413 @@
+"""The sidecar's HTTP edge and worker liveness, measured on what operators run (#27).
+
+Starts the installed ``gatekeeper serve --rehearsal`` (``bench.serve_process``: a
+declared node, one preloaded simulator worker) with short body deadlines and liveness
+probes set in its config file (printed; the defaults would make the run minutes long),
+and measures, on the sidecar process alone (its VmRSS from ``/proc``, every 100 ms):
+
+1. **Endless request heads.** One client sends a request head that never ends, in two
+   kinds for half of ``--head-seconds`` each: header lines without end (the field count
+   bound, ``max_request_headers``) and one header line without end (the size bound,
+   ``max_request_head_bytes``). Each time its connection is cut it connects again. Printed:
+   RSS idle, peak and peak minus idle (#27's bound: within 50 MB of idle), and what the
+   client got (the status lines, the time from connecting to the first one, the bytes
+   sent). The client writes as fast as the kernel takes it and reads its answer between
+   writes: now and then it has sent more than 1 MiB past the bound before reading, the
+   sidecar's lingering close (``http_limits.linger``) drops that much and closes, and
+   the reset reaches the client before its 431 (counted as ``ConnectionResetError``).
+2. **Trickled bodies.** ``--clients`` clients (100) each announce ``Content-Length:
+   1000000`` on ``POST /v1/chat/completions`` and send one byte every ``1 / --rate``
+   seconds. Printed: RSS idle, peak and end, the status each client got, and the time
+   from the end of its head to the answer and to the close (p50, max), against the
+   deadline the settings give (``request_body_total_seconds`` plus one second per
+   ``request_body_min_bytes_per_second`` bytes received).
+3. **A frozen worker.** The ready worker's process group (its pid from ``GET
+   /admin/deployments``) gets SIGSTOP; printed: the time until the admin API says
+   ``unhealthy``, until ``/healthz`` lists it, until the frozen process is gone (the
+   sidecar's SIGTERM waits for ``stop_grace_seconds``, then SIGKILL, which a stopped
+   process cannot ignore) and until the deployment is ``ready`` again with a new worker
+   (``restart_backoff_seconds`` later, per ``restart_policy``), with the probe settings.
+
+Run ``python -m bench.edge`` (about 40 s on 2 CPUs; ``--quick``: about 20 s). The last
+line is one JSON object with every figure (sizes in bytes, times in seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.serve_process import TOKEN, free_port, sidecar
+from bench.soak import wait_ready
+
+WORKER_ENV = '{ GATEKEEPER_SIM_STARTUP_SECONDS = "0.3", GATEKEEPER_SIM_TOKEN_SECONDS = "0.001" }'
+MIB = 1 << 20
+RSS_BOUND_BYTES = 50 * 1000 * 1000
+"""#27: an endless head keeps the sidecar within 50 MB of its idle RSS."""
+ANNOUNCED = 1_000_000
+"""The body length each trickling client announces."""
+
+LINES = b"".join(b"X-Pad-%05d: %s\r\n" % (i, b"a" * 80) for i in range(640))
+"""Header lines, about 64 KiB a write: sent again and again, the head never ends."""
+ENDLESS_LINE = b"a" * 65536
+"""One header line's value, a write at a time: the line never ends."""
+HEAD_KINDS = {"lines": (b"", LINES), "line": (b"X-Endless: ", ENDLESS_LINE)}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What the bench sets in the sidecar's config file (defaults in parentheses in the
+    output), so that it runs in under a minute."""
+
+    request_body_total_seconds: float
+    request_body_min_bytes_per_second: int
+    request_body_timeout_seconds: float
+    health_interval_seconds: float
+    health_timeout_seconds: float
+    health_failures: int
+    stop_grace_seconds: float
+    restart_backoff_seconds: float
+
+    def toml(self) -> str:
+        return "".join(f"{k} = {v}\n" for k, v in vars(self).items())
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory (VmRSS), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+@dataclass
+class Sampler:
+    """The RSS of ``pid`` every ``every`` seconds, in a thread, while the block runs."""
+
+    pid: int
+    every: float = 0.1
+    samples: list[int] = field(default_factory=list)
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Sampler]:
+        thread = threading.Thread(target=self._loop, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._done.set()
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append(rss_bytes(self.pid))
+            if self._done.wait(self.every):
+                return
+
+
+def idle_rss(pid: int, seconds: float = 1.0) -> int:
+    """The median RSS over ``seconds`` of no traffic."""
+    sampler = Sampler(pid)
+    with sampler.running():
+        time.sleep(seconds)
+    return int(statistics.median(sampler.samples))
+
+
+@dataclass
+class Cut:
+    """One connection of the endless-head client: the status line it got (or why none)
+    and when, from connecting, and the bytes it had sent by then."""
+
+    status: str
+    seconds: float
+    sent_bytes: int
+
+
+async def endless_head(port: int, kind: str, until: float) -> Cut:
+    """Connect and send a head of ``kind`` that never ends, until the sidecar answers
+    (or ``until``)."""
+    prefix, chunk = HEAD_KINDS[kind]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start, sent = time.monotonic(), 0
+    answer = asyncio.create_task(reader.readline())
+    answered: list[float] = []
+    answer.add_done_callback(lambda _: answered.append(time.monotonic()))
+    with contextlib.suppress(ConnectionError):
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + prefix)
+        while not answer.done() and time.monotonic() < until:
+            writer.write(chunk)
+            sent += len(chunk)
+            await writer.drain()
+            await asyncio.sleep(0)
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        await asyncio.wait_for(asyncio.shield(answer), 5)
+    answer.cancel()
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+    when = answered[0] - start if answered else time.monotonic() - start
+    return Cut(_status(answer), when, sent)
+
+
+def _status(answer: asyncio.Task[bytes]) -> str:
+    """The status line read, or why there is none."""
+    if not answer.done() or answer.cancelled():
+        return "no answer"
+    if (error := answer.exception()) is not None:
+        return f"no answer: {type(error).__name__}"
+    return answer.result().decode(errors="replace").strip() or "no answer: closed"
+
+
+async def head_client(port: int, kind: str, seconds: float) -> list[Cut]:
+    """One client, connecting again each time it is cut, for ``seconds``."""
+    until, cuts = time.monotonic() + seconds, []
+    while time.monotonic() < until:
+        cuts.append(await endless_head(port, kind, until))
+    return cuts
+
+
+def measure_heads(pid: int, port: int, seconds: float) -> dict[str, Any]:
+    idle = idle_rss(pid)
+    sampler = Sampler(pid)
+    kinds: dict[str, Any] = {}
+    with sampler.running():
+        for kind in HEAD_KINDS:
+            cuts = asyncio.run(head_client(port, kind, seconds / 2))
+            first = cuts[0]
+            kinds[kind] = {
+                "connections": len(cuts),
+                "statuses": dict(Counter(c.status for c in cuts)),
+                "first_status": first.status,
+                "first_status_seconds": round(first.seconds, 4),
+                "first_sent_bytes": first.sent_bytes,
+                "sent_bytes": sum(c.sent_bytes for c in cuts),
+            }
+    peak = max(sampler.samples)
+    return {"idle_rss_bytes": idle, "peak_rss_bytes": peak, "growth_bytes": peak - idle, **kinds}
+
+
+@dataclass
+class Trickle:
+    """One trickling client: the status line it got (empty: none), the seconds from the
+    end of its head to that answer and to the connection's close, and the body bytes it
+    sent."""
+
+    status: str = ""
+    answered: float | None = None
+    closed: float | None = None
+    sent_bytes: int = 0
+
+
+async def trickle(port: int, rate: float, limit: float) -> Trickle:
+    """Announce ``ANNOUNCED`` body bytes, then send one every ``1 / rate`` seconds until
+    the sidecar answers or closes (or ``limit`` seconds)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % ANNOUNCED
+    )
+    await writer.drain()
+    start, result = time.monotonic(), Trickle()
+    answer = asyncio.create_task(reader.readline())
+    with contextlib.suppress(ConnectionError):
+        while not answer.done() and time.monotonic() - start < limit:
+            writer.write(b" ")
+            result.sent_bytes += 1
+            await writer.drain()
+            await asyncio.wait({answer}, timeout=1 / rate)
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        line = await asyncio.wait_for(answer, max(0.1, limit - (time.monotonic() - start)))
+        result.status, result.answered = line.decode().strip(), time.monotonic() - start
+        await asyncio.wait_for(reader.read(), 5)  # the rest of the answer, to the close
+        result.closed = time.monotonic() - start
+    answer.cancel()
+    writer.close()
+    return result
+
+
+async def trickles(port: int, clients: int, rate: float, limit: float) -> list[Trickle]:
+    return list(await asyncio.gather(*(trickle(port, rate, limit) for _ in range(clients))))
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "max": None}
+    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
+def measure_trickles(
+    pid: int, port: int, clients: int, rate: float, settings: BenchSettings
+) -> dict[str, Any]:
+    idle = idle_rss(pid)
+    sampler = Sampler(pid)
+    limit = settings.request_body_total_seconds + 30
+    with sampler.running():
+        results = asyncio.run(trickles(port, clients, rate, limit))
+    end = idle_rss(pid)
+    sent = max(r.sent_bytes for r in results)
+    return {
+        "clients": clients,
+        "rate_bytes_per_second": rate,
+        "deadline_seconds": round(
+            settings.request_body_total_seconds + sent / settings.request_body_min_bytes_per_second,
+            3,
+        ),
+        "idle_rss_bytes": idle,
+        "peak_rss_bytes": max(sampler.samples),
+        "end_rss_bytes": end,
+        "statuses": dict(Counter(r.status or "no answer" for r in results)),
+        "never_closed": sum(r.closed is None for r in results),
+        "answered_seconds": _spread([r.answered for r in results if r.answered is not None]),
+        "closed_seconds": _spread([r.closed for r in results if r.closed is not None]),
+    }
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie not yet reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _ready_deployment(admin: httpx.Client) -> dict[str, Any]:
+    for d in admin.get("/admin/deployments").json()["deployments"]:
+        if d["state"] == "ready" and d["pid"]:
+            return dict(d)
+    raise RuntimeError("no ready deployment to freeze")
+
+
+def _freeze_marks(admin: httpx.Client, deployment_id: str, pid: int) -> dict[str, bool]:
+    d = admin.get(f"/admin/deployments/{deployment_id}").json()
+    listed = deployment_id in admin.get("/healthz").json().get("unhealthy_workers", [])
+    return {
+        "unhealthy": d["state"] == "unhealthy",
+        "healthz_degraded": listed,
+        "frozen_process_gone": gone(pid),
+        "ready_again": d["state"] == "ready" and d["pid"] not in (None, pid),
+    }
+
+
+def measure_freeze(base: str, limit: float) -> dict[str, Any]:
+    """SIGSTOP the ready worker's group; the seconds from then to each mark."""
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as admin:
+        frozen = _ready_deployment(admin)
+        pid = int(frozen["pid"])
+        os.killpg(pid, signal.SIGSTOP)
+        start, seconds = time.monotonic(), dict[str, float]()
+        try:
+            while len(seconds) < 4 and time.monotonic() - start < limit:
+                for mark, seen in _freeze_marks(admin, frozen["id"], pid).items():
+                    if seen and mark not in seconds:
+                        seconds[mark] = round(time.monotonic() - start, 3)
+                time.sleep(0.05)
+        finally:
+            if not gone(pid):  # not taken out: let it run, the sidecar stops it at exit
+                os.killpg(pid, signal.SIGCONT)
+    marks = ("unhealthy", "healthz_degraded", "frozen_process_gone", "ready_again")
+    return {"pid": pid, **{m: seconds.get(m) for m in marks}}
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:.1f} MiB"
+
+
+def report_heads(h: dict[str, Any]) -> list[str]:
+    growth = h["growth_bytes"]
+    verdict = "within" if growth <= RSS_BOUND_BYTES else "OVER"
+    lines = [
+        f"endless head: RSS idle {_mib(h['idle_rss_bytes'])}  peak {_mib(h['peak_rss_bytes'])}"
+        f"  peak - idle {_mib(growth)} ({verdict} #27's 50 MB)"
+    ]
+    for kind in HEAD_KINDS:
+        k = h[kind]
+        lines.append(
+            f"  header {kind} without end: first answer {k['first_status']!r} after "
+            f"{1000 * k['first_status_seconds']:.1f} ms ({k['first_sent_bytes']} bytes sent); "
+            f"{k['connections']} connections, {k['sent_bytes'] / MIB:.0f} MiB sent, "
+            f"answers {k['statuses']}"
+        )
+    return lines
+
+
+def report_trickles(t: dict[str, Any]) -> list[str]:
+    return [
+        f"trickled bodies: {t['clients']} clients, {t['rate_bytes_per_second']:g} B/s each, "
+        f"deadline {t['deadline_seconds']:g} s: RSS idle {_mib(t['idle_rss_bytes'])}  "
+        f"peak {_mib(t['peak_rss_bytes'])}  end {_mib(t['end_rss_bytes'])}",
+        f"  answers {t['statuses']}  never closed {t['never_closed']}; seconds to the answer "
+        f"{t['answered_seconds']}, to the close {t['closed_seconds']}",
+    ]
+
+
+def report_freeze(f: dict[str, Any], s: BenchSettings) -> list[str]:
+    bound = s.health_failures * (s.health_interval_seconds + s.health_timeout_seconds)
+    return [
+        f"frozen worker (SIGSTOP, pid {f['pid']}); probes every {s.health_interval_seconds:g} s, "
+        f"timeout {s.health_timeout_seconds:g} s, {s.health_failures} failures (at most "
+        f"{bound:g} s), stop grace {s.stop_grace_seconds:g} s, back-off "
+        f"{s.restart_backoff_seconds:g} s",
+        f"  seconds after the freeze: unhealthy {f['unhealthy']}  /healthz degraded "
+        f"{f['healthz_degraded']}  frozen process gone {f['frozen_process_gone']}  "
+        f"ready again {f['ready_again']}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-seconds", type=float, default=6.0, help="endless-head time")
+    parser.add_argument("--clients", type=int, default=100, help="trickling clients")
+    parser.add_argument("--rate", type=float, default=1.0, help="each trickle's bytes/second")
+    parser.add_argument("--body-total-seconds", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.head_seconds, args.clients, args.body_total_seconds = 2.0, 20, 3.0
+    settings = BenchSettings(args.body_total_seconds, 500, 30.0, 1.0, 1.0, 3, 2.0, 1.0)
+    port = free_port()
+    with (
+        tempfile.TemporaryDirectory(prefix="gk-bench-edge-") as tmp,
+        sidecar(
+            Path(tmp),
+            port,
+            preload=True,
+            worker_env=WORKER_ENV,
+            extra=settings.toml(),
+            rehearsal=True,
+        ) as proc,
+    ):
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            wait_ready(c)
+            for _ in range(20):  # warm-up: imports, pools
+                c.get("/v1/models")
+        heads = measure_heads(proc.pid, port, args.head_seconds)
+        bodies = measure_trickles(proc.pid, port, args.clients, args.rate, settings)
+        freeze = measure_freeze(base, 60.0)
+    print(f"# bench/edge.py: gatekeeper serve --rehearsal, {os.cpu_count()} CPUs")
+    print(f"# settings set for the bench: {vars(settings)}")
+    print("\n".join([*report_heads(heads), *report_trickles(bodies)]))
+    print("\n".join(report_freeze(freeze, settings)))
+    figures = {"settings": vars(settings), "head": heads, "trickle": bodies, "freeze": freeze}
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
