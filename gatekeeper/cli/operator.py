@@ -29,12 +29,11 @@ from gatekeeper.cli.output import (
     print_json,
 )
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimator.components import MEMORY_COMPONENTS
 from gatekeeper.settings import Settings
 from gatekeeper.units import format_gib
 
 __all__ = ["SidecarClient", "add_parser"]
-
-COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
 
 FINISHED = ("stopped", "failed")
 """The states ``ps`` shows only with ``--all``, and ``forget`` drops."""
@@ -260,11 +259,11 @@ def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
     predicted, actual = deployment.get("predicted") or {}, deployment.get("actual") or {}
     label = actual_label(rehearsal)
     print(f"  {'component':<18}{'predicted':>14}{label:>20}")
-    for name in COMPONENTS:
-        p, a = predicted.get(f"{name}_bytes"), actual.get(f"{name}_bytes")
+    for c in MEMORY_COMPONENTS:
+        p, a = predicted.get(c.field), actual.get(c.field)
         shown_p = format_gib(p) if p is not None else "-"
         shown_a = format_gib(a) if a is not None else "-"
-        print(f"  {name:<18}{shown_p:>14}{shown_a:>20}")
+        print(f"  {c.label:<18}{shown_p:>14}{shown_a:>20}")
 
 
 # -- ps, undeploy ----------------------------------------------------------------------
@@ -304,7 +303,7 @@ def _total(figures: Any) -> str:
     """The sum of a deployment's memory components per GPU, in GiB, or '-'."""
     if not isinstance(figures, dict):
         return "-"
-    values = [figures.get(f"{name}_bytes") for name in COMPONENTS]
+    values = [figures.get(c.field) for c in MEMORY_COMPONENTS]
     known = [v for v in values if isinstance(v, int)]
     return format_gib(sum(known)) if known else "-"
 

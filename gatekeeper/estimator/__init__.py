@@ -3,9 +3,10 @@
 Per-GPU bytes of a vLLM worker as vLLM itself accounts them, release by release
 (``accounting``): weights (``weights``), the KV cache and its layout (``kv_cache``),
 the activation peak, non-torch memory and CUDA graphs (``overhead``), put together by
-``vllm_method.estimate``. ``simple_method`` keeps the seed's rule of thumb for
-comparison; ``options`` holds the serving options; ``calibration`` is the pure half of
-the sidecar's learned corrections (factors and ``scale_estimate``).
+``vllm_method.estimate`` into the result types of ``types``. ``simple_method`` keeps
+the seed's rule of thumb for comparison; ``options`` holds the serving options;
+``calibration`` is the pure half of the sidecar's learned corrections (factors and
+``scale_estimate``).
 
 May import: ``gatekeeper.models`` (``spec`` and what it needs), ``gatekeeper.errors``,
 ``gatekeeper.units``, the standard library. No I/O: no files, sockets, threads, clocks
@@ -23,7 +24,8 @@ from gatekeeper.estimator.calibration import CalibrationTable, Factor, scale_est
 from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, KvOptions, kv_layout
 from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
 from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
-from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
+from gatekeeper.estimator.types import Estimate, GpuTarget, StageEstimate
+from gatekeeper.estimator.vllm_method import estimate
 from gatekeeper.estimator.weights import WeightPlan, parameter_count, weight_plan
 
 __all__ = [

@@ -8,9 +8,10 @@ it; later pairs move it by ``alpha``), clamped to ``[0.8, 1.25]`` when applied. 
 family is the model's ``model_type`` (``llama``, ``qwen2``): models of one family
 share the code paths whose memory the estimator approximates.
 
-Corrected components: weights, activation, non_torch and cuda_graph. The KV cache is
-not corrected: vLLM gives it what its budget leaves after the others (or exactly
-``--kv-cache-memory-bytes``), so correcting the others corrects it.
+Corrected components (``gatekeeper.estimator.components``' ``corrected`` column):
+weights, activation, non_torch and cuda_graph. The KV cache is not corrected: vLLM gives
+it what its budget leaves after the others (or exactly ``--kv-cache-memory-bytes``), so
+correcting the others corrects it.
 
 Worked example: a llama worker predicted 1.00 GiB of activation and its log says
 1.20 GiB. The factor becomes 1.20, so the next llama admission plans 1.20 GiB for
@@ -30,6 +31,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from gatekeeper.estimator.components import CORRECTED, MEMORY_COMPONENTS
 from gatekeeper.estimator.vllm_method import Estimate, StageEstimate
 
 __all__ = [
@@ -40,8 +42,6 @@ __all__ = [
     "scale_estimate",
 ]
 
-CORRECTED = ("weights", "activation", "non_torch", "cuda_graph")
-"""The components a correction applies to (``gatekeeper.metrics.workers.COMPONENTS``' names)."""
 BOUNDS = (0.8, 1.25)
 """The range an applied factor is clamped to."""
 PLAUSIBLE = (0.2, 5.0)
@@ -49,12 +49,8 @@ PLAUSIBLE = (0.2, 5.0)
 ALPHA = 0.3
 """Weight of a new pair in the running mean."""
 
-_STAGE_FIELDS = {
-    "weights": "weights_bytes",
-    "activation": "activation_peak_bytes",
-    "non_torch": "non_torch_bytes",
-    "cuda_graph": "cuda_graph_bytes",
-}
+_STAGE_FIELDS = {c.name: c.field for c in MEMORY_COMPONENTS if c.corrected}
+"""A corrected component's name -> its ``StageEstimate`` field."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,19 +13,20 @@ Per pipeline stage (identical across its TP ranks)::
 Worked example: Llama-3.1-8B on an H100 (T = 79.19 GiB), vLLM 0.19, u = 0.95:
 budget 75.23 GiB - 14.99 weights - 0.25 non-torch - 1.89 activation = 58.10 GiB of KV
 (vLLM printed 58.11), 29,750 blocks of 2 MiB, 476,000 tokens.
+
+The result types (``GpuTarget``, ``StageEstimate``, ``Estimate``) live in ``types``;
+they are re-exported here, where callers import them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import (
     DEFAULT_VLLM_VERSION,
     Accounting,
-    accounting_by_name,
     accounting_for,
     parse_vllm_version,
 )
@@ -57,184 +58,17 @@ from gatekeeper.estimator.overhead import (
 from gatekeeper.estimator.runner import resolve_runner
 from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.estimator.state import state_bytes
+from gatekeeper.estimator.types import Estimate as Estimate
+from gatekeeper.estimator.types import GpuTarget as GpuTarget
+from gatekeeper.estimator.types import StageEstimate as StageEstimate
 from gatekeeper.estimator.weights import WeightOptions, pp_partition, weight_plan
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB, format_gib
 
-__all__ = ["Estimate", "GpuTarget", "StageEstimate", "estimate"]
+__all__ = ["estimate"]
 
 DEFAULT_BLOCK_SIZE = 16
-
-
-@dataclass(frozen=True, slots=True)
-class GpuTarget:
-    """The GPU a worker would run on: total bytes as vLLM sees them, and free bytes
-    when known (a live snapshot)."""
-
-    total_bytes: int
-    free_bytes: int | None = None
-    name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StageEstimate:
-    """One pipeline stage's ranks (each TP rank of a stage holds the same)."""
-
-    stage: int
-    layers: int
-    weights_bytes: int
-    non_torch_bytes: int
-    activation_peak_bytes: int
-    cuda_graph_bytes: int
-    kv_cache_bytes: int
-    num_blocks: int
-    budget_bytes: int
-    nvml_bytes: int
-    """What NVML will show the worker process holding on this GPU once it is ready."""
-    lora_bytes: int = 0
-    """LoRA slots (``--enable-lora``), part of ``weights_bytes`` as vLLM counts them."""
-    draft_weights_bytes: int = 0
-    """The speculative drafter's weights, part of ``weights_bytes`` (last stage)."""
-    cpu_offloaded_bytes: int = 0
-    """Weights kept in host memory by ``--cpu-offload-gb``, not in ``weights_bytes``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    model: str
-    method: Literal["vllm", "simple"]
-    vllm_version: str
-    accounting: str
-    gpu_total_bytes: int
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    dtype: str
-    kv_cache_dtype: str
-    quantization: str | None
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
-    block_size: int
-    enforce_eager: bool
-    weights_source: str
-    kv_bytes_per_token: int
-    kv_block_bytes: int
-    """Bytes of one KV block on the most loaded rank (all its layers)."""
-    blocks_per_request: int
-    """Blocks one request of max_model_len holds on that rank."""
-    cuda_graphs_in_budget: bool
-    """True from vLLM 0.21: graph memory is inside ``gpu_memory_utilization x total``."""
-    stages: tuple[StageEstimate, ...]
-    kv_cache_tokens: int
-    max_concurrency: float
-    max_model_len_fit: int
-    fits: bool
-    reasons: tuple[str, ...]
-    warnings: tuple[str, ...] = field(default=())
-    length_beyond_model: bool = False
-    """max_model_len exceeds the model's derived maximum: vLLM refuses it whatever the
-    memory (the one refusal no KV budget can fix)."""
-    data_parallel_size: int = 1
-    """Engine replicas (``-dp``), each on its own ``tp x pp`` GPUs; per-GPU bytes are the
-    same on every replica."""
-    expert_parallel_size: int = 1
-    decode_context_parallel_size: int = 1
-    speculative_method: str | None = None
-    cuda_graph_capture_size: int = 0
-    """The largest batch captured in a CUDA graph (0: no graphs)."""
-    state_bytes_per_sequence: int = 0
-    """Recurrent state one sequence holds on the most loaded rank (hybrid and
-    attention-free models; 0 for pure attention). ``kv_bytes_per_token`` is the
-    attention part."""
-
-    @property
-    def gpus(self) -> int:
-        """GPUs one deployment takes: ``dp x tp x pp``."""
-        return self.data_parallel_size * self.tensor_parallel_size * self.pipeline_parallel_size
-
-    @property
-    def worst(self) -> StageEstimate:
-        """The most loaded rank: the stage with the fewest KV blocks."""
-        return min(self.stages, key=lambda s: (s.num_blocks, s.kv_cache_bytes))
-
-    def kv_bytes_for(self, sequences: int = 1, tokens: int | None = None) -> int:
-        """KV bytes that hold ``sequences`` requests of max_model_len (or ``tokens``
-        tokens, whichever is more) plus vLLM's null block: ``sequences=1`` is the least
-        vLLM accepts."""
-        if not self.kv_block_bytes:
-            return 0
-        blocks = self.blocks_per_request * sequences
-        if tokens:
-            per_token = self.blocks_per_request / self.max_model_len
-            blocks = max(blocks, -(-int(per_token * tokens * 1000) // 1000))
-        return self.kv_block_bytes * (blocks + 1)
-
-    def rank_bytes(self, stage: StageEstimate, kv_bytes: int) -> tuple[int, int]:
-        """(bytes the rank holds, bytes inside vLLM's budget) with ``kv_bytes`` of KV cache:
-        the CUDA context (and NCCL under TP) sit outside the budget, and so do CUDA graphs
-        before vLLM 0.21."""
-        in_budget = stage.weights_bytes + stage.non_torch_bytes + stage.activation_peak_bytes
-        in_budget += kv_bytes
-        outside = pre_init_bytes(self.tensor_parallel_size)
-        if self.cuda_graphs_in_budget:
-            in_budget += stage.cuda_graph_bytes
-        else:
-            outside += stage.cuda_graph_bytes
-        return outside + in_budget, in_budget
-
-    def to_json(self) -> dict[str, Any]:
-        w = self.worst
-        return {
-            "model": self.model,
-            "method": self.method,
-            "vllm_version": self.vllm_version,
-            "accounting": self.accounting,
-            "accounting_description": accounting_by_name(self.accounting).description,
-            "weights_bytes": w.weights_bytes,
-            "non_torch_bytes": w.non_torch_bytes,
-            "activation_peak_bytes": w.activation_peak_bytes,
-            "cuda_graph_bytes": w.cuda_graph_bytes,
-            "kv_cache_bytes": w.kv_cache_bytes,
-            "kv_cache_tokens": self.kv_cache_tokens,
-            "max_concurrency": round(self.max_concurrency, 2),
-            "fits": self.fits,
-            "reasons": list(self.reasons),
-            "warnings": list(self.warnings),
-            "max_model_len": self.max_model_len,
-            "max_model_len_fit": self.max_model_len_fit,
-            "budget_bytes": w.budget_bytes,
-            "nvml_bytes": w.nvml_bytes,
-            "gpu_total_bytes": self.gpu_total_bytes,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_block_bytes": self.kv_block_bytes,
-            "blocks_per_request": self.blocks_per_request,
-            "state_bytes_per_sequence": self.state_bytes_per_sequence,
-            "lora_bytes": w.lora_bytes,
-            "draft_weights_bytes": w.draft_weights_bytes,
-            "cpu_offloaded_bytes": w.cpu_offloaded_bytes,
-            "gpus": self.gpus,
-            "weights_source": self.weights_source,
-            "options": {
-                "tensor_parallel_size": self.tensor_parallel_size,
-                "pipeline_parallel_size": self.pipeline_parallel_size,
-                "dtype": self.dtype,
-                "kv_cache_dtype": self.kv_cache_dtype,
-                "quantization": self.quantization,
-                "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens,
-                "gpu_memory_utilization": self.gpu_memory_utilization,
-                "block_size": self.block_size,
-                "enforce_eager": self.enforce_eager,
-                "data_parallel_size": self.data_parallel_size,
-                "expert_parallel_size": self.expert_parallel_size,
-                "decode_context_parallel_size": self.decode_context_parallel_size,
-                "speculative_method": self.speculative_method,
-                "cuda_graph_capture_size": self.cuda_graph_capture_size,
-            },
-            "stages": [{k: getattr(s, k) for k in StageEstimate.__slots__} for s in self.stages],
-        }
 
 
 @dataclass(frozen=True, slots=True)

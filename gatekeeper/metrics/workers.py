@@ -27,11 +27,12 @@ import logging
 import socket
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gatekeeper.estimator.components import COMPONENTS, ComponentName, by_field, by_log_key
 from gatekeeper.gpus.attribution import worker_usage
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.gpus.proctree import descendants, read_parent_map
@@ -49,9 +50,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Component = Literal["weights", "kv_cache", "activation", "non_torch", "cuda_graph"]
-COMPONENTS: tuple[Component, ...] = ("weights", "kv_cache", "activation", "non_torch", "cuda_graph")
-"""The ``component`` label's values, in vLLM's accounting order."""
+Component = ComponentName
+"""A ``component`` label's value: ``gatekeeper.estimator.components``' names, which
+dashboards and alert rules select on."""
 
 WORKER_STATES = (
     "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
@@ -60,35 +61,15 @@ WORKER_STATES = (
 
 _LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "unhealthy", "stopping"})
 
-_PREDICTED_KEYS: Mapping[Component, str] = {
-    "weights": "weights_bytes",
-    "kv_cache": "kv_cache_bytes",
-    "activation": "activation_peak_bytes",
-    "non_torch": "non_torch_bytes",
-    "cuda_graph": "cuda_graph_bytes",
-}
-_ACTUAL_KEYS: Mapping[Component, str] = {
-    "weights": "weights",
-    "kv_cache": "kv_cache",
-    "activation": "activation_peak",
-    "non_torch": "non_torch",
-    "cuda_graph": "cuda_graph",
-}
-
 
 def predicted_components(predicted: Mapping[str, Any]) -> dict[Component, int]:
     """A decision's ``placement.predicted`` (``weights_bytes`` …) keyed by component."""
-    out: dict[Component, int] = {}
-    for component, key in _PREDICTED_KEYS.items():
-        value = predicted.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            out[component] = value
-    return out
+    return by_field(predicted)
 
 
 def actual_components(actual: Mapping[str, int]) -> dict[Component, int]:
     """``MemoryFigures.components()`` (``activation_peak`` …) keyed by component."""
-    return {c: actual[key] for c, key in _ACTUAL_KEYS.items() if key in actual}
+    return by_log_key(actual)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,8 @@ class GpuLine:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """The per-GPU bytes a placement was sized by (its worst pipeline stage), by component."""
+    """The per-GPU bytes a placement was sized by (its worst pipeline stage), by component:
+    one field per ``gatekeeper.estimator.components`` ``field``, which is also its JSON key."""
 
     weights_bytes: int = 0
     non_torch_bytes: int = 0

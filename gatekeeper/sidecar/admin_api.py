@@ -40,13 +40,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimator.components import deprecated_actual_keys
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
-__all__ = ["COMPONENTS", "AdminApi", "DeployBody", "summary"]
+__all__ = ["AdminApi", "DeployBody", "summary"]
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -317,20 +318,16 @@ class AdminApi:
 def summary(d: Deployment, in_flight: int = 0) -> dict[str, Any]:
     """A deployment as the admin API shows it: ``predicted`` and ``actual`` under one
     naming scheme, ``<component>_bytes`` per GPU (``weights_bytes``, ``kv_cache_bytes``,
-    ``activation_peak_bytes``, ``non_torch_bytes``, ``cuda_graph_bytes``). ``actual``
-    keeps its earlier bare keys (``weights``, ...) for one release (DEPRECATED: use the
-    ``_bytes`` ones)."""
+    ``activation_peak_bytes``, ``non_torch_bytes``, ``cuda_graph_bytes``: the fields of
+    ``gatekeeper.estimator.components``). ``actual`` keeps its earlier bare keys
+    (``weights``, ``activation_peak``, ...) for one release, DEPRECATED: ``deprecated``
+    maps each one present to the key that replaces it."""
     out = d.summary(in_flight)
     actual = out.get("actual") or {}
-    out["actual"] = {
-        **actual,
-        **{f"{k}_bytes": v for k, v in actual.items() if k in COMPONENTS},
-    }
+    old = {k: new for k, new in deprecated_actual_keys().items() if k in actual}
+    out["actual"] = {**actual, **{new: actual[k] for k, new in old.items()}}
+    out["deprecated"] = {f"actual.{k}": f"actual.{new}" for k, new in old.items()}
     return out
-
-
-COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
-"""The memory components a deployment's figures name, per GPU."""
 
 
 def _read_log(path: Any, offset: int, limit: int = 256 * 1024) -> tuple[list[str], int]:

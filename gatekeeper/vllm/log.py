@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gatekeeper.estimator.components import MEMORY_COMPONENTS
 from gatekeeper.units import GIB
 
 __all__ = ["MemoryFigures", "Phase", "StartupLog", "failure_reason", "parse_line"]
@@ -104,7 +105,8 @@ class MemoryFigures:
     """v0.33's summary: weights plus non-torch memory."""
 
     def components(self) -> dict[str, int]:
-        names = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+        """The components reported, by ``gatekeeper.estimator.components``' ``log_key``."""
+        names = (c.log_key for c in MEMORY_COMPONENTS)
         out = {n: v for n in names if (v := getattr(self, n)) is not None}
         if "non_torch" not in out and self.consumed is not None and self.weights is not None:
             out["non_torch"] = max(0, self.consumed - self.weights)

@@ -13,7 +13,15 @@ import pytest
 from tests.cli.test_rehearsal_output import gatekeeper
 from tests.support.sidecar_harness import Sidecar, running_sidecar, settings_for
 
-COMPONENTS = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+FIELDS = (
+    "weights_bytes",
+    "kv_cache_bytes",
+    "activation_peak_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+)
+DEPRECATED = ("weights", "kv_cache", "activation_peak", "non_torch", "cuda_graph")
+"""``actual``'s bare keys before it took predicted's names (one release more)."""
 
 
 def listed(sc: Sidecar, *flags: str) -> dict[str, Any]:
@@ -55,10 +63,12 @@ def test_ps_shows_live_deployments_and_all_adds_stopped(sidecar: Sidecar, two: t
 
 def test_predicted_and_actual_share_one_naming_scheme(sidecar: Sidecar, two: tuple[str, str]):
     d = listed(sidecar)[two[0]]
-    for name in COMPONENTS:
-        assert isinstance(d["predicted"][f"{name}_bytes"], int)
-        assert isinstance(d["actual"][f"{name}_bytes"], int)
-        assert d["actual"][name] == d["actual"][f"{name}_bytes"]  # deprecated, one release
+    assert [k for k in d["predicted"] if k in FIELDS] == list(d["predicted"])
+    for field, old in zip(FIELDS, DEPRECATED, strict=True):
+        assert isinstance(d["predicted"][field], int)
+        assert isinstance(d["actual"][field], int)
+        assert d["actual"][old] == d["actual"][field]  # deprecated, one release
+        assert d["deprecated"][f"actual.{old}"] == f"actual.{field}"  # and marked so
     row = gatekeeper(sidecar, "ps").stdout.splitlines()[2]
     assert row.count("GiB") == 2  # predicted and actual totals, both from the _bytes keys
 

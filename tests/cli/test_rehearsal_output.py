@@ -77,7 +77,7 @@ def test_json_says_rehearsal_true(rehearsal: Sidecar):
     assert deploy.returncode == 0, deploy.stderr
     payload = json.loads(deploy.stdout)  # one object; the progress went to stderr
     assert payload["rehearsal"] is True and payload["deployment"]["state"] == "ready"
-    assert payload["deployment"]["actual"]["weights"] > 0
+    assert payload["deployment"]["actual"]["weights_bytes"] > 0
     assert REHEARSAL_BANNER in deploy.stderr and "ready" in deploy.stderr
     ps = json.loads(gatekeeper(rehearsal, "ps", "--json").stdout)
     assert ps["rehearsal"] is True

@@ -34,7 +34,7 @@ def test_deploy_chat_stream_and_undeploy(tmp_path: Path):
         d = deploy(sc)
         assert d["state"] in ("launching", "loading", "admitted")
         ready = sc.wait_state(d["id"], ("ready",))
-        assert ready["actual"]["weights"] > 0 and ready["predicted"]["weights_bytes"] > 0
+        assert ready["actual"]["weights_bytes"] > 0 and ready["predicted"]["weights_bytes"] > 0
         assert "--served-model-name" not in ready["vllm_args"]  # added at launch
         c = client(sc.url)
         answer = c.chat.completions.create(

@@ -132,7 +132,7 @@ def test_calibration_makes_the_second_launch_of_a_family_closer(tmp_path: Path):
         for _ in range(2):
             d = ready_worker(sc)
             predicted = d["predicted"]["activation_peak_bytes"]
-            actual = d["actual"]["activation_peak"]
+            actual = d["actual"]["activation_peak_bytes"]
             errors.append(abs(actual - predicted) / predicted)
             sc.admin.delete(f"/admin/deployments/{d['id']}")
     assert errors[1] < errors[0] / 2
