@@ -207,6 +207,20 @@ class Settings(BaseSettings):
     """The most header fields (trailer fields included) a request may have, as h11's and
     uvicorn's h11 protocol's; one more gets 431 and its connection is closed."""
 
+    http_server: Literal["gatekeeper", "uvicorn", "granian"] = "gatekeeper"
+    """The HTTP server ``gatekeeper serve`` runs under (``sidecar.http_servers``;
+    docs/sidecar.md, "HTTP servers"), and so which of the limits above hold.
+    ``gatekeeper`` (the default): uvicorn with the sidecar's own protocol: all of them,
+    and the lean path for the proxy's POSTs. ``uvicorn``: uvicorn's stock httptools
+    protocol: none of the head bounds, header deadline or body deadlines (one client
+    sending an endless head grew it by 1 GiB in 3 s; a silent or trickling client holds
+    its connection forever); its own 5 s keep-alive only. ``granian`` (the ``http-alt``
+    extra): granian's HTTP/1 server: the head bounded by its read buffer
+    (``max_request_head_bytes``, at least 8192) and at a fixed 100 fields (431), the
+    headers' time by ``request_header_timeout_seconds`` (at most 60; the connection is
+    closed without a 408); no body deadlines. ``serve`` names the missing limits in one
+    warning line at start."""
+
     max_whole_answer_bytes: int = Field(default=8 * 1024 * 1024, ge=65536)
     """A worker's answer that is not an event stream is held until it is whole (so that it
     goes to the client in one write with its length) up to this many bytes; a larger one is

@@ -6,6 +6,7 @@ running sidecar are ``gatekeeper.cli.operator``'s."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import socket
@@ -17,6 +18,7 @@ from gatekeeper.cli.output import print_json
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.settings import Settings, gpu_source, setting_source
+from gatekeeper.sidecar.http_servers import LISTEN_BACKLOG
 
 __all__ = ["add_parser", "rehearsal_settings", "stored_token"]
 
@@ -93,10 +95,8 @@ def stored_token(settings: Settings) -> str | None:
 
 
 def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
     from gatekeeper.sidecar.app import build_app
-    from gatekeeper.sidecar.http_protocol import server_config
+    from gatekeeper.sidecar.http_servers import missing_limits, server
     from gatekeeper.sidecar.ledger import Ledger, ledger_path
 
     token_source = setting_source(settings, "admin_token")
@@ -125,14 +125,17 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     # the port bound, which --port 0 lets the kernel choose
     bound = int(sock.getsockname()[1])
     banner = _banner(settings, host, bound, declared, args.rehearsal, token_source)
-    config = server_config(app, host=host, port=port, settings=settings)
-    log_format = start_logging(args, settings)  # after uvicorn's own logging set-up
+    run = server(app, sock, settings)
+    log_format = start_logging(args, settings)  # after the server's own logging set-up
     if args.json:
         print_json(banner)
     else:
         announce(banner["lines"], log_format, __name__)
+    lacking = missing_limits(settings)
+    if lacking is not None:
+        logging.getLogger(__name__).warning("%s", lacking)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        run()
     finally:
         sock.close()
         ledger.close()
@@ -182,7 +185,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         raise GatekeeperError(

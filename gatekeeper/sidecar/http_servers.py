@@ -1,0 +1,179 @@
+"""The HTTP servers ``gatekeeper serve`` can run the app under (``http_server``), each on
+the listening socket ``serve`` bound, with the app's lifespan, until SIGINT or SIGTERM:
+
+- ``gatekeeper`` (the default): uvicorn with the sidecar's own protocol
+  (``http_protocol``): every limit of ``http_limits`` and the lean path.
+- ``uvicorn``: uvicorn's stock httptools protocol with the same app: its keep-alive
+  timeout only; no bound on a request head (one client sending header lines without end
+  grows the sidecar by gigabytes, issue #27), no header or body deadline.
+- ``granian`` (the ``http-alt`` extra; imported only here and only then): granian's
+  embedded server (Rust, hyper) through ASGI: the head bounded by its HTTP/1 read buffer
+  (``max_request_head_bytes``, at least granian's 8192) and hyper's 100 fields (431
+  either way), the headers' time by its header read timeout
+  (``request_header_timeout_seconds``, at most its 60 s); no body deadline.
+
+``missing_limits`` is the one warning line ``serve`` prints for the last two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.settings import Settings
+
+__all__ = ["GRANIAN_MIN_BUFFER_BYTES", "LISTEN_BACKLOG", "missing_limits", "server"]
+
+GRANIAN_MIN_BUFFER_BYTES = 8192
+"""granian's smallest HTTP/1 read buffer (``--http1-buffer-size``)."""
+LISTEN_BACKLOG = 2048
+"""The listening socket's backlog (``cli.serve`` binds it)."""
+GRANIAN_MAX_HEADER_MS = 60_000
+"""granian's longest header read timeout (``--http1-header-read-timeout``), in ms."""
+
+_BODY = (
+    "request_body_timeout_seconds, request_body_total_seconds, request_body_min_bytes_per_second"
+)
+_MISSING = {
+    "gatekeeper": None,
+    "uvicorn": (
+        "no bound on request heads (max_request_head_bytes, max_request_headers: one client "
+        "can grow the sidecar's memory without end), no header deadline "
+        f"(request_header_timeout_seconds), no body deadlines ({_BODY})"
+    ),
+    "granian": ("no body deadlines (" + _BODY + "); max_request_headers is granian's fixed 100"),
+}
+
+
+def missing_limits(settings: Settings) -> str | None:
+    """The one line that says which of the sidecar's limits ``settings.http_server``
+    does not give (None: it gives them all)."""
+    missing = _MISSING[settings.http_server]
+    if missing is None:
+        return None
+    return (
+        f"http_server = {settings.http_server}: {missing}; set http_server = gatekeeper "
+        "(GATEKEEPER_HTTP_SERVER) for all of them"
+    )
+
+
+def server(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+    """The server ``settings.http_server`` names, set up to run ``app`` on ``sock``: call
+    it to serve until SIGINT or SIGTERM. Set up before the sidecar's logging is (each
+    server configures its own loggers when built; the sidecar's configuration then wins)."""
+    build: Callable[[Starlette, socket.socket, Settings], Callable[[], None]] = {
+        "gatekeeper": _gatekeeper,
+        "uvicorn": _uvicorn,
+        "granian": _granian,
+    }[settings.http_server]
+    return build(app, sock, settings)
+
+
+def _gatekeeper(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+    import uvicorn
+
+    from gatekeeper.sidecar.http_protocol import server_config
+
+    host, port = sock.getsockname()[:2]
+    config = server_config(app, host=host, port=port, settings=settings)
+    return lambda: uvicorn.Server(config).run(sockets=[sock])
+
+
+def _uvicorn(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+    import uvicorn
+
+    from gatekeeper.sidecar.http_protocol import server_config
+
+    host, port = sock.getsockname()[:2]
+    config = server_config(app, host=host, port=port, settings=settings)
+    config.http = "httptools"  # uvicorn's own protocol, in place of the sidecar's (read at load)
+    return lambda: uvicorn.Server(config).run(sockets=[sock])
+
+
+def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+    import uvloop
+
+    embedded = _granian_server(app, sock, settings)
+
+    caught: list[int] = []
+
+    def stop(signum: int) -> None:
+        caught.append(signum)
+        embedded.stop()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop, signum)
+        await embedded.serve()
+
+    def run() -> None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+        for signum in caught[:1]:  # as uvicorn does: the signal, once served, ends the command
+            signal.raise_signal(signum)
+        if embedded.interrupt_children:
+            raise GatekeeperError(
+                "http_server: granian's worker ended before the sidecar was stopped (its "
+                "lifespan failed or it crashed; the log above says why); fix that, or set "
+                "http_server = gatekeeper",
+                field="http_server",
+                value="granian",
+            )
+
+    return run
+
+
+def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> Any:
+    """granian's embedded server serving on ``sock`` (not a socket of its own)."""
+    try:
+        from granian._granian import SocketHolder
+        from granian.constants import HTTPModes, Interfaces
+        from granian.http import HTTP1Settings
+        from granian.log import LogLevels
+        from granian.server.embed import Server
+    except ImportError as e:
+        raise GatekeeperError(
+            f"http_server: granian is not installed ({e}); install the http-alt extra "
+            "(pip install 'gatekeeper[http-alt]') or set http_server = gatekeeper",
+            field="http_server",
+            value="granian",
+        ) from None
+
+    # granian's stub gives SocketHolder one argument, the extension three (fd, uds, backlog)
+    holder: Any = SocketHolder
+
+    class _OnOurSocket(Server):
+        def _init_shared_socket(self) -> None:
+            # a copy of the descriptor: granian's holder may close its own
+            fd = os.dup(sock.fileno())
+            shared: Any = self
+            shared._ssp, shared._shd = None, holder(fd, False, LISTEN_BACKLOG)
+            shared._sfd = fd
+
+    host, port = sock.getsockname()[:2]
+    header_ms = round(1000 * settings.request_header_timeout_seconds)
+    http1 = HTTP1Settings(
+        header_read_timeout=max(1, min(header_ms, GRANIAN_MAX_HEADER_MS)),
+        max_buffer_size=max(GRANIAN_MIN_BUFFER_BYTES, settings.max_request_head_bytes),
+    )
+    server = _OnOurSocket(
+        app,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        websockets=False,
+        http1_settings=http1,
+        # granian's lines go to the sidecar's own log handlers, errors only
+        log_level=LogLevels.error,
+        log_dictconfig={"loggers": {"_granian": {"propagate": True}}},
+    )
+    return server
