@@ -1,20 +1,19 @@
 """The sidecar's HTTP edge and worker liveness, measured on what operators run (#27).
 
 Starts the installed ``gatekeeper serve --rehearsal`` (``bench.serve_process``: a
-declared node, one preloaded simulator worker) with short body deadlines and liveness
-probes set in its config file (printed; the defaults would make the run minutes long),
-and measures, on the sidecar process alone (its VmRSS from ``/proc``, every 100 ms):
+declared node, one preloaded simulator worker) with a short body deadline and liveness
+probes in its config file (printed with the defaults, which would take minutes), and
+measures, on the sidecar process alone (its VmRSS from ``/proc``, every 100 ms):
 
 1. **Endless request heads.** One client sends a request head that never ends, in two
    kinds for half of ``--head-seconds`` each: header lines without end (the field count
    bound, ``max_request_headers``) and one header line without end (the size bound,
    ``max_request_head_bytes``). Each time its connection is cut it connects again. Printed:
    RSS idle, peak and peak minus idle (#27's bound: within 50 MB of idle), and what the
-   client got (the status lines, the time from connecting to the first one, the bytes
-   sent). The client writes as fast as the kernel takes it and reads its answer between
-   writes: now and then it has sent more than 1 MiB past the bound before reading, the
-   sidecar's lingering close (``http_limits.linger``) drops that much and closes, and
-   the reset reaches the client before its 431 (counted as ``ConnectionResetError``).
+   client got (the status lines, the time from connecting to each answer and the bytes
+   sent). The client writes as fast as the kernel takes it: now and then it has sent
+   over 1 MiB past the bound before reading its 431, which the sidecar's lingering close
+   (``http_limits.linger``) drops before it closes, and gets a broken pipe instead.
 2. **Trickled bodies.** ``--clients`` clients (100) each announce ``Content-Length:
    1000000`` on ``POST /v1/chat/completions`` and send one byte every ``1 / --rate``
    seconds. Printed: RSS idle, peak and end, the status each client got, and the time
@@ -45,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ import httpx
 
 from bench.serve_process import TOKEN, free_port, sidecar
 from bench.soak import wait_ready
+from gatekeeper.settings import Settings
 
 WORKER_ENV = '{ GATEKEEPER_SIM_STARTUP_SECONDS = "0.3", GATEKEEPER_SIM_TOKEN_SECONDS = "0.001" }'
 MIB = 1 << 20
@@ -71,8 +71,8 @@ HEAD_KINDS = {"lines": (b"", LINES), "line": (b"X-Endless: ", ENDLESS_LINE)}
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """What the bench sets in the sidecar's config file (defaults in parentheses in the
-    output), so that it runs in under a minute."""
+    """What the bench sets in the sidecar's config file, so that it runs in under a
+    minute (printed with the defaults)."""
 
     request_body_total_seconds: float
     request_body_min_bytes_per_second: int
@@ -85,6 +85,10 @@ class BenchSettings:
 
     def toml(self) -> str:
         return "".join(f"{k} = {v}\n" for k, v in vars(self).items())
+
+    def shown(self) -> str:
+        fields = Settings.model_fields
+        return ", ".join(f"{k} {v:g} ({fields[k].default:g})" for k, v in vars(self).items())
 
 
 def rss_bytes(pid: int) -> int:
@@ -123,8 +127,7 @@ class Sampler:
 
 def idle_rss(pid: int, seconds: float = 1.0) -> int:
     """The median RSS over ``seconds`` of no traffic."""
-    sampler = Sampler(pid)
-    with sampler.running():
+    with Sampler(pid).running() as sampler:
         time.sleep(seconds)
     return int(statistics.median(sampler.samples))
 
@@ -168,7 +171,7 @@ async def endless_head(port: int, kind: str, until: float) -> Cut:
 def _status(answer: asyncio.Task[bytes]) -> str:
     """The status line read, or why there is none."""
     if not answer.done() or answer.cancelled():
-        return "no answer"
+        return "no answer yet (the time was up)"
     if (error := answer.exception()) is not None:
         return f"no answer: {type(error).__name__}"
     return answer.result().decode(errors="replace").strip() or "no answer: closed"
@@ -182,6 +185,12 @@ async def head_client(port: int, kind: str, seconds: float) -> list[Cut]:
     return cuts
 
 
+def _spread(values: Sequence[float], digits: int = 3) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "max": None}
+    return {"p50": round(statistics.median(values), digits), "max": round(max(values), digits)}
+
+
 def measure_heads(pid: int, port: int, seconds: float) -> dict[str, Any]:
     idle = idle_rss(pid)
     sampler = Sampler(pid)
@@ -189,13 +198,12 @@ def measure_heads(pid: int, port: int, seconds: float) -> dict[str, Any]:
     with sampler.running():
         for kind in HEAD_KINDS:
             cuts = asyncio.run(head_client(port, kind, seconds / 2))
-            first = cuts[0]
+            answered = [c for c in cuts if c.status.startswith("HTTP/")]
             kinds[kind] = {
                 "connections": len(cuts),
                 "statuses": dict(Counter(c.status for c in cuts)),
-                "first_status": first.status,
-                "first_status_seconds": round(first.seconds, 4),
-                "first_sent_bytes": first.sent_bytes,
+                "answer_seconds": _spread([c.seconds for c in answered], 4),
+                "sent_bytes_at_answer": _spread([c.sent_bytes for c in answered], 0),
                 "sent_bytes": sum(c.sent_bytes for c in cuts),
             }
     peak = max(sampler.samples)
@@ -204,11 +212,10 @@ def measure_heads(pid: int, port: int, seconds: float) -> dict[str, Any]:
 
 @dataclass
 class Trickle:
-    """One trickling client: the status line it got (empty: none), the seconds from the
-    end of its head to that answer and to the connection's close, and the body bytes it
-    sent."""
+    """One trickling client: its status line (or why none), the seconds from the end of
+    its head to that answer and to the close, and the body bytes it sent."""
 
-    status: str = ""
+    status: str = "no answer"
     answered: float | None = None
     closed: float | None = None
     sent_bytes: int = 0
@@ -231,11 +238,13 @@ async def trickle(port: int, rate: float, limit: float) -> Trickle:
             result.sent_bytes += 1
             await writer.drain()
             await asyncio.wait({answer}, timeout=1 / rate)
-    with contextlib.suppress(ConnectionError, TimeoutError):
-        line = await asyncio.wait_for(answer, max(0.1, limit - (time.monotonic() - start)))
-        result.status, result.answered = line.decode().strip(), time.monotonic() - start
-        await asyncio.wait_for(reader.read(), 5)  # the rest of the answer, to the close
-        result.closed = time.monotonic() - start
+    await asyncio.wait({answer}, timeout=max(0.0, limit - (time.monotonic() - start)))
+    if answer.done():
+        result.status, result.answered = _status(answer), time.monotonic() - start
+        with contextlib.suppress(ConnectionError, TimeoutError):  # the rest, to the close
+            if answer.exception() is None:
+                await asyncio.wait_for(reader.read(), 5)
+            result.closed = time.monotonic() - start
     answer.cancel()
     writer.close()
     return result
@@ -243,12 +252,6 @@ async def trickle(port: int, rate: float, limit: float) -> Trickle:
 
 async def trickles(port: int, clients: int, rate: float, limit: float) -> list[Trickle]:
     return list(await asyncio.gather(*(trickle(port, rate, limit) for _ in range(clients))))
-
-
-def _spread(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "max": None}
-    return {"p50": round(statistics.median(values), 3), "max": round(max(values), 3)}
 
 
 def measure_trickles(
@@ -271,7 +274,7 @@ def measure_trickles(
         "idle_rss_bytes": idle,
         "peak_rss_bytes": max(sampler.samples),
         "end_rss_bytes": end,
-        "statuses": dict(Counter(r.status or "no answer" for r in results)),
+        "statuses": dict(Counter(r.status for r in results)),
         "never_closed": sum(r.closed is None for r in results),
         "answered_seconds": _spread([r.answered for r in results if r.answered is not None]),
         "closed_seconds": _spread([r.closed for r in results if r.closed is not None]),
@@ -339,10 +342,10 @@ def report_heads(h: dict[str, Any]) -> list[str]:
     for kind in HEAD_KINDS:
         k = h[kind]
         lines.append(
-            f"  header {kind} without end: first answer {k['first_status']!r} after "
-            f"{1000 * k['first_status_seconds']:.1f} ms ({k['first_sent_bytes']} bytes sent); "
-            f"{k['connections']} connections, {k['sent_bytes'] / MIB:.0f} MiB sent, "
-            f"answers {k['statuses']}"
+            f"  header {kind} without end: {k['connections']} connections, "
+            f"{k['sent_bytes'] / MIB:.0f} MiB sent, answers {k['statuses']}; seconds from "
+            f"connecting to the answer {k['answer_seconds']}, bytes sent by then "
+            f"{k['sent_bytes_at_answer']}"
         )
     return lines
 
@@ -359,11 +362,13 @@ def report_trickles(t: dict[str, Any]) -> list[str]:
 
 def report_freeze(f: dict[str, Any], s: BenchSettings) -> list[str]:
     bound = s.health_failures * (s.health_interval_seconds + s.health_timeout_seconds)
+    d = {k: v.default for k, v in Settings.model_fields.items()}
+    default = d["health_failures"] * (d["health_interval_seconds"] + d["health_timeout_seconds"])
     return [
         f"frozen worker (SIGSTOP, pid {f['pid']}); probes every {s.health_interval_seconds:g} s, "
         f"timeout {s.health_timeout_seconds:g} s, {s.health_failures} failures (at most "
-        f"{bound:g} s), stop grace {s.stop_grace_seconds:g} s, back-off "
-        f"{s.restart_backoff_seconds:g} s",
+        f"{bound:g} s; with the defaults {default:g} s), stop grace {s.stop_grace_seconds:g} s, "
+        f"back-off {s.restart_backoff_seconds:g} s",
         f"  seconds after the freeze: unhealthy {f['unhealthy']}  /healthz degraded "
         f"{f['healthz_degraded']}  frozen process gone {f['frozen_process_gone']}  "
         f"ready again {f['ready_again']}",
@@ -382,17 +387,12 @@ def main() -> None:
         args.head_seconds, args.clients, args.body_total_seconds = 2.0, 20, 3.0
     settings = BenchSettings(args.body_total_seconds, 500, 30.0, 1.0, 1.0, 3, 2.0, 1.0)
     port = free_port()
-    with (
-        tempfile.TemporaryDirectory(prefix="gk-bench-edge-") as tmp,
-        sidecar(
-            Path(tmp),
-            port,
-            preload=True,
-            worker_env=WORKER_ENV,
-            extra=settings.toml(),
-            rehearsal=True,
-        ) as proc,
-    ):
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gk-bench-edge-")))
+        extra, env = settings.toml(), WORKER_ENV
+        proc = stack.enter_context(
+            sidecar(work, port, preload=True, worker_env=env, extra=extra, rehearsal=True)
+        )
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
             wait_ready(c)
@@ -402,7 +402,7 @@ def main() -> None:
         bodies = measure_trickles(proc.pid, port, args.clients, args.rate, settings)
         freeze = measure_freeze(base, 60.0)
     print(f"# bench/edge.py: gatekeeper serve --rehearsal, {os.cpu_count()} CPUs")
-    print(f"# settings set for the bench: {vars(settings)}")
+    print(f"# settings for the bench (default): {settings.shown()}")
     print("\n".join([*report_heads(heads), *report_trickles(bodies)]))
     print("\n".join(report_freeze(freeze, settings)))
     figures = {"settings": vars(settings), "head": heads, "trickle": bodies, "freeze": freeze}
