@@ -49,7 +49,7 @@ PLAUSIBLE = (0.2, 5.0)
 ALPHA = 0.3
 """Weight of a new pair in the running mean."""
 
-_STAGE_FIELDS = {c.name: c.field for c in MEMORY_COMPONENTS if c.corrected}
+_STAGE_FIELDS: Mapping[str, str] = {c.name: c.field for c in MEMORY_COMPONENTS if c.corrected}
 """A corrected component's name -> its ``StageEstimate`` field."""
 
 
