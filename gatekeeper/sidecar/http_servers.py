@@ -38,6 +38,7 @@ LISTEN_BACKLOG = 2048
 GRANIAN_MAX_HEADER_MS = 60_000
 """granian's longest header read timeout (``--http1-header-read-timeout``), in ms."""
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _BODY = (
     "request_body_timeout_seconds, request_body_total_seconds, request_body_min_bytes_per_second"
 )
@@ -102,23 +103,27 @@ def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callabl
 
     embedded = _granian_server(app, sock, settings)
 
-    caught: list[int] = []
+    caught: list[signal.Signals] = []
 
-    def stop(signum: int) -> None:
+    def stop(signum: signal.Signals) -> None:
         caught.append(signum)
         embedded.stop()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in _STOP_SIGNALS:
             loop.add_signal_handler(signum, stop, signum)
         await embedded.serve()
 
     def run() -> None:
+        handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(main())
-        for signum in caught[:1]:  # as uvicorn does: the signal, once served, ends the command
-            signal.raise_signal(signum)
+        # as uvicorn does: the signal, once the server has stopped, ends the command
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for first in caught[:1]:
+            signal.raise_signal(first)
         if embedded.interrupt_children:
             raise GatekeeperError(
                 "http_server: granian's worker ended before the sidecar was stopped (its "
