@@ -5,6 +5,12 @@
 certificate and key files are checked every ``--reload-seconds`` and loaded again when
 they change (cert-manager renews the Secret in place), so new connections get the new
 certificate without a restart.
+
+``--mutate`` (cluster mode, ``docs/cluster.md``) also serves ``POST /k8s/mutate``: vLLM
+workloads get a DRA ResourceClaimTemplate of the bytes their ranks need, created through
+the API (``--kubeconfig``, else the pod's ServiceAccount), and the flags that hold the
+worker to it; ``--undersized-claims`` says what happens to a hand-written claim smaller
+than a rank needs (``deny``, the default, or ``warn``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,24 @@ def add_parser(subparsers: Any) -> None:
         help="how often the certificate files are checked for renewal (default 60)",
     )
     w.add_argument("--json", action="store_true", help="print the start line as one JSON object")
+    w.add_argument(
+        "--mutate",
+        action="store_true",
+        help="also serve POST /k8s/mutate: write DRA claims for vLLM workloads (cluster mode)",
+    )
+    w.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="with --mutate: the apiserver to create claim templates on (default: in-cluster)",
+    )
+    w.add_argument(
+        "--undersized-claims",
+        choices=("deny", "warn"),
+        default="deny",
+        help="with --mutate: a hand-written claim smaller than a rank needs is denied "
+        "(default) or admitted with a warning",
+    )
     add_log_format(w)
     w.set_defaults(func=run_webhook)
 
@@ -61,10 +85,11 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
         {"version": __version__}
     )
     webhook = webhook_from_settings(settings, registry=registry)
+    mutator = _mutator(args, webhook, registry) if args.mutate else None
     reloader = CertReloader(args.cert, args.key, args.reload_seconds)
     host = args.host or settings.host
     config = uvicorn.Config(
-        build_webhook_app(webhook, registry, reloader),
+        build_webhook_app(webhook, registry, reloader, mutator),
         host=host,
         port=args.port,
         ssl_certfile=str(args.cert),
@@ -77,8 +102,34 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     log_format = start_logging(args, settings)
     url = f"https://{host}:{args.port}/k8s/validate"
     if args.json:
-        print_json({"url": url, "cert": str(args.cert), "reload_seconds": args.reload_seconds})
+        mutate = f"https://{host}:{args.port}/k8s/mutate" if mutator is not None else None
+        print_json(
+            {
+                "url": url,
+                "mutate_url": mutate,
+                "cert": str(args.cert),
+                "reload_seconds": args.reload_seconds,
+            }
+        )
     else:
         announce([f"gatekeeper admission webhook on {url}"], log_format, __name__)
     uvicorn.Server(config).run()
     return 0
+
+
+def _mutator(args: argparse.Namespace, webhook: Any, registry: Any) -> Any:
+    """The mutating webhook on a lightkube client (the ``cluster`` extra)."""
+    from lightkube import Client, KubeConfig
+
+    from gatekeeper.k8s.mutate import Mutator
+    from gatekeeper.k8s.server import mutation_counter
+    from gatekeeper.k8s.template_store import ApiTemplateStore
+
+    config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
+    client = Client(config, field_manager="gatekeeper-webhook", trust_env=False)
+    return Mutator(
+        webhook,
+        ApiTemplateStore(client),
+        undersized=args.undersized_claims,
+        count=mutation_counter(registry),
+    )

@@ -9,6 +9,7 @@ keeps.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Literal
 
@@ -49,6 +50,8 @@ class AdmissionRequest(BaseModel):
     sub_resource: str | None = Field(default=None, alias="subResource")
     object: dict[str, Any] | None = None
     old_object: dict[str, Any] | None = Field(default=None, alias="oldObject")
+    dry_run: bool = Field(default=False, alias="dryRun")
+    """A dry run: a webhook with side effects (``sideEffects: NoneOnDryRun``) makes none."""
 
 
 class AdmissionReview(BaseModel):
@@ -106,12 +109,20 @@ def parse_review(body: bytes) -> AdmissionReview | tuple[int, dict[str, Any]]:
 
 
 def review_response(
-    review: AdmissionReview, allowed: bool, message: str, warnings: tuple[str, ...]
+    review: AdmissionReview,
+    allowed: bool,
+    message: str,
+    warnings: tuple[str, ...],
+    patch: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview answering ``review``."""
+    """The AdmissionReview answering ``review``; a mutating webhook's ``patch`` (RFC 6902
+    operations) goes base64-encoded with ``patchType: JSONPatch``."""
     response: dict[str, Any] = {"uid": review.request.uid, "allowed": allowed}
     if not allowed:
         response["status"] = status_body(403, message)
+    if patch and allowed:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if warnings:
         response["warnings"] = [clip_warning(w) for w in warnings]
     return {"apiVersion": review.api_version, "kind": review.kind, "response": response}

@@ -3,7 +3,8 @@ certificate that is reloaded when cert-manager renews it.
 
 ``webhook_from_settings`` is what the sidecar mounts at ``POST /k8s/validate``;
 ``build_webhook_app`` is the standalone server ``gatekeeper webhook`` runs over TLS
-(``POST /k8s/validate``, ``GET /healthz``, ``GET /metrics``). ``CertReloader`` checks the
+(``POST /k8s/validate``, ``GET /healthz``, ``GET /metrics``, and with a ``Mutator``,
+``gatekeeper webhook --mutate``, ``POST /k8s/mutate``). ``CertReloader`` checks the
 certificate and key files every few seconds and loads them into the live TLS context
 when they change, so new connections get the new certificate without a restart.
 """
@@ -14,10 +15,12 @@ import asyncio
 import contextlib
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import get_args
 
-from prometheus_client import CollectorRegistry
+import anyio
+from prometheus_client import CollectorRegistry, Counter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,12 +29,26 @@ from starlette.routing import Route
 from gatekeeper._version import __version__
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
-from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
+from gatekeeper.k8s.mutate import MutationOutcome, Mutator
+from gatekeeper.k8s.webhook import (
+    AdmissionWebhook,
+    WebhookConfig,
+    WebhookMetrics,
+    review_body,
+    too_large,
+)
 from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.settings import Settings, model_resolver, placement_policy
 
-__all__ = ["CertReloader", "build_webhook_app", "check_tls", "webhook_from_settings"]
+__all__ = [
+    "CertReloader",
+    "build_webhook_app",
+    "check_tls",
+    "mutate_endpoint",
+    "mutation_counter",
+    "webhook_from_settings",
+]
 
 
 def webhook_from_settings(
@@ -92,10 +109,43 @@ class CertReloader:
             self.check()
 
 
+def mutation_counter(registry: CollectorRegistry) -> Callable[[MutationOutcome], None]:
+    """``gatekeeper_webhook_mutations_total{outcome}`` on ``registry``, as a callback."""
+    counter = Counter(
+        "gatekeeper_webhook_mutations",
+        "Mutating admission reviews by outcome: mutated, unchanged, warned, denied, ignored, "
+        "malformed.",
+        ["outcome"],
+        registry=registry,
+    )
+    for outcome in get_args(MutationOutcome):
+        counter.labels(outcome)
+    return lambda outcome: counter.labels(outcome).inc()
+
+
+def mutate_endpoint(mutator: Mutator) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /k8s/mutate``: the review is decided in a worker thread (it may call the
+    apiserver)."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await review_body(request)
+        if body is None:
+            mutator.counted("malformed")
+            return too_large()
+        status, payload, outcome = await anyio.to_thread.run_sync(mutator.answer, body)
+        mutator.counted(outcome)
+        return JSONResponse(payload, status_code=status)
+
+    return endpoint
+
+
 def build_webhook_app(
-    webhook: AdmissionWebhook, registry: CollectorRegistry, reloader: CertReloader | None = None
+    webhook: AdmissionWebhook,
+    registry: CollectorRegistry,
+    reloader: CertReloader | None = None,
+    mutator: Mutator | None = None,
 ) -> Starlette:
-    """The standalone webhook's ASGI app."""
+    """The standalone webhook's ASGI app; ``mutator`` adds ``POST /k8s/mutate``."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "version": __version__})
@@ -114,6 +164,8 @@ def build_webhook_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint(registry), methods=["GET"]),
     ]
+    if mutator is not None:
+        routes.append(Route("/k8s/mutate", mutate_endpoint(mutator), methods=["POST"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 

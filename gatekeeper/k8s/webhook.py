@@ -80,6 +80,8 @@ __all__ = [
     "WebhookConfig",
     "WebhookDecision",
     "WebhookMetrics",
+    "review_body",
+    "too_large",
 ]
 
 logger = logging.getLogger(__name__)
@@ -109,6 +111,22 @@ class WebhookDecision:
     outcome: Outcome
     message: str = ""
     warnings: tuple[str, ...] = ()
+
+
+async def review_body(request: Request) -> bytes | None:
+    """The request's body, or None when it is larger than ``MAX_BODY_BYTES``."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large() -> Response:
+    """The 413 answer to a review larger than ``MAX_BODY_BYTES``."""
+    return JSONResponse(status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413)
 
 
 class WebhookMetrics:
@@ -153,16 +171,11 @@ class AdmissionWebhook:
         """``POST /k8s/validate``: the review is decided in a worker thread (a hub lookup
         may block)."""
         start = time.perf_counter()
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                self._count("malformed", start)
-                return JSONResponse(
-                    status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413
-                )
-            chunks.append(chunk)
-        status, payload, outcome = await anyio.to_thread.run_sync(self.answer, b"".join(chunks))
+        body = await review_body(request)
+        if body is None:
+            self._count("malformed", start)
+            return too_large()
+        status, payload, outcome = await anyio.to_thread.run_sync(self.answer, body)
         self._count(outcome, start)
         return JSONResponse(payload, status_code=status)
 
@@ -231,14 +244,14 @@ class AdmissionWebhook:
         if count is not None and count.outcome == "deny":
             return findings
         findings += _reading_findings(who, command)
-        spec = self._spec(who, command.model, command.options)
-        gpu = self._gpu(who, template)
+        spec = self.model_spec(who, command.model, command.options)
+        gpu = self.gpu_choice(who, template)
         for part in (spec, gpu):
             if isinstance(part, list):
                 findings += part
         if isinstance(spec, ModelSpec) and isinstance(gpu, tuple):
             findings += gpu[1]
-            draft = self._draft(who, command)
+            draft = self.draft_spec(who, command)
             if isinstance(draft, Finding):
                 return [*findings, draft]
             case = Case(
@@ -253,7 +266,7 @@ class AdmissionWebhook:
             findings += judge(who, case)
         return findings
 
-    def _draft(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:
+    def draft_spec(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:
         """The speculative draft model, resolved as the target is (and cached with it)."""
         reference = draft_reference(command.options)
         if reference is None:
@@ -277,9 +290,10 @@ class AdmissionWebhook:
         self._specs[key] = spec
         return spec
 
-    def _spec(
+    def model_spec(
         self, who: str, model: str | None, options: ServeOptions | None = None
     ) -> ModelSpec | list[Finding]:
+        """The model's spec, or the findings that say why it cannot be had."""
         if model is None:
             return [
                 Finding(
@@ -293,9 +307,11 @@ class AdmissionWebhook:
         except GatekeeperError as e:
             return [unknown_model_finding(who, model, e, self.config.unknown_model)]
 
-    def _gpu(
+    def gpu_choice(
         self, who: str, template: PodTemplate
     ) -> tuple[GpuChoice, list[Finding]] | list[Finding]:
+        """The GPU the template will land on (annotation, product selector, default) with
+        notes, or the findings that say why none is known."""
         annotated = template.annotations.get(GPU_MEMORY_ANNOTATION)
         if annotated is not None:
             try:

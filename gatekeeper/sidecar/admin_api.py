@@ -47,7 +47,7 @@ from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
 
-__all__ = ["AdminApi", "DeployBody", "summary"]
+__all__ = ["FIELD_HELP", "AdminApi", "DeployBody", "body_error", "field_help", "summary"]
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -55,27 +55,40 @@ log = logging.getLogger(__name__)
 
 
 class DeployBody(BaseModel):
-    """``POST /admin/deployments``."""
+    """``POST /admin/deployments``.
 
-    model_config = ConfigDict(extra="forbid")
+    Each field's docstring is its description: in the OpenAPI schema, and in the 400
+    that names the field (``field_help``), completing "give ...". The whole body is kept
+    with the deployment (``Deployment.body``): recorded, read back by a sidecar that
+    adopts the worker, and shown in its summary. A field added here needs no other edit
+    to get that far."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     model: str = Field(min_length=1, max_length=512)
-    """A configured model name, or a reference an allowed pattern matches."""
+    """a configured model name or a hub repo id an allowed pattern matches, as a string
+    ("Qwen/Qwen3-8B")"""
     name: str | None = Field(default=None, min_length=1, max_length=256)
+    """the name clients will send as 'model', a non-empty string"""
     options: dict[str, Any] = Field(default_factory=dict)
+    """an object of vllm serve flags by vLLM's names ({"max_model_len": 8192})"""
     min_sequences: int | None = Field(default=None, gt=0)
+    """a whole number above 0 (sequences that must fit at max_model_len)"""
     min_kv_tokens: int | None = Field(default=None, gt=0)
+    """a whole number above 0 (KV-cache tokens the placement must hold)"""
 
 
-FIELD_HELP = {
-    "model": "a configured model name or a hub repo id an allowed pattern matches, as a "
-    'string ("Qwen/Qwen3-8B")',
-    "name": "the name clients will send as 'model', a non-empty string",
-    "options": 'an object of vllm serve flags by vLLM\'s names ({"max_model_len": 8192})',
-    "min_sequences": "a whole number above 0 (sequences that must fit at max_model_len)",
-    "min_kv_tokens": "a whole number above 0 (KV-cache tokens the placement must hold)",
-}
-"""What each field of ``DeployBody`` takes, for the 400 that names it."""
+def field_help(body: type[BaseModel]) -> dict[str, str]:
+    """What each field of a deploy body takes (its description on one line), for the 400
+    that names it."""
+    return {
+        name: " ".join((f.description or "a valid value").split())
+        for name, f in body.model_fields.items()
+    }
+
+
+FIELD_HELP = field_help(DeployBody)
+"""``field_help(DeployBody)``."""
 
 MAX_LOG_OFFSET = 2**63 - 1
 """The largest offset ``GET /admin/deployments/ID/log`` takes (a file offset is an off_t)."""
@@ -106,9 +119,9 @@ def _error(
 _BODY_HEADERS = frozenset({"content-length", "content-type"})
 
 
-def body_error(e: ValidationError) -> tuple[str, str]:
-    """(message, field) for a ``DeployBody`` that did not validate: the field, the value
-    given, and what to send instead."""
+def body_error(e: ValidationError, described: dict[str, str] = FIELD_HELP) -> tuple[str, str]:
+    """(message, field) for a deploy body that did not validate: the field, the value
+    given, and what to send instead (``described``: ``field_help`` of the body's type)."""
     first = e.errors(include_url=False)[0]
     loc = [str(p) for p in first["loc"]]
     given = _shown(first.get("input"))
@@ -122,17 +135,17 @@ def body_error(e: ValidationError) -> tuple[str, str]:
     field = ".".join(loc)
     top = loc[0]
     if first["type"] == "missing":
-        return f"'{field}' is missing; give {FIELD_HELP.get(top, 'it')}: {EXAMPLE}", field
+        return f"'{field}' is missing; give {described.get(top, 'it')}: {EXAMPLE}", field
     if first["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(top, FIELD_HELP, n=1)
+        close = difflib.get_close_matches(top, described, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return (
             f"'{field}' (= {given}) is not a field of the deploy body; {hint}the fields are "
-            f"{', '.join(FIELD_HELP)}, and vllm serve flags go inside 'options'",
+            f"{', '.join(described)}, and vllm serve flags go inside 'options'",
             field,
         )
     return (
-        f"'{field}' = {given} is invalid ({first['msg']}); give {FIELD_HELP.get(top, 'a valid value')}",
+        f"'{field}' = {given} is invalid ({first['msg']}); give {described.get(top, 'a valid value')}",
         field,
     )
 
@@ -146,13 +159,22 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class AdminApi:
+    """The admin routes over one ``DeploymentManager``. ``body``: the deploy body's
+    type, ``DeployBody`` or a model that extends it."""
+
     def __init__(
-        self, manager: DeploymentManager, registry: ModelRegistry, token: str | None
+        self,
+        manager: DeploymentManager,
+        registry: ModelRegistry,
+        token: str | None,
+        body: type[DeployBody] = DeployBody,
     ) -> None:
         self.manager = manager
         self.registry = registry
         self.token = token
         self.rehearsal = manager.config.rehearsal
+        self.body = body
+        self.field_help = field_help(body)
 
     def _answer(self, body: dict[str, Any], status: int = 200) -> JSONResponse:
         return JSONResponse({**body, "rehearsal": self.rehearsal}, status_code=status)
@@ -239,9 +261,9 @@ class AdminApi:
                 field="body",
             )
         try:
-            body = DeployBody.model_validate_json(raw)
+            body = self.body.model_validate_json(raw)
         except ValidationError as e:
-            message, field = body_error(e)
+            message, field = body_error(e, self.field_help)
             first = e.errors()[0]
             given = first.get("input") if field != "body" and first["type"] != "missing" else None
             return self._fail(400, message, kind="bad_request", field=field, value=_plain(given))
@@ -256,7 +278,9 @@ class AdminApi:
                 }
             )
         placement_request = await asyncio.to_thread(self.registry.request, entry, body.options)
-        decision, deployment = await self.manager.deploy(entry.name, placement_request)
+        decision, deployment = await self.manager.deploy(
+            entry.name, placement_request, body=body.model_dump(mode="json")
+        )
         if deployment is None:
             reason = decision.reasons[0] if decision.reasons else "it does not fit"
             return self._fail(

@@ -33,7 +33,7 @@ from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.serving import Proxy
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.settings import ModelEntry, Settings, model_resolver, placement_policy
-from gatekeeper.sidecar.admin_api import AdminApi
+from gatekeeper.sidecar.admin_api import AdminApi, DeployBody
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
 from gatekeeper.sidecar.discovery import advertised_host, worker_targets
@@ -86,10 +86,12 @@ def build_app(
     resolve_spec: Callable[[str], ModelSpec] | None = None,
     client: httpx.AsyncClient | None = None,
     warm_model_cards: bool = True,
+    deploy_body: type[DeployBody] = DeployBody,
 ) -> Starlette:
     """The sidecar's ASGI app, wired from its dependencies. ``warm_model_cards``: resolve
     the listed models' cards in the background at start (tests that start many sidecars
-    and never list models turn it off)."""
+    and never list models turn it off). ``deploy_body``: the admin API's deploy body, a
+    model that extends ``DeployBody`` to take more fields (kept with the deployment)."""
     client = client or httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
     """For the sidecar's own calls (worker health); the proxy has its own pool."""
     upstream = upstream_client()
@@ -146,7 +148,7 @@ def build_app(
         router, upstream, metrics=metrics, max_whole_answer_bytes=settings.max_whole_answer_bytes
     )
     manager.in_flight = proxy.outstanding
-    admin = AdminApi(manager, registry, settings.admin_token)
+    admin = AdminApi(manager, registry, settings.admin_token, deploy_body)
 
     async def discovery(request: Request) -> Response:
         """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""

@@ -5,7 +5,6 @@ lifecycle."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import socket
 import time
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.attribution import tree_usage
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.worker_states import State
@@ -22,24 +20,21 @@ from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
 from gatekeeper.sidecar.ledger import Promise
-from gatekeeper.vllm.flags import options_from_mapping
 from gatekeeper.vllm.log import MemoryFigures
 
 __all__ = [
     "Deployment",
     "DeploymentError",
-    "DeploymentRecord",
     "ManagerConfig",
     "State",
     "check_name",
     "free_port",
     "process_start_ticks",
-    "recorded_admission",
-    "resolve_request",
     "restored_promises",
     "slug",
     "worker_view",
 ]
+
 
 class DeploymentError(GatekeeperError):
     """A deployment request cannot be carried out (conflict, unknown id, not allowed)."""
@@ -57,28 +52,6 @@ class DeploymentError(GatekeeperError):
         self.status = status
         self.retry_after = retry_after
         """Seconds after which a retry may succeed (``Retry-After``), when it may."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeploymentRecord:
-    """What survives a sidecar restart (``state_dir/deployments/ID.json``)."""
-
-    id: str
-    name: str
-    model: str
-    args: list[str]
-    host: str
-    port: int
-    gpu_indices: list[int]
-    gpu_uuids: list[str]
-    pid: int | None
-    log_path: str
-    work_dir: str
-    created_at: float
-    pid_start_ticks: int | None = None
-    """The worker's start time (``/proc/PID/stat`` field 22, clock ticks since boot), so
-    that an adopting sidecar tells the worker from a later process given the same pid.
-    Absent from records written before it was recorded: such a pid is unverifiable."""
 
 
 @dataclass(slots=True)
@@ -114,7 +87,10 @@ class Deployment:
     supervisor: asyncio.Task[None] | None = None
     stopping: bool = False
     pid_start_ticks: int | None = None
-    """The worker's start time, read at launch (see ``DeploymentRecord``)."""
+    """The worker's start time, read at launch (see ``records.DeploymentRecord``)."""
+    body: dict[str, Any] = field(default_factory=dict)
+    """The deploy body the admin API took (``DeployBody``'s fields as JSON), recorded and
+    shown in the summary as it is; ``{}`` for a preloaded or on-demand deployment."""
 
     @property
     def model(self) -> str:
@@ -122,29 +98,22 @@ class Deployment:
 
     @classmethod
     def admitted(
-        cls, deployment_id: str, name: str, request: PlacementRequest, decision: Decision
+        cls,
+        deployment_id: str,
+        name: str,
+        request: PlacementRequest,
+        decision: Decision,
+        body: dict[str, Any] | None = None,
     ) -> Deployment:
         """A new deployment from an admitting decision."""
-        p = decision.placement
-        assert p is not None
         return cls(
-            id=deployment_id,
-            name=name,
-            request=request,
-            decision=decision,
-            prediction=p.prediction,
-            promise_bytes=p.promise_bytes,
-            gpu_indices=p.gpu_indices,
-            gpu_uuids=p.gpu_uuids,
-            args=p.args,
+            id=deployment_id, name=name, request=request, body=dict(body or {}), **_placed(decision)
         )
 
     def use_decision(self, decision: Decision) -> None:
         """Run with a new admission (a restart's)."""
-        p = decision.placement
-        assert p is not None
-        self.decision, self.prediction, self.promise_bytes = decision, p.prediction, p.promise_bytes
-        self.gpu_indices, self.gpu_uuids, self.args = p.gpu_indices, p.gpu_uuids, p.args
+        for name, value in _placed(decision).items():
+            setattr(self, name, value)
         self.recorded_decision = None
 
     def decision_record(self) -> dict[str, Any]:
@@ -179,7 +148,23 @@ class Deployment:
             ),
             "log_path": str(w.spec.log_path) if w is not None else None,
             "warnings": list(self.decision_record().get("warnings") or []),
+            "body": dict(self.body),
         }
+
+
+def _placed(decision: Decision) -> dict[str, Any]:
+    """The fields of a ``Deployment`` an admitting decision sets (``admitted``, and
+    ``use_decision`` on a restart)."""
+    p = decision.placement
+    assert p is not None
+    return {
+        "decision": decision,
+        "prediction": p.prediction,
+        "promise_bytes": p.promise_bytes,
+        "gpu_indices": p.gpu_indices,
+        "gpu_uuids": p.gpu_uuids,
+        "args": p.args,
+    }
 
 
 def free_port(host: str, low: int, high: int, taken: set[int]) -> int:
@@ -256,21 +241,6 @@ def worker_view(d: Deployment) -> WorkerView:
     )
 
 
-def recorded_admission(decision: object) -> tuple[Prediction | None, tuple[int, ...]]:
-    """The prediction and the promise a deployment record's decision holds; what is
-    missing or malformed reads as none (the worker is still adopted on its health)."""
-    if not isinstance(decision, dict) or not isinstance(decision.get("placement"), dict):
-        return None, ()
-    placement = decision["placement"]
-    predicted = placement.get("predicted")
-    prediction = Prediction.from_json(predicted) if isinstance(predicted, dict) else None
-    promise = placement.get("promise_bytes")
-    valid = isinstance(promise, list) and all(
-        isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in promise
-    )
-    return prediction, tuple(promise) if valid else ()
-
-
 def restored_promises(
     d: Deployment, snapshot: InventorySnapshot, pids: frozenset[int]
 ) -> tuple[Promise, ...]:
@@ -284,46 +254,6 @@ def restored_promises(
         Promise(uuid, (recorded[i] if recorded else 0) or used.get(index, 0) or 1)
         for i, (uuid, index) in enumerate(zip(d.gpu_uuids, d.gpu_indices, strict=False))
     )
-
-
-def resolve_request(
-    base: PlacementRequest, recorded: dict[str, Any], release: str | None = None
-) -> PlacementRequest:
-    """A recorded request (options as a dict) rebuilt on a freshly resolved model.
-
-    The options are read with the flags of the release the record names (the one its
-    sidecar admitted the worker with), else ``release`` (this sidecar's configured one).
-    Fields at ``ServeOptions``' defaults are left out first: a record lists every field,
-    and a release that predates a flag must not refuse its default (``runner: auto``
-    under vLLM 0.8.5)."""
-    named = recorded.get("vllm_version")
-    options = recorded["options"]
-    given = (
-        {k: v for k, v in options.items() if _DEFAULTS.get(k, _UNSET) != v}
-        if isinstance(options, dict)
-        else options
-    )
-    return PlacementRequest(
-        model=base.model,
-        options=options_from_mapping(
-            given,
-            where="deployment record",
-            release=named if isinstance(named, str) else release,
-        )[0],
-        auto_parallel=bool(recorded.get("auto_parallel", True)),
-        min_kv_tokens=recorded.get("min_kv_tokens"),
-        min_sequences=int(recorded.get("min_sequences", 1)),
-        draft=base.draft,
-    )
-
-
-_UNSET = object()
-_DEFAULTS: dict[str, Any] = {
-    f.name: list(f.default) if isinstance(f.default, tuple) else f.default
-    for f in dataclasses.fields(ServeOptions)
-    if f.default is not dataclasses.MISSING
-}
-"""``ServeOptions``' defaults as ``options_record`` writes them (tuples as lists)."""
 
 
 _NAME = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./:@+-]{0,255}")

@@ -21,14 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,34 +37,26 @@ from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.placement.gpu_search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
 from gatekeeper.sidecar.admission import admit
+from gatekeeper.sidecar.adoption import adopt_recorded, stop_unrecorded_workers
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import (
     Deployment,
     DeploymentError,
-    DeploymentRecord,
     ManagerConfig,
     State,
     check_name,
     free_port,
     process_start_ticks,
-    recorded_admission,
-    resolve_request,
     slug,
     worker_view,
 )
-from gatekeeper.sidecar.launcher import (
-    LaunchSpec,
-    WorkerProcess,
-    WorkerStartError,
-    marked_workers,
-    process_group_alive,
-)
+from gatekeeper.sidecar.launcher import LaunchSpec, WorkerProcess, WorkerStartError
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_context, deployment_extra
+from gatekeeper.sidecar.records import remove_record, write_record
 from gatekeeper.sidecar.rehearsal import simulator_env
-from gatekeeper.vllm.flags import options_record
 
 __all__ = [
     "FINISHED",
@@ -147,9 +138,10 @@ class DeploymentManager:
         return dataclasses.replace(request, corrections=factors)
 
     async def deploy(
-        self, name: str, request: PlacementRequest
+        self, name: str, request: PlacementRequest, *, body: dict[str, Any] | None = None
     ) -> tuple[Decision, Deployment | None]:
-        """Admit and launch; returns the decision and, when admitted, the deployment."""
+        """Admit and launch; returns the decision and, when admitted, the deployment.
+        ``body``: the admin API's deploy body, kept with it (``Deployment.body``)."""
         check_name(name)
         request = self._calibrated(request)
         async with self._lock:
@@ -170,7 +162,7 @@ class DeploymentManager:
                 self.metrics.decision(decision)
             if not decision.admitted:
                 return decision, None
-            d = Deployment.admitted(deployment_id, name, request, decision)
+            d = Deployment.admitted(deployment_id, name, request, decision, body)
             self.deployments[d.id] = d
         logger.info(
             "deployment %s: admitted as %s on GPU %s",
@@ -274,7 +266,7 @@ class DeploymentManager:
             # pid is still the worker's (a zombie's stat keeps its start time).
             d.pid_start_ticks = process_start_ticks(d.worker.pid)
             await asyncio.to_thread(self.ledger.set_pid, d.id, d.worker.pid)
-            self._write_record(d)
+            write_record(self.records_dir, d, self.config.policy.default_vllm_version)
             self._set(d, "loading")
             log = await d.worker.wait_ready(self.client, self.config.startup_timeout_seconds)
         except (WorkerStartError, DeploymentError, GatekeeperError) as e:
@@ -422,14 +414,12 @@ class DeploymentManager:
                 value=deployment_id,
             )
         del self.deployments[deployment_id]
-        with contextlib.suppress(FileNotFoundError):
-            (self.records_dir / f"{d.id}.json").unlink()
+        remove_record(self.records_dir, d.id)
         return d
 
     def _stopped(self, d: Deployment) -> None:
         self._set(d, "stopped")
-        with contextlib.suppress(FileNotFoundError):
-            (self.records_dir / f"{d.id}.json").unlink()
+        remove_record(self.records_dir, d.id)
 
     async def _release_until_done(self, d: Deployment, first_wait: float = 0.5) -> int:
         """Release a stopped deployment's reservation, retrying with back-off (at most a
@@ -461,39 +451,6 @@ class DeploymentManager:
 
     # -- records and adoption -----------------------------------------------------------
 
-    def _write_record(self, d: Deployment) -> None:
-        assert d.worker is not None
-        spec = d.worker.spec
-        record = DeploymentRecord(
-            id=d.id,
-            name=d.name,
-            model=d.model,
-            args=list(spec.args),
-            host=spec.host,
-            port=spec.port,
-            gpu_indices=list(d.gpu_indices),
-            gpu_uuids=list(d.gpu_uuids),
-            pid=d.worker.pid,
-            log_path=str(spec.log_path),
-            work_dir=str(spec.work_dir),
-            created_at=d.created_at,
-            pid_start_ticks=d.pid_start_ticks,
-        )
-        path = self.records_dir / f"{d.id}.json"
-        tmp = path.with_suffix(".tmp")
-        request = {
-            "options": options_record(d.request.options),
-            "min_sequences": d.request.min_sequences,
-            "min_kv_tokens": d.request.min_kv_tokens,
-            "auto_parallel": d.request.auto_parallel,
-            # the release the worker was admitted for: a restarted sidecar reads with it
-            "vllm_version": d.request.options.vllm_version
-            or self.config.policy.default_vllm_version,
-        }
-        payload = {"record": asdict(record), "request": request, "decision": d.decision_record()}
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
-
     async def adopt(self, resolve: Callable[[str], PlacementRequest]) -> list[str]:
         """Adopt the workers an earlier sidecar left running; release the rest.
 
@@ -513,7 +470,7 @@ class DeploymentManager:
                 # record (and NVML) before any admission is answered (#27 item 4).
                 if await self.keeper.restore(d, snapshot):
                     logger.warning("deployment %s: its reservation was written back", d.id)
-        await self._stop_unrecorded_workers(set(adopted))
+        await stop_unrecorded_workers(self.config, set(adopted))
         # A reservation whose deployment was not adopted has no worker behind it (the
         # sidecar died between admission and launch, or its record was unreadable): it
         # would block its GPU until it expired. One sidecar owns a state directory.
@@ -522,92 +479,15 @@ class DeploymentManager:
         self.keeper.restoring = None
         return adopted
 
-    async def _stop_unrecorded_workers(self, adopted: set[str]) -> None:
-        """Stop the workers an earlier sidecar spawned but never recorded (killed between
-        spawn and record): found by the marker in their environment."""
-        work_root = self.config.state_dir / "work"
-        found = await asyncio.to_thread(marked_workers, work_root)
-        for pid, worker_id in found.items():
-            if worker_id in adopted:
-                continue
-            logger.warning(
-                "stopping worker %s (pid %d): it has no deployment record", worker_id, pid
-            )
-            spec = LaunchSpec(
-                worker_id=worker_id,
-                command=self.config.worker_command,
-                args=(),
-                host=self.config.worker_host,
-                port=0,
-                gpu_indices=(),
-                log_path=self.config.state_dir / "logs" / f"{worker_id}.log",
-                work_dir=work_root / worker_id,
-                env={},
-            )
-            await WorkerProcess.adopt(spec, pid).stop(self.config.stop_grace_seconds)
-
     async def _adopt_one(
         self, path: Path, live: set[str], resolve: Callable[[str], PlacementRequest]
     ) -> Deployment | None:
-        try:
-            data = json.loads(path.read_text())
-            record = DeploymentRecord(**data["record"])
-            request = resolve_request(
-                resolve(record.model),
-                data["request"],
-                release=self.config.policy.default_vllm_version,
-            )
-        except (OSError, ValueError, KeyError, TypeError, GatekeeperError):
-            path.unlink(missing_ok=True)
-            return None
-        spec = LaunchSpec(
-            worker_id=record.id,
-            command=self.config.worker_command,
-            args=tuple(record.args),
-            host=record.host,
-            port=record.port,
-            gpu_indices=tuple(record.gpu_indices),
-            log_path=Path(record.log_path),
-            work_dir=Path(record.work_dir),
-            env=self.config.worker_env,
+        found = await adopt_recorded(
+            path, live, resolve, ledger=self.ledger, config=self.config, health=self._health
         )
-        ours = recorded_worker_alive(record) and record.pid is not None
-        healthy = ours and await self._health(record.host, record.port)
-        # Serving: adopted whatever its row says (a row left pending by a sidecar killed
-        # while the worker loaded may have expired by now; the worker's memory is in
-        # NVML's figure). Still loading with a live row: adopted and awaited.
-        known = ours and bool(await asyncio.to_thread(self.ledger.by_deployment, record.id))
-        loading = ours and not healthy and (record.id in live or not known)
-        if not (healthy or loading):
-            if ours and record.pid is not None:
-                stale = WorkerProcess.adopt(spec, record.pid)
-                await stale.stop(self.config.stop_grace_seconds)
-            await asyncio.to_thread(self.ledger.release, record.id)
-            path.unlink(missing_ok=True)
+        if found is None:
             return None
-        assert record.pid is not None
-        if healthy:
-            await asyncio.to_thread(self.ledger.adopt_ready, record.id)
-        recorded = data.get("decision")
-        prediction, promise = recorded_admission(recorded)
-        d = Deployment(
-            id=record.id,
-            name=record.name,
-            request=request,
-            decision=None,
-            prediction=prediction,
-            promise_bytes=promise,
-            recorded_decision=recorded if isinstance(recorded, dict) else None,
-            gpu_indices=tuple(record.gpu_indices),
-            gpu_uuids=tuple(record.gpu_uuids),
-            args=tuple(a for a in record.args),
-            port=record.port,
-            created_at=record.created_at,
-            ready_at=time.time() if healthy else None,
-            pid_start_ticks=record.pid_start_ticks,
-        )
-        d.worker = WorkerProcess.adopt(spec, record.pid)
-        d.actual = d.worker.startup().memory
+        d, healthy = found
         self.deployments[d.id] = d
         if healthy:
             self._set(d, "ready")
@@ -710,21 +590,3 @@ class DeploymentManager:
         d.state = state
         logger.info("deployment %s: %s", d.id, state, extra=deployment_extra(d.id, d.model))
         self.on_change(d)
-
-
-def recorded_worker_alive(record: DeploymentRecord, proc: Path = Path("/proc")) -> bool:
-    """True when the recorded worker's process group is alive and is the worker's: the
-    only case in which adoption may signal it.
-
-    The pid alone is not enough, the kernel hands it on once the worker is gone: the
-    process holding it must have the recorded start time. A record without one (written
-    before start times were recorded) is unverifiable and never signalled. A group
-    whose leader is gone is the worker's leftovers (its engine and TP processes): Linux
-    reuses no pid while a process group of that id lives.
-    """
-    if record.pid is None or record.pid_start_ticks is None:
-        return False
-    ticks = process_start_ticks(record.pid, proc)
-    if ticks is not None and ticks != record.pid_start_ticks:
-        return False
-    return process_group_alive(record.pid, proc)

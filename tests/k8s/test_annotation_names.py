@@ -69,6 +69,7 @@ CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
     "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
     "DeviceClass",
 }
 

@@ -175,6 +175,36 @@ def test_the_webhook_configuration():
     assert covered == WORKLOAD_RULES
 
 
+def test_the_mutating_webhook_configuration():
+    """Cluster mode's claim writer: side effects only off dry runs, the failure policy and
+    reinvocation explained, the same Service on /k8s/mutate, RBAC to create templates, and
+    the component's patch turning the webhook Deployment to --mutate with a token."""
+    (config,) = by_kind("MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["sideEffects"] == "NoneOnDryRun" and hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["failurePolicy"] == "Ignore" and 1 <= hook["timeoutSeconds"] <= 10
+    text = (DEPLOY / "components" / "cluster" / "mutatingwebhookconfiguration.yaml").read_text()
+    for comment in ("# sideEffects NoneOnDryRun:", "# failurePolicy Ignore:",
+                    "# reinvocationPolicy IfNeeded:"):  # fmt: skip
+        assert comment in text
+    service = hook["clientConfig"]["service"]
+    assert service["path"] == "/k8s/mutate"
+    assert one("Service", service["name"])["metadata"]["namespace"] == service["namespace"]
+    covered = {g: set(r["resources"]) for r in hook["rules"] for g in r["apiGroups"]}
+    assert covered == {"": {"pods"}, "apps": {"deployments", "statefulsets"},
+                       "leaderworkerset.x-k8s.io": {"leaderworkersets"}}  # fmt: skip
+    (rule,) = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
+    assert rule["resources"] == ["resourceclaimtemplates"]
+    assert set(rule["verbs"]) == {"get", "create"}
+    binding = one("ClusterRoleBinding", "gatekeeper-webhook-claims")
+    assert binding["subjects"][0]["name"] == "gatekeeper-webhook"
+    component = yaml.safe_load(
+        (DEPLOY / "components" / "cluster" / "kustomization.yaml").read_text()
+    )
+    patches = "\n".join(p["patch"] for p in component["patches"])
+    assert "--mutate" in patches and "automountServiceAccountToken" in patches
+
+
 def test_the_certificate_serves_the_service_and_is_injected():
     cert = one("Certificate", "gatekeeper-webhook")
     assert "gatekeeper-webhook.vllm-gatekeeper.svc" in cert["spec"]["dnsNames"]

@@ -15,7 +15,7 @@ from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.types import PlacementRequest
-from gatekeeper.sidecar.deployment import resolve_request
+from gatekeeper.sidecar.records import resolve_request
 from gatekeeper.vllm.flags import options_record
 from tests.support.sidecar_harness import running_sidecar, settings_for
 

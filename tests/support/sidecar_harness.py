@@ -88,15 +88,20 @@ class Sidecar:
 
 
 @contextlib.contextmanager
-def running_sidecar(settings: Settings, inventory: GpuInventory | None = None) -> Iterator[Sidecar]:
-    """The sidecar on a declared node (a rehearsal), or on ``inventory`` (NVML)."""
+def running_sidecar(
+    settings: Settings, inventory: GpuInventory | None = None, **app_options: Any
+) -> Iterator[Sidecar]:
+    """The sidecar on a declared node (a rehearsal), or on ``inventory`` (NVML);
+    ``app_options`` go to ``build_app`` (``deploy_body=``)."""
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path(state))
     declared = inventory is None
     if inventory is None:
         inventory = StaticInventory(parse_declared_node(settings.gpus))
-    app = build_app(settings, inventory, ledger, rehearsal=declared, warm_model_cards=False)
+    app = build_app(
+        settings, inventory, ledger, rehearsal=declared, warm_model_cards=False, **app_options
+    )
     server = uvicorn.Server(server_config(app, host="127.0.0.1", port=0, settings=settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

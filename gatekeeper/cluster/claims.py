@@ -1,0 +1,268 @@
+"""An estimate as a DRA claim request, and a hand-written claim's request back as bytes.
+
+Pure. ``size_ranks`` sizes one vLLM container the way the sidecar's placement sizes a
+worker that shares its GPUs (``gatekeeper.placement.gpu_search.search`` on a declared node
+of idle GPUs, ``share_gpus`` on): per rank, the bytes placement would put in its ledger
+(CUDA context + weights + non-torch + activation peak + CUDA graphs + the KV cache for the
+chosen length), the ``--kv-cache-memory-bytes`` that KV cache is, and a
+``--gpu-memory-utilization`` that passes vLLM's start-up check on any GPU the claim may
+land on (``free >= ceil(u x total)``: with a byte budget the fraction does nothing else,
+so it is the in-budget bytes over the largest GPU in gatekeeper's table, rounded up to 4
+decimals; on a smaller GPU it asks for less).
+
+``claim_template_spec`` turns that into a ResourceClaimTemplate's ``spec``: one request
+per rank (``rank0`` …) of ``count: 1`` device of the class, ``capacity.requests.memory``
+rounded up to the slices' 1 MiB step, a CEL selector when the quantization needs a compute
+capability (vLLM's ``get_min_capability``), and, for several ranks, constraints that keep
+them on one node (``matchAttribute`` on the published ``node`` attribute) and on distinct
+GPUs (``distinctAttribute`` on ``uuid``; without it the scheduler may put two ranks of a
+consumable-capacity claim on one GPU). ``template_name`` derives the name from a hash of
+that spec, so applying the same workload again names the same template.
+
+Worked example: Qwen2.5-0.5B-Instruct, vLLM 0.32, --max-model-len 4096, TP 1: the rank's
+need is the context, weights, activation, graphs and a KV cache of 8 sequences of 4096
+tokens; the request is that rounded up to a MiB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.cluster.slices import DRIVER_NAME, REQUEST_STEP_BYTES
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.gpus.products import gpu_products
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.gpu_search import search
+from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest
+from gatekeeper.units import format_gib, round_up
+from gatekeeper.vllm.launch import ceil_fraction
+
+__all__ = [
+    "MIN_CAPABILITY",
+    "ClaimError",
+    "RankSizing",
+    "capability_selector",
+    "claim_template",
+    "claim_template_spec",
+    "min_capability",
+    "requested_memory",
+    "size_ranks",
+    "template_name",
+]
+
+MIN_CAPABILITY: Mapping[str, tuple[int, int]] = {
+    "fp8": (7, 5),
+    "ptpc_fp8": (7, 5),
+    "fbgemm_fp8": (8, 0),
+    "modelopt": (8, 0),
+    "modelopt_fp4": (7, 5),
+    "modelopt_mxfp8": (8, 0),
+    "mxfp4": (8, 0),
+    "experts_int8": (8, 0),
+    "awq": (7, 5),
+    "awq_marlin": (7, 5),
+    "gptq": (6, 0),
+    "gptq_marlin": (6, 0),
+    "compressed-tensors": (7, 0),
+    "moe_wna16": (7, 0),
+    "torchao": (7, 5),
+    "quark": (7, 0),
+    "fp_quant": (10, 0),
+}
+"""The least compute capability vLLM 0.32 runs each quantization method on: the method's
+``get_min_capability`` (``model_executor/layers/quantization/*.py``), which
+``config/vllm.py``'s ``_get_quantization_config`` checks at start-up."""
+
+_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"]'
+
+
+class ClaimError(GatekeeperError):
+    """A vLLM container cannot be sized as a claim."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankSizing:
+    """What one vLLM container's ranks claim, and the flags that hold the worker to it."""
+
+    ranks: int
+    """Devices the pod claims: one per rank it runs."""
+    rank_bytes: int
+    """The most loaded rank's need, as placement promises it."""
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float
+    min_capability: tuple[int, int] | None
+    """The compute capability the quantization needs; None when any GPU runs it."""
+
+    @property
+    def request_bytes(self) -> int:
+        """``rank_bytes`` rounded up to the slices' request step (what is consumed)."""
+        return round_up(self.rank_bytes, REQUEST_STEP_BYTES)
+
+
+def min_capability(spec: ModelSpec, options: ServeOptions) -> tuple[int, int] | None:
+    """The compute capability the weights' quantization needs (the flag's, else the
+    checkpoint's method); None when unquantized or not in ``MIN_CAPABILITY``."""
+    method = options.quantization or (spec.quantization.method if spec.quantization else None)
+    return MIN_CAPABILITY.get(method) if method else None
+
+
+def _largest_total() -> int:
+    return max(p.total_bytes for p in gpu_products())
+
+
+def _node(gpus: int, total_bytes: int, name: str) -> InventorySnapshot:
+    """A declared node of ``gpus`` idle GPUs of ``total_bytes`` each."""
+    return InventorySnapshot(
+        gpus=tuple(
+            GpuInfo(
+                index=i,
+                uuid=f"CLAIM-{i}",
+                name=name,
+                pci_bus_id="",
+                total_bytes=total_bytes,
+                free_bytes=total_bytes,
+                used_bytes=0,
+                driver_reserved_bytes=None,
+            )
+            for i in range(gpus)
+        ),
+        ok=True,
+        source="declared",
+    )
+
+
+def size_ranks(
+    spec: ModelSpec,
+    options: ServeOptions,
+    gpu_total_bytes: int,
+    gpu_name: str,
+    policy: PlacementPolicy,
+    *,
+    draft: ModelSpec | None = None,
+    ranks: int | None = None,
+) -> RankSizing:
+    """The claim of ``spec`` served with ``options`` on GPUs of ``gpu_total_bytes``:
+    placement's per-rank need with a shared GPU's byte budget. ``ranks``: devices per
+    pod (default: TP x PP x DP, the whole engine in one pod). Raises ``ClaimError`` when
+    no GPU of that size holds a rank (placement's reasons in the message)."""
+    shared = PlacementPolicy(
+        margin_bytes=policy.margin_bytes,
+        margin_fraction=policy.margin_fraction,
+        share_gpus=True,
+        shared_kv_sequences=policy.shared_kv_sequences,
+        default_vllm_version=policy.default_vllm_version,
+    )
+    world = options.tensor_parallel_size * options.pipeline_parallel_size
+    world *= options.data_parallel_size
+    request = PlacementRequest(spec, options, auto_parallel=False, draft=draft)
+    found = search(request, _node(world, gpu_total_bytes, gpu_name), policy=shared)
+    if found.placement is None:
+        raise ClaimError(_unplaced(spec, gpu_name, found.tried), field="model", value=spec.name)
+    placement = found.placement
+    return RankSizing(
+        ranks=ranks or world,
+        rank_bytes=max(placement.promise_bytes),
+        kv_cache_memory_bytes=placement.kv_cache_bytes,
+        gpu_memory_utilization=ceil_fraction(_in_budget(placement), _largest_total()),
+        min_capability=min_capability(spec, options),
+    )
+
+
+def _in_budget(placement: Placement) -> int:
+    """The most loaded rank's bytes inside vLLM's budget with the placement's KV cache."""
+    e = placement.estimate
+    return max(e.rank_bytes(s, placement.kv_cache_bytes)[1] for s in e.stages)
+
+
+def _unplaced(spec: ModelSpec, gpu_name: str, tried: tuple[Any, ...]) -> str:
+    needs = [n.max_bytes for _, by_total in tried for n in by_total.values()]
+    need = f" needs {format_gib(min(needs))} per rank and" if needs else ""
+    return (
+        f"model {spec.name}{need} does not fit on one {gpu_name} with a KV cache for one "
+        "request of --max-model-len; lower --max-model-len, raise --tensor-parallel-size "
+        "or quantize"
+    )
+
+
+def capability_selector(capability: tuple[int, int]) -> dict[str, Any]:
+    """A CEL selector admitting devices whose published ``cudaComputeCapability`` is at
+    least ``capability`` (a device that publishes none is not chosen)."""
+    least = f"{capability[0]}.{capability[1]}.0"
+    expression = (
+        f'"cudaComputeCapability" in {_ATTRIBUTE} && '
+        f'{_ATTRIBUTE}.cudaComputeCapability.compareTo(semver("{least}")) >= 0'
+    )
+    return {"cel": {"expression": expression}}
+
+
+def claim_template_spec(sizing: RankSizing, device_class: str = DRIVER_NAME) -> dict[str, Any]:
+    """The ResourceClaimTemplate's ``spec``: one request per rank, the selectors and the
+    constraints."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class,
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "capacity": {"requests": {"memory": str(sizing.request_bytes)}},
+    }
+    if sizing.min_capability is not None:
+        exactly["selectors"] = [capability_selector(sizing.min_capability)]
+    names = [f"rank{i}" for i in range(sizing.ranks)]
+    devices: dict[str, Any] = {"requests": [{"name": n, "exactly": exactly} for n in names]}
+    if sizing.ranks > 1:
+        devices["constraints"] = [
+            {"requests": names, "matchAttribute": f"{DRIVER_NAME}/node"},
+            {"requests": names, "distinctAttribute": f"{DRIVER_NAME}/uuid"},
+        ]
+    return {"spec": {"devices": devices}}
+
+
+def template_name(spec: Mapping[str, Any], prefix: str = "vllm-gpus") -> str:
+    """``<prefix>-<16 hex digits of the spec's SHA-256>``: the same spec, the same name."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return f"{prefix}-{digest[:16]}"
+
+
+def claim_template(namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The ResourceClaimTemplate object for ``spec`` in ``namespace``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": template_name(spec),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "gatekeeper"},
+        },
+        "spec": dict(spec),
+    }
+
+
+def requested_memory(
+    template_spec: Mapping[str, Any], to_bytes: Callable[[str], int]
+) -> list[int | None]:
+    """Each request's ``capacity.requests.memory`` in a ResourceClaimTemplate's ``spec``
+    (``exactly`` requests, and each ``firstAvailable`` alternative's least), in bytes;
+    None for a request that names no memory (it takes whole devices). ``to_bytes`` parses
+    a Kubernetes quantity and raises ``ValueError`` on a bad one."""
+    devices = template_spec.get("spec", {}).get("devices", {})
+    out: list[int | None] = []
+    for request in devices.get("requests") or []:
+        choices = [request["exactly"]] if request.get("exactly") else []
+        choices += list(request.get("firstAvailable") or [])
+        sizes = [_memory(c, to_bytes) for c in choices]
+        known = [s for s in sizes if s is not None]
+        out.append(min(known) if known and len(known) == len(sizes) else None)
+    return out
+
+
+def _memory(choice: Mapping[str, Any], to_bytes: Callable[[str], int]) -> int | None:
+    value = (choice.get("capacity") or {}).get("requests", {}).get("memory")
+    if value is None:
+        return None
+    return math.ceil(to_bytes(str(value)))

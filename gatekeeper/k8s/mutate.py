@@ -1,0 +1,406 @@
+"""The mutating admission webhook: a vLLM workload gets a DRA claim of the bytes its ranks
+need, and the flags that hold its worker to them (issue 29; ``docs/cluster.md``).
+
+``POST /k8s/mutate`` takes ``admission.k8s.io/v1`` reviews of Pods, Deployments,
+StatefulSets and LeaderWorkerSets (other kinds with a pod template too). For each pod
+template and each container that runs vLLM (read as the validating webhook reads it, with
+the flag table of the image's release), with no claims of its own:
+
+1. the model and the GPU are found as the validating webhook finds them
+   (``AdmissionWebhook.model_spec``, ``.draft_spec``, ``.gpu_choice``; a workload that
+   names no GPU is sized on the largest GPU in gatekeeper's table: a rank's bytes do not
+   depend on the GPU, only the KV cache a GPU could hold);
+2. ``gatekeeper.cluster.claims.size_ranks`` sizes each rank as the sidecar's placement
+   sizes a worker that shares its GPUs, and ``claim_template_spec`` writes the
+   ResourceClaimTemplate (one request per rank of ``capacity.requests.memory``, the CEL
+   selector the quantization needs, one node and distinct GPUs for several ranks), named by
+   a hash of its spec;
+3. the template is created through the API by ``ensure`` (the caller's I/O; skipped on a
+   dry run, which is why the configuration says ``sideEffects: NoneOnDryRun``), and the
+   response's JSON Patch puts the claim in the pod template (``spec.resourceClaims``, the
+   container's ``resources.claims`` in place of ``nvidia.com/gpu``), the flags on the
+   command line and the annotation ``vllm-gatekeeper.io/claim`` recording what was written.
+
+Left alone: a template annotated ``vllm-gatekeeper.io/skip``; one gatekeeper already
+mutated (its annotation and its claims are there: applying the manifest again changes
+nothing); one with claims of its own, unless a request is smaller than a rank needs: then
+it is denied or warned about (``undersized``). Denied, with the reason and nothing
+mutated: a ``vllm serve`` line whose model or values cannot be read, a shell script whose
+expansions cannot be resolved, a model that fits no GPU, a template that cannot be
+created. A review that trips a bug is allowed unmutated with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from gatekeeper.cluster.claims import (
+    RankSizing,
+    claim_template,
+    claim_template_spec,
+    requested_memory,
+    size_ranks,
+    template_name,
+)
+from gatekeeper.cluster.slices import DRIVER_NAME
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.gpus.products import gpu_products
+from gatekeeper.k8s.fit import Finding
+from gatekeeper.k8s.pod_patch import pointer, template_ops, with_budget_flags, with_claim
+from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
+from gatekeeper.k8s.webhook import AdmissionWebhook
+from gatekeeper.k8s.workloads import (
+    ANNOTATION_PREFIX,
+    SKIP_ANNOTATION,
+    ContainerRequest,
+    PodTemplate,
+    pod_templates,
+    vllm_containers,
+)
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.units import format_gib
+from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+
+__all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
+
+logger = logging.getLogger(__name__)
+
+CLAIM_ANNOTATION = f"{ANNOTATION_PREFIX}claim"
+"""On a mutated pod template: JSON of what was written, per container."""
+CLAIM_NAME = "vllm-gpus"
+"""The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
+MutationOutcome = Literal["mutated", "unchanged", "warned", "denied", "ignored", "malformed"]
+
+
+class TemplateStore(Protocol):
+    """The API the mutating webhook needs (``gatekeeper.k8s.template_store``)."""
+
+    def ensure(self, template: Mapping[str, Any]) -> None:
+        """Create the ResourceClaimTemplate unless it exists; ``GatekeeperError`` else."""
+
+    def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """A ResourceClaimTemplate as a dict, None when there is none."""
+
+    def to_bytes(self, quantity: str) -> int:
+        """A Kubernetes quantity in bytes; ``ValueError`` when it is not one."""
+
+
+@dataclass(slots=True)
+class Mutation:
+    """What the review of one object comes to."""
+
+    outcome: MutationOutcome = "unchanged"
+    denials: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    templates: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, findings: list[Finding]) -> None:
+        for f in findings:
+            target = self.denials if f.outcome == "deny" else self.warnings
+            if f.outcome != "allow" and f.message:
+                target.append(f.message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Container:
+    """One vLLM container being sized: where it is and what it runs."""
+
+    who: str
+    index: int
+    request: ContainerRequest
+    raw: Mapping[str, Any]
+
+
+class Mutator:
+    """Reviews in, JSON Patches out. ``webhook`` finds models and GPUs as the validating
+    webhook does; ``store`` creates and reads claim templates; ``undersized``: what to do
+    with a hand-written claim smaller than a rank needs."""
+
+    def __init__(
+        self,
+        webhook: AdmissionWebhook,
+        store: TemplateStore,
+        *,
+        undersized: Literal["warn", "deny"] = "deny",
+        device_class: str = DRIVER_NAME,
+        count: Callable[[MutationOutcome], None] | None = None,
+    ) -> None:
+        self.webhook = webhook
+        self.store = store
+        self.undersized = undersized
+        self.device_class = device_class
+        self._count = count
+
+    def counted(self, outcome: MutationOutcome) -> None:
+        if self._count is not None:
+            self._count(outcome)
+
+    def answer(self, body: bytes) -> tuple[int, dict[str, Any], MutationOutcome]:
+        """HTTP status, JSON body and outcome for a request body."""
+        review = parse_review(body)
+        if not isinstance(review, AdmissionReview):
+            return review[0], review[1], "malformed"
+        try:
+            m = self.decide(review.request)
+        except Exception as e:  # a bug: admit unmutated, say so
+            logger.exception("mutating webhook: internal error on review %s", review.request.uid)
+            m = Mutation("warned", warnings=[f"gatekeeper: internal error ({type(e).__name__})"])
+        warnings = tuple(dict.fromkeys(m.warnings))
+        allowed = not m.denials
+        payload = review_response(review, allowed, "\n".join(m.denials), warnings, m.patch)
+        return 200, payload, m.outcome
+
+    def decide(self, request: AdmissionRequest) -> Mutation:
+        """The mutation of one request; creates the templates it names unless a dry run."""
+        kind, obj = request.kind.kind, request.object
+        if request.operation not in ("CREATE", "UPDATE") or request.sub_resource or obj is None:
+            return Mutation("ignored")
+        raw_metadata = obj.get("metadata")
+        metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
+        if metadata.get("deletionTimestamp"):
+            return Mutation("ignored")
+        namespace = request.namespace or metadata.get("namespace") or "default"
+        where = f"{kind} {namespace}/{metadata.get('name') or metadata.get('generateName', '')}"
+        m = Mutation()
+        for template in pod_templates(kind, obj):
+            if template.annotations.get(SKIP_ANNOTATION, "").strip().lower() != "true":
+                self._template(m, kind, obj, template, namespace, where)
+        return self._finish(m, request.dry_run)
+
+    def _finish(self, m: Mutation, dry_run: bool) -> Mutation:
+        if m.denials:
+            m.patch, m.outcome = [], "denied"
+            return m
+        if not dry_run:
+            for template in m.templates:
+                try:
+                    self.store.ensure(template)
+                except GatekeeperError as e:
+                    return Mutation("denied", denials=[str(e)], warnings=m.warnings)
+        if m.patch:
+            m.outcome = "mutated"
+        elif m.warnings:
+            m.outcome = "warned"
+        return m
+
+    def _template(
+        self,
+        m: Mutation,
+        kind: str,
+        obj: Mapping[str, Any],
+        template: PodTemplate,
+        namespace: str,
+        where: str,
+    ) -> None:
+        part = f" ({template.path.rsplit('.', 1)[-1]})" if kind == "LeaderWorkerSet" else ""
+        raw = _dig(obj, template.path)
+        containers = list(template.spec.get("containers") or [])
+        found = [
+            _Container(
+                f"container {c.name!r} of {where}{part}",
+                _index(c.path),
+                c,
+                containers[_index(c.path)],
+            )
+            for c in vllm_containers(template, self.webhook.config.fit.default_vllm_version)
+        ]
+        if not found:
+            return
+        if _has_claims(template.spec):
+            if CLAIM_ANNOTATION not in template.annotations:
+                for c in found:
+                    self._check_own_claims(m, c, template, namespace, kind == "LeaderWorkerSet")
+            return
+        edits: dict[int, Mapping[str, Any]] = {}
+        claims: list[dict[str, str]] = []
+        record: dict[str, Any] = {}
+        for k, c in enumerate(found):
+            sizing = self._size(m, c, template, kind == "LeaderWorkerSet")
+            if sizing is None:
+                continue
+            edited = with_budget_flags(
+                c.raw, sizing.kv_cache_memory_bytes, sizing.gpu_memory_utilization
+            )
+            if isinstance(edited, str):
+                m.denials.append(f"{c.who}: cannot write the flags: {edited}")
+                continue
+            if not _reads_back(edited, c.request.command, sizing):
+                m.denials.append(
+                    f"{c.who}: the flags written into its command line do not read back as "
+                    "written; write the claim yourself or annotate vllm-gatekeeper.io/skip"
+                )
+                continue
+            spec = claim_template_spec(sizing, self.device_class)
+            name, claim = template_name(spec), CLAIM_NAME + (f"-{k}" if k else "")
+            m.templates.append(claim_template(namespace, spec))
+            edits[c.index] = with_claim(edited, claim)
+            claims.append({"name": claim, "resourceClaimTemplateName": name})
+            record[c.request.name] = _record(name, sizing)
+        if claims:
+            note = (CLAIM_ANNOTATION, json.dumps(record, sort_keys=True))
+            m.patch += template_ops(pointer(template.path), raw, edits, claims, note)
+
+    def _size(
+        self, m: Mutation, c: _Container, template: PodTemplate, multi_node: bool
+    ) -> RankSizing | None:
+        """The container's sizing, or None with the reasons in ``m``."""
+        command = c.request.command
+        unread = _unreadable(c.who, command)
+        if unread:
+            m.denials.append(unread)
+            return None
+        if command.unknown:
+            m.warnings.append(f"{c.who}: {'; '.join(command.unknown)}; sized without them")
+        spec = self.webhook.model_spec(c.who, command.model, command.options)
+        if not isinstance(spec, ModelSpec):
+            m.add(spec)
+            return None
+        draft = self.webhook.draft_spec(c.who, command)
+        if isinstance(draft, Finding):
+            m.add([draft])
+            return None
+        total, name = self._gpu(m, c, template)
+        options = command.options
+        if options.kv_cache_memory_bytes is None:  # a fraction of an unknown GPU means nothing
+            options = _without_fraction(options)
+        ranks = (c.request.gpus or options.tensor_parallel_size) if multi_node else None
+        try:
+            return size_ranks(
+                spec, options, total, name, self.webhook.config.fit, draft=draft, ranks=ranks
+            )
+        except GatekeeperError as e:
+            m.denials.append(f"{c.who}: cannot size a claim: {e}")
+            return None
+
+    def _gpu(self, m: Mutation, c: _Container, template: PodTemplate) -> tuple[int, str]:
+        """The GPU to size on: the template's (as the validating webhook finds it), else
+        the largest in gatekeeper's table."""
+        found = self.webhook.gpu_choice(c.who, template)
+        if isinstance(found, tuple):
+            m.add(found[1])
+            gpu = found[0]
+            return gpu.total_bytes, gpu.label
+        largest = max(gpu_products(), key=lambda p: p.total_bytes)
+        return largest.total_bytes, largest.name
+
+    def _check_own_claims(
+        self, m: Mutation, c: _Container, template: PodTemplate, namespace: str, multi: bool
+    ) -> None:
+        """A hand-written claim is left alone unless a request is smaller than a rank."""
+        sizing = self._size(Mutation(), c, template, multi)
+        if sizing is None:
+            return
+        for entry in template.spec.get("resourceClaims") or []:
+            name = entry.get("resourceClaimTemplateName") if isinstance(entry, dict) else None
+            if not isinstance(name, str):
+                continue
+            found = self.store.read(namespace, name)
+            if found is None:
+                m.warnings.append(f"{c.who}: claim template {name} not found, so not checked")
+                continue
+            try:
+                sizes = requested_memory(found.get("spec") or {}, self.store.to_bytes)
+            except (GatekeeperError, ValueError, TypeError, AttributeError):
+                m.warnings.append(f"{c.who}: claim template {name} cannot be read; not checked")
+                continue
+            small = [s for s in sizes if s is not None and s < sizing.rank_bytes]
+            if small:
+                text = _undersized_text(c.who, name, min(small), sizing, self.undersized)
+                (m.denials if self.undersized == "deny" else m.warnings).append(text)
+
+
+def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    for part in (p for p in path.split(".") if p):
+        obj = obj.get(part) or {}
+    return obj
+
+
+def _index(path: str) -> int:
+    """The container's index in its ``…containers[i]`` path."""
+    return int(path.rsplit("[", 1)[1].rstrip("]"))
+
+
+def _has_claims(spec: Mapping[str, Any]) -> bool:
+    if spec.get("resourceClaims"):
+        return True
+    containers = spec.get("containers") or []
+    return any((c.get("resources") or {}).get("claims") for c in containers if isinstance(c, dict))
+
+
+def _unreadable(who: str, command: VllmCommand) -> str | None:
+    """Why the command line cannot be sized, or None."""
+    texts = [command.model or "", *command.problems, *command.unknown]
+    expansions = sorted({w for t in texts for w in t.split() if "$" in w})
+    if expansions:
+        return (
+            f"{who}: its vllm serve line holds shell or Kubernetes expansions gatekeeper cannot "
+            f"resolve ({', '.join(expansions)[:120]}): a script it cannot read, not a bad flag; "
+            "give the values literally (or in a literal env value), write the claim yourself, "
+            "or annotate vllm-gatekeeper.io/skip"
+        )
+    if command.model is None:
+        return (
+            f"{who}: cannot size a claim: no model on the vllm serve line nor in a literal "
+            "VLLM_MODEL, MODEL or MODEL_NAME env value; name the model on the command line"
+        )
+    if command.problems:
+        return (
+            f"{who}: its vllm serve line cannot be read ({'; '.join(command.problems)}), so no "
+            "claim is written; fix the value"
+        )
+    return None
+
+
+def _without_fraction(options: ServeOptions) -> ServeOptions:
+    return dataclasses.replace(options, gpu_memory_utilization=None)
+
+
+def _reads_back(container: Mapping[str, Any], before: VllmCommand, sizing: RankSizing) -> bool:
+    """Whether the edited container reads as the same model with the written budget."""
+    env = {
+        str(e.get("name")): str(e.get("value"))
+        for e in container.get("env") or []
+        if isinstance(e, dict) and isinstance(e.get("value"), str)
+    }
+    after = parse_vllm_command(
+        [str(t) for t in container.get("command") or []],
+        [str(t) for t in container.get("args") or []],
+        str(container.get("image") or ""),
+        env,
+        default_release=before.vllm_version,
+    )
+    return (
+        after is not None
+        and after.model == before.model
+        and after.options.kv_cache_memory_bytes == sizing.kv_cache_memory_bytes
+        and after.options.gpu_memory_utilization == sizing.gpu_memory_utilization
+    )
+
+
+def _record(template: str, sizing: RankSizing) -> dict[str, Any]:
+    return {
+        "template": template,
+        "ranks": sizing.ranks,
+        "memoryBytes": sizing.request_bytes,
+        "kvCacheMemoryBytes": sizing.kv_cache_memory_bytes,
+        "gpuMemoryUtilization": sizing.gpu_memory_utilization,
+    }
+
+
+def _undersized_text(
+    who: str, name: str, smallest: int, sizing: RankSizing, outcome: Literal["warn", "deny"]
+) -> str:
+    verb = "denied (undersized claims: deny)" if outcome == "deny" else "admitted"
+    return (
+        f"{who}: claim template {name} requests {smallest} bytes ({format_gib(smallest)}) "
+        f"of GPU memory for a rank that needs {sizing.rank_bytes} bytes "
+        f"({format_gib(sizing.rank_bytes)}), so it is {verb}; raise capacity.requests.memory "
+        f"to {sizing.request_bytes} or remove the claims so that gatekeeper writes them"
+    )

@@ -1,0 +1,159 @@
+"""The mutating webhook's edits to one pod template, as RFC 6902 JSON Patch operations.
+
+Pure: plain dicts in, new dicts and patch operations out, nothing edited in place.
+
+- ``with_budget_flags`` writes ``--kv-cache-memory-bytes`` and ``--gpu-memory-utilization``
+  into a container's vLLM command line: in an argument list (``command``/``args``) every
+  earlier spelling of either flag is removed and both are appended; in a shell script
+  (``sh -c``) both are inserted after ``vllm serve`` (or after
+  ``-m vllm.entrypoints.openai.api_server``), and a script that sets either flag itself is
+  refused (its own value would come later and win);
+- ``with_claim`` makes the container use a pod claim (``resources.claims``) instead of
+  whole GPUs (``nvidia.com/gpu`` leaves its limits and requests: the claim is its GPUs);
+- ``template_ops`` is the patch of one pod template: the containers replaced, the pod's
+  ``resourceClaims`` added, and the annotation recording what was written.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gatekeeper.k8s.workloads import GPU_RESOURCE
+
+__all__ = [
+    "BUDGET_FLAGS",
+    "escape",
+    "pointer",
+    "template_ops",
+    "with_budget_flags",
+    "with_claim",
+]
+
+BUDGET_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
+_LAUNCHER = re.compile(
+    r"(?:^|(?<=[\s;&|(]))(?:\S*/)?(?:vllm\s+serve|python3?\s+-m\s+"
+    r"vllm\.entrypoints\.openai\.api_server)(?=\s|$)"
+)
+_BUDGET_SPELLING = re.compile(r"--(kv[-_]cache[-_]memory[-_]bytes|gpu[-_]memory[-_]utilization)")
+
+
+def escape(key: str) -> str:
+    """A key as one JSON Pointer segment (``~`` and ``/`` escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def pointer(path: str) -> str:
+    """``spec.template`` as ``/spec/template``; the empty path (a Pod) as ``""``."""
+    return "".join(f"/{escape(part)}" for part in path.split(".") if part)
+
+
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _script_at(tokens: Sequence[str]) -> int | None:
+    """The index of the script in ``sh -c SCRIPT`` (``bash -lc`` …), else None."""
+    if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    for i, token in enumerate(tokens[1:], start=1):
+        if not token.startswith("-") or token.startswith("--"):
+            return None
+        if "c" in token[1:]:
+            return i + 1 if i + 1 < len(tokens) else None
+    return None
+
+
+def _without_budget(tokens: Sequence[str]) -> list[str]:
+    """``tokens`` without any spelling of the two budget flags (and their values)."""
+    out: list[str] = []
+    skip = False
+    for token in tokens:
+        if skip:
+            skip = False
+            continue
+        if _BUDGET_SPELLING.fullmatch(token.partition("=")[0]):
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def with_budget_flags(
+    container: Mapping[str, Any], kv_bytes: int, utilization: float
+) -> dict[str, Any] | str:
+    """The container with the two budget flags on its vLLM command line, or why they
+    cannot be written there."""
+    flags = [BUDGET_FLAGS[0], str(kv_bytes), BUDGET_FLAGS[1], f"{utilization:.4f}"]
+    command, args = _strings(container.get("command")), _strings(container.get("args"))
+    out = copy.deepcopy(dict(container))
+    at = _script_at([*command, *args])
+    if at is None:
+        key = "args" if args or not command else "command"
+        out[key] = [*_without_budget(args if key == "args" else command), *flags]
+        return out
+    key, index = ("command", at) if at < len(command) else ("args", at - len(command))
+    script = (command if key == "command" else args)[index]
+    if _BUDGET_SPELLING.search(script):
+        return (
+            "its shell script sets --kv-cache-memory-bytes or --gpu-memory-utilization itself, "
+            "and a value written before it would lose; remove them from the script so that "
+            "gatekeeper writes them, or write the claim yourself"
+        )
+    found = _LAUNCHER.search(script)
+    if found is None:
+        return "its shell script has no 'vllm serve' gatekeeper can write flags after"
+    edited = f"{script[: found.end()]} {' '.join(flags)}{script[found.end() :]}"
+    lines = list(command if key == "command" else args)
+    lines[index] = edited
+    out[key] = lines
+    return out
+
+
+def with_claim(container: Mapping[str, Any], claim: str) -> dict[str, Any]:
+    """The container using pod claim ``claim`` instead of ``nvidia.com/gpu``."""
+    out = copy.deepcopy(dict(container))
+    resources = out.get("resources")
+    resources = dict(resources) if isinstance(resources, Mapping) else {}
+    for section in ("limits", "requests"):
+        values = resources.get(section)
+        if isinstance(values, Mapping) and GPU_RESOURCE in values:
+            resources[section] = {k: v for k, v in values.items() if k != GPU_RESOURCE}
+    claims = [c for c in resources.get("claims") or [] if c.get("name") != claim]
+    resources["claims"] = [*claims, {"name": claim}]
+    out["resources"] = resources
+    return out
+
+
+def template_ops(
+    base: str,
+    template: Mapping[str, Any],
+    containers: Mapping[int, Mapping[str, Any]],
+    claims: Sequence[Mapping[str, str]],
+    annotation: tuple[str, str],
+) -> list[dict[str, Any]]:
+    """The operations that put ``containers`` (by index), the pod ``claims`` and the
+    ``annotation`` (name, value) into the pod template at pointer ``base`` (``template``
+    is what is there now: its ``metadata`` and ``spec``)."""
+    spec = f"{base}/spec"
+    ops: list[dict[str, Any]] = [
+        {"op": "replace", "path": f"{spec}/containers/{i}", "value": dict(c)}
+        for i, c in sorted(containers.items())
+    ]
+    ops.append({"op": "add", "path": f"{spec}/resourceClaims", "value": [dict(c) for c in claims]})
+    name, value = annotation
+    metadata = template.get("metadata")
+    if not isinstance(metadata, Mapping):
+        ops.append(
+            {"op": "add", "path": f"{base}/metadata", "value": {"annotations": {name: value}}}
+        )
+    elif not isinstance(metadata.get("annotations"), Mapping):
+        ops.append({"op": "add", "path": f"{base}/metadata/annotations", "value": {name: value}})
+    else:
+        ops.append(
+            {"op": "add", "path": f"{base}/metadata/annotations/{escape(name)}", "value": value}
+        )
+    return ops
