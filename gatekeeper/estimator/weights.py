@@ -1,20 +1,13 @@
 """Weight bytes per GPU rank, sharded the way vLLM shards them.
 
 Per rank: ``W = column/row-parallel linear shards + vocab shard of the embedding
-(+ lm_head when untied) + replicated small parameters + buffers``.
-
-- QKV: ``(q_heads/tp + 2*max(1, kv_heads/tp)) * head_dim`` output rows per rank, so KV
-  heads replicate (and cost extra) when ``kv_heads < tp``.
-- Embedding and lm_head: ``round_up(vocab, 64) / tp`` rows. Tied embeddings share one
-  tensor. PP: the embedding lives on the first stage, lm_head on the last.
-- MoE: every rank holds all experts with the intermediate split by TP; the router is
-  replicated.
-- MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated; when ``kv_b_proj`` is
-  quantized vLLM also keeps dequantized ``W_UK_T``/``W_UV`` copies of it in the model
-  dtype (unquantized, they are views of it).
-- Buffers: the rotary cos/sin cache, ``positions x rotary_dim`` in the model dtype
-  (Llama 3.1: 131072 x 128 x 2 B = 32 MiB, which is why vLLM reports 14.99 GiB for
-  8.03e9 parameters = 14.96 GiB).
+(+ lm_head when untied) + replicated small parameters + buffers``, module by module in
+``rank_weights`` (QKV, MLA, MLP, experts, LM head, rotary cache). Here, per pipeline
+stage: tied embeddings share one tensor; the embedding lives on the first stage, lm_head
+on the last; with a checkpoint at hand its tensors (safetensors headers) give the exact
+bytes, or its index's ``total_size`` scales the architecture's split; ``--cpu-offload-gb``
+moves whole decoder-layer parameters to host memory. The rotary cache is why vLLM reports
+14.99 GiB for Llama 3.1's 8.03e9 parameters = 14.96 GiB.
 
 Worked example: Llama-3.1-8B, bf16, TP=1: 8,030,261,248 params x 2 B + 32 MiB =
 16,093,642,752 B = 14.99 GiB; TP=2: 7.51 GiB per rank.
@@ -25,8 +18,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gatekeeper.estimator.state import mixer_weight_bytes
-from gatekeeper.models.module_names import ModuleNames, module_names
+from gatekeeper.estimator.rank_weights import (
+    VOCAB_PADDING,
+    RankWeights,
+    WeightOptions,
+    attention_bytes,
+    decoder_layer_bytes,
+    head_bytes,
+    mla_copy_bytes,
+    rope_cache_bytes,
+    vocab_rows,
+)
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
@@ -41,31 +43,6 @@ __all__ = [
     "pp_partition",
     "weight_plan",
 ]
-
-VOCAB_PADDING = 64
-
-
-@dataclass(frozen=True, slots=True)
-class WeightOptions:
-    """Serving flags that change which weights a rank holds.
-
-    - ``ep_size``: expert parallelism (``--enable-expert-parallel``) over ``dp x tp``
-      ranks: each rank holds ``experts / ep_size`` whole experts instead of every
-      expert's ``intermediate / tp`` slice;
-    - ``lm_head``: False for pooling runners, which load no LM head;
-    - ``vision``: False when ``--limit-mm-per-prompt`` allows no item of any modality
-      (vLLM then builds no encoder); ``vision_replicated`` for
-      ``--mm-encoder-tp-mode data`` (the encoder whole on every rank);
-    - ``cpu_offload_bytes``: ``--cpu-offload-gb`` x 2^30: vLLM's UVA offloader moves
-      decoder-layer parameters, first layers first, to host memory until that many
-      bytes are off the GPU (``model_executor/offloader/uva.py``).
-    """
-
-    ep_size: int = 1
-    lm_head: bool = True
-    vision: bool = True
-    vision_replicated: bool = False
-    cpu_offload_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,210 +73,11 @@ def pp_partition(num_layers: int, pp: int) -> list[range]:
     return out
 
 
-def _names(spec: ModelSpec) -> ModuleNames:
-    return module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
-
-
-@dataclass(frozen=True, slots=True)
-class _Ctx:
-    """One rank's sizing context. Modules are named as vLLM's model class names them
-    (``model.layers.0.self_attn.qkv_proj``, ``...mlp.gate_up_proj``, ``...mlp.experts``),
-    which is how vLLM asks the quantization config (``get_quant_method(layer, prefix)``)."""
-
-    spec: ModelSpec
-    tp: int
-    dtype_bytes: int
-    quant: QuantSpec | None
-    names: ModuleNames
-    opts: WeightOptions = WeightOptions()
-
-    @classmethod
-    def of(
-        cls,
-        spec: ModelSpec,
-        tp: int,
-        dtype_bytes: int,
-        quant: QuantSpec | None,
-        opts: WeightOptions | None = None,
-    ) -> _Ctx:
-        names = _names(spec)
-        quant = quant.for_model(names) if quant is not None else None
-        return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
-
-    def module(self, i: int, name: str) -> str:
-        return f"{self.names.layer(i)}.{name}"
-
-    def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
-        return self.fused(name, in_f, (out_f,), quantizable=quantizable)
-
-    def fused(
-        self, name: str, in_f: int, outs: tuple[int, ...], *, quantizable: bool = True
-    ) -> int:
-        """A linear whose output is the concatenation of ``outs`` (the shards of vLLM's
-        ``QKVParallelLinear``/``MergedColumnParallelLinear``): one scheme for every shard,
-        per-shard scales per shard, per-module tensors once."""
-        scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
-        if scheme is None:
-            return in_f * sum(outs) * self.dtype_bytes
-        return scheme.module_bytes(in_f, outs, self.dtype_bytes)
-
-    def vec(self, numel: int) -> int:
-        return numel * self.dtype_bytes
-
-
-def _attention_bytes(c: _Ctx, i: int) -> int:
-    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
-    h = s.hidden_size
-    if s.mla is not None:
-        return _mla_bytes(c, i)
-    q_rank = cdiv(s.num_attention_heads, tp) * s.head_dim
-    kv_heads = max(1, s.num_kv_heads // tp)
-    k_rank = kv_heads * s.head_dim
-    v_rank = kv_heads * s.value_head_dim
-    o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
-    if s.attention_output_gate:
-        q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
-    qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
-    total = qkv + c.linear(f"{p}.o_proj", o_in, h)
-    if s.attention_bias:
-        total += c.vec(q_rank + k_rank + v_rank)
-    if s.output_bias:
-        total += c.vec(h)
-    if s.qk_norm:
-        total += c.vec(2 * s.head_dim)
-    if s.attention_sinks:
-        total += cdiv(s.num_attention_heads, tp) * 4
-    return total
-
-
-def _mla_bytes(c: _Ctx, i: int) -> int:
-    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
-    m = s.mla
-    assert m is not None
-    h = s.hidden_size
-    heads = cdiv(s.num_attention_heads, tp)
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora
-    kv_a_rows = m.kv_lora_rank + m.qk_rope_head_dim
-    if m.q_lora_rank:
-        total = c.fused(f"{p}.fused_qkv_a_proj", h, (m.q_lora_rank, kv_a_rows))
-        total += c.vec(m.q_lora_rank) + c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
-    else:
-        total = c.linear(f"{p}.q_proj", h, heads * qk)
-        total += c.linear(f"{p}.kv_a_proj_with_mqa", h, kv_a_rows)
-    total += c.vec(m.kv_lora_rank)
-    total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
-    total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
-    return total + _mla_copies(c, i)
-
-
-def _mla_copies(c: _Ctx, i: int) -> int:
-    """W_UK_T and W_UV, which vLLM's MLA layers derive from ``kv_b_proj`` after loading
-    (``split_kv_b_proj``): dequantized copies in the model dtype when ``kv_b_proj`` is
-    quantized; when it is not, ``get_and_maybe_dequant_weights`` returns the weight itself
-    and both are views of it, no memory of their own (measured by the conformance test on
-    bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s)."""
-    m, quant = c.spec.mla, c.quant
-    name = c.module(i, f"{c.names.attention}.kv_b_proj")
-    if m is None or quant is None or quant.scheme_for(name) is None:
-        return 0
-    heads = cdiv(c.spec.num_attention_heads, c.tp)
-    return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
-
-
-def _mlp_bytes(c: _Ctx, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
-    h = c.spec.hidden_size
-    inter_rank = cdiv(inter, c.tp)
-    if gated:  # MergedColumnParallelLinear gate_up_proj
-        total = c.fused(f"{prefix}.gate_up_proj", h, (inter_rank, inter_rank))
-    else:
-        total = c.linear(f"{prefix}.fc1", h, inter_rank)
-    total += c.linear(f"{prefix}.down_proj", inter_rank, h)
-    if bias:
-        total += c.vec(inter_rank * (2 if gated else 1) + h)
-    return total
-
-
-def _moe_bytes(c: _Ctx, i: int) -> int:
-    s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
-    assert moe is not None
-    h = s.hidden_size
-    router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
-    total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)
-    ep = c.opts.ep_size
-    # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
-    inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
-    local_experts = cdiv(moe.num_experts, ep)
-    # RoutedExperts: one module for every expert's projections
-    q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
-    if q is not None:
-        inter = q.expert_intermediate(inter)
-        w13 = q.module_bytes(h, (inter, inter), c.dtype_bytes)  # w13: gate and up, merged
-        per_expert = w13 + q.linear_bytes(inter, h, c.dtype_bytes)
-    else:
-        per_expert = 3 * h * inter * c.dtype_bytes
-    if moe.expert_bias:
-        per_expert += c.vec(2 * inter + h)
-    total += local_experts * per_expert
-    if moe.shared_intermediate_size:
-        total += _mlp_bytes(
-            c,
-            i,
-            f"{p}.{c.names.shared_experts}",
-            moe.shared_intermediate_size,
-            gated=True,
-            bias=False,
-        )
-        total += h * c.dtype_bytes if moe.shared_expert_gate else 0
-    return total
-
-
-def _layer_bytes(c: _Ctx, i: int) -> int:
+def _stage_bytes(c: RankWeights, layers: range, *, first: bool, last: bool) -> int:
     s = c.spec
-    total = c.vec(s.norms_per_layer * s.hidden_size)
-    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
-        total += _attention_bytes(c, i)
-    if s.has_state(i):
-        total += mixer_weight_bytes(s, c.tp, c.dtype_bytes)
-    if not s.has_mlp(i):
-        return total
-    if s.moe is not None and s.layer_moe[i]:
-        return total + _moe_bytes(c, i)
-    return total + _mlp_bytes(
-        c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
-    )
-
-
-def _vocab_rows(spec: ModelSpec, tp: int) -> int:
-    return round_up(spec.vocab_size, VOCAB_PADDING) // tp
-
-
-def _lm_head_bytes(c: _Ctx, vocab: int | None = None) -> int:
-    rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else _vocab_rows(c.spec, c.tp)
-    lm_head = c.quant is not None and c.quant.lm_head
-    q = c.quant.scheme_for(c.names.lm_head, lm_head=True) if c.quant and lm_head else None
-    if q is not None:
-        return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
-    return rows * c.spec.hidden_size * c.dtype_bytes
-
-
-FLOAT32_ROPE_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
-"""Architectures whose vLLM class builds its rotary cache in float32 whatever the model
-dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``); measured by
-the conformance test (a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache)."""
-
-
-def _rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
-    if spec.architecture in FLOAT32_ROPE_ARCHITECTURES:
-        dtype_bytes = 4
-    return spec.rope_caches * spec.rope_cache_positions * spec.rotary_dim * dtype_bytes
-
-
-def _stage_bytes(c: _Ctx, layers: range, *, first: bool, last: bool) -> int:
-    s = c.spec
-    total = sum(_layer_bytes(c, i) for i in layers)
+    total = sum(decoder_layer_bytes(c, i) for i in layers)
     if first:
-        total += _vocab_rows(s, c.tp) * s.hidden_size * c.dtype_bytes
+        total += vocab_rows(s, c.tp) * s.hidden_size * c.dtype_bytes
         total += s.learned_position_embeddings * s.hidden_size * c.dtype_bytes
         if c.opts.vision:
             shards = 1 if c.opts.vision_replicated else c.tp
@@ -307,22 +85,22 @@ def _stage_bytes(c: _Ctx, layers: range, *, first: bool, last: bool) -> int:
     if last:
         total += c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))
         if c.opts.lm_head and (not s.tie_word_embeddings or not first):
-            total += _lm_head_bytes(c)
-    return total + _rope_cache_bytes(s, c.dtype_bytes)
+            total += head_bytes(c)
+    return total + rope_cache_bytes(s, c.dtype_bytes)
 
 
 def layer_bytes(
     spec: ModelSpec, i: int, *, tp: int, dtype_bytes: int, quant: QuantSpec | None
 ) -> int:
     """One decoder layer's bytes on one TP rank (layer ``i``'s attention and MLP kind)."""
-    return _layer_bytes(_Ctx.of(spec, tp, dtype_bytes, quant), i)
+    return decoder_layer_bytes(RankWeights.of(spec, tp, dtype_bytes, quant), i)
 
 
 def lm_head_bytes(
     spec: ModelSpec, *, tp: int, dtype_bytes: int, quant: QuantSpec | None, vocab: int | None = None
 ) -> int:
     """The LM head's bytes on one TP rank (``vocab`` rows, padded to 64, default the model's)."""
-    return _lm_head_bytes(_Ctx.of(spec, tp, dtype_bytes, quant), vocab)
+    return head_bytes(RankWeights.of(spec, tp, dtype_bytes, quant), vocab)
 
 
 def weight_plan(
@@ -336,7 +114,7 @@ def weight_plan(
 ) -> WeightPlan:
     """Bytes of weights on each pipeline stage's ranks."""
     opts = options or WeightOptions()
-    ctx = _Ctx.of(spec, tp, dtype_bytes, quant, opts)
+    ctx = RankWeights.of(spec, tp, dtype_bytes, quant, opts)
     stages = pp_partition(spec.num_layers, pp)
     arch = tuple(
         _stage_bytes(ctx, layers, first=k == 0, last=k == pp - 1) for k, layers in enumerate(stages)
@@ -353,30 +131,30 @@ def weight_plan(
         totals, in_layers = _from_tensors(ctx, ckpt, stages)
         return _offloaded(totals, _rescaled(parts, in_layers), ckpt.source, opts)
     # Only the index's total_size: scale the architecture's split to the exact total.
-    base = _Ctx.of(spec, 1, spec.dtype_bytes, spec.quantization)
+    base = RankWeights.of(spec, 1, spec.dtype_bytes, spec.quantization)
     arch_total = _stage_bytes(base, range(spec.num_layers), first=True, last=True)
-    extras = _rope_cache_bytes(spec, spec.dtype_bytes)
+    extras = rope_cache_bytes(spec, spec.dtype_bytes)
     factor = (ckpt.total_bytes + extras) / arch_total if arch_total else 1.0
     scaled = tuple(round(b * factor) for b in arch)
     in_layers = tuple(round(sum(p) * factor) for p in parts)
     return _offloaded(scaled, _rescaled(parts, in_layers), ckpt.source, opts)
 
 
-def _layer_parts(c: _Ctx, i: int) -> list[int]:
+def _layer_parts(c: RankWeights, i: int) -> list[int]:
     """Layer ``i``'s parameters in the order vLLM registers them (attention's qkv and o,
     the MLP's gate_up and down, or the experts' w13 and w2, then the norms); each fused
-    linear is one parameter. They add up to ``_layer_bytes``."""
+    linear is one parameter. They add up to ``decoder_layer_bytes``."""
     s = c.spec
     h = s.hidden_size
     if s.state is not None:
-        return [_layer_bytes(c, i)]  # hybrid layers: one part (at most a layer more moved)
-    attention = _attention_bytes(c, i)
+        return [decoder_layer_bytes(c, i)]  # hybrid layers: one part (at most a layer more moved)
+    attention = attention_bytes(c, i)
     parts = [attention]
     if s.mla is None:
         o_in = cdiv(s.num_attention_heads, c.tp) * s.value_head_dim
         o_proj = c.linear(c.module(i, f"{c.names.attention}.o_proj"), o_in, h)
         parts = [attention - o_proj, o_proj]
-    mlp = _layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
+    mlp = decoder_layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
     if s.moe is not None and s.layer_moe[i]:
         w13 = mlp * 2 // 3
         parts += [w13, mlp - w13]
@@ -452,7 +230,7 @@ def _loaded(spec: ModelSpec, name: str, layer: int | None, opts: WeightOptions) 
 
 
 def _from_tensors(
-    ctx: _Ctx, ckpt: CheckpointWeights, stages: list[range]
+    ctx: RankWeights, ckpt: CheckpointWeights, stages: list[range]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(bytes per stage, of which in decoder layers) from the checkpoint's tensors."""
     spec, tp, dtype_bytes, quant, opts = ctx.spec, ctx.tp, ctx.dtype_bytes, ctx.quant, ctx.opts
@@ -493,9 +271,9 @@ def _from_tensors(
         totals[-1] += (
             round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
         )
-    extras = _rope_cache_bytes(spec, dtype_bytes)
+    extras = rope_cache_bytes(spec, dtype_bytes)
     for k, layers in enumerate(stages):
-        totals[k] += sum(_mla_copies(ctx, i) for i in layers)
+        totals[k] += sum(mla_copy_bytes(ctx, i) for i in layers)
     return tuple(b + extras for b in totals), tuple(in_layers)
 
 
@@ -505,6 +283,6 @@ def parameter_count(spec: ModelSpec) -> int:
     ``kv_b_proj``)."""
     if spec.declared_parameters:
         return spec.declared_parameters
-    ctx = _Ctx.of(spec, 1, 1, None)
+    ctx = RankWeights.of(spec, 1, 1, None)
     total = _stage_bytes(ctx, range(spec.num_layers), first=True, last=True)
-    return total - _rope_cache_bytes(spec, 1)
+    return total - rope_cache_bytes(spec, 1)

@@ -1,0 +1,265 @@
+"""One TP rank's weight bytes, module by module, as vLLM's model classes register them.
+
+``RankWeights`` names each module as vLLM does and asks the quantization config for its
+scheme; ``decoder_layer_bytes`` adds up one decoder layer (attention or MLA, the MLP or
+the experts, norms), ``head_bytes`` the LM head, ``rope_cache_bytes`` the rotary cache.
+``weights`` puts them together per pipeline stage.
+
+- QKV: ``(q_heads/tp + 2*max(1, kv_heads/tp)) * head_dim`` output rows per rank, so KV
+  heads replicate (and cost extra) when ``kv_heads < tp``.
+- Embedding and lm_head: ``round_up(vocab, 64) / tp`` rows.
+- MoE: every rank holds all experts with the intermediate split by TP (whole experts,
+  ``experts / ep`` of them, under expert parallelism); the router is replicated.
+- MLA: ``q_a_proj`` and ``kv_a_proj_with_mqa`` are replicated; when ``kv_b_proj`` is
+  quantized vLLM also keeps dequantized ``W_UK_T``/``W_UV`` copies of it in the model
+  dtype (unquantized, they are views of it).
+- Buffers: the rotary cos/sin cache, ``positions x rotary_dim`` in the model dtype
+  (Llama 3.1: 131072 x 128 x 2 B = 32 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatekeeper.estimator.state import mixer_weight_bytes
+from gatekeeper.models.module_names import ModuleNames, module_names
+from gatekeeper.models.quantization import QuantSpec
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.units import cdiv, round_up
+
+__all__ = [
+    "FLOAT32_ROPE_ARCHITECTURES",
+    "VOCAB_PADDING",
+    "RankWeights",
+    "WeightOptions",
+    "attention_bytes",
+    "decoder_layer_bytes",
+    "head_bytes",
+    "mla_copy_bytes",
+    "rope_cache_bytes",
+    "vocab_rows",
+]
+
+VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True, slots=True)
+class WeightOptions:
+    """Serving flags that change which weights a rank holds.
+
+    - ``ep_size``: expert parallelism (``--enable-expert-parallel``) over ``dp x tp``
+      ranks: each rank holds ``experts / ep_size`` whole experts instead of every
+      expert's ``intermediate / tp`` slice;
+    - ``lm_head``: False for pooling runners, which load no LM head;
+    - ``vision``: False when ``--limit-mm-per-prompt`` allows no item of any modality
+      (vLLM then builds no encoder); ``vision_replicated`` for
+      ``--mm-encoder-tp-mode data`` (the encoder whole on every rank);
+    - ``cpu_offload_bytes``: ``--cpu-offload-gb`` x 2^30: vLLM's UVA offloader moves
+      decoder-layer parameters, first layers first, to host memory until that many
+      bytes are off the GPU (``model_executor/offloader/uva.py``).
+    """
+
+    ep_size: int = 1
+    lm_head: bool = True
+    vision: bool = True
+    vision_replicated: bool = False
+    cpu_offload_bytes: int = 0
+
+
+def _names(spec: ModelSpec) -> ModuleNames:
+    return module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
+
+
+@dataclass(frozen=True, slots=True)
+class RankWeights:
+    """One rank's sizing context. Modules are named as vLLM's model class names them
+    (``model.layers.0.self_attn.qkv_proj``, ``...mlp.gate_up_proj``, ``...mlp.experts``),
+    which is how vLLM asks the quantization config (``get_quant_method(layer, prefix)``)."""
+
+    spec: ModelSpec
+    tp: int
+    dtype_bytes: int
+    quant: QuantSpec | None
+    names: ModuleNames
+    opts: WeightOptions = WeightOptions()
+
+    @classmethod
+    def of(
+        cls,
+        spec: ModelSpec,
+        tp: int,
+        dtype_bytes: int,
+        quant: QuantSpec | None,
+        opts: WeightOptions | None = None,
+    ) -> RankWeights:
+        names = _names(spec)
+        quant = quant.for_model(names) if quant is not None else None
+        return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
+
+    def module(self, i: int, name: str) -> str:
+        return f"{self.names.layer(i)}.{name}"
+
+    def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
+        return self.fused(name, in_f, (out_f,), quantizable=quantizable)
+
+    def fused(
+        self, name: str, in_f: int, outs: tuple[int, ...], *, quantizable: bool = True
+    ) -> int:
+        """A linear whose output is the concatenation of ``outs`` (the shards of vLLM's
+        ``QKVParallelLinear``/``MergedColumnParallelLinear``): one scheme for every shard,
+        per-shard scales per shard, per-module tensors once."""
+        scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
+        if scheme is None:
+            return in_f * sum(outs) * self.dtype_bytes
+        return scheme.module_bytes(in_f, outs, self.dtype_bytes)
+
+    def vec(self, numel: int) -> int:
+        return numel * self.dtype_bytes
+
+
+def attention_bytes(c: RankWeights, i: int) -> int:
+    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
+    h = s.hidden_size
+    if s.mla is not None:
+        return _mla_bytes(c, i)
+    q_rank = cdiv(s.num_attention_heads, tp) * s.head_dim
+    kv_heads = max(1, s.num_kv_heads // tp)
+    k_rank = kv_heads * s.head_dim
+    v_rank = kv_heads * s.value_head_dim
+    o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
+    if s.attention_output_gate:
+        q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
+    qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
+    total = qkv + c.linear(f"{p}.o_proj", o_in, h)
+    if s.attention_bias:
+        total += c.vec(q_rank + k_rank + v_rank)
+    if s.output_bias:
+        total += c.vec(h)
+    if s.qk_norm:
+        total += c.vec(2 * s.head_dim)
+    if s.attention_sinks:
+        total += cdiv(s.num_attention_heads, tp) * 4
+    return total
+
+
+def _mla_bytes(c: RankWeights, i: int) -> int:
+    s, tp, p = c.spec, c.tp, c.module(i, c.names.attention)
+    m = s.mla
+    assert m is not None
+    h = s.hidden_size
+    heads = cdiv(s.num_attention_heads, tp)
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora
+    kv_a_rows = m.kv_lora_rank + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        total = c.fused(f"{p}.fused_qkv_a_proj", h, (m.q_lora_rank, kv_a_rows))
+        total += c.vec(m.q_lora_rank) + c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
+    else:
+        total = c.linear(f"{p}.q_proj", h, heads * qk)
+        total += c.linear(f"{p}.kv_a_proj_with_mqa", h, kv_a_rows)
+    total += c.vec(m.kv_lora_rank)
+    total += c.linear(f"{p}.kv_b_proj", m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim))
+    total += c.linear(f"{p}.o_proj", heads * m.v_head_dim, h)
+    return total + mla_copy_bytes(c, i)
+
+
+def mla_copy_bytes(c: RankWeights, i: int) -> int:
+    """W_UK_T and W_UV, which vLLM's MLA layers derive from ``kv_b_proj`` after loading
+    (``split_kv_b_proj``): dequantized copies in the model dtype when ``kv_b_proj`` is
+    quantized; when it is not, ``get_and_maybe_dequant_weights`` returns the weight itself
+    and both are views of it, no memory of their own (measured by the conformance test on
+    bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s)."""
+    m, quant = c.spec.mla, c.quant
+    name = c.module(i, f"{c.names.attention}.kv_b_proj")
+    if m is None or quant is None or quant.scheme_for(name) is None:
+        return 0
+    heads = cdiv(c.spec.num_attention_heads, c.tp)
+    return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
+
+
+def _mlp_bytes(c: RankWeights, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
+    h = c.spec.hidden_size
+    inter_rank = cdiv(inter, c.tp)
+    if gated:  # MergedColumnParallelLinear gate_up_proj
+        total = c.fused(f"{prefix}.gate_up_proj", h, (inter_rank, inter_rank))
+    else:
+        total = c.linear(f"{prefix}.fc1", h, inter_rank)
+    total += c.linear(f"{prefix}.down_proj", inter_rank, h)
+    if bias:
+        total += c.vec(inter_rank * (2 if gated else 1) + h)
+    return total
+
+
+def _moe_bytes(c: RankWeights, i: int) -> int:
+    s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
+    assert moe is not None
+    h = s.hidden_size
+    router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
+    total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)
+    ep = c.opts.ep_size
+    # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
+    inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
+    local_experts = cdiv(moe.num_experts, ep)
+    # RoutedExperts: one module for every expert's projections
+    q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
+    if q is not None:
+        inter = q.expert_intermediate(inter)
+        w13 = q.module_bytes(h, (inter, inter), c.dtype_bytes)  # w13: gate and up, merged
+        per_expert = w13 + q.linear_bytes(inter, h, c.dtype_bytes)
+    else:
+        per_expert = 3 * h * inter * c.dtype_bytes
+    if moe.expert_bias:
+        per_expert += c.vec(2 * inter + h)
+    total += local_experts * per_expert
+    if moe.shared_intermediate_size:
+        total += _mlp_bytes(
+            c,
+            i,
+            f"{p}.{c.names.shared_experts}",
+            moe.shared_intermediate_size,
+            gated=True,
+            bias=False,
+        )
+        total += h * c.dtype_bytes if moe.shared_expert_gate else 0
+    return total
+
+
+def decoder_layer_bytes(c: RankWeights, i: int) -> int:
+    s = c.spec
+    total = c.vec(s.norms_per_layer * s.hidden_size)
+    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
+        total += attention_bytes(c, i)
+    if s.has_state(i):
+        total += mixer_weight_bytes(s, c.tp, c.dtype_bytes)
+    if not s.has_mlp(i):
+        return total
+    if s.moe is not None and s.layer_moe[i]:
+        return total + _moe_bytes(c, i)
+    return total + _mlp_bytes(
+        c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
+    )
+
+
+def vocab_rows(spec: ModelSpec, tp: int) -> int:
+    return round_up(spec.vocab_size, VOCAB_PADDING) // tp
+
+
+def head_bytes(c: RankWeights, vocab: int | None = None) -> int:
+    rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else vocab_rows(c.spec, c.tp)
+    lm_head = c.quant is not None and c.quant.lm_head
+    q = c.quant.scheme_for(c.names.lm_head, lm_head=True) if c.quant and lm_head else None
+    if q is not None:
+        return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
+    return rows * c.spec.hidden_size * c.dtype_bytes
+
+
+FLOAT32_ROPE_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+"""Architectures whose vLLM class builds its rotary cache in float32 whatever the model
+dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``); measured by
+the conformance test (a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache)."""
+
+
+def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
+    if spec.architecture in FLOAT32_ROPE_ARCHITECTURES:
+        dtype_bytes = 4
+    return spec.rope_caches * spec.rope_cache_positions * spec.rotary_dim * dtype_bytes
