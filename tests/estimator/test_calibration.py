@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gatekeeper.estimator.calibration import BOUNDS, CORRECTED, CalibrationTable, scale_estimate
+from gatekeeper.estimator.components import MEMORY_COMPONENTS
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.metrics.gpus import CalibrationCollector
@@ -24,13 +25,8 @@ H100 = GpuTarget(total_bytes=round(79.19 * GIB), name="H100-80GB")
 
 
 def components(e: Estimate) -> dict[str, int]:
-    w = e.worst
-    return {
-        "weights": w.weights_bytes,
-        "activation": w.activation_peak_bytes,
-        "non_torch": w.non_torch_bytes,
-        "cuda_graph": w.cuda_graph_bytes,
-    }
+    """The worst stage's corrected components, by name."""
+    return {c.name: getattr(e.worst, c.field) for c in MEMORY_COMPONENTS if c.corrected}
 
 
 def stand_in_worker(raw: dict[str, int], factors: dict[str, float]) -> dict[str, int]:
