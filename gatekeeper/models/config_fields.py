@@ -18,7 +18,10 @@ The shapes transformers or vLLM read beyond a field's plain one are turned into 
 - ``layers_block_type`` (transformers 5's Nemotron-H, ``configuration_nemotron_h.py``):
   the ``hybrid_override_pattern`` it replaces (``_list_to_pattern``);
 - ``moe_layer_freq`` as a per-layer list of 0/1 (``vllm/transformers_utils/configs/
-  minimax_m3.py``): kept, and read per layer (``hf_config``).
+  minimax_m3.py``): kept, and read per layer (``layer_kinds``).
+
+``field_value`` (the first of a field's keys present) and ``positive`` read the checked
+fields for ``hf_config`` and ``layer_kinds``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from typing import Any
 from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.rope import LENGTH_KEYS
 
-__all__ = ["FIELDS", "MAX_COUNT", "MAX_SIZE", "bad_field", "check_shapes", "normalize"]
+__all__ = [
+    "FIELDS",
+    "MAX_COUNT",
+    "MAX_SIZE",
+    "bad_field",
+    "check_shapes",
+    "field_value",
+    "normalize",
+    "positive",
+]
 
 MAX_COUNT = 1 << 16
 """Layers, heads, experts: no model has more (DeepSeek V3: 61 layers, 256 experts);
@@ -49,6 +61,38 @@ def bad_field(field: str, value: Any, expected: str, todo: str = FIX) -> ModelSp
     return ModelSpecError(
         f"{field}: config.json says {text}; {expected}. {todo}", field=field, value=shown
     )
+
+
+def field_value(cfg: Mapping[str, Any], name: str, *keys: str, required: bool = True) -> Any:
+    """The value of the first of ``keys`` the config has (not null); none of them: a
+    ``ModelSpecError`` naming ``name`` when ``required``, else None."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    if required:
+        raise ModelSpecError(
+            f"{name}: config.json has none of {', '.join(keys)}; this field is needed to size "
+            "the model. Give a complete config.json or a model from the catalog "
+            "(gatekeeper models lists them)",
+            field=keys[0],
+        )
+    return None
+
+
+def positive(name: str, value: Any) -> int:
+    """``value`` as a positive integer, or a ``ModelSpecError`` naming the field."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or isinstance(value, bool):
+        raise ModelSpecError(
+            f"{name}: config.json says {value!r}; it must be a positive integer. "
+            "Fix the config or use a catalog model",
+            field=name,
+            value=value,
+        )
+    return number
 
 
 def _is_int(value: Any) -> bool:

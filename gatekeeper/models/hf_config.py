@@ -5,7 +5,8 @@ transformers config class, as vLLM's ``AutoConfig`` fills it (``config_defaults`
 catalog's configs are written out whole and read as they are). Multimodal configs nest
 the language model in ``text_config``; the vision tower's parameters are counted from
 ``vision_config``. What vLLM's model class builds (gated MLP, biases, norms) comes from
-``architecture``. A missing or invalid field raises ``ModelSpecError`` naming the field.
+``architecture``, what each decoder layer is (attention kind, MoE, MLA) from
+``layer_kinds``. A missing or invalid field raises ``ModelSpecError`` naming the field.
 """
 
 from __future__ import annotations
@@ -18,18 +19,16 @@ from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.architecture import architecture_facts
 from gatekeeper.models.catalog import find_in_catalog
 from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
-from gatekeeper.models.config_fields import bad_field, check_shapes, normalize
-from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, HybridLayout, hybrid_layout
+from gatekeeper.models.config_fields import check_shapes, field_value, normalize, positive
+from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, hybrid_layout
+from gatekeeper.models.layer_kinds import attention_kinds, mla_spec, moe_layers, mtp_layers
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import DEFAULT_MAX_LEN, LENGTH_KEYS, derived_max_len, rope_cache
 from gatekeeper.models.sentence_transformers import PoolingFiles
 from gatekeeper.models.spec import (
     DTYPE_BYTES,
-    AttentionKind,
     CheckpointWeights,
-    MlaSpec,
     ModelSpec,
-    MoeSpec,
 )
 from gatekeeper.models.vision import vision_spec
 
@@ -55,35 +54,6 @@ _FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj"})
 """No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py)."""
 
 
-def _get(cfg: Mapping[str, Any], name: str, *keys: str, required: bool = True) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    if required:
-        raise ModelSpecError(
-            f"{name}: config.json has none of {', '.join(keys)}; this field is needed to size "
-            "the model. Give a complete config.json or a model from the catalog "
-            "(gatekeeper models lists them)",
-            field=keys[0],
-        )
-    return None
-
-
-def _positive(name: str, value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number <= 0 or isinstance(value, bool):
-        raise ModelSpecError(
-            f"{name}: config.json says {value!r}; it must be a positive integer. "
-            "Fix the config or use a catalog model",
-            field=name,
-            value=value,
-        )
-    return number
-
-
 def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's ``_apply_dict_overrides``: a nested config (``text_config``,
     ``vision_config``: a mapping the config already holds) is updated key by key, any
@@ -98,13 +68,6 @@ def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
         else:
             out[key] = value
     return out
-
-
-def _mtp_layers(text: Mapping[str, Any]) -> int:
-    """Multi-token-prediction layers a checkpoint ships (DeepSeek V3, GLM-4.5, Qwen3-Next)."""
-    keys = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
-    value = _get(text, "mtp_layers", *keys, required=False)
-    return int(value) if isinstance(value, int) and value > 0 else 0
 
 
 _TENSOR_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -133,112 +96,6 @@ def _dtype(
             value=raw,
         )
     return dtype
-
-
-def _layer_attention(
-    cfg: Mapping[str, Any], layers: int, max_pos: int
-) -> tuple[AttentionKind, ...]:
-    types = cfg.get("layer_types")
-    if types and len(types) != layers:
-        # transformers' layer_type_validation (configuration_utils.py) refuses it so
-        raise bad_field("layer_types", types, f"expected one entry for each of {layers} layers")
-    if types:
-        mapping: dict[str, AttentionKind] = {
-            "full_attention": "full",
-            "sliding_attention": "sliding",
-            "chunked_attention": "chunked",
-        }
-        return tuple(mapping.get(str(t), "none") for t in types)
-    model_type = str(cfg.get("model_type", ""))
-    window = cfg.get("sliding_window")
-    if cfg.get("attention_chunk_size") and cfg.get("no_rope_layers"):
-        flags = cfg["no_rope_layers"]
-        if len(flags) < layers:
-            raise bad_field("no_rope_layers", flags, f"expected a 0/1 for each of {layers} layers")
-        return tuple("chunked" if flags[i] else "full" for i in range(layers))
-    if model_type == "gemma2" and window:
-        return tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
-    if model_type in ("gemma3", "gemma3_text") and window:
-        pattern = int(cfg.get("sliding_window_pattern") or 6)
-        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
-    uses_window = cfg.get("use_sliding_window", True) is not False
-    if window and uses_window and int(window) < max_pos:
-        return tuple("sliding" for _ in range(layers))
-    return tuple("full" for _ in range(layers))
-
-
-def _attention_kinds(
-    cfg: Mapping[str, Any], layers: int, max_pos: int, hybrid: HybridLayout | None
-) -> tuple[AttentionKind, ...]:
-    kinds = _layer_attention(cfg, layers, max_pos)
-    return hybrid.attention_kinds(kinds) if hybrid is not None else kinds
-
-
-def _moe(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[bool, ...]]:
-    experts = _get(
-        cfg, "experts", "num_local_experts", "num_experts", "n_routed_experts", required=False
-    )
-    if not experts:
-        return None, tuple(False for _ in range(layers))
-    per_token = _positive(
-        "num_experts_per_tok",
-        _get(cfg, "experts per token", "num_experts_per_tok", "experts_per_token", "top_k_experts"),
-    )
-    inter = _positive(
-        "moe_intermediate_size",
-        _get(
-            cfg,
-            "expert size",
-            "moe_intermediate_size",
-            "expert_intermediate_size",
-            "intermediate_size",
-        ),
-    )
-    shared = int(cfg.get("n_shared_experts") or 0) * inter
-    shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
-    model_type = str(cfg.get("model_type", ""))
-    if model_type.startswith("llama4"):
-        shared = inter
-    moe = MoeSpec(
-        num_experts=_positive("num_experts", experts),
-        experts_per_token=per_token,
-        expert_intermediate_size=inter,
-        shared_intermediate_size=shared,
-        shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
-        expert_bias=model_type == "gpt_oss",
-        router_bias=model_type == "gpt_oss",
-    )
-    freq = cfg.get("moe_layer_freq")
-    if isinstance(freq, list) and len(freq) != layers:
-        raise bad_field("moe_layer_freq", freq, f"expected a 0/1 for each of {layers} layers")
-    return moe, tuple(_is_moe_layer(cfg, i) for i in range(layers))
-
-
-def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
-    freq = cfg.get("moe_layer_freq")
-    if isinstance(freq, list):  # per layer, 0/1 (vllm transformers_utils/configs/minimax_m3.py)
-        return bool(freq[i])
-    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
-        first = int(cfg.get("first_k_dense_replace") or 0)
-        return i >= first and i % int(freq or 1) == 0
-    if "interleave_moe_layer_step" in cfg:
-        return (i + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
-    if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
-    return True
-
-
-def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
-    if not cfg.get("kv_lora_rank"):
-        return None
-    return MlaSpec(
-        kv_lora_rank=_positive("kv_lora_rank", cfg["kv_lora_rank"]),
-        q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-        qk_nope_head_dim=_positive("qk_nope_head_dim", cfg.get("qk_nope_head_dim")),
-        qk_rope_head_dim=_positive("qk_rope_head_dim", cfg.get("qk_rope_head_dim")),
-        v_head_dim=_positive("v_head_dim", cfg.get("v_head_dim")),
-    )
 
 
 def _tied(
@@ -344,35 +201,40 @@ def _read(
     pooling: PoolingFiles | None = None,
 ) -> ModelSpec:
     text: Mapping[str, Any] = config.get("text_config") or config
-    layers = _positive(
-        "num_hidden_layers", _get(text, "layers", "num_hidden_layers", "n_layer", "num_layers")
+    layers = positive(
+        "num_hidden_layers",
+        field_value(text, "layers", "num_hidden_layers", "n_layer", "num_layers"),
     )
     text = normalize(text, layers)
-    hidden = _positive("hidden_size", _get(text, "hidden_size", "hidden_size", "n_embd", "d_model"))
+    hidden = positive(
+        "hidden_size", field_value(text, "hidden_size", "hidden_size", "n_embd", "d_model")
+    )
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     attention_free = model_type in ATTENTION_FREE_TYPES  # Mamba: no heads to read
-    heads = _positive(
+    heads = positive(
         "num_attention_heads",
-        1 if attention_free else _get(text, "attention heads", "num_attention_heads", "n_head"),
+        1
+        if attention_free
+        else field_value(text, "attention heads", "num_attention_heads", "n_head"),
     )
-    kv_heads = _positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
-    mla = _mla(text)
+    kv_heads = positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
+    mla = mla_spec(text)
     # MLA sizes attention from its own fields; DeepseekV3Config's head_dim is the rotary
     # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
     written_head_dim = None if mla else text.get("head_dim")
-    head_dim = _positive("head_dim", written_head_dim or hidden // heads)
+    head_dim = positive("head_dim", written_head_dim or hidden // heads)
     # the position tables (rotary cache, learned positions) take the model's own length
     # key, the first of vLLM's length keys present (Whisper's decoder: max_target_positions);
     # the served length is vLLM's smallest of them (derived_max_len)
-    declared = _get(text, "max_position_embeddings", *LENGTH_KEYS, required=False)
+    declared = field_value(text, "max_position_embeddings", *LENGTH_KEYS, required=False)
     # vLLM: no length key at all means 2048, or --max-model-len as given (Mamba2 configs)
-    max_pos = _positive(
+    max_pos = positive(
         "max_position_embeddings", declared if declared is not None else DEFAULT_MAX_LEN
     )
     longest, served_len, len_declared = derived_max_len(
         text, model_type, pooling.max_seq_length if pooling else None
     )
-    moe, layer_moe = _moe(text, layers)
+    moe, layer_moe = moe_layers(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = rope_cache(text, head_dim, mla, max_pos)
     if facts.learned_positions:
@@ -389,7 +251,9 @@ def _read(
         dense_inter = 0  # Mamba blocks: the mixer only, no MLP
     if dense_inter is None and moe is None:
         dense_inter = text.get("n_inner") or (4 * hidden if model_type in _FOUR_X_INNER else None)
-        dense_inter = dense_inter or _get(text, "intermediate_size", "intermediate_size", "ffn_dim")
+        dense_inter = dense_inter or field_value(
+            text, "intermediate_size", "intermediate_size", "ffn_dim"
+        )
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
     return ModelSpec(
         max_position_declared=len_declared,
@@ -405,9 +269,9 @@ def _read(
         num_kv_heads=1 if mla else kv_heads,
         head_dim=head_dim,
         intermediate_size=int(dense_inter or 0),
-        vocab_size=_positive(
+        vocab_size=positive(
             "vocab_size",
-            _get(text, "vocab_size", "vocab_size")
+            field_value(text, "vocab_size", "vocab_size")
             if "vocab_size" in text
             else config.get("vocab_size"),
         ),
@@ -415,7 +279,7 @@ def _read(
         served_max_model_len=served_len if served_len != longest else None,
         torch_dtype=_dtype(config, text, checkpoint),
         tie_word_embeddings=_tied(config, text, checkpoint),
-        layer_attention=_attention_kinds(text, layers, max_pos, hybrid),
+        layer_attention=attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,
         attention_chunk_size=int(text["attention_chunk_size"])
@@ -436,7 +300,7 @@ def _read(
         rope_caches=rope_caches,
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
-        mtp_layers=_mtp_layers(text),
+        mtp_layers=mtp_layers(text),
         layer_state=hybrid.stateful if hybrid else (),
         layer_mlp=hybrid.mlp if hybrid else (),
         state=hybrid.state if hybrid else None,

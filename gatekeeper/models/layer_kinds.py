@@ -1,0 +1,137 @@
+"""What each decoder layer of a config is: its attention kind (full, sliding, chunked or
+none), MoE or dense, and the model's MLA ranks and multi-token-prediction layers.
+
+Pure: the text part of a parsed (and normalized) ``config.json`` in, as vLLM's model
+classes read it: ``layer_types`` first; else Llama 4's ``no_rope_layers`` (chunked),
+Gemma 2's alternation, Gemma 3's ``sliding_window_pattern``, or one window for every
+layer when it is shorter than the model's positions; MoE layers from
+``moe_layer_freq``/``first_k_dense_replace``, ``interleave_moe_layer_step`` or
+``decoder_sparse_step``/``mlp_only_layers``. A field of the wrong shape raises
+``ModelSpecError`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gatekeeper.models.config_fields import bad_field, field_value, positive
+from gatekeeper.models.hybrid import HybridLayout
+from gatekeeper.models.spec import AttentionKind, MlaSpec, MoeSpec
+
+__all__ = ["attention_kinds", "mla_spec", "moe_layers", "mtp_layers"]
+
+
+def mtp_layers(text: Mapping[str, Any]) -> int:
+    """Multi-token-prediction layers a checkpoint ships (DeepSeek V3, GLM-4.5, Qwen3-Next)."""
+    keys = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+    value = field_value(text, "mtp_layers", *keys, required=False)
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
+def _layer_attention(
+    cfg: Mapping[str, Any], layers: int, max_pos: int
+) -> tuple[AttentionKind, ...]:
+    types = cfg.get("layer_types")
+    if types and len(types) != layers:
+        # transformers' layer_type_validation (configuration_utils.py) refuses it so
+        raise bad_field("layer_types", types, f"expected one entry for each of {layers} layers")
+    if types:
+        mapping: dict[str, AttentionKind] = {
+            "full_attention": "full",
+            "sliding_attention": "sliding",
+            "chunked_attention": "chunked",
+        }
+        return tuple(mapping.get(str(t), "none") for t in types)
+    model_type = str(cfg.get("model_type", ""))
+    window = cfg.get("sliding_window")
+    if cfg.get("attention_chunk_size") and cfg.get("no_rope_layers"):
+        flags = cfg["no_rope_layers"]
+        if len(flags) < layers:
+            raise bad_field("no_rope_layers", flags, f"expected a 0/1 for each of {layers} layers")
+        return tuple("chunked" if flags[i] else "full" for i in range(layers))
+    if model_type == "gemma2" and window:
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
+    if model_type in ("gemma3", "gemma3_text") and window:
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
+    uses_window = cfg.get("use_sliding_window", True) is not False
+    if window and uses_window and int(window) < max_pos:
+        return tuple("sliding" for _ in range(layers))
+    return tuple("full" for _ in range(layers))
+
+
+def attention_kinds(
+    cfg: Mapping[str, Any], layers: int, max_pos: int, hybrid: HybridLayout | None
+) -> tuple[AttentionKind, ...]:
+    kinds = _layer_attention(cfg, layers, max_pos)
+    return hybrid.attention_kinds(kinds) if hybrid is not None else kinds
+
+
+def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[bool, ...]]:
+    experts = field_value(
+        cfg, "experts", "num_local_experts", "num_experts", "n_routed_experts", required=False
+    )
+    if not experts:
+        return None, tuple(False for _ in range(layers))
+    per_token = positive(
+        "num_experts_per_tok",
+        field_value(
+            cfg, "experts per token", "num_experts_per_tok", "experts_per_token", "top_k_experts"
+        ),
+    )
+    inter = positive(
+        "moe_intermediate_size",
+        field_value(
+            cfg,
+            "expert size",
+            "moe_intermediate_size",
+            "expert_intermediate_size",
+            "intermediate_size",
+        ),
+    )
+    shared = int(cfg.get("n_shared_experts") or 0) * inter
+    shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
+    model_type = str(cfg.get("model_type", ""))
+    if model_type.startswith("llama4"):
+        shared = inter
+    moe = MoeSpec(
+        num_experts=positive("num_experts", experts),
+        experts_per_token=per_token,
+        expert_intermediate_size=inter,
+        shared_intermediate_size=shared,
+        shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
+        expert_bias=model_type == "gpt_oss",
+        router_bias=model_type == "gpt_oss",
+    )
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list) and len(freq) != layers:
+        raise bad_field("moe_layer_freq", freq, f"expected a 0/1 for each of {layers} layers")
+    return moe, tuple(_is_moe_layer(cfg, i) for i in range(layers))
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list):  # per layer, 0/1 (vllm transformers_utils/configs/minimax_m3.py)
+        return bool(freq[i])
+    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
+        first = int(cfg.get("first_k_dense_replace") or 0)
+        return i >= first and i % int(freq or 1) == 0
+    if "interleave_moe_layer_step" in cfg:
+        return (i + 1) % int(cfg.get("interleave_moe_layer_step") or 1) == 0
+    if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+    return True
+
+
+def mla_spec(cfg: Mapping[str, Any]) -> MlaSpec | None:
+    if not cfg.get("kv_lora_rank"):
+        return None
+    return MlaSpec(
+        kv_lora_rank=positive("kv_lora_rank", cfg["kv_lora_rank"]),
+        q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+        qk_nope_head_dim=positive("qk_nope_head_dim", cfg.get("qk_nope_head_dim")),
+        qk_rope_head_dim=positive("qk_rope_head_dim", cfg.get("qk_rope_head_dim")),
+        v_head_dim=positive("v_head_dim", cfg.get("v_head_dim")),
+    )
