@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from gatekeeper.estimator.components import MEMORY_COMPONENTS
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.placement.types import Prediction
 from gatekeeper.simulator.env import ACTUAL_BYTES_VAR, COMPONENT_VARS
@@ -28,14 +29,9 @@ __all__ = ["SIMULATOR", "RehearsalInventory", "is_simulator", "simulator_env"]
 SIMULATOR = (sys.executable, "-m", "gatekeeper.simulator", "serve")
 """The worker command of a rehearsal."""
 
-_REPORTED = {
-    "weights": "weights_bytes",
-    "kv": "kv_cache_bytes",
-    "activation": "activation_peak_bytes",
-    "non_torch": "non_torch_bytes",
-    "cuda_graph": "cuda_graph_bytes",
-}
-"""The simulator's component (``COMPONENT_VARS``) -> the prediction's field."""
+_REPORTED = {("kv" if c.name == "kv_cache" else c.name): c.field for c in MEMORY_COMPONENTS}
+"""The simulator's component (``COMPONENT_VARS``; it says ``kv`` for the KV cache) -> the
+prediction's field."""
 
 
 def is_simulator(worker_command: Sequence[str]) -> bool:
