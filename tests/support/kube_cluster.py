@@ -9,7 +9,8 @@ The apiserver serves TLS with a certificate from ``tests/support/tls_certs.py`` 
 accepts one static bearer token in ``system:masters``; the scheduler and the controller
 manager use the same token through a kubeconfig. The controller manager runs only the
 resource-claim controller (pods' ResourceClaimTemplates become ResourceClaims, the claims'
-``reservedFor`` is kept), which is all that DRA needs without kubelets.
+``reservedFor`` is kept), which is all that DRA needs without kubelets, and the deployment
+and replica-set controllers (a Deployment's pods).
 
 Two admission plugins are off: ``ServiceAccount`` (no token controller runs, so a pod would
 wait for a default ServiceAccount that never comes) and ``TaintNodesByCondition`` (it taints
@@ -46,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # fixture right on 1.34-1.35 binaries too (kube_features.go, defaultVersionedKubernetesFeatureGates).
 FEATURE_GATES = "DRAConsumableCapacity=true"
 START_TIMEOUT_SECONDS = 90.0
+CONTROLLERS = "resourceclaim-controller,deployment-controller,replicaset-controller"
+"""The resource-claim controller (templates to claims), and the two that turn a Deployment
+into pods, so that a Deployment applied gets pods the scheduler binds."""
 
 
 def kube_bin_dir() -> Path:
@@ -283,7 +287,7 @@ def start_cluster(bin_dir: Path, work_dir: Path) -> KubeCluster:
         _wait_ready(cluster, cluster.components[-1], "/readyz", deadline)
         controllers = [
             ("kube-scheduler", []),
-            ("kube-controller-manager", ["--controllers=resourceclaim-controller"]),
+            ("kube-controller-manager", [f"--controllers={CONTROLLERS}"]),
         ]
         for name, extra in controllers:
             local = free_port()

@@ -1,0 +1,332 @@
+"""The mutating webhook as the apiserver calls it (issue 29 item 2).
+
+``gatekeeper webhook --mutate`` runs as its own process over TLS on loopback, with the
+session's kubeconfig to create claim templates; a real MutatingWebhookConfiguration (URL
+and CA bundle, failure policy ``Fail`` so that a webhook that was not called fails the
+test) sends it the Deployments and Pods of one labelled namespace. One Node of its own,
+``mutate-node``, tainted so that only these tests' pods land there, publishes two recorded
+H100s through ``gatekeeper.cluster.resource_slice``. The controller manager's deployment
+and replica-set controllers make the pods, the resource-claim controller their claims, and
+the real scheduler allocates and binds them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from lightkube import ApiError, Client
+from lightkube.codecs import from_dict
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
+from lightkube.utils.quantity import parse_quantity
+
+from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.gpus import InventorySnapshot, StaticInventory
+from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME
+from gatekeeper.placement.types import PlacementPolicy
+from tests.support.kube_cluster import KubeCluster
+from tests.support.prometheus_server import free_port
+from tests.support.tls_certs import issue, make_ca
+
+pytestmark = pytest.mark.k8s
+
+NODE = "mutate-node"
+NAMESPACE = "mutate"
+TAINT = {"key": "gatekeeper-test", "value": "mutate", "effect": "NoSchedule"}
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
+TIMEOUT_SECONDS = 60.0
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+def _node() -> dict[str, Any]:
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "spec": {"taints": [TAINT]},
+        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
+    }
+
+
+def _gpus() -> InventorySnapshot:
+    recorded = StaticInventory.from_json(FIXTURES / "h100_80g_x8.json").snapshot()
+    gpus = tuple(dataclasses.replace(g, uuid=f"GPU-{NODE}-{g.index}") for g in recorded.gpus[:2])
+    return dataclasses.replace(recorded, gpus=gpus)
+
+
+def _configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
+    rules = [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+         "resources": ["pods"], "scope": "Namespaced"},
+        {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["deployments"], "scope": "Namespaced"},
+    ]  # fmt: skip
+    hook = {
+        "name": "claims.vllm-gatekeeper.io",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "NoneOnDryRun",
+        "failurePolicy": "Fail",
+        "reinvocationPolicy": "IfNeeded",
+        "timeoutSeconds": 10,
+        "clientConfig": {
+            "url": f"https://127.0.0.1:{port}/k8s/mutate",
+            "caBundle": base64.b64encode(ca_pem).decode(),
+        },
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+        "rules": rules,
+    }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "gatekeeper-test-claims"},
+        "webhooks": [hook],
+    }
+
+
+def _start_webhook(cluster: KubeCluster, directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    ca = make_ca(directory)
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    issue(ca, cert, key)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
+    env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "gatekeeper", "webhook", "--mutate", "--kubeconfig",
+               str(cluster.kubeconfig), "--cert", str(cert), "--key", str(key),
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    log = directory / "webhook.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 30
+    context = ssl.create_default_context(cafile=str(ca.path))
+    with httpx.Client(verify=context, timeout=2) as client:
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
+                    return process, port
+            time.sleep(0.05)
+    process.kill()
+    process.wait(10)
+    pytest.fail(f"gatekeeper webhook did not start: {log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def client(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    """The node, its slice, the namespace and the webhook's configuration, with the
+    webhook running."""
+    directory = tmp_path_factory.mktemp("mutate")
+    process, port = _start_webhook(kube_cluster, directory)
+    api = kube_cluster.client()
+    try:
+        yield from _configured(api, port, directory)
+    finally:
+        process.terminate()
+        process.wait(10)
+        api.close()
+
+
+def _configured(api: Client, port: int, directory: Path) -> Iterator[Client]:
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
+    }
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
+    for manifest in (device_class, _node(), slice_, namespace):
+        try:
+            api.create(from_dict(manifest))
+        except ApiError as e:
+            if e.status.code != 409:  # the DeviceClass may come from another module
+                raise
+    ca_pem = (directory / "ca.crt").read_bytes()
+    api.create(from_dict(_configuration(port, ca_pem)))
+    yield api
+    api.delete(MutatingWebhookConfiguration, "gatekeeper-test-claims")
+
+
+def deployment(name: str, args: list[str], **container: Any) -> dict[str, Any]:
+    """A Deployment as vLLM's docs write one: whole GPUs through nvidia.com/gpu."""
+    labels = {"app": name}
+    spec = {
+        "containers": [
+            {
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.32.0",
+                "command": ["vllm", "serve"],
+                "args": args,
+                "resources": {"limits": {"nvidia.com/gpu": 2}},
+                **container,
+            }
+        ],
+        "tolerations": [{**TAINT, "operator": "Equal"}],
+        "nodeSelector": {"kubernetes.io/hostname": NODE},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+
+
+SERVED = deployment(
+    "qwen", [MODEL, "--max-model-len", "8192", "--tensor-parallel-size", "2", "--quantization",
+             "fp8", "--gpu-memory-utilization", "0.9"],
+)  # fmt: skip
+
+
+def _pod_spec(found: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = found.to_dict()["spec"]["template"]
+    return spec
+
+
+def _wait_bound(api: Client, app: str) -> dict[str, Any]:
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        for pod in api.list(Pod, namespace=NAMESPACE, labels={"app": app}):
+            if pod.spec is not None and pod.spec.nodeName:
+                found: dict[str, Any] = pod.to_dict()
+                return found
+        time.sleep(0.05)
+    raise AssertionError(f"no pod of {app} was bound in {TIMEOUT_SECONDS} s")
+
+
+@pytest.fixture(scope="module")
+def served(client: Client) -> dict[str, Any]:
+    """The Deployment created, its pod bound, and what the apiserver holds of both."""
+    start = time.monotonic()
+    created = client.create(from_dict(SERVED))
+    pod = _wait_bound(client, "qwen")
+    seconds = time.monotonic() - start
+    claim = next(iter(client.list(ResourceClaim, namespace=NAMESPACE))).to_dict()
+    return {"template": _pod_spec(created), "pod": pod, "claim": claim, "seconds": seconds}
+
+
+def test_a_deployment_gets_its_claim_template_and_flags(client: Client, served: dict[str, Any]):
+    template = served["template"]
+    record = json.loads(template["metadata"]["annotations"][CLAIM_ANNOTATION])["vllm"]
+    (container,) = template["spec"]["containers"]
+    args = container["args"]
+    assert args[-4:] == ["--kv-cache-memory-bytes", str(record["kvCacheMemoryBytes"]),
+                         "--gpu-memory-utilization", f"{record['gpuMemoryUtilization']:.4f}"]  # fmt: skip
+    assert "0.9" not in args  # the fraction of a GPU nobody knows gave way to the byte budget
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert container["resources"]["claims"] == [{"name": CLAIM_NAME}]
+    (pod_claim,) = template["spec"]["resourceClaims"]
+    assert pod_claim == {"name": CLAIM_NAME, "resourceClaimTemplateName": record["template"]}
+    made = client.get(ResourceClaimTemplate, record["template"], namespace=NAMESPACE).to_dict()
+    requests = made["spec"]["spec"]["devices"]["requests"]
+    assert [r["name"] for r in requests] == ["rank0", "rank1"]
+    for request in requests:
+        exactly = request["exactly"]
+        assert parse_quantity(exactly["capacity"]["requests"]["memory"]) == record["memoryBytes"]
+        assert record["memoryBytes"] % 2**20 == 0
+        assert "cudaComputeCapability" in exactly["selectors"][0]["cel"]["expression"]
+    kinds = {
+        next(k for k in c if k != "requests")
+        for c in made["spec"]["spec"]["devices"]["constraints"]
+    }
+    assert kinds == {"matchAttribute", "distinctAttribute"}
+
+
+def test_the_scheduler_allocates_the_bytes_and_binds_the_pod(served: dict[str, Any]):
+    record = json.loads(served["template"]["metadata"]["annotations"][CLAIM_ANNOTATION])["vllm"]
+    assert served["pod"]["spec"]["nodeName"] == NODE
+    results = served["claim"]["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["request"] for r in results) == ["rank0", "rank1"]
+    assert len({r["device"] for r in results}) == 2  # distinct GPUs for the TP group
+    for result in results:
+        assert (result["driver"], result["pool"]) == (DRIVER_NAME, NODE)
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == record["memoryBytes"]
+    print(f"create to bound through the mutating webhook: {served['seconds'] * 1000:.0f} ms")
+
+
+def test_applying_again_does_not_mutate_twice(client: Client, served: dict[str, Any]):
+    live = client.get(Deployment, "qwen", namespace=NAMESPACE)
+    again = client.replace(live)  # the mutated object as it is: left alone
+    assert _pod_spec(again)["spec"] == served["template"]["spec"]
+    # The manifest as written, without what the webhook added (as a server-side apply of
+    # it drops the fields the applier no longer names): mutated again, to the same result.
+    original = json.loads(json.dumps(SERVED))
+    original["metadata"]["resourceVersion"] = again.to_dict()["metadata"]["resourceVersion"]
+    replaced = client.replace(from_dict(original))
+    assert _pod_spec(replaced)["spec"] == served["template"]["spec"]
+    assert _pod_spec(replaced)["metadata"] == served["template"]["metadata"]
+    templates = list(client.list(ResourceClaimTemplate, namespace=NAMESPACE))
+    assert len(templates) == 1
+    (pod,) = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE, labels={"app": "qwen"})]
+    assert (
+        pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        == templates[0].to_dict()["metadata"]["name"]
+    )
+
+
+def test_a_dry_run_creates_no_template(client: Client, served: dict[str, Any]):
+    manifest = deployment("dry", [MODEL, "--max-model-len", "4096"])
+    answered = client.create(from_dict(manifest), dry_run=True)
+    record = json.loads(_pod_spec(answered)["metadata"]["annotations"][CLAIM_ANNOTATION])["vllm"]
+    names = {
+        t.to_dict()["metadata"]["name"]
+        for t in client.list(ResourceClaimTemplate, namespace=NAMESPACE)
+    }
+    assert record["template"] not in names
+
+
+def _denial(client: Client, manifest: dict[str, Any]) -> str:
+    with pytest.raises(ApiError) as caught:
+        client.create(from_dict(manifest))
+    assert caught.value.status.code in (400, 403)
+    return str(caught.value.status.message)
+
+
+def test_a_hand_written_claim_smaller_than_a_rank_is_denied(client: Client, served: dict[str, Any]):
+    small = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "small", "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER_NAME, "capacity": {"requests": {"memory": "1Gi"}}}}]}}},
+    }  # fmt: skip
+    client.create(from_dict(small))
+    manifest = deployment("own-claim", [MODEL, "--max-model-len", "4096"],
+                          resources={"claims": [{"name": "gpu"}]})  # fmt: skip
+    manifest["spec"]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "small"}
+    ]
+    message = _denial(client, manifest)
+    assert "claim template small requests 1073741824 bytes" in message
+    assert "raise capacity.requests.memory to" in message
+
+
+def test_an_unreadable_vllm_line_is_denied_with_the_reason(client: Client, served: dict[str, Any]):
+    message = _denial(client, deployment("bad", [MODEL, "--max-model-len", "banana"]))
+    assert "vllm serve line cannot be read" in message and "max-model-len" in message
+    script = deployment(
+        "script", [], command=["sh", "-c", "exec vllm serve $MODEL --max-model-len ${LEN}"]
+    )
+    message = _denial(client, script)
+    assert "expansions gatekeeper cannot resolve" in message and "$MODEL" in message
+    for name in ("bad", "script"):
+        assert not list(client.list(Deployment, namespace=NAMESPACE, labels={"app": name}))
