@@ -5,8 +5,10 @@
 ``rejection``), the ``admin_api`` (with its
 ``openapi`` schema), ``/metrics`` and the webhook. The ``manager`` admits
 (``admission``: placement and reservation in one ``ledger`` transaction), launches
-(``launcher``), supervises, restarts, stops and adopts ``deployment``s of the models the
-``registry`` allows, and probes the ready ones' ``/health`` (liveness); its
+(``launcher``), supervises, restarts, stops and adopts (``adoption``) ``deployment``s of
+the models the ``registry`` allows, and probes the ready ones' ``/health`` (liveness); a
+deployment's ``records`` survive a restart; the ledger's SQLite file is
+``ledger_file``, and what its rows mean per GPU is ``ledger_view``; the
 ``ledger_keeper`` rebuilds the ledger's rows from the live deployments when the file
 is lost; the ``calibrator`` learns corrections from ready workers;
 ``rehearsal`` is the one module that knows the simulator's protocol.

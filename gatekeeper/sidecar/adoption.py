@@ -83,11 +83,7 @@ async def adopt_recorded(
     known = ours and bool(await asyncio.to_thread(ledger.by_deployment, record.id))
     loading = ours and not healthy and (record.id in live or not known)
     if not (healthy or loading):
-        if ours and record.pid is not None:
-            stale = WorkerProcess.adopt(spec, record.pid)
-            await stale.stop(config.stop_grace_seconds)
-        await asyncio.to_thread(ledger.release, record.id)
-        path.unlink(missing_ok=True)
+        await _let_go(path, spec, record.pid if ours else None, ledger, config)
         return None
     assert record.pid is not None
     if healthy:
@@ -96,6 +92,17 @@ async def adopt_recorded(
     d.worker = WorkerProcess.adopt(spec, record.pid)
     d.actual = d.worker.startup().memory
     return d, healthy
+
+
+async def _let_go(
+    path: Path, spec: LaunchSpec, pid: int | None, ledger: Ledger, config: ManagerConfig
+) -> None:
+    """A recorded worker not adopted: stopped when ``pid`` is still the worker's, its
+    reservation released and its record removed."""
+    if pid is not None:
+        await WorkerProcess.adopt(spec, pid).stop(config.stop_grace_seconds)
+    await asyncio.to_thread(ledger.release, spec.worker_id)
+    path.unlink(missing_ok=True)
 
 
 async def stop_unrecorded_workers(config: ManagerConfig, adopted: set[str]) -> None:

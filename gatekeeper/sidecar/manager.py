@@ -11,9 +11,10 @@ One ``DeploymentManager`` per sidecar, on its event loop. A deployment goes
   worker restarted per the restart policy, with a fresh admission.
 - **stop**: drain in-flight requests (bounded), SIGTERM the process group, SIGKILL after
   the grace period, release the reservation.
-- **adopt**: each deployment is recorded in ``state_dir/deployments/ID.json``; a new
-  sidecar adopts the workers whose reservations are live, whose process group is alive
-  and whose ``/health`` answers, and releases the rest.
+- **adopt**: each deployment is recorded in ``state_dir/deployments/ID.json``
+  (``records``); a new sidecar adopts the workers whose reservations are live, whose
+  process group is alive and whose ``/health`` answers, and releases the rest
+  (``adoption`` decides; the manager registers and supervises what it adopts).
 """
 
 from __future__ import annotations
