@@ -55,13 +55,14 @@ from gatekeeper.estimator.overhead import (
     pre_init_bytes,
     sampler_peak_bytes,
 )
+from gatekeeper.estimator.rank_weights import WeightOptions
 from gatekeeper.estimator.runner import resolve_runner
 from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.estimator.state import state_bytes
 from gatekeeper.estimator.types import Estimate as Estimate
 from gatekeeper.estimator.types import GpuTarget as GpuTarget
 from gatekeeper.estimator.types import StageEstimate as StageEstimate
-from gatekeeper.estimator.weights import WeightOptions, pp_partition, weight_plan
+from gatekeeper.estimator.weights import pp_partition, weight_plan
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB, format_gib

@@ -34,8 +34,6 @@ from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
 __all__ = [
-    "VOCAB_PADDING",
-    "WeightOptions",
     "WeightPlan",
     "layer_bytes",
     "lm_head_bytes",
