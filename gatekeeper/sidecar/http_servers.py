@@ -159,6 +159,9 @@ def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> 
         def _init_shared_socket(self) -> None:
             # a copy of the descriptor: granian's holder may close its own
             fd = os.dup(sock.fileno())
+            # Accepted sockets inherit it (Linux): without it each streamed chunk waited
+            # for the client's delayed ACK, 40 ms (uvicorn's asyncio sets it per socket).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             shared: Any = self
             shared._ssp, shared._shd = None, holder(fd, False, LISTEN_BACKLOG)
             shared._sfd = fd
