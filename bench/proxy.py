@@ -23,6 +23,16 @@ each target (the worker itself, gatekeeper, vllm-router, nginx):
   one, summed over the connections; "busy" is the machine's CPU use (near 100 % means the CPUs, not the
   worker, are the bottleneck: the output then says so).
 
+``--servers gatekeeper,uvicorn,granian`` measures one sidecar per ``http_server``
+(docs/sidecar.md, "HTTP servers"; default: ``gatekeeper`` alone), each a row of its own
+(``gk+uvicorn``, ``gk+granian``) with the five criteria checked for each. All of them are
+in front of the SAME worker, as vllm-router and nginx are: the first sidecar launches it,
+each other starts on a copy of the first's deployment records and ledger and adopts it,
+as a restarted sidecar adopts its workers (``proxy_targets.sidecars``). One worker for
+all is the fair comparison: "added" is then against the one worker measured in the same
+rounds for every target, with no difference between two workers' own latency or the
+CPUs they were scheduled on to blur the few tens of microseconds being compared.
+
 The simulator's token pace is one setting per worker, so the bench runs twice: a worker
 with ``GATEKEEPER_SIM_TOKEN_SECONDS=0`` for latency, CPU and idle, then a fresh sidecar
 whose worker paces tokens, for throughput (each time all targets in front of that one
@@ -52,10 +62,17 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from bench.proxy_targets import Worker, cpu_seconds, nginx, process_tree, vllm_router
-from bench.serve_process import TOKEN, free_port, sidecar
+from bench.proxy_targets import (
+    SERVERS,
+    Connection,
+    cpu_seconds,
+    idle_seconds,
+    nginx,
+    process_tree,
+    sidecar_name,
+    sidecars,
+    vllm_router,
+)
 
 CHAT = b'{"model": "tiny", "messages": [{"role": "user", "content": "Say hello."}]'
 WHOLE = CHAT + b', "max_tokens": 16}'
@@ -65,54 +82,6 @@ WORKER_ENV = '{{ GATEKEEPER_SIM_STARTUP_SECONDS = "0.2", GATEKEEPER_SIM_TOKEN_SE
 BUSY_RATIO = 0.9
 CONCURRENCY = 64
 ROUTER_VENV = Path(__file__).resolve().parent.parent / "build" / "venv-router" / "bin"
-
-
-# --- a small HTTP/1.1 client -----------------------------------------------------------------
-
-
-class Connection:
-    """One keep-alive connection; POSTs and reads the answer, chunked or not."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader
-        self.writer: asyncio.StreamWriter
-
-    async def open(self) -> Connection:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        return self
-
-    def close(self) -> None:
-        self.writer.close()
-
-    async def post(self, path: str, body: bytes) -> tuple[int, float, float]:
-        """(status, seconds to the first body bytes, seconds to the end)."""
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        start = time.perf_counter()
-        self.writer.write(head.encode() + body)
-        headers = (await self.reader.readuntil(b"\r\n\r\n")).lower()
-        status = int(headers[9:12])
-        if b"transfer-encoding: chunked" not in headers:
-            length = int(headers.split(b"content-length:")[1].split(b"\r\n")[0])
-            await self.reader.readexactly(length)
-            end = time.perf_counter() - start
-            return status, end, end
-        first = 0.0
-        while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            await self.reader.readexactly(size + 2)
-            first = first or time.perf_counter() - start
-        await self.reader.readuntil(b"\r\n")
-        return status, first, time.perf_counter() - start
-
-
-def idle_seconds() -> float:
-    """The machine's idle CPU time so far, all CPUs together (``/proc/stat``)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- measurements ----------------------------------------------------------------------------
@@ -241,31 +210,23 @@ async def throughput_rounds(targets: list[Target], args: argparse.Namespace) -> 
 # --- the targets -----------------------------------------------------------------------------
 
 
-def wait_worker(port: int, timeout: float = 120) -> Worker:
-    """The preloaded deployment's worker, once the admin API lists it ready."""
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as c:
-        while time.monotonic() < deadline:
-            for d in c.get("/admin/deployments").raise_for_status().json()["deployments"]:
-                if d["state"] == "ready":
-                    return Worker(port=int(d["port"]), pid=int(d["pid"]))
-            time.sleep(0.2)
-    raise SystemExit(f"the sidecar on port {port} had no ready worker after {timeout:.0f} s")
+def is_sidecar(t: Target) -> bool:
+    return t.name == "gatekeeper" or t.name.startswith("gk+")
+
+
+def only(pid: int) -> Callable[[], list[int]]:
+    """The processes whose CPU counts for a sidecar: its own (not its worker's)."""
+    return lambda: [pid]
 
 
 def targets_on(
     stack: ExitStack, work: Path, env: str, args: argparse.Namespace, missing: list[str]
 ) -> list[Target]:
-    """A sidecar whose worker has ``env``, and every target in front of that worker, each
-    running until ``stack`` closes."""
-    port = free_port()
-    ours = stack.enter_context(sidecar(work, port, preload=True, worker_env=env, rehearsal=True))
-    worker = wait_worker(port)
-    targets = [
-        Target("worker", worker.port, None),
-        Target("gatekeeper", port, lambda: [ours.pid]),
-    ]
+    """The sidecars (``--servers``) whose worker has ``env``, and every other target in
+    front of that worker, each running until ``stack`` closes."""
+    worker, ours = sidecars(stack, work, env, args.servers)
+    targets = [Target("worker", worker.port, None)]
+    targets += [Target(name, r.port, only(r.pid)) for name, r in ours]
     if args.router:
         router = stack.enter_context(vllm_router(args.router, worker, work))
         targets.append(Target("vllm-router", router.port, lambda: process_tree(router.pid)))
@@ -326,21 +287,26 @@ def throughput_report(targets: list[Target]) -> list[str]:
 
 
 def verdict(fast: list[Target], paced: list[Target]) -> list[str]:
-    """The issue's targets: gatekeeper no worse than vllm-router in the same run."""
+    """The issue's targets: each sidecar no worse than vllm-router in the same run."""
     by_name = {t.name: t for t in fast}
-    worker, ours, router = by_name["worker"], by_name["gatekeeper"], by_name.get("vllm-router")
+    worker, router = by_name["worker"], by_name.get("vllm-router")
     if router is None:
         return ["vllm-router was not measured: no verdict."]
+    rate = {t.name: statistics.mean(t.rates) for t in paced if t.rates}
+    return [line for t in fast if is_sidecar(t) for line in _criteria(t, worker, router, rate)]
+
+
+def _criteria(ours: Target, worker: Target, router: Target, rate: dict[str, float]) -> list[str]:
+    """The five criteria for one sidecar."""
 
     def added(t: Target, values: Callable[[Target], list[float]]) -> float:
         return percentile(values(t), 50) - percentile(values(worker), 50)
 
     def line(what: str, a: float, b: float, unit: str = "ms") -> str:
         verdict = "met" if a <= b else "NOT met"
-        return f"{what}: gatekeeper {a:.3f} {unit} vs vllm-router {b:.3f} {unit} -> {verdict}"
+        return f"{what}: {ours.name} {a:.3f} {unit} vs vllm-router {b:.3f} {unit} -> {verdict}"
 
-    rate = {t.name: statistics.mean(t.rates) for t in paced if t.rates}
-    lost = 1 - rate["gatekeeper"] / rate["worker"]
+    lost = 1 - rate[ours.name] / rate["worker"]
     return [
         line(
             "added p50",
@@ -362,7 +328,7 @@ def verdict(fast: list[Target], paced: list[Target]) -> list[str]:
             1e3 * ours.cpu_stream / ours.n_stream,
             1e3 * router.cpu_stream / router.n_stream,
         ),
-        f"throughput at {CONCURRENCY} streams: gatekeeper {rate['gatekeeper']:.1f}/s, worker "
+        f"throughput at {CONCURRENCY} streams: {ours.name} {rate[ours.name]:.1f}/s, worker "
         f"{rate['worker']:.1f}/s ({lost:+.1%} lost) -> {'met' if lost <= 0.02 else 'NOT met'}"
         " (at most 2 % below the worker)",
     ]
@@ -382,6 +348,18 @@ def revision() -> str:
     if head.returncode != 0:
         return "not a git checkout"
     return head.stdout.strip() + (" + uncommitted changes in gatekeeper/" if dirty.stdout else "")
+
+
+def servers_list(text: str) -> list[str]:
+    """``--servers``: http_server values, comma-separated, each once."""
+    servers = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in servers if name not in SERVERS]
+    if not servers or unknown or len(set(servers)) < len(servers):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of distinct http_server values; give some of "
+            f"{', '.join(SERVERS)}, comma-separated, e.g. gatekeeper,uvicorn"
+        )
+    return servers
 
 
 def find_router(given: str | None) -> str | None:
@@ -408,6 +386,13 @@ def main() -> None:
         "--token-seconds", type=float, default=0.04, help="the paced worker's token interval"
     )
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    parser.add_argument(
+        "--servers",
+        type=servers_list,
+        default=["gatekeeper"],
+        help="comma-separated http_server values, one sidecar each, all in front of the "
+        f"same worker ({', '.join(SERVERS)}; default: gatekeeper)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.requests, args.idle_seconds = 2, 40, 2.0
@@ -436,6 +421,9 @@ def main() -> None:
         f"{args.rounds} rounds x {args.requests} requests + {args.requests // 2} streams; "
         f"at {revision()}"
     )
+    if args.servers != ["gatekeeper"]:
+        named = (f"{sidecar_name(server)} (http_server = {server})" for server in args.servers)
+        print(f"# sidecars, all in front of the same worker: {', '.join(named)}")
     for name in missing:
         print(f"# {name} not found: not measured (scripts/bench-deps.sh installs it)")
     print("\n".join(latency_report(fast)))

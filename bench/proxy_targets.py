@@ -1,21 +1,25 @@
-"""The proxies ``bench/proxy.py`` puts in front of gatekeeper's worker, as child processes:
-vllm-router (``--policy round_robin``, the worker as its one static backend) and nginx
-(a minimal config: upstream keepalive, HTTP/1.1 to the worker, no buffering, so a
-stream's chunks pass as they come); and the CPU time of a set of processes."""
+"""The targets ``bench/proxy.py`` measures, as child processes: the sidecars
+(``sidecars``: one ``gatekeeper serve`` per ``http_server``, all in front of one
+worker), vllm-router (``--policy round_robin``, the worker as its one static backend)
+and nginx (a minimal config: upstream keepalive, HTTP/1.1 to the worker, no buffering,
+so a stream's chunks pass as they come); the CPU time of a set of processes; and the
+small HTTP/1.1 client that loads them (``Connection``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from bench.serve_process import free_port, stop
+from bench.serve_process import TOKEN, adopting_state, free_port, sidecar, stop
 
 TICK_SECONDS = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -155,3 +159,109 @@ def nginx(path: str, worker: Worker, work: Path) -> Iterator[Running]:
     argv += ["-g", "daemon off;"]
     with child(argv, port, "/health", work / "nginx.log") as running:
         yield running
+
+
+# --- a small HTTP/1.1 client -----------------------------------------------------------------
+
+
+class Connection:
+    """One keep-alive connection; POSTs and reads the answer, chunked or not."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader
+        self.writer: asyncio.StreamWriter
+
+    async def open(self) -> Connection:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, float, float]:
+        """(status, seconds to the first body bytes, seconds to the end)."""
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        start = time.perf_counter()
+        self.writer.write(head.encode() + body)
+        headers = (await self.reader.readuntil(b"\r\n\r\n")).lower()
+        status = int(headers[9:12])
+        if b"transfer-encoding: chunked" not in headers:
+            length = int(headers.split(b"content-length:")[1].split(b"\r\n")[0])
+            await self.reader.readexactly(length)
+            end = time.perf_counter() - start
+            return status, end, end
+        first = 0.0
+        while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            await self.reader.readexactly(size + 2)
+            first = first or time.perf_counter() - start
+        await self.reader.readuntil(b"\r\n")
+        return status, first, time.perf_counter() - start
+
+
+def idle_seconds() -> float:
+    """The machine's idle CPU time so far, all CPUs together (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- the sidecars ----------------------------------------------------------------------------
+
+SERVERS = ("gatekeeper", "uvicorn", "granian")
+"""``http_server``'s values (``gatekeeper.settings.Settings``)."""
+
+
+def wait_worker(port: int, timeout: float = 120) -> Worker:
+    """The preloaded deployment's worker, once the admin API lists it ready."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as c:
+        while time.monotonic() < deadline:
+            for d in c.get("/admin/deployments").raise_for_status().json()["deployments"]:
+                if d["state"] == "ready":
+                    return Worker(port=int(d["port"]), pid=int(d["pid"]))
+            time.sleep(0.2)
+    raise SystemExit(f"the sidecar on port {port} had no ready worker after {timeout:.0f} s")
+
+
+def sidecar_name(server: str) -> str:
+    """A sidecar's row: ``gatekeeper`` for the default server, ``gk+SERVER`` for another."""
+    return "gatekeeper" if server == "gatekeeper" else f"gk+{server}"
+
+
+def sidecars(
+    stack: ExitStack, work: Path, env: str, servers: list[str]
+) -> tuple[Worker, list[tuple[str, Running]]]:
+    """One ``gatekeeper serve --rehearsal`` per ``http_server`` in ``servers``, all in
+    front of one worker, each running until ``stack`` closes, with its row's name: the
+    first launches the worker (its one preloaded model, whose environment is ``env``);
+    each other adopts it from a copy of the first's state (``adopting_state``), as a
+    restarted sidecar would, and leaves it running when it stops."""
+    port = free_port()
+    first = stack.enter_context(
+        sidecar(work, port, preload=True, worker_env=env, rehearsal=True, http_server=servers[0])
+    )
+    worker = wait_worker(port)
+    found = [(sidecar_name(servers[0]), Running(port, first.pid))]
+    for server in servers[1:]:
+        own, own_port = work / server, free_port()
+        adopting_state(work / "state", own / "state")
+        proc = stack.enter_context(
+            sidecar(
+                own,
+                own_port,
+                preload=False,
+                worker_env=env,
+                rehearsal=True,
+                http_server=server,
+                keep_workers=True,
+            )
+        )
+        if wait_worker(own_port) != worker:
+            raise SystemExit(f"the {server} sidecar on port {own_port} adopted another worker")
+        found.append((sidecar_name(server), Running(own_port, proc.pid)))
+    return worker, found

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+from gatekeeper.sidecar import ledger_path
 
 TOKEN = "bench-token"
 SIMULATOR = [sys.executable, "-m", "gatekeeper.simulator", "serve"]
@@ -55,17 +58,22 @@ def sidecar(
     gpus: str = "2xH100-80GB",
     extra: str = "",
     rehearsal: bool = False,
+    http_server: str = "gatekeeper",
+    keep_workers: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run it, once its ``/healthz`` answers, until the block ends (SIGTERM, so it stops
-    its workers); ``worker_env`` is
+    its workers, unless ``keep_workers``); ``worker_env`` is
     a TOML inline table of the simulator's ``GATEKEEPER_SIM_*`` variables, ``extra`` more
     top-level TOML settings lines; ``rehearsal`` adds ``--rehearsal`` (state under
-    ``state/rehearsal``, the settings' node, token and models kept)."""
+    ``state/rehearsal``, the settings' node, token and models kept); ``http_server`` is
+    the setting of that name."""
     config = work / "gatekeeper.toml"
     config.write_text(
         f"worker_port_min = {port + 1}\nworker_port_max = {port + 99}\n"
         f"worker_command = {json.dumps(SIMULATOR)}\n"
-        f'gpus = "{gpus}"\nallowed_models = ["Qwen/*"]\nstop_workers_on_exit = true\n'
+        f'gpus = "{gpus}"\nallowed_models = ["Qwen/*"]\n'
+        f"stop_workers_on_exit = {'false' if keep_workers else 'true'}\n"
+        f'http_server = "{http_server}"\n'
         f"worker_env = {worker_env}\n{extra}"
         '[[models]]\nname = "tiny"\nmodel = "Qwen/Qwen3-0.6B"\n'
         f"preload = {'true' if preload else 'false'}\n"
@@ -82,6 +90,20 @@ def sidecar(
         yield proc
     finally:
         stop(proc, 60)
+
+
+def adopting_state(leader: Path, follower: Path) -> None:
+    """Give the state directory ``follower`` the deployment records and the ledger of the
+    rehearsal under ``leader``, so that a sidecar started on it adopts the leader's
+    workers (as a restarted sidecar does) and proxies to the same processes."""
+    source, target = leader / "rehearsal", follower / "rehearsal"
+    # the records' directory, as the deployment manager names it
+    shutil.copytree(source / "deployments", target / "deployments")
+    with (
+        contextlib.closing(sqlite3.connect(ledger_path(source))) as given,
+        contextlib.closing(sqlite3.connect(ledger_path(target))) as taken,
+    ):
+        given.backup(taken)
 
 
 def stop(proc: subprocess.Popen[bytes], seconds: float) -> None:

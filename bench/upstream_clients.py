@@ -40,8 +40,7 @@ from typing import Any
 
 import httpx
 
-from bench.proxy import Connection
-from bench.proxy_targets import child, cpu_seconds
+from bench.proxy_targets import Connection, child, cpu_seconds
 from bench.serve_process import free_port
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16'
