@@ -110,7 +110,7 @@ def build_app(
             inventory,
             promised=lambda: ledger.view().promised,
             workers=lambda: [worker_view(d) for d in list(holder["manager"].deployments.values())],
-            outstanding=lambda: len(ledger.outstanding()),
+            outstanding=lambda: ledger.view().outstanding,
             known_models=lambda: (
                 {e.name for e in settings.models}
                 | {d.name for d in list(holder["manager"].deployments.values())}
@@ -195,7 +195,7 @@ def build_app(
         )
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_schema(__version__))
+        return JSONResponse(openapi_schema(__version__, deploy_body))
 
     routes = [
         *proxy.routes(),

@@ -93,7 +93,8 @@ def _proxy_paths(openai: dict[str, str]) -> dict[str, Any]:
     return paths
 
 
-def openapi_schema(version: str) -> dict[str, Any]:
+def openapi_schema(version: str, body: type[DeployBody] = DeployBody) -> dict[str, Any]:
+    """The sidecar's OpenAPI document; ``body``: the admin API's deploy body type."""
     admin_errors = {"401": "no or wrong bearer token", "403": "admin API off, or model not allowed"}
     openai = {
         "200": "the worker's answer (SSE when stream is true)",
@@ -115,7 +116,7 @@ def openapi_schema(version: str) -> dict[str, Any]:
                 "bearer": {"type": "http", "scheme": "bearer"},
                 "api_key": {"type": "http", "scheme": "bearer"},
             },
-            "schemas": {"DeployBody": DeployBody.model_json_schema()},
+            "schemas": {"DeployBody": body.model_json_schema()},
         },
         "paths": {
             "/admin/deployments": {

@@ -36,6 +36,8 @@ def test_a_field_added_to_the_body_survives_deploy_restart_and_adoption(tmp_path
         assert typo.status_code == 400
         assert "did you mean 'team'?" in typo.json()["error"]["message"]
         assert "team" in typo.json()["error"]["message"].split("the fields are")[1]
+        schema = sc.admin.get("/openapi.json").json()["components"]["schemas"]["DeployBody"]
+        assert schema["properties"]["team"]["description"] == "the owning team's name"
     records = tmp_path / "deployments"
     assert json.loads((records / f"{ids[0]}.json").read_text())["body"]["team"] == "search"
     # the second record as the previous version wrote it: record, request, decision
