@@ -6,9 +6,11 @@ of idle GPUs, ``share_gpus`` on): per rank, the bytes placement would put in its
 (CUDA context + weights + non-torch + activation peak + CUDA graphs + the KV cache for the
 chosen length), the ``--kv-cache-memory-bytes`` that KV cache is, and a
 ``--gpu-memory-utilization`` that passes vLLM's start-up check on any GPU the claim may
-land on (``free >= ceil(u x total)``: with a byte budget the fraction does nothing else,
-so it is the in-budget bytes over the largest GPU in gatekeeper's table, rounded up to 4
-decimals; on a smaller GPU it asks for less).
+land on (``free >= ceil(u x total)``, free measured after the worker's CUDA context and
+NCCL): with a byte budget the fraction does nothing else, so it is the in-budget bytes
+over the largest GPU in gatekeeper's table, rounded down to 4 decimals (at least 0.0001),
+and ``ceil(u x total)`` stays within the in-budget bytes, which the claim holds free, on
+every GPU.
 
 ``claim_template_spec`` turns that into a ResourceClaimTemplate's ``spec``: one request
 per rank (``rank0`` …) of ``count: 1`` device of the class, ``capacity.requests.memory``
@@ -19,9 +21,10 @@ GPUs (``distinctAttribute`` on ``uuid``; without it the scheduler may put two ra
 consumable-capacity claim on one GPU). ``template_name`` derives the name from a hash of
 that spec, so applying the same workload again names the same template.
 
-Worked example: Qwen2.5-0.5B-Instruct, vLLM 0.32, --max-model-len 4096, TP 1: the rank's
-need is the context, weights, activation, graphs and a KV cache of 8 sequences of 4096
-tokens; the request is that rounded up to a MiB.
+Worked example: Qwen2.5-7B-Instruct, --max-model-len 8192, TP 1, no GPU named (sized on
+the largest in the table, a B200): a KV cache of 8 sequences of 8192 tokens, 3.50 GiB
+(``--kv-cache-memory-bytes 3759013888``); the rank's need 21.41 GiB (22992451788 bytes),
+requested as 22993174528 (rounded up to a MiB); ``--gpu-memory-utilization 0.1172``.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.gpu_search import search
 from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest
 from gatekeeper.units import format_gib, round_up
-from gatekeeper.vllm.launch import ceil_fraction
+from gatekeeper.vllm.launch import floor_fraction
 
 __all__ = [
     "MIN_CAPABILITY",
+    "MIN_FRACTION",
     "ClaimError",
     "RankSizing",
     "capability_selector",
@@ -80,6 +84,8 @@ MIN_CAPABILITY: Mapping[str, tuple[int, int]] = {
 ``get_min_capability`` (``model_executor/layers/quantization/*.py``), which
 ``config/vllm.py``'s ``_get_quantization_config`` checks at start-up."""
 
+MIN_FRACTION = 0.0001
+"""The least ``--gpu-memory-utilization`` written (vLLM takes a fraction in (0, 1])."""
 _ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"]'
 
 
@@ -170,7 +176,9 @@ def size_ranks(
         ranks=ranks or world,
         rank_bytes=max(placement.promise_bytes),
         kv_cache_memory_bytes=placement.kv_cache_bytes,
-        gpu_memory_utilization=ceil_fraction(_in_budget(placement), _largest_total()),
+        gpu_memory_utilization=max(
+            MIN_FRACTION, floor_fraction(_in_budget(placement), _largest_total())
+        ),
         min_capability=min_capability(spec, options),
     )
 

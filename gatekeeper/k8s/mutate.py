@@ -7,9 +7,9 @@ template and each container that runs vLLM (read as the validating webhook reads
 the flag table of the image's release), with no claims of its own:
 
 1. the model and the GPU are found as the validating webhook finds them
-   (``AdmissionWebhook.model_spec``, ``.draft_spec``, ``.gpu_choice``; a workload that
-   names no GPU is sized on the largest GPU in gatekeeper's table: a rank's bytes do not
-   depend on the GPU, only the KV cache a GPU could hold);
+   (``AdmissionWebhook.model_spec``, ``.draft_spec``, ``.gpu_choice``: the annotation,
+   the product selector, ``webhook_default_gpu``; a workload with none of them is sized on
+   the largest GPU in gatekeeper's table);
 2. ``gatekeeper.cluster.claims.size_ranks`` sizes each rank as the sidecar's placement
    sizes a worker that shares its GPUs, and ``claim_template_spec`` writes the
    ResourceClaimTemplate (one request per rank of ``capacity.requests.memory``, the CEL
