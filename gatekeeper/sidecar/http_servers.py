@@ -59,10 +59,24 @@ def missing_limits(settings: Settings) -> str | None:
     missing = _MISSING[settings.http_server]
     if missing is None:
         return None
+    if settings.http_server == "granian":
+        missing += "".join(_granian_caps(settings))
     return (
         f"http_server = {settings.http_server}: {missing}; set http_server = gatekeeper "
         "(GATEKEEPER_HTTP_SERVER) for all of them"
     )
+
+
+def _granian_caps(settings: Settings) -> list[str]:
+    """Where granian's own range moves a setting: said, not done silently."""
+    caps = []
+    if settings.request_header_timeout_seconds * 1000 > GRANIAN_MAX_HEADER_MS:
+        caps.append(
+            f"; request_header_timeout_seconds is its most, {GRANIAN_MAX_HEADER_MS // 1000}"
+        )
+    if settings.max_request_head_bytes < GRANIAN_MIN_BUFFER_BYTES:
+        caps.append(f"; max_request_head_bytes is its least, {GRANIAN_MIN_BUFFER_BYTES}")
+    return caps
 
 
 def server(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
@@ -137,7 +151,9 @@ def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callabl
 
 
 def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> Any:
-    """granian's embedded server serving on ``sock`` (not a socket of its own)."""
+    """granian's embedded server serving on ``sock`` (not a socket of its own). Through
+    two private names of granian 2.8 (``Server._init_shared_socket``, ``SocketHolder``),
+    which is why the extra pins it below 2.9."""
     try:
         from granian._granian import SocketHolder
         from granian.constants import HTTPModes, Interfaces
@@ -172,7 +188,7 @@ def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> 
         header_read_timeout=max(1, min(header_ms, GRANIAN_MAX_HEADER_MS)),
         max_buffer_size=max(GRANIAN_MIN_BUFFER_BYTES, settings.max_request_head_bytes),
     )
-    server = _OnOurSocket(
+    embedded = _OnOurSocket(
         app,
         address=host,
         port=port,
@@ -184,4 +200,4 @@ def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> 
         log_level=LogLevels.error,
         log_dictconfig={"loggers": {"_granian": {"propagate": True}}},
     )
-    return server
+    return embedded

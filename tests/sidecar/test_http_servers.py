@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gatekeeper.settings import Settings
+from gatekeeper.sidecar.http_servers import missing_limits
 from gatekeeper.sidecar.launcher import process_group_alive
 
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
@@ -134,3 +136,16 @@ def test_a_server_that_is_not_one_is_refused_with_the_choices(tmp_path: Path) ->
     assert "GATEKEEPER_HTTP_SERVER='nginx'" in done.stderr
     assert "'gatekeeper', 'uvicorn' or 'granian'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_granians_own_range_is_said_where_it_moves_a_setting() -> None:
+    moved = Settings(
+        http_server="granian", request_header_timeout_seconds=120, max_request_head_bytes=4096
+    )
+    line = missing_limits(moved)
+    assert line is not None
+    assert "request_header_timeout_seconds is its most, 60" in line
+    assert "max_request_head_bytes is its least, 8192" in line
+    kept = missing_limits(Settings(http_server="granian"))
+    assert kept is not None and "its most" not in kept and "its least" not in kept
+    assert missing_limits(Settings(http_server="gatekeeper")) is None
