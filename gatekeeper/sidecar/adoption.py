@@ -14,7 +14,8 @@ For each record in ``state_dir/deployments`` (``gatekeeper.sidecar.records``),
 
 ``stop_unrecorded_workers`` stops the workers an earlier sidecar spawned but never
 recorded (killed between spawn and record), found by the marker in their environment.
-The ``DeploymentManager`` registers and supervises what is adopted.
+``adopt_all`` does both at start-up and releases the reservations nobody adopted; the
+``DeploymentManager`` registers and supervises what is adopted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.sidecar.deployment import Deployment, ManagerConfig, process_start_ticks
 from gatekeeper.sidecar.launcher import (
@@ -43,12 +45,52 @@ from gatekeeper.sidecar.records import (
     resolve_request,
 )
 
-__all__ = ["adopt_recorded", "recorded_worker_alive", "stop_unrecorded_workers"]
+__all__ = ["adopt_all", "adopt_recorded", "recorded_worker_alive", "stop_unrecorded_workers"]
 
 logger = logging.getLogger(__name__)
 
 Health = Callable[[str, int], Awaitable[bool]]
 """``health(host, port)``: whether a worker's ``/health`` answers 200."""
+
+
+async def adopt_all(
+    records_dir: Path,
+    resolve: Callable[[str], PlacementRequest],
+    *,
+    ledger: Ledger,
+    config: ManagerConfig,
+    health: Health,
+    snapshot: Callable[[], Awaitable[InventorySnapshot]],
+    resume: Callable[[Deployment, bool], None],
+    restore: Callable[[Deployment, InventorySnapshot], Awaitable[int]],
+) -> list[str]:
+    """Adopt every recorded worker ``adopt_recorded`` takes, handing each to ``resume``
+    (with whether it serves) and writing back its rows if the ledger has none
+    (``restore``); then stop the unrecorded workers and release the reservations of
+    the deployments not adopted. Returns the adopted ids."""
+    live = {r.deployment_id for r in await asyncio.to_thread(ledger.live)}
+    adopted: list[str] = []
+    reading = await snapshot()
+    for path in sorted(records_dir.glob("*.json")):
+        found = await adopt_recorded(
+            path, live, resolve, ledger=ledger, config=config, health=health
+        )
+        if found is None:
+            continue
+        d, healthy = found
+        resume(d, healthy)
+        adopted.append(d.id)
+        # A ledger moved aside or lost holds no row of it: written back from its
+        # record (and NVML) before any admission is answered (#27 item 4).
+        if await restore(d, reading):
+            logger.warning("deployment %s: its reservation was written back", d.id)
+    await stop_unrecorded_workers(config, set(adopted))
+    # A reservation whose deployment was not adopted has no worker behind it (the
+    # sidecar died between admission and launch, or its record was unreadable): it
+    # would block its GPU until it expired. One sidecar owns a state directory.
+    for deployment_id in sorted(live - set(adopted)):
+        await asyncio.to_thread(ledger.release, deployment_id)
+    return adopted
 
 
 async def adopt_recorded(

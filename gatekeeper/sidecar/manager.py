@@ -27,7 +27,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,7 +37,7 @@ from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.placement.gpu_search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
 from gatekeeper.sidecar.admission import admit
-from gatekeeper.sidecar.adoption import adopt_recorded, stop_unrecorded_workers
+from gatekeeper.sidecar.adoption import adopt_all
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import (
     Deployment,
@@ -453,42 +452,25 @@ class DeploymentManager:
     # -- records and adoption -----------------------------------------------------------
 
     async def adopt(self, resolve: Callable[[str], PlacementRequest]) -> list[str]:
-        """Adopt the workers an earlier sidecar left running; release the rest.
-
-        A worker is adopted when its reservation is still live in the ledger, its
-        process group is alive and its ``/health`` answers 200. ``resolve`` rebuilds a
-        deployment's request from its recorded model and options.
+        """Adopt the workers an earlier sidecar left running; release the rest
+        (``adoption.adopt_all``); admissions open once their rows are in the ledger.
+        ``resolve`` rebuilds a deployment's request from its recorded model and options.
         """
-        rows = await asyncio.to_thread(self.ledger.live)
-        live = {r.deployment_id for r in rows}
-        adopted = []
-        snapshot = await self.snapshot()
-        for path in sorted(self.records_dir.glob("*.json")):
-            d = await self._adopt_one(path, live, resolve)
-            if d is not None:
-                adopted.append(d.id)
-                # A ledger moved aside or lost holds no row of it: written back from its
-                # record (and NVML) before any admission is answered (#27 item 4).
-                if await self.keeper.restore(d, snapshot):
-                    logger.warning("deployment %s: its reservation was written back", d.id)
-        await stop_unrecorded_workers(self.config, set(adopted))
-        # A reservation whose deployment was not adopted has no worker behind it (the
-        # sidecar died between admission and launch, or its record was unreadable): it
-        # would block its GPU until it expired. One sidecar owns a state directory.
-        for deployment_id in sorted(live - set(adopted)):
-            await asyncio.to_thread(self.ledger.release, deployment_id)
+        adopted = await adopt_all(
+            self.records_dir,
+            resolve,
+            ledger=self.ledger,
+            config=self.config,
+            health=self._health,
+            snapshot=self.snapshot,
+            resume=self._resume,
+            restore=self.keeper.restore,
+        )
         self.keeper.restoring = None
         return adopted
 
-    async def _adopt_one(
-        self, path: Path, live: set[str], resolve: Callable[[str], PlacementRequest]
-    ) -> Deployment | None:
-        found = await adopt_recorded(
-            path, live, resolve, ledger=self.ledger, config=self.config, health=self._health
-        )
-        if found is None:
-            return None
-        d, healthy = found
+    def _resume(self, d: Deployment, healthy: bool) -> None:
+        """An adopted deployment: listed, ``ready`` (serving) or ``loading``, supervised."""
         self.deployments[d.id] = d
         if healthy:
             self._set(d, "ready")
@@ -496,7 +478,6 @@ class DeploymentManager:
         else:
             self._set(d, "loading")
         d.supervisor = asyncio.get_running_loop().create_task(self._watch_adopted(d))
-        return d
 
     async def _await_adopted_loading(self, d: Deployment) -> bool:
         """An adopted worker that was still loading: wait for it as a launch would (the
