@@ -21,33 +21,14 @@ they are re-exported here, where callers import them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimator.accounting import (
-    DEFAULT_VLLM_VERSION,
-    Accounting,
-    accounting_for,
-    parse_vllm_version,
-)
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_version
 from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
-from gatekeeper.estimator.dtype import resolve_dtype
 from gatekeeper.estimator.kv_cache import KvLayout, KvOptions, StatePages, kv_layout
-from gatekeeper.estimator.lora import (
-    DEFAULT_MAX_LORA_RANK,
-    DEFAULT_MAX_LORAS,
-    LoraSlots,
-    lora_bytes,
-)
-from gatekeeper.estimator.options import (
-    ServeOptions,
-    check_parallelism,
-    resolve_kv_dtype,
-)
+from gatekeeper.estimator.lora import lora_bytes
+from gatekeeper.estimator.options import ServeOptions, resolve_kv_dtype
 from gatekeeper.estimator.overhead import (
-    BatchShape,
-    batch_defaults,
-    capture_size,
     cuda_graph_bytes,
     encoder_peak_bytes,
     forward_peak_bytes,
@@ -55,150 +36,19 @@ from gatekeeper.estimator.overhead import (
     pre_init_bytes,
     sampler_peak_bytes,
 )
-from gatekeeper.estimator.rank_weights import WeightOptions
-from gatekeeper.estimator.runner import resolve_runner
-from gatekeeper.estimator.speculative import Speculative
+from gatekeeper.estimator.plan import Plan, resolve_plan
 from gatekeeper.estimator.state import state_bytes
 from gatekeeper.estimator.types import Estimate as Estimate
 from gatekeeper.estimator.types import GpuTarget as GpuTarget
 from gatekeeper.estimator.types import StageEstimate as StageEstimate
 from gatekeeper.estimator.weights import pp_partition, weight_plan
-from gatekeeper.models.quantization import QuantSpec, quant_from_flag
-from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
-from gatekeeper.units import GIB, format_gib
+from gatekeeper.models.spec import ModelSpec
+from gatekeeper.units import format_gib
 
 __all__ = ["estimate"]
 
-DEFAULT_BLOCK_SIZE = 16
 
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """Resolved options shared by every stage."""
-
-    acc: Accounting
-    spec: ModelSpec
-    opts: ServeOptions
-    gpu: GpuTarget
-    tp: int
-    pp: int
-    dtype: str
-    quant: QuantSpec | None
-    max_model_len: int
-    utilization: float
-    shape: BatchShape
-    block_size: int
-    features: _Features
-    version: str = DEFAULT_VLLM_VERSION
-    """The vLLM release being sized."""
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-
-@dataclass(frozen=True, slots=True)
-class _Features:
-    """The serving flags beyond the basic shape that change memory, resolved."""
-
-    lora: LoraSlots | None
-    speculative: Speculative | None
-    pooling: bool
-    ep: int
-    dcp: int
-    graphs: bool
-    cap: int
-    mm_items: int | None
-    """Items per prompt the encoder profile is limited to (None: vLLM's default)."""
-    weights: WeightOptions
-
-
-def _features(
-    spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int, *, pooling: bool
-) -> _Features:
-    sp = opts.speculative_config
-    comp = opts.compilation_config
-    mode = comp.cudagraph_mode if comp else None
-    graphs = not opts.enforce_eager and opts.optimization_level != "0" and mode != "NONE"
-    k = sp.tokens(spec) if sp else 0
-    cap = capture_size(
-        shape,
-        decode_query_len=1 + k,
-        sizes=opts.cudagraph_capture_sizes or (comp.capture_sizes if comp else None),
-        largest=opts.max_cudagraph_capture_size or (comp.max_capture_size if comp else None),
-    )
-    limits = opts.limit_mm_per_prompt
-    items = limits.get("image") if limits else None
-    # vLLM skips the tower only when every modality it encodes is limited to 0 (an
-    # unlisted modality keeps vLLM's default limit): models/interfaces.py
-    modalities = spec.vision.modalities if spec.vision else ()
-    vision_off = (
-        limits is not None and bool(modalities) and all(limits.get(m) == 0 for m in modalities)
-    )
-    ep = opts.data_parallel_size * tp if opts.enable_expert_parallel else 1
-    lora = None
-    if opts.enable_lora:
-        lora = LoraSlots(
-            opts.max_loras or DEFAULT_MAX_LORAS,
-            opts.max_lora_rank or DEFAULT_MAX_LORA_RANK,
-            opts.lora_dtype,
-            opts.fully_sharded_loras,
-        )
-    weights = WeightOptions(
-        ep_size=ep,
-        lm_head=not pooling,
-        vision=not vision_off,
-        vision_replicated=opts.mm_encoder_tp_mode == "data",
-        cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),
-    )
-    return _Features(
-        lora=lora,
-        speculative=sp,
-        pooling=pooling,
-        ep=ep,
-        dcp=opts.decode_context_parallel_size,
-        graphs=graphs,
-        cap=cap if graphs else 0,
-        # no image but videos: the profile runs on videos, sized here as images
-        mm_items=0 if vision_off or opts.skip_mm_profiling else (items or None),
-        weights=weights,
-    )
-
-
-def _resolve(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_version: str) -> _Plan:
-    version = opts.vllm_version or default_version
-    acc = accounting_for(version)
-    tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
-    check_parallelism(spec, tp, pp, opts)
-    pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
-    spec = spec.for_runner(pooling)  # a pooling run: the tokenizer's length cap
-    dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1", pooling=pooling)
-    quant = (
-        quant_from_flag(opts.quantization, spec.quantization)
-        if opts.quantization
-        else spec.quantization
-    )
-    length = opts.max_model_len or spec.default_max_model_len
-    shape = batch_defaults(
-        acc,
-        total_bytes=gpu.total_bytes,
-        gpu_name=gpu.name,
-        max_model_len=length,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=opts.max_num_batched_tokens,
-        llm_class=opts.embedded,
-        throughput=opts.performance_mode == "throughput",
-    )
-    block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
-    utilization = opts.gpu_memory_utilization or acc.default_utilization
-    features = _features(spec, opts, shape, tp, pooling=pooling)
-    return _Plan(
-        acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
-        version,
-    )  # fmt: skip
-
-
-def _draft(p: _Plan, draft: ModelSpec | None) -> DraftCost:
+def _draft(p: Plan, draft: ModelSpec | None) -> DraftCost:
     sp = p.features.speculative
     if sp is None:
         return DraftCost(0, 0, 0, 0)
@@ -224,14 +74,14 @@ def _draft(p: _Plan, draft: ModelSpec | None) -> DraftCost:
     return draft_cost(sp, ctx, draft)
 
 
-def _lora_activation(p: _Plan) -> int:
+def _lora_activation(p: Plan) -> int:
     """Punica's shrink buffer: ``3 slices x tokens x rank`` in fp32 in the widest layer."""
     lora = p.features.lora
     return 3 * p.shape.max_num_batched_tokens * lora.rank * 4 if lora else 0
 
 
 def _stage(
-    p: _Plan, k: int, layers: range, weights: int, offloaded: int, drafter: DraftCost
+    p: Plan, k: int, layers: range, weights: int, offloaded: int, drafter: DraftCost
 ) -> StageEstimate:
     f = p.features
     last = k == p.pp - 1
@@ -302,7 +152,7 @@ def _stage(
     )
 
 
-def _layout(p: _Plan, layers: range, drafter: DraftCost | None = None) -> KvLayout:
+def _layout(p: Plan, layers: range, drafter: DraftCost | None = None) -> KvLayout:
     kv = resolve_kv_dtype(p.opts.kv_cache_dtype, p.dtype, p.spec)
     last = bool(layers) and layers[-1] == p.spec.num_layers - 1
     extra = drafter.kv_bytes_per_token if drafter is not None and last else 0
@@ -333,12 +183,12 @@ MAMBA2_CHECKPOINT_SINCE = (0, 32, 0)
 Granite 4.0-H and Falcon-H1 shapes."""
 
 
-def _since(p: _Plan, release: tuple[int, int, int]) -> bool:
+def _since(p: Plan, release: tuple[int, int, int]) -> bool:
     version, _ = parse_vllm_version(p.version)
     return version >= release
 
 
-def _state_pages(p: _Plan) -> StatePages | None:
+def _state_pages(p: Plan) -> StatePages | None:
     """The recurrent state of hybrid and attention-free models, in vLLM's KV pool."""
     s = p.spec.state
     if s is None:
@@ -360,12 +210,12 @@ def _state_pages(p: _Plan) -> StatePages | None:
     return StatePages(per_sequence, (2 if align else 1) + checkpoint + k, p.max_model_len)
 
 
-def _in_flight(p: _Plan) -> int:
+def _in_flight(p: Plan) -> int:
     """Tokens a sliding-window request may hold beyond its window (scheduled batches)."""
     return p.shape.max_num_batched_tokens * p.pp
 
 
-def _capacity(p: _Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, float, int, bool]:
+def _capacity(p: Plan, layout: KvLayout, blocks: int, kv: int) -> tuple[int, float, int, bool]:
     """(kv tokens, max concurrency, largest max_model_len that fits, whether L fits)."""
     length = p.max_model_len
     # never beyond the model's derived maximum: vLLM refuses a longer max_model_len
@@ -396,7 +246,7 @@ def estimate(
 
     ``draft`` is the speculative draft model's spec when ``--speculative-config`` names
     one (``Speculative.needs_draft``); the caller resolves it, as it resolved ``spec``."""
-    p = _resolve(spec, options, gpu, default_version)
+    p = resolve_plan(spec, options, gpu, default_version)
     drafter = _draft(p, draft)
     plan = weight_plan(
         spec,
@@ -460,13 +310,13 @@ def estimate(
     )
 
 
-def _length_beyond_model(p: _Plan) -> bool:
+def _length_beyond_model(p: Plan) -> bool:
     if not p.spec.max_position_declared:
         return False  # vLLM takes --max-model-len as given when the config names no length
     return bool(p.opts.max_model_len) and p.max_model_len > p.spec.max_position_embeddings
 
 
-def _removed_method(p: _Plan) -> str | None:
+def _removed_method(p: Plan) -> str | None:
     """A quantization method the release no longer loads (bitsandbytes and GGUF: in the
     0.21 wheels, gone from 0.32's, after RFC vllm-project/vllm#39583)."""
     q = p.quant
@@ -484,7 +334,7 @@ def _removed_method(p: _Plan) -> str | None:
 
 
 def _verdict(
-    p: _Plan, worst: StageEstimate, layout: KvLayout, length_fits: bool, tokens: int
+    p: Plan, worst: StageEstimate, layout: KvLayout, length_fits: bool, tokens: int
 ) -> tuple[list[str], list[str]]:
     """vLLM's start-up checks, in the order vLLM runs them, as human reasons."""
     reasons: list[str] = []

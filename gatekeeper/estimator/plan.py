@@ -1,0 +1,157 @@
+"""The serving options resolved against the model, the GPU and the vLLM release, once
+per estimate: what every pipeline stage of ``vllm_method.estimate`` reads (``Plan``).
+
+The release gives the accounting (``accounting_for``): its engine, default utilization,
+batch defaults and MLA block size; the model and the options give the dtype vLLM picks,
+the quantization the flag resolves to, ``max_model_len`` (the model's default when none
+is given), the batch shape and the block size; ``Features`` holds the flags beyond the
+basic shape that change memory (LoRA slots, speculation, pooling, EP, DCP, CUDA graphs
+and their largest capture, the encoder's profile, which weights a rank holds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, Accounting, accounting_for
+from gatekeeper.estimator.dtype import resolve_dtype
+from gatekeeper.estimator.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraSlots
+from gatekeeper.estimator.options import ServeOptions, check_parallelism
+from gatekeeper.estimator.overhead import BatchShape, batch_defaults, capture_size
+from gatekeeper.estimator.rank_weights import WeightOptions
+from gatekeeper.estimator.runner import resolve_runner
+from gatekeeper.estimator.speculative import Speculative
+from gatekeeper.estimator.types import GpuTarget
+from gatekeeper.models.quantization import QuantSpec, quant_from_flag
+from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
+from gatekeeper.units import GIB
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "Features", "Plan", "resolve_plan"]
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Resolved options shared by every stage."""
+
+    acc: Accounting
+    spec: ModelSpec
+    opts: ServeOptions
+    gpu: GpuTarget
+    tp: int
+    pp: int
+    dtype: str
+    quant: QuantSpec | None
+    max_model_len: int
+    utilization: float
+    shape: BatchShape
+    block_size: int
+    features: Features
+    version: str = DEFAULT_VLLM_VERSION
+    """The vLLM release being sized."""
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """The serving flags beyond the basic shape that change memory, resolved."""
+
+    lora: LoraSlots | None
+    speculative: Speculative | None
+    pooling: bool
+    ep: int
+    dcp: int
+    graphs: bool
+    cap: int
+    mm_items: int | None
+    """Items per prompt the encoder profile is limited to (None: vLLM's default)."""
+    weights: WeightOptions
+
+
+def _features(
+    spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int, *, pooling: bool
+) -> Features:
+    sp = opts.speculative_config
+    comp = opts.compilation_config
+    mode = comp.cudagraph_mode if comp else None
+    graphs = not opts.enforce_eager and opts.optimization_level != "0" and mode != "NONE"
+    k = sp.tokens(spec) if sp else 0
+    cap = capture_size(
+        shape,
+        decode_query_len=1 + k,
+        sizes=opts.cudagraph_capture_sizes or (comp.capture_sizes if comp else None),
+        largest=opts.max_cudagraph_capture_size or (comp.max_capture_size if comp else None),
+    )
+    limits = opts.limit_mm_per_prompt
+    items = limits.get("image") if limits else None
+    # vLLM skips the tower only when every modality it encodes is limited to 0 (an
+    # unlisted modality keeps vLLM's default limit): models/interfaces.py
+    modalities = spec.vision.modalities if spec.vision else ()
+    vision_off = (
+        limits is not None and bool(modalities) and all(limits.get(m) == 0 for m in modalities)
+    )
+    ep = opts.data_parallel_size * tp if opts.enable_expert_parallel else 1
+    lora = None
+    if opts.enable_lora:
+        lora = LoraSlots(
+            opts.max_loras or DEFAULT_MAX_LORAS,
+            opts.max_lora_rank or DEFAULT_MAX_LORA_RANK,
+            opts.lora_dtype,
+            opts.fully_sharded_loras,
+        )
+    weights = WeightOptions(
+        ep_size=ep,
+        lm_head=not pooling,
+        vision=not vision_off,
+        vision_replicated=opts.mm_encoder_tp_mode == "data",
+        cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),
+    )
+    return Features(
+        lora=lora,
+        speculative=sp,
+        pooling=pooling,
+        ep=ep,
+        dcp=opts.decode_context_parallel_size,
+        graphs=graphs,
+        cap=cap if graphs else 0,
+        # no image but videos: the profile runs on videos, sized here as images
+        mm_items=0 if vision_off or opts.skip_mm_profiling else (items or None),
+        weights=weights,
+    )
+
+
+def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_version: str) -> Plan:
+    version = opts.vllm_version or default_version
+    acc = accounting_for(version)
+    tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
+    check_parallelism(spec, tp, pp, opts)
+    pooling = resolve_runner(spec, opts.runner, opts.convert).pooling
+    spec = spec.for_runner(pooling)  # a pooling run: the tokenizer's length cap
+    dtype = resolve_dtype(opts.dtype, spec, v1=acc.engine == "v1", pooling=pooling)
+    quant = (
+        quant_from_flag(opts.quantization, spec.quantization)
+        if opts.quantization
+        else spec.quantization
+    )
+    length = opts.max_model_len or spec.default_max_model_len
+    shape = batch_defaults(
+        acc,
+        total_bytes=gpu.total_bytes,
+        gpu_name=gpu.name,
+        max_model_len=length,
+        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
+        llm_class=opts.embedded,
+        throughput=opts.performance_mode == "throughput",
+    )
+    block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
+    utilization = opts.gpu_memory_utilization or acc.default_utilization
+    features = _features(spec, opts, shape, tp, pooling=pooling)
+    return Plan(
+        acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
+        version,
+    )  # fmt: skip
