@@ -101,18 +101,13 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     reloader.context = config.ssl
     log_format = start_logging(args, settings)
     url = f"https://{host}:{args.port}/k8s/validate"
+    mutate = f"https://{host}:{args.port}/k8s/mutate" if mutator is not None else None
     if args.json:
-        mutate = f"https://{host}:{args.port}/k8s/mutate" if mutator is not None else None
-        print_json(
-            {
-                "url": url,
-                "mutate_url": mutate,
-                "cert": str(args.cert),
-                "reload_seconds": args.reload_seconds,
-            }
-        )
+        print_json({"url": url, "mutate_url": mutate, "cert": str(args.cert),
+                    "reload_seconds": args.reload_seconds})  # fmt: skip
     else:
-        announce([f"gatekeeper admission webhook on {url}"], log_format, __name__)
+        lines = [f"gatekeeper admission webhook on {url}"]
+        announce([*lines, f"claims written on {mutate}"] if mutate else lines, log_format, __name__)
     uvicorn.Server(config).run()
     return 0
 

@@ -52,7 +52,13 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.fit import Finding
-from gatekeeper.k8s.pod_patch import pointer, template_ops, with_budget_flags, with_claim
+from gatekeeper.k8s.pod_patch import (
+    pointer,
+    reads_back,
+    template_ops,
+    with_budget_flags,
+    with_claim,
+)
 from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
 from gatekeeper.k8s.webhook import AdmissionWebhook
 from gatekeeper.k8s.workloads import (
@@ -65,7 +71,7 @@ from gatekeeper.k8s.workloads import (
 )
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import format_gib
-from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.vllm.command import VllmCommand
 
 __all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
 
@@ -200,52 +206,53 @@ class Mutator:
         where: str,
     ) -> None:
         part = f" ({template.path.rsplit('.', 1)[-1]})" if kind == "LeaderWorkerSet" else ""
-        raw = _dig(obj, template.path)
         containers = list(template.spec.get("containers") or [])
+        version = self.webhook.config.fit.default_vllm_version
         found = [
-            _Container(
-                f"container {c.name!r} of {where}{part}",
-                _index(c.path),
-                c,
-                containers[_index(c.path)],
-            )
-            for c in vllm_containers(template, self.webhook.config.fit.default_vllm_version)
+            _Container(f"container {c.name!r} of {where}{part}", i, c, containers[i])
+            for c in vllm_containers(template, version)
+            for i in [_index(c.path)]
         ]
-        if not found:
-            return
+        multi = kind == "LeaderWorkerSet"
+        if not found or (_has_claims(template.spec) and CLAIM_ANNOTATION in template.annotations):
+            return  # nothing runs vLLM, or gatekeeper mutated it already
         if _has_claims(template.spec):
-            if CLAIM_ANNOTATION not in template.annotations:
-                for c in found:
-                    self._check_own_claims(m, c, template, namespace, kind == "LeaderWorkerSet")
+            for c in found:
+                self._check_own_claims(m, c, template, namespace, multi)
             return
         edits: dict[int, Mapping[str, Any]] = {}
         claims: list[dict[str, str]] = []
         record: dict[str, Any] = {}
-        for k, c in enumerate(found):
-            sizing = self._size(m, c, template, kind == "LeaderWorkerSet")
-            if sizing is None:
-                continue
-            edited = with_budget_flags(
-                c.raw, sizing.kv_cache_memory_bytes, sizing.gpu_memory_utilization
-            )
-            if isinstance(edited, str):
-                m.denials.append(f"{c.who}: cannot write the flags: {edited}")
-                continue
-            if not _reads_back(edited, c.request.command, sizing):
-                m.denials.append(
-                    f"{c.who}: the flags written into its command line do not read back as "
-                    "written; write the claim yourself or annotate vllm-gatekeeper.io/skip"
-                )
+        for c in found:
+            sizing = self._size(m, c, template, multi)
+            edited = self._edited(m, c, sizing) if sizing is not None else None
+            if sizing is None or edited is None:
                 continue
             spec = claim_template_spec(sizing, self.device_class)
-            name, claim = template_name(spec), CLAIM_NAME + (f"-{k}" if k else "")
+            name, claim = template_name(spec), CLAIM_NAME + (f"-{len(claims)}" if claims else "")
             m.templates.append(claim_template(namespace, spec))
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
             record[c.request.name] = _record(name, sizing)
         if claims:
             note = (CLAIM_ANNOTATION, json.dumps(record, sort_keys=True))
+            raw = _dig(obj, template.path)
             m.patch += template_ops(pointer(template.path), raw, edits, claims, note)
+
+    def _edited(self, m: Mutation, c: _Container, sizing: RankSizing) -> dict[str, Any] | None:
+        """The container with the flags written, or None with the reason in ``m``."""
+        kv, u = sizing.kv_cache_memory_bytes, sizing.gpu_memory_utilization
+        edited = with_budget_flags(c.raw, kv, u)
+        if isinstance(edited, str):
+            m.denials.append(f"{c.who}: cannot write the flags: {edited}")
+            return None
+        if not reads_back(edited, c.request.command, kv, u):
+            m.denials.append(
+                f"{c.who}: the flags written into its command line do not read back as "
+                "written; write the claim yourself or annotate vllm-gatekeeper.io/skip"
+            )
+            return None
+        return edited
 
     def _size(
         self, m: Mutation, c: _Container, template: PodTemplate, multi_node: bool
@@ -360,28 +367,6 @@ def _unreadable(who: str, command: VllmCommand) -> str | None:
 
 def _without_fraction(options: ServeOptions) -> ServeOptions:
     return dataclasses.replace(options, gpu_memory_utilization=None)
-
-
-def _reads_back(container: Mapping[str, Any], before: VllmCommand, sizing: RankSizing) -> bool:
-    """Whether the edited container reads as the same model with the written budget."""
-    env = {
-        str(e.get("name")): str(e.get("value"))
-        for e in container.get("env") or []
-        if isinstance(e, dict) and isinstance(e.get("value"), str)
-    }
-    after = parse_vllm_command(
-        [str(t) for t in container.get("command") or []],
-        [str(t) for t in container.get("args") or []],
-        str(container.get("image") or ""),
-        env,
-        default_release=before.vllm_version,
-    )
-    return (
-        after is not None
-        and after.model == before.model
-        and after.options.kv_cache_memory_bytes == sizing.kv_cache_memory_bytes
-        and after.options.gpu_memory_utilization == sizing.gpu_memory_utilization
-    )
 
 
 def _record(template: str, sizing: RankSizing) -> dict[str, Any]:

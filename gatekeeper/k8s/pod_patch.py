@@ -10,6 +10,8 @@ Pure: plain dicts in, new dicts and patch operations out, nothing edited in plac
   refused (its own value would come later and win);
 - ``with_claim`` makes the container use a pod claim (``resources.claims``) instead of
   whole GPUs (``nvidia.com/gpu`` leaves its limits and requests: the claim is its GPUs);
+- ``reads_back`` checks an edited container with the webhooks' own reader
+  (``parse_vllm_command``): the same model, the budget as written;
 - ``template_ops`` is the patch of one pod template: the containers replaced, the pod's
   ``resourceClaims`` added, and the annotation recording what was written.
 """
@@ -22,11 +24,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gatekeeper.k8s.workloads import GPU_RESOURCE
+from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 
 __all__ = [
     "BUDGET_FLAGS",
     "escape",
     "pointer",
+    "reads_back",
     "template_ops",
     "with_budget_flags",
     "with_claim",
@@ -111,6 +115,30 @@ def with_budget_flags(
     lines[index] = edited
     out[key] = lines
     return out
+
+
+def reads_back(
+    container: Mapping[str, Any], before: VllmCommand, kv_bytes: int, utilization: float
+) -> bool:
+    """Whether the edited container reads as ``before``'s model with the budget written."""
+    env = {
+        str(e.get("name")): str(e.get("value"))
+        for e in container.get("env") or []
+        if isinstance(e, Mapping) and isinstance(e.get("value"), str)
+    }
+    after = parse_vllm_command(
+        _strings(container.get("command")),
+        _strings(container.get("args")),
+        str(container.get("image") or ""),
+        env,
+        default_release=before.vllm_version,
+    )
+    return (
+        after is not None
+        and after.model == before.model
+        and after.options.kv_cache_memory_bytes == kv_bytes
+        and after.options.gpu_memory_utilization == utilization
+    )
 
 
 def with_claim(container: Mapping[str, Any], claim: str) -> dict[str, Any]:

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from gatekeeper.k8s.pod_patch import pointer, template_ops, with_budget_flags, with_claim
+from gatekeeper.k8s.pod_patch import (
+    pointer,
+    reads_back,
+    template_ops,
+    with_budget_flags,
+    with_claim,
+)
 from gatekeeper.vllm.command import parse_vllm_command
 
 IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -38,12 +44,15 @@ def _read(container: dict[str, Any]) -> Any:
     ids=["args", "command", "entrypoint", "api-server", "sh-c", "bash-ec", "k8s-var"],
 )  # fmt: skip
 def test_the_flags_are_written_once_and_read_back(container: dict[str, Any]) -> None:
+    container = {"image": IMAGE, **container}
     edited = with_budget_flags(container, KV, U)
     assert isinstance(edited, dict)
     read = _read(edited)
     assert read.model == "m"
     assert read.options.kv_cache_memory_bytes == KV and read.options.gpu_memory_utilization == U
     assert not read.problems and not read.unknown
+    assert reads_back(edited, _read(container), KV, U)
+    assert not reads_back(edited, _read(container), KV + 1, U)
     text = " ".join([*edited.get("command", []), *edited.get("args", [])])
     assert text.count("kv-cache-memory-bytes") == 1 and text.count("utilization") == 1
     again = with_budget_flags(edited, KV, U)  # a list is rewritten the same; a script refused
