@@ -5,10 +5,10 @@ Per-GPU bytes of a vLLM worker as vLLM itself accounts them, release by release
 the activation peak, non-torch memory and CUDA graphs (``overhead``), put together by
 ``vllm_method.estimate`` (the options resolved once in ``plan``) into the result types
 of ``types``. ``simple_method`` keeps the seed's rule of thumb for comparison;
-``options`` holds the serving options; ``calibration`` is the pure half of the sidecar's learned corrections (factors and
-``scale_estimate``); ``components`` is the one table of the five memory components and
-each name they go by (the metrics' label, the estimate's field and JSON key, the
-start-up log's key).
+``options`` holds the serving options; ``calibration`` is the pure half of the
+sidecar's learned corrections (factors and ``scale_estimate``); ``components`` is the
+one table of the five memory components and each name they go by (the metrics' label,
+the estimate's field and JSON key, the start-up log's key).
 
 May import: ``gatekeeper.models`` (``spec`` and what it needs), ``gatekeeper.errors``,
 ``gatekeeper.units``, the standard library. No I/O: no files, sockets, threads, clocks
