@@ -25,10 +25,13 @@ measures, on the sidecar process alone (its VmRSS from ``/proc``, every 100 ms):
    ``unhealthy``, until ``/healthz`` lists it, until the frozen process is gone (the
    sidecar's SIGTERM waits for ``stop_grace_seconds``, then SIGKILL, which a stopped
    process cannot ignore) and until the deployment is ``ready`` again with a new worker
-   (``restart_backoff_seconds`` later, per ``restart_policy``), with the probe settings.
+   (``restart_backoff_seconds`` later, at most 1 s in a rehearsal, per
+   ``restart_policy``), with the probe settings.
 
 Run ``python -m bench.edge`` (about 40 s on 2 CPUs; ``--quick``: about 20 s). The last
 line is one JSON object with every figure (sizes in bytes, times in seconds).
+``--liveness-defaults`` freezes the worker under the default probes, stop grace and
+back-off instead.
 """
 
 from __future__ import annotations
@@ -67,28 +70,23 @@ LINES = b"".join(b"X-Pad-%05d: %s\r\n" % (i, b"a" * 80) for i in range(640))
 ENDLESS_LINE = b"a" * 65536
 """One header line's value, a write at a time: the line never ends."""
 HEAD_KINDS = {"lines": (b"", LINES), "line": (b"X-Endless: ", ENDLESS_LINE)}
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """What the bench sets in the sidecar's config file, so that it runs in under a
-    minute (printed with the defaults)."""
-
-    request_body_total_seconds: float
-    request_body_min_bytes_per_second: int
-    request_body_timeout_seconds: float
-    health_interval_seconds: float
-    health_timeout_seconds: float
-    health_failures: int
-    stop_grace_seconds: float
-    restart_backoff_seconds: float
-
-    def toml(self) -> str:
-        return "".join(f"{k} = {v}\n" for k, v in vars(self).items())
-
-    def shown(self) -> str:
-        fields = Settings.model_fields
-        return ", ".join(f"{k} {v:g} ({fields[k].default:g})" for k, v in vars(self).items())
+BENCH_SETTINGS: dict[str, float] = {
+    "request_body_total_seconds": 10.0,  # --body-total-seconds
+    "request_body_min_bytes_per_second": 500,
+    "request_body_timeout_seconds": 30.0,
+    "health_interval_seconds": 1.0,
+    "health_timeout_seconds": 1.0,
+    "health_failures": 3,
+    "stop_grace_seconds": 2.0,
+    "restart_backoff_seconds": 1.0,
+}
+"""What the bench sets in the sidecar's config file, so that it runs in under a minute
+(printed with the defaults); ``--liveness-defaults`` leaves those from
+``health_interval_seconds`` on at their defaults."""
+LIVENESS = tuple(BENCH_SETTINGS)[3:]
+DEFAULTS = {k: v.default for k, v in Settings.model_fields.items() if k in BENCH_SETTINGS}
+REHEARSAL_BACKOFF_SECONDS = 1.0
+"""``serve --rehearsal``'s cap on ``restart_backoff_seconds`` (``cli/serve.py``)."""
 
 
 def rss_bytes(pid: int) -> int:
@@ -188,7 +186,8 @@ async def head_client(port: int, kind: str, seconds: float) -> list[Cut]:
 def _spread(values: Sequence[float], digits: int = 3) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "max": None}
-    return {"p50": round(statistics.median(values), digits), "max": round(max(values), digits)}
+    p50 = statistics.median_low(values)  # one of the values: an int for byte counts
+    return {"p50": round(p50, digits), "max": round(max(values), digits)}
 
 
 def measure_heads(pid: int, port: int, seconds: float) -> dict[str, Any]:
@@ -255,11 +254,15 @@ async def trickles(port: int, clients: int, rate: float, limit: float) -> list[T
 
 
 def measure_trickles(
-    pid: int, port: int, clients: int, rate: float, settings: BenchSettings
+    pid: int, port: int, clients: int, rate: float, settings: dict[str, float]
 ) -> dict[str, Any]:
     idle = idle_rss(pid)
     sampler = Sampler(pid)
-    limit = settings.request_body_total_seconds + 30
+    total, min_rate = (
+        settings["request_body_total_seconds"],
+        settings["request_body_min_bytes_per_second"],
+    )
+    limit = total + 30
     with sampler.running():
         results = asyncio.run(trickles(port, clients, rate, limit))
     end = idle_rss(pid)
@@ -267,10 +270,7 @@ def measure_trickles(
     return {
         "clients": clients,
         "rate_bytes_per_second": rate,
-        "deadline_seconds": round(
-            settings.request_body_total_seconds + sent / settings.request_body_min_bytes_per_second,
-            3,
-        ),
+        "deadline_seconds": round(total + sent / min_rate, 3),
         "idle_rss_bytes": idle,
         "peak_rss_bytes": max(sampler.samples),
         "end_rss_bytes": end,
@@ -360,15 +360,16 @@ def report_trickles(t: dict[str, Any]) -> list[str]:
     ]
 
 
-def report_freeze(f: dict[str, Any], s: BenchSettings) -> list[str]:
-    bound = s.health_failures * (s.health_interval_seconds + s.health_timeout_seconds)
-    d = {k: v.default for k, v in Settings.model_fields.items()}
-    default = d["health_failures"] * (d["health_interval_seconds"] + d["health_timeout_seconds"])
+def report_freeze(f: dict[str, Any], s: dict[str, float]) -> list[str]:
+    def bound(v: dict[str, float]) -> float:
+        return v["health_failures"] * (v["health_interval_seconds"] + v["health_timeout_seconds"])
+
+    backoff = min(s["restart_backoff_seconds"], REHEARSAL_BACKOFF_SECONDS)
     return [
-        f"frozen worker (SIGSTOP, pid {f['pid']}); probes every {s.health_interval_seconds:g} s, "
-        f"timeout {s.health_timeout_seconds:g} s, {s.health_failures} failures (at most "
-        f"{bound:g} s; with the defaults {default:g} s), stop grace {s.stop_grace_seconds:g} s, "
-        f"back-off {s.restart_backoff_seconds:g} s",
+        f"frozen worker (SIGSTOP, pid {f['pid']}): unhealthy at most {bound(s):g} s after the "
+        f"freeze (with the defaults {bound(DEFAULTS):g} s), then stop grace "
+        f"{s['stop_grace_seconds']:g} s and back-off {backoff:g} s (--rehearsal caps "
+        f"restart_backoff_seconds at {REHEARSAL_BACKOFF_SECONDS:g} s)",
         f"  seconds after the freeze: unhealthy {f['unhealthy']}  /healthz degraded "
         f"{f['healthz_degraded']}  frozen process gone {f['frozen_process_gone']}  "
         f"ready again {f['ready_again']}",
@@ -381,17 +382,22 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100, help="trickling clients")
     parser.add_argument("--rate", type=float, default=1.0, help="each trickle's bytes/second")
     parser.add_argument("--body-total-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--liveness-defaults", action="store_true", help="the default probes (about 90 s more)"
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args()
     if args.quick:
         args.head_seconds, args.clients, args.body_total_seconds = 2.0, 20, 3.0
-    settings = BenchSettings(args.body_total_seconds, 500, 30.0, 1.0, 1.0, 3, 2.0, 1.0)
+    settings = {**BENCH_SETTINGS, "request_body_total_seconds": args.body_total_seconds}
+    if args.liveness_defaults:
+        settings.update({k: DEFAULTS[k] for k in LIVENESS})
     port = free_port()
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gk-bench-edge-")))
-        extra, env = settings.toml(), WORKER_ENV
+        extra = "".join(f"{k} = {v}\n" for k, v in settings.items())
         proc = stack.enter_context(
-            sidecar(work, port, preload=True, worker_env=env, extra=extra, rehearsal=True)
+            sidecar(work, port, preload=True, worker_env=WORKER_ENV, extra=extra, rehearsal=True)
         )
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
@@ -400,12 +406,13 @@ def main() -> None:
                 c.get("/v1/models")
         heads = measure_heads(proc.pid, port, args.head_seconds)
         bodies = measure_trickles(proc.pid, port, args.clients, args.rate, settings)
-        freeze = measure_freeze(base, 60.0)
+        freeze = measure_freeze(base, 180.0)
+    shown = ", ".join(f"{k} {v:g} ({DEFAULTS[k]:g})" for k, v in settings.items())
     print(f"# bench/edge.py: gatekeeper serve --rehearsal, {os.cpu_count()} CPUs")
-    print(f"# settings for the bench (default): {settings.shown()}")
+    print(f"# settings for the bench (default): {shown}")
     print("\n".join([*report_heads(heads), *report_trickles(bodies)]))
     print("\n".join(report_freeze(freeze, settings)))
-    figures = {"settings": vars(settings), "head": heads, "trickle": bodies, "freeze": freeze}
+    figures = {"settings": settings, "head": heads, "trickle": bodies, "freeze": freeze}
     print(json.dumps(figures, sort_keys=True))
 
 
