@@ -13,7 +13,8 @@ measures, on the sidecar process alone (its VmRSS from ``/proc``, every 100 ms):
    client got (the status lines, the time from connecting to each answer and the bytes
    sent). The client writes as fast as the kernel takes it: now and then it has sent
    over 1 MiB past the bound before reading its 431, which the sidecar's lingering close
-   (``http_limits.linger``) drops before it closes, and gets a broken pipe instead.
+   (``http_limits.linger``) drops before it closes, and gets a broken pipe instead
+   (asyncio's transport closes on the failed write without reading what had come).
 2. **Trickled bodies.** ``--clients`` clients (100) each announce ``Content-Length:
    1000000`` on ``POST /v1/chat/completions`` and send one byte every ``1 / --rate``
    seconds. Printed: RSS idle, peak and end, the status each client got, and the time
