@@ -27,11 +27,9 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,12 +37,8 @@ from typing import Any, Literal, TypeVar
 from gatekeeper.sidecar.ledger_file import (
     LEDGER_FILENAME,
     SCHEMA_VERSION,
-    LedgerError,
-    connect,
-    file_identity,
+    LedgerFile,
     invalid,
-    transaction,
-    translated,
 )
 from gatekeeper.sidecar.ledger_view import LedgerView
 
@@ -159,34 +153,22 @@ class Ledger:
         _require_seconds("timeout_seconds", timeout_seconds, "seconds to wait for another writer")
         self.path = path.expanduser()
         self._clock = clock
-        self._timeout_seconds = timeout_seconds
-        self._lock = threading.Lock()
-        self._owner: int | None = None
-        self._conn: sqlite3.Connection | None = connect(self.path, timeout_seconds)
-        self._identity = file_identity(self.path)
+        self._file = LedgerFile(self.path, timeout_seconds)
 
     def vanished(self) -> bool:
         """True when the file this ledger opened is no longer at its path (removed,
         moved aside or replaced by another file): one ``stat``."""
-        return self._conn is not None and file_identity(self.path) != self._identity
+        return self._file.vanished()
 
     def reopen(self) -> None:
         """Close the connection and open the file at ``path`` again, creating an empty
         ledger there when it is gone (after ``vanished()``): the caller then writes its
         workers' rows back with ``restore``."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            self._conn = connect(self.path, self._timeout_seconds)
-            self._identity = file_identity(self.path)
+        self._file.reopen()
 
     def close(self) -> None:
         """Close the connection; later calls raise ``LedgerError``. Idempotent."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._file.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -232,7 +214,7 @@ class Ledger:
             not isinstance(since, bool) and isinstance(since, int | float) and math.isfinite(since)
         ):
             raise invalid("since", since, "give the ledger time (ledger.now()) or None")
-        with self._write() as conn:
+        with self._file.write() as conn:
             now = self._clock()
             _sweep(conn, now)
             counted = _select(conn, _OUTSTANDING, (now,))
@@ -308,7 +290,7 @@ class Ledger:
         _require_id("model", model)
         _require_seconds("ttl_seconds", ttl_seconds, "how long a loading worker may hold it")
         checked = _check_promises(promises)
-        with self._write() as conn:
+        with self._file.write() as conn:
             query = "SELECT 1 FROM reservations WHERE deployment_id = ? LIMIT 1"
             if conn.execute(query, (deployment_id,)).fetchone() is not None:
                 return 0
@@ -344,7 +326,7 @@ class Ledger:
 
     def sweep(self) -> int:
         """Release pending reservations past ``expires_at``; returns the count."""
-        with self._write() as conn:
+        with self._file.write() as conn:
             return _sweep(conn, self._clock())
 
     def prune(self, older_than_seconds: float) -> int:
@@ -359,7 +341,7 @@ class Ledger:
 
     def outstanding(self) -> tuple[Reservation, ...]:
         """Pending reservations that have not expired: bytes promised but not yet in use."""
-        with self._read() as conn:
+        with self._file.read() as conn:
             return _select(conn, _OUTSTANDING, (self._clock(),))
 
     def view(self) -> LedgerView:
@@ -369,48 +351,18 @@ class Ledger:
 
     def live(self) -> tuple[Reservation, ...]:
         """Ready reservations and unexpired pending ones (what to adopt after a restart)."""
-        with self._read() as conn:
+        with self._file.read() as conn:
             return _select(conn, _LIVE, (self._clock(),))
 
     def by_deployment(self, deployment_id: str) -> tuple[Reservation, ...]:
         """Every reservation of a deployment, released ones included, oldest first."""
         _require_id("deployment_id", deployment_id)
-        with self._read() as conn:
+        with self._file.read() as conn:
             return _select(conn, "deployment_id = ?", (deployment_id,))
 
     def _update(self, sql: str, args: tuple[Any, ...]) -> int:
-        with self._write() as conn:
+        with self._file.write() as conn:
             return conn.execute(sql, args).rowcount
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._locked() as conn, translated(self.path, self._timeout_seconds, self._identity):
-            yield conn
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with (
-            self._locked() as conn,
-            translated(self.path, self._timeout_seconds, self._identity),
-            transaction(conn),
-        ):
-            yield conn
-
-    @contextmanager
-    def _locked(self) -> Iterator[sqlite3.Connection]:
-        if self._owner == threading.get_ident():
-            raise LedgerError(
-                "the ledger was called from inside admit()'s decide callback; decide must be "
-                "pure: use the outstanding reservations it is given"
-            )
-        with self._lock:
-            if self._conn is None:
-                raise LedgerError(f"the ledger {self.path} is closed; open a new Ledger")
-            self._owner = threading.get_ident()
-            try:
-                yield self._conn
-            finally:
-                self._owner = None
 
 
 def _sweep(conn: sqlite3.Connection, now: float) -> int:

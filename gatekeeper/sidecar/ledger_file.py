@@ -1,15 +1,18 @@
-"""The ledger's SQLite file: open it (rollback journal, no memory mapping), create or
-migrate its schema, run one write transaction, and turn SQLite's errors into
-``LedgerError``s that name the file and what to do. ``gatekeeper.sidecar.ledger`` holds
-the rows and what they mean; see docs/ledger.md ("File, locking and errors").
+"""The ledger's SQLite file and its one connection (``LedgerFile``): open it (rollback
+journal, no memory mapping), create or migrate its schema, use it under a lock for one
+read or one write transaction at a time, see it vanish from its path, and turn SQLite's
+errors into ``LedgerError``s that name the file and what to do.
+``gatekeeper.sidecar.ledger`` holds the rows and what they mean; see docs/ledger.md
+("File, locking and errors").
 
-Imports ``sqlite3`` and ``gatekeeper.errors`` only.
+Imports ``sqlite3``, ``threading`` and ``gatekeeper.errors`` only.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +23,7 @@ __all__ = [
     "LEDGER_FILENAME",
     "SCHEMA_VERSION",
     "LedgerError",
+    "LedgerFile",
     "LedgerLostError",
     "connect",
     "file_identity",
@@ -69,6 +73,71 @@ class LedgerLostError(LedgerError):
     then refuses every write as "read-only" (``SQLITE_READONLY_DBMOVED``). The owner
     recreates it (``Ledger.reopen``) and writes its workers' rows back
     (``Ledger.restore``)."""
+
+
+class LedgerFile:
+    """The ledger's one connection to its file, used under a lock: one read or one
+    write transaction at a time in this process (SQLite's file locking, with
+    ``busy_timeout`` = ``timeout_seconds``, orders the processes)."""
+
+    def __init__(self, path: Path, timeout_seconds: float) -> None:
+        self.path = path
+        self.timeout_seconds = timeout_seconds
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._conn: sqlite3.Connection | None = connect(path, timeout_seconds)
+        self._identity = file_identity(path)
+
+    def vanished(self) -> bool:
+        """True when the file opened is no longer at its path: one ``stat``."""
+        return self._conn is not None and file_identity(self.path) != self._identity
+
+    def reopen(self) -> None:
+        """Close the connection and open the file at ``path`` again (creating it)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._conn = connect(self.path, self.timeout_seconds)
+            self._identity = file_identity(self.path)
+
+    def close(self) -> None:
+        """Close the connection; later calls raise ``LedgerError``. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        with self._locked() as conn, translated(self.path, self.timeout_seconds, self._identity):
+            yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``), rolled back if the body raises."""
+        with (
+            self._locked() as conn,
+            translated(self.path, self.timeout_seconds, self._identity),
+            transaction(conn),
+        ):
+            yield conn
+
+    @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        if self._owner == threading.get_ident():
+            raise LedgerError(
+                "the ledger was called from inside admit()'s decide callback; decide must be "
+                "pure: use the outstanding reservations it is given"
+            )
+        with self._lock:
+            if self._conn is None:
+                raise LedgerError(f"the ledger {self.path} is closed; open a new Ledger")
+            self._owner = threading.get_ident()
+            try:
+                yield self._conn
+            finally:
+                self._owner = None
 
 
 def connect(path: Path, timeout_seconds: float) -> sqlite3.Connection:
