@@ -62,7 +62,7 @@ from gatekeeper.k8s.pod_patch import (
 from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
 from gatekeeper.k8s.webhook import AdmissionWebhook
 from gatekeeper.k8s.workloads import (
-    ANNOTATION_PREFIX,
+    CLAIM_ANNOTATION,
     SKIP_ANNOTATION,
     ContainerRequest,
     PodTemplate,
@@ -77,8 +77,6 @@ __all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateSto
 
 logger = logging.getLogger(__name__)
 
-CLAIM_ANNOTATION = f"{ANNOTATION_PREFIX}claim"
-"""On a mutated pod template: JSON of what was written, per container."""
 CLAIM_NAME = "vllm-gpus"
 """The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
 MutationOutcome = Literal["mutated", "unchanged", "warned", "denied", "ignored", "malformed"]

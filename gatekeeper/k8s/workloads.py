@@ -15,6 +15,7 @@ LeaderWorkerSet    ``spec.leaderWorkerTemplate.leaderTemplate`` and ``.workerTem
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "CLAIM_ANNOTATION",
     "GPU_MEMORY_ANNOTATION",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
@@ -42,6 +44,10 @@ installed admission controller, owns the ``gatekeeper`` names in a cluster
 ``gatekeeper.io/skip`` would take it for OPA's."""
 GPU_MEMORY_ANNOTATION = f"{ANNOTATION_PREFIX}gpu-memory"
 SKIP_ANNOTATION = f"{ANNOTATION_PREFIX}skip"
+CLAIM_ANNOTATION = f"{ANNOTATION_PREFIX}claim"
+"""Written by the mutating webhook on a pod template it gave a DRA claim: JSON, per
+container name, of what it wrote (``template``, ``ranks``, ``memoryBytes``,
+``kvCacheMemoryBytes``, ``gpuMemoryUtilization``)."""
 LEGACY_ANNOTATIONS = {
     "gatekeeper.io/gpu-memory": GPU_MEMORY_ANNOTATION,
     "gatekeeper.io/skip": SKIP_ANNOTATION,
@@ -86,7 +92,8 @@ class ContainerRequest:
     """``spec.template.spec.containers[0]`` …"""
     command: VllmCommand
     gpus: int | None
-    """``resources.limits["nvidia.com/gpu"]`` (else requests); None when absent."""
+    """``resources.limits["nvidia.com/gpu"]`` (else requests), else the ranks the mutating
+    webhook's DRA claim gives it (``CLAIM_ANNOTATION``); None when neither."""
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -162,6 +169,18 @@ def _gpus(container: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _claimed_ranks(template: PodTemplate, name: object) -> int | None:
+    """The devices the mutating webhook claimed for container ``name``, when its record
+    is on the template and the container still uses a claim."""
+    try:
+        record = json.loads(template.annotations.get(CLAIM_ANNOTATION, "null"))
+    except ValueError:
+        return None
+    ranks = _map(_map(record).get(name) if isinstance(name, str) else None).get("ranks")
+    claimed = template.spec.get("resourceClaims")
+    return ranks if isinstance(ranks, int) and ranks > 0 and claimed else None
+
+
 def vllm_containers(
     template: PodTemplate, default_release: str | None = None
 ) -> list[ContainerRequest]:
@@ -188,7 +207,7 @@ def vllm_containers(
                 name=name if isinstance(name, str) else f"#{i}",
                 path=f"{prefix}.containers[{i}]",
                 command=command,
-                gpus=_gpus(container),
+                gpus=_gpus(container) or _claimed_ranks(template, name),
             )
         )
     return out

@@ -37,8 +37,12 @@ from lightkube.utils.quantity import parse_quantity
 
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
-from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME
+from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME, Mutator
+from gatekeeper.k8s.review import AdmissionRequest
+from gatekeeper.k8s.server import webhook_from_settings
+from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.settings import Settings
 from tests.support.kube_cluster import KubeCluster
 from tests.support.prometheus_server import free_port
 from tests.support.tls_certs import issue, make_ca
@@ -76,7 +80,7 @@ def _configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
          "resources": ["pods"], "scope": "Namespaced"},
         {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-         "resources": ["deployments"], "scope": "Namespaced"},
+         "resources": ["deployments", "statefulsets"], "scope": "Namespaced"},
     ]  # fmt: skip
     hook = {
         "name": "claims.vllm-gatekeeper.io",
@@ -202,6 +206,11 @@ def _pod_spec(found: Any) -> dict[str, Any]:
     return spec
 
 
+def _pod_spec_of(found: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = found.to_dict()
+    return pod
+
+
 def _wait_bound(api: Client, app: str) -> dict[str, Any]:
     deadline = time.monotonic() + TIMEOUT_SECONDS
     while time.monotonic() < deadline:
@@ -301,15 +310,21 @@ def _denial(client: Client, manifest: dict[str, Any]) -> str:
     return str(caught.value.status.message)
 
 
-def test_a_hand_written_claim_smaller_than_a_rank_is_denied(client: Client, served: dict[str, Any]):
-    small = {
+@pytest.fixture(scope="module")
+def small(client: Client) -> str:
+    """A hand-written claim template of 1 GiB."""
+    template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": "small", "namespace": NAMESPACE},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": DRIVER_NAME, "capacity": {"requests": {"memory": "1Gi"}}}}]}}},
     }  # fmt: skip
-    client.create(from_dict(small))
+    client.create(from_dict(template))
+    return "small"
+
+
+def test_a_hand_written_claim_smaller_than_a_rank_is_denied(client: Client, small: str):
     manifest = deployment("own-claim", [MODEL, "--max-model-len", "4096"],
                           resources={"claims": [{"name": "gpu"}]})  # fmt: skip
     manifest["spec"]["template"]["spec"]["resourceClaims"] = [
@@ -330,3 +345,97 @@ def test_an_unreadable_vllm_line_is_denied_with_the_reason(client: Client, serve
     assert "expansions gatekeeper cannot resolve" in message and "$MODEL" in message
     for name in ("bad", "script"):
         assert not list(client.list(Deployment, namespace=NAMESPACE, labels={"app": name}))
+
+
+def test_the_validating_webhook_counts_the_claimed_gpus(served: dict[str, Any]):
+    """The mutated template asks for no nvidia.com/gpu: the validating webhook (which runs
+    after the mutating ones) reads the claim's ranks instead of warning that TP 2 has no
+    GPUs."""
+    validating = webhook_from_settings(Settings(webhook_default_gpu="H100-80GB"))
+    review = {"uid": "u", "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+              "operation": "CREATE", "namespace": NAMESPACE,
+              "object": {**SERVED, "spec": {**SERVED["spec"], "template": served["template"]}}}  # fmt: skip
+    decision = validating.decide(AdmissionRequest.model_validate(review))
+    assert decision.allowed and not any("nvidia.com/gpu" in w for w in decision.warnings)
+    bare = json.loads(json.dumps(served["template"]))
+    del bare["metadata"]["annotations"][CLAIM_ANNOTATION]  # a claim gatekeeper did not write
+    unrecorded = {**review, "object": {**SERVED, "spec": {**SERVED["spec"], "template": bare}}}
+    before = validating.decide(AdmissionRequest.model_validate(unrecorded))
+    assert any("requests no nvidia.com/gpu" in w for w in before.warnings)
+
+
+def test_a_bare_pod_and_a_statefulset_are_mutated(client: Client, served: dict[str, Any]):
+    template = deployment("bare", [MODEL, "--max-model-len", "4096"])["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "bare", "namespace": NAMESPACE, "labels": {"app": "bare"}},
+           "spec": template["spec"]}  # fmt: skip
+    created = _pod_spec_of(client.create(from_dict(pod)))
+    assert created["spec"]["resourceClaims"][0]["name"] == CLAIM_NAME
+    assert _wait_bound(client, "bare")["spec"]["nodeName"] == NODE
+    stateful = deployment("stateful", [MODEL, "--max-model-len", "2048"])
+    stateful["kind"] = "StatefulSet"
+    stateful["spec"]["serviceName"] = "stateful"
+    made = _pod_spec(client.create(from_dict(stateful)))
+    (container,) = made["spec"]["containers"]
+    assert "--kv-cache-memory-bytes" in container["args"]
+    assert CLAIM_ANNOTATION in made["metadata"]["annotations"]
+
+
+def _lws(worker_args: list[str]) -> dict[str, Any]:
+    """A LeaderWorkerSet as LWS's vLLM example writes it: Ray started in a script, vLLM
+    served by the leader with TP 2 across the group's pods of 2 GPUs each."""
+    leader = deployment("lws", [])["spec"]["template"]
+    leader["spec"]["containers"][0].pop("args")
+    leader["spec"]["containers"][0]["command"] = ["sh", "-c", " ".join(worker_args)]
+    worker = {"spec": {"containers": [{"name": "worker", "image": "vllm/vllm-openai:v0.32.0",
+              "command": ["sh", "-c", "ray start --block --address=$(LWS_LEADER_ADDRESS):6379"],
+              "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}  # fmt: skip
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "lws", "namespace": NAMESPACE},
+        "spec": {"leaderWorkerTemplate": {"size": 2, "leaderTemplate": leader,
+                                          "workerTemplate": worker}},
+    }  # fmt: skip
+
+
+def _review(kind: dict[str, str], obj: dict[str, Any]) -> AdmissionRequest:
+    return AdmissionRequest.model_validate(
+        {"uid": "u", "kind": kind, "operation": "CREATE", "namespace": NAMESPACE, "object": obj}
+    )
+
+
+def test_a_leaderworkerset_leader_gets_its_claim(kube_cluster: KubeCluster, client: Client):
+    """The LeaderWorkerSet CRD is not installed here, so its review goes to the webhook
+    directly; the template is created on the real apiserver."""
+    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
+    script = ["ray start --head && exec vllm serve", MODEL, "--max-model-len 4096",
+              "--tensor-parallel-size 2 --pipeline-parallel-size 2"]  # fmt: skip
+    kind = {"group": "leaderworkerset.x-k8s.io", "version": "v1", "kind": "LeaderWorkerSet"}
+    m = mutator.decide(_review(kind, _lws(script)))
+    assert m.outcome == "mutated" and not m.denials, m
+    paths = {op["path"] for op in m.patch}
+    leader = "/spec/leaderWorkerTemplate/leaderTemplate"
+    assert f"{leader}/spec/resourceClaims" in paths
+    assert not any("workerTemplate" in p for p in paths)  # the worker runs Ray, not vLLM
+    (edit,) = [op for op in m.patch if op["path"] == f"{leader}/spec/containers/0"]
+    assert "--kv-cache-memory-bytes" in edit["value"]["command"][-1]
+    (made,) = m.templates
+    requests = made["spec"]["spec"]["devices"]["requests"]
+    assert len(requests) == 2  # the pod's nvidia.com/gpu: 2, not TP x PP = 4
+    name = made["metadata"]["name"]
+    assert client.get(ResourceClaimTemplate, name, namespace=NAMESPACE) is not None
+
+
+def test_an_undersized_claim_is_only_warned_about_when_so_set(client: Client, small: str):
+    mutator = Mutator(
+        webhook_from_settings(Settings()), ApiTemplateStore(client), undersized="warn"
+    )
+    manifest = deployment("own-warn", [MODEL, "--max-model-len", "4096"],
+                          resources={"claims": [{"name": "gpu"}]})  # fmt: skip
+    manifest["spec"]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "small"}
+    ]
+    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
+    assert m.outcome == "warned" and not m.denials and not m.patch
+    assert "claim template small requests 1073741824 bytes" in m.warnings[0]
