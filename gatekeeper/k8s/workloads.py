@@ -202,12 +202,13 @@ def vllm_containers(
         if command is None:
             continue
         name = container.get("name")
+        gpus = _gpus(container)
         out.append(
             ContainerRequest(
                 name=name if isinstance(name, str) else f"#{i}",
                 path=f"{prefix}.containers[{i}]",
                 command=command,
-                gpus=_gpus(container) or _claimed_ranks(template, name),
+                gpus=_claimed_ranks(template, name) if gpus is None else gpus,
             )
         )
     return out
