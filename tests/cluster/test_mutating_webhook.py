@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kubernetes_validate
 import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
@@ -439,3 +440,37 @@ def test_an_undersized_claim_is_only_warned_about_when_so_set(client: Client, sm
     m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
     assert m.outcome == "warned" and not m.denials and not m.patch
     assert "claim template small requests 1073741824 bytes" in m.warnings[0]
+
+
+def _patched(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``doc`` with the webhook's RFC 6902 operations (add and replace) applied."""
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+        ]
+        target = out
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        if isinstance(target, list):
+            target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+    return out
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_what_the_webhook_writes_validates_strictly(client: Client, version: str):
+    """The patched workloads (a Deployment, a StatefulSet) and their claim templates, as
+    the webhook writes them: before the apiserver could drop anything it does not know."""
+    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
+    apps = {"group": "apps", "version": "v1"}
+    stateful = {**SERVED, "kind": "StatefulSet", "spec": {**SERVED["spec"], "serviceName": "s"}}
+    for kind, manifest in (("Deployment", SERVED), ("StatefulSet", stateful)):
+        request = _review({**apps, "kind": kind}, manifest).model_copy(update={"dry_run": True})
+        m = mutator.decide(request)
+        assert m.outcome == "mutated" and m.templates
+        kubernetes_validate.validate(_patched(manifest, m.patch), version, strict=True)
+        for template in m.templates:
+            kubernetes_validate.validate(template, version, strict=True)
