@@ -474,3 +474,25 @@ def test_what_the_webhook_writes_validates_strictly(client: Client, version: str
         kubernetes_validate.validate(_patched(manifest, m.patch), version, strict=True)
         for template in m.templates:
             kubernetes_validate.validate(template, version, strict=True)
+
+
+def test_a_whole_gpu_claim_of_its_own_is_left_alone(client: Client):
+    """llm-d's rendered charts already carry a DRA claim of whole GPUs (NVIDIA's driver's
+    class, no memory request): nothing to compare, nothing written, nothing said."""
+    whole = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "whole-gpu", "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}},
+    }  # fmt: skip
+    client.create(from_dict(whole))
+    manifest = deployment("llm-d", ["Qwen/Qwen2.5-7B-Instruct", "--max_num_batched_tokens",
+                                    "8192", "--max-num-seq", "64"],
+                          resources={"claims": [{"name": "gpu"}]})  # fmt: skip
+    manifest["spec"]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "whole-gpu"}
+    ]
+    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
+    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
+    assert (m.outcome, m.patch, m.denials, m.warnings, m.templates) == ("unchanged", [], [], [], [])
