@@ -34,7 +34,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import TAINT_KEY
 from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, subprocess_env, write_state
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.prometheus_server import free_port
 
 pytestmark = pytest.mark.k8s
@@ -117,15 +117,7 @@ class Agent:
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
     client = kube_cluster.client()
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-        "spec": {"taints": [NODE_TAINT]},
-        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
-    }
+    node = ready_node(NODE, (NODE_TAINT,))
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",

@@ -32,7 +32,7 @@ from lightkube.utils.quantity import parse_quantity
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.placement.types import PlacementPolicy
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, ready_node
 
 pytestmark = pytest.mark.k8s
 
@@ -46,17 +46,6 @@ POLICY = PlacementPolicy()
 RANK_BYTES = 12 * GiB
 PODS = 20
 BIND_TIMEOUT_SECONDS = 60.0
-
-
-def node(name: str) -> dict[str, Any]:
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
-    }
 
 
 def device_class() -> dict[str, Any]:
@@ -116,7 +105,7 @@ def cluster_client(kube_cluster: KubeCluster) -> Iterator[Client]:
     """A client on a cluster with the two nodes, the DeviceClass and the two slices."""
     client = kube_cluster.client()
     slices = [resource_slice(name, node_gpus(name), POLICY) for name in NODES]
-    for manifest in (*map(node, NODES), device_class(), *slices):
+    for manifest in (*map(ready_node, NODES), device_class(), *slices):
         client.create(from_dict(manifest))
     yield client
     client.close()

@@ -44,7 +44,7 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.prometheus_server import free_port
 from tests.support.tls_certs import issue, make_ca
 
@@ -56,18 +56,6 @@ TAINT = {"key": "gatekeeper-test", "value": "mutate", "effect": "NoSchedule"}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 TIMEOUT_SECONDS = 60.0
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
-
-
-def _node() -> dict[str, Any]:
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-        "spec": {"taints": [TAINT]},
-        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
-    }
 
 
 def _gpus() -> InventorySnapshot:
@@ -155,7 +143,7 @@ def _configured(api: Client, port: int, directory: Path) -> Iterator[Client]:
     }
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
-    for manifest in (device_class, _node(), slice_, namespace):
+    for manifest in (device_class, ready_node(NODE, (TAINT,)), slice_, namespace):
         try:
             api.create(from_dict(manifest))
         except ApiError as e:

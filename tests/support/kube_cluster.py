@@ -12,6 +12,7 @@ themselves.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,26 @@ __all__ = [
     "kube_bin_dir",
     "kube_cluster",
     "missing_reason",
+    "ready_node",
     "start_cluster",
 ]
+
+
+def ready_node(name: str, taints: tuple[dict[str, str], ...] = ()) -> dict[str, Any]:
+    """A Node as a kubelet would register it, Ready, with room for pods (no kubelet here:
+    the apiserver keeps the status given at creation); ``taints`` keep other modules' pods
+    off it."""
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    node: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
+    }
+    if taints:
+        node["spec"] = {"taints": list(taints)}
+    return node
 
 
 @pytest.fixture(scope="session")
