@@ -22,6 +22,7 @@ from typing import Any
 from gatekeeper._version import __version__
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.cli.output import print_json
+from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import Settings
 
 __all__ = ["add_parser", "run_webhook"]
@@ -114,13 +115,31 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
 
 def _mutator(args: argparse.Namespace, webhook: Any, registry: Any) -> Any:
     """The mutating webhook on a lightkube client (the ``cluster`` extra)."""
-    from lightkube import Client, KubeConfig
+    try:
+        from lightkube import Client, KubeConfig
+    except ImportError as e:
+        raise GatekeeperError(
+            f"webhook --mutate: the Kubernetes client is not installed ({e}); install "
+            "gatekeeper with its cluster extra: pip install 'gatekeeper[cluster]'",
+            field="mutate",
+            value=True,
+        ) from e
+
+    from lightkube.core.exceptions import ConfigError
 
     from gatekeeper.k8s.mutate import Mutator
     from gatekeeper.k8s.server import mutation_counter
     from gatekeeper.k8s.template_store import ApiTemplateStore
 
-    config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
+    try:
+        config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
+    except ConfigError as e:
+        raise GatekeeperError(
+            f"webhook --mutate: no apiserver to create claim templates on ({e}); give "
+            "--kubeconfig FILE, or run in a pod with its ServiceAccount token mounted",
+            field="kubeconfig",
+            value=str(args.kubeconfig or ""),
+        ) from e
     client = Client(config, field_manager="gatekeeper-webhook", trust_env=False)
     return Mutator(
         webhook,
