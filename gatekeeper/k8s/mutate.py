@@ -51,6 +51,7 @@ from gatekeeper.cluster.slices import DRIVER_NAME
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
+from gatekeeper.k8s.claim_record import CLAIM_NAME, claim_record, intact, ours
 from gatekeeper.k8s.fit import Finding
 from gatekeeper.k8s.pod_patch import (
     pointer,
@@ -77,8 +78,6 @@ __all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateSto
 
 logger = logging.getLogger(__name__)
 
-CLAIM_NAME = "vllm-gpus"
-"""The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
 MutationOutcome = Literal["mutated", "unchanged", "warned", "denied", "ignored", "malformed"]
 
 
@@ -212,13 +211,14 @@ class Mutator:
             for i in [_index(c.path)]
         ]
         multi = kind == "LeaderWorkerSet"
-        if not found or (_has_claims(template.spec) and CLAIM_ANNOTATION in template.annotations):
-            return  # nothing runs vLLM, or gatekeeper mutated it already
-        if _has_claims(template.spec):
+        if not found or intact(template, [c.request for c in found]):
+            return  # nothing runs vLLM, or gatekeeper mutated it and it still reads so
+        if _has_claims(template.spec) and CLAIM_ANNOTATION not in template.annotations:
             for c in found:
                 self._check_own_claims(m, c, template, namespace, multi)
             return
         edits: dict[int, Mapping[str, Any]] = {}
+        kept = [e for e in template.spec.get("resourceClaims") or [] if not ours(e)]
         claims: list[dict[str, str]] = []
         record: dict[str, Any] = {}
         for c in found:
@@ -231,11 +231,11 @@ class Mutator:
             m.templates.append(claim_template(namespace, spec))
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
-            record[c.request.name] = _record(name, sizing)
+            record[c.request.name] = claim_record(name, sizing)
         if claims:
             note = (CLAIM_ANNOTATION, json.dumps(record, sort_keys=True))
             raw = _dig(obj, template.path)
-            m.patch += template_ops(pointer(template.path), raw, edits, claims, note)
+            m.patch += template_ops(pointer(template.path), raw, edits, [*kept, *claims], note)
 
     def _edited(self, m: Mutation, c: _Container, sizing: RankSizing) -> dict[str, Any] | None:
         """The container with the flags written, or None with the reason in ``m``."""
@@ -365,16 +365,6 @@ def _unreadable(who: str, command: VllmCommand) -> str | None:
 
 def _without_fraction(options: ServeOptions) -> ServeOptions:
     return dataclasses.replace(options, gpu_memory_utilization=None)
-
-
-def _record(template: str, sizing: RankSizing) -> dict[str, Any]:
-    return {
-        "template": template,
-        "ranks": sizing.ranks,
-        "memoryBytes": sizing.request_bytes,
-        "kvCacheMemoryBytes": sizing.kv_cache_memory_bytes,
-        "gpuMemoryUtilization": sizing.gpu_memory_utilization,
-    }
 
 
 def _undersized_text(

@@ -262,6 +262,7 @@ def test_the_scheduler_allocates_the_bytes_and_binds_the_pod(served: dict[str, A
 
 
 def test_applying_again_does_not_mutate_twice(client: Client, served: dict[str, Any]):
+    templates_before = _template_names(client)
     live = client.get(Deployment, "qwen", namespace=NAMESPACE)
     again = client.replace(live)  # the mutated object as it is: left alone
     assert _pod_spec(again)["spec"] == served["template"]["spec"]
@@ -272,13 +273,40 @@ def test_applying_again_does_not_mutate_twice(client: Client, served: dict[str, 
     replaced = client.replace(from_dict(original))
     assert _pod_spec(replaced)["spec"] == served["template"]["spec"]
     assert _pod_spec(replaced)["metadata"] == served["template"]["metadata"]
-    templates = list(client.list(ResourceClaimTemplate, namespace=NAMESPACE))
-    assert len(templates) == 1
+    assert _template_names(client) == templates_before  # no second template
     (pod,) = [p.to_dict() for p in client.list(Pod, namespace=NAMESPACE, labels={"app": "qwen"})]
-    assert (
-        pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
-        == templates[0].to_dict()["metadata"]["name"]
-    )
+    (claim,) = pod["spec"]["resourceClaims"]  # the same pod: nothing rolled out
+    assert claim["resourceClaimTemplateName"] in templates_before
+
+
+def _template_names(client: Client) -> set[str]:
+    return {
+        t.to_dict()["metadata"]["name"]
+        for t in client.list(ResourceClaimTemplate, namespace=NAMESPACE)
+    }
+
+
+def test_an_edited_command_line_applied_client_side_is_mutated_again(
+    client: Client, served: dict[str, Any]
+):
+    """kubectl apply (client-side) of a manifest whose args changed replaces the args on
+    the live object but keeps the claims and annotation the webhook added: the record no
+    longer holds, so the template is claimed again for the new line, once."""
+    live = _pod_spec_of(client.get(Deployment, "qwen", namespace=NAMESPACE))
+    edited_args = [*SERVED["spec"]["template"]["spec"]["containers"][0]["args"]]
+    edited_args[edited_args.index("8192")] = "16384"
+    live["spec"]["template"]["spec"]["containers"][0]["args"] = edited_args
+    after = _pod_spec(client.replace(from_dict(live)))
+    record = json.loads(after["metadata"]["annotations"][CLAIM_ANNOTATION])["vllm"]
+    before = json.loads(served["template"]["metadata"]["annotations"][CLAIM_ANNOTATION])["vllm"]
+    assert record["kvCacheMemoryBytes"] > 1.9 * before["kvCacheMemoryBytes"]  # twice the length
+    assert record["template"] != before["template"]
+    args = after["spec"]["containers"][0]["args"]
+    assert args.count("--kv-cache-memory-bytes") == 1 and "16384" in args
+    assert after["spec"]["resourceClaims"] == [
+        {"name": CLAIM_NAME, "resourceClaimTemplateName": record["template"]}
+    ]
+    assert after["spec"]["containers"][0]["resources"]["claims"] == [{"name": CLAIM_NAME}]
 
 
 def test_a_dry_run_creates_no_template(client: Client, served: dict[str, Any]):
