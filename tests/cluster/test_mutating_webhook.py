@@ -120,17 +120,26 @@ def _start_webhook(cluster: KubeCluster, directory: Path) -> tuple[subprocess.Po
 
 
 @pytest.fixture(scope="module")
-def client(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    """The node, its slice, the namespace and the webhook's configuration, with the
-    webhook running."""
+def webhook(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[int, Path]]:
+    """``gatekeeper webhook --mutate`` running: its port and its folder (CA in ca.crt)."""
     directory = tmp_path_factory.mktemp("mutate")
     process, port = _start_webhook(kube_cluster, directory)
-    api = kube_cluster.client()
     try:
-        yield from _configured(api, port, directory)
+        yield port, directory
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def client(kube_cluster: KubeCluster, webhook: tuple[int, Path]) -> Iterator[Client]:
+    """The node, its slice, the namespace and the webhook's configuration."""
+    api = kube_cluster.client()
+    try:
+        yield from _configured(api, *webhook)
+    finally:
         api.close()
 
 
@@ -512,3 +521,15 @@ def test_a_whole_gpu_claim_of_its_own_is_left_alone(client: Client):
     mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
     m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
     assert (m.outcome, m.patch, m.denials, m.warnings, m.templates) == ("unchanged", [], [], [], [])
+
+
+def test_the_webhook_counts_its_answers(webhook: tuple[int, Path], served: dict[str, Any]):
+    port, directory = webhook
+    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=context).text
+    counts = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("gatekeeper_webhook_mutations_total{")
+    }
+    assert counts["mutated"] >= 2 and counts["unchanged"] >= 1  # the Deployment, its pod
