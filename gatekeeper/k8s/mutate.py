@@ -21,9 +21,9 @@ the flag table of the image's release), with no claims of its own:
    container's ``resources.claims`` in place of ``nvidia.com/gpu``), the flags on the
    command line and the annotation ``vllm-gatekeeper.io/claim`` recording what was written.
 
-Left alone: a template annotated ``vllm-gatekeeper.io/skip``; one gatekeeper already
-mutated (its annotation and its claims are there: applying the manifest again changes
-nothing); one with claims of its own, unless a request is smaller than a rank needs: then
+Left alone: an update that leaves the pod templates as they were; a template annotated
+``vllm-gatekeeper.io/skip``; one gatekeeper already mutated while its record holds
+(``claim_record.intact``: applying the manifest again changes nothing); one with claims of its own, unless a request is smaller than a rank needs: then
 it is denied or warned about (``undersized``). Denied, with the reason and nothing
 mutated: a ``vllm serve`` line whose model or values cannot be read, a shell script whose
 expansions cannot be resolved, a model that fits no GPU, a template that cannot be
@@ -169,10 +169,14 @@ class Mutator:
         metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
         if metadata.get("deletionTimestamp"):
             return Mutation("ignored")
+        old = request.old_object
+        templates = pod_templates(kind, obj)
+        if request.operation == "UPDATE" and old and pod_templates(kind, old) == templates:
+            return Mutation("ignored")  # a label, replicas...: no rollout of gatekeeper's making
         namespace = request.namespace or metadata.get("namespace") or "default"
         where = f"{kind} {namespace}/{metadata.get('name') or metadata.get('generateName', '')}"
         m = Mutation()
-        for template in pod_templates(kind, obj):
+        for template in templates:
             if template.annotations.get(SKIP_ANNOTATION, "").strip().lower() != "true":
                 self._template(m, kind, obj, template, namespace, where)
         return self._finish(m, request.dry_run)

@@ -533,3 +533,19 @@ def test_the_webhook_counts_its_answers(webhook: tuple[int, Path], served: dict[
         if line.startswith("gatekeeper_webhook_mutations_total{")
     }
     assert counts["mutated"] >= 2 and counts["unchanged"] >= 1  # the Deployment, its pod
+
+
+def test_an_update_that_keeps_the_pod_template_is_not_mutated(client: Client):
+    """A Deployment from before the webhook, relabelled: no rollout of gatekeeper's
+    making. Its pods are claimed when the template next changes (or as they are made)."""
+    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
+    relabelled = {**SERVED, "metadata": {**SERVED["metadata"], "labels": {"team": "a"}}}
+    update = _review({"group": "apps", "version": "v1", "kind": "Deployment"}, relabelled)
+    kept = update.model_copy(update={"operation": "UPDATE", "old_object": SERVED})
+    assert (mutator.decide(kept).outcome, mutator.decide(kept).patch) == ("ignored", [])
+    edited = json.loads(json.dumps(SERVED))
+    edited["spec"]["template"]["spec"]["containers"][0]["args"][2] = "4096"
+    changed = update.model_copy(
+        update={"operation": "UPDATE", "old_object": SERVED, "object": edited, "dry_run": True}
+    )
+    assert mutator.decide(changed).outcome == "mutated"
