@@ -13,8 +13,8 @@ and vLLM's own memory error (free-memory check, max_model_len check, out of memo
 with the last log lines, or "did not become ready in T s".
 
 Exit is detected at once through a pidfd, for an own child (reaped, with its exit
-code) as for a worker adopted after a sidecar restart. Stopping sends SIGTERM to the process group,
-then SIGKILL after a grace period.
+code) as for a worker adopted after a sidecar restart. Stopping sends SIGTERM (and SIGCONT) to the
+process group, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -248,9 +248,13 @@ class WorkerProcess:
         )
 
     async def stop(self, grace_seconds: float) -> None:
-        """SIGTERM to the process group, then SIGKILL after ``grace_seconds``."""
+        """SIGTERM to the process group, then SIGKILL after ``grace_seconds``. SIGCONT
+        follows the SIGTERM (as systemd sends it): a worker stopped with SIGSTOP (a frozen
+        one taken out by the liveness probes) handles its SIGTERM now instead of sitting
+        out the whole grace period holding its GPU memory; a running one ignores it."""
         if self.alive:
             _signal_group(self.pid, signal.SIGTERM)
+            _signal_group(self.pid, signal.SIGCONT)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.exited.wait(), grace_seconds)
         # Children (engine core, TP workers) may outlive the leader: kill what is left of

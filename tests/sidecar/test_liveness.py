@@ -1,8 +1,9 @@
 """A worker that stops answering while it serves is taken out and restarted (#27 item
 7): a real simulator worker frozen with SIGSTOP (a real signal to a real process) misses
 its liveness probes, becomes ``unhealthy`` (the admin API, ``/healthz`` and the metric
-say so, and ``gatekeeper ps``), gets no traffic, and is stopped and restarted per the
-restart policy (``unhealthy`` until then). Short
+say so, and ``gatekeeper ps``), gets no traffic, and is stopped (SIGTERM with SIGCONT, so
+it ends without sitting out the grace period) and restarted per the restart policy
+(``unhealthy`` until then). Short
 intervals keep it quick; the times from freeze to ``unhealthy`` and to the restarted
 worker's readiness are printed (``pytest -s``)."""
 
@@ -24,6 +25,7 @@ from tests.support.sidecar_harness import TOKEN, running_sidecar, settings_for
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 
 INTERVAL, TIMEOUT, FAILURES = 0.5, 1.0, 3  # a loaded CI machine answers in 1 s
+GRACE = 60.0
 
 
 def _poll(sc, deployment_id: str, done, timeout: float = 30.0) -> dict[str, Any]:
@@ -44,7 +46,7 @@ def test_a_frozen_worker_becomes_unhealthy_gets_no_traffic_and_is_restarted(
         health_interval_seconds=INTERVAL,
         health_timeout_seconds=TIMEOUT,
         health_failures=FAILURES,
-        stop_grace_seconds=1.0,
+        stop_grace_seconds=GRACE,  # SIGCONT after SIGTERM: the frozen worker ends at once
         restart_backoff_seconds=2.0,  # unhealthy through the stop and the back-off
     )
     with running_sidecar(settings) as sc:
@@ -92,6 +94,7 @@ def test_a_frozen_worker_becomes_unhealthy_gets_no_traffic_and_is_restarted(
         assert httpx.get(f"{sc.url}/healthz", timeout=5).json()["status"] == "ok"
         bound = (INTERVAL + TIMEOUT) * FAILURES + 2.0  # + the polling, on a busy machine
         assert to_unhealthy < bound, to_unhealthy
+        assert to_ready < bound + 15.0 < GRACE, f"the frozen worker sat out its grace: {to_ready}"
         print(
             f"\nfreeze -> unhealthy {to_unhealthy:.2f} s, -> restarted and ready {to_ready:.2f} s"
         )
