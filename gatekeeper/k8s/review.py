@@ -14,17 +14,24 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 __all__ = [
+    "MAX_BODY_BYTES",
     "MAX_WARNING_CHARS",
     "AdmissionRequest",
     "AdmissionReview",
     "clip_warning",
     "parse_review",
+    "review_body",
     "review_response",
     "status_body",
+    "too_large",
 ]
 
+MAX_BODY_BYTES = 16 * 2**20
+"""Largest review accepted (objects are at most ~1.5 MiB in etcd; a review holds two)."""
 MAX_WARNING_CHARS = 256
 """The API server may truncate longer warnings; gatekeeper clips them itself."""
 
@@ -126,3 +133,19 @@ def review_response(
     if warnings:
         response["warnings"] = [clip_warning(w) for w in warnings]
     return {"apiVersion": review.api_version, "kind": review.kind, "response": response}
+
+
+async def review_body(request: Request) -> bytes | None:
+    """The request's body, or None when it is larger than ``MAX_BODY_BYTES``."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large() -> Response:
+    """The 413 answer to a review larger than ``MAX_BODY_BYTES``."""
+    return JSONResponse(status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413)

@@ -30,13 +30,8 @@ from gatekeeper._version import __version__
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
 from gatekeeper.k8s.mutate import MutationOutcome, Mutator
-from gatekeeper.k8s.webhook import (
-    AdmissionWebhook,
-    WebhookConfig,
-    WebhookMetrics,
-    review_body,
-    too_large,
-)
+from gatekeeper.k8s.review import review_body, too_large
+from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
 from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.settings import Settings, model_resolver, placement_policy

@@ -52,11 +52,13 @@ from gatekeeper.k8s.fit import (
     unknown_model_finding,
 )
 from gatekeeper.k8s.review import (
+    MAX_BODY_BYTES,
     AdmissionRequest,
     AdmissionReview,
     parse_review,
+    review_body,
     review_response,
-    status_body,
+    too_large,
 )
 from gatekeeper.k8s.workloads import (
     GPU_MEMORY_ANNOTATION,
@@ -80,14 +82,10 @@ __all__ = [
     "WebhookConfig",
     "WebhookDecision",
     "WebhookMetrics",
-    "review_body",
-    "too_large",
 ]
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 16 * 2**20
-"""Largest review accepted (objects are at most ~1.5 MiB in etcd; a review holds two)."""
 Outcome = Literal["allowed", "warned", "denied", "skipped", "ignored", "malformed"]
 OUTCOMES: tuple[Outcome, ...] = ("allowed", "warned", "denied", "skipped", "ignored", "malformed")
 
@@ -111,22 +109,6 @@ class WebhookDecision:
     outcome: Outcome
     message: str = ""
     warnings: tuple[str, ...] = ()
-
-
-async def review_body(request: Request) -> bytes | None:
-    """The request's body, or None when it is larger than ``MAX_BODY_BYTES``."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def too_large() -> Response:
-    """The 413 answer to a review larger than ``MAX_BODY_BYTES``."""
-    return JSONResponse(status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413)
 
 
 class WebhookMetrics:
