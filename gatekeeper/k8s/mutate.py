@@ -57,6 +57,7 @@ from gatekeeper.k8s.pod_patch import (
     pointer,
     reads_back,
     template_ops,
+    unread_script,
     with_budget_flags,
     with_claim,
 )
@@ -215,6 +216,7 @@ class Mutator:
             for i in [_index(c.path)]
         ]
         multi = kind == "LeaderWorkerSet"
+        m.denials += _unread_scripts(containers, {c.index for c in found}, where)
         if not found or intact(template, [c.request for c in found]):
             return  # nothing runs vLLM, or gatekeeper mutated it and it still reads so
         if _has_claims(template.spec) and CLAIM_ANNOTATION not in template.annotations:
@@ -334,6 +336,21 @@ def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:
 def _index(path: str) -> int:
     """The container's index in its ``…containers[i]`` path."""
     return int(path.rsplit("[", 1)[1].rstrip("]"))
+
+
+def _unread_scripts(containers: list[Any], read: set[int], where: str) -> list[str]:
+    """Denials for containers whose shell script names vLLM but could not be read."""
+    out = []
+    for i, container in enumerate(containers):
+        script = unread_script(container) if i not in read and isinstance(container, dict) else None
+        if script is not None:
+            out.append(
+                f"container {container.get('name')!r} of {where}: its shell script names vLLM "
+                f"but cannot be split as the shell would ({script[:80]!r}: an unbalanced "
+                "quote?), so no claim is written; fix the script, write the claim yourself or "
+                "annotate vllm-gatekeeper.io/skip"
+            )
+    return out
 
 
 def _has_claims(spec: Mapping[str, Any]) -> bool:

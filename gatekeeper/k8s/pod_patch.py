@@ -32,6 +32,7 @@ __all__ = [
     "pointer",
     "reads_back",
     "template_ops",
+    "unread_script",
     "with_budget_flags",
     "with_claim",
 ]
@@ -69,6 +70,15 @@ def _script_at(tokens: Sequence[str]) -> int | None:
         if "c" in token[1:]:
             return i + 1 if i + 1 < len(tokens) else None
     return None
+
+
+def unread_script(container: Mapping[str, Any]) -> str | None:
+    """The shell script of a container whose script names ``vllm serve`` (the caller found
+    no vLLM command line in it: it cannot be split as the shell would, an unbalanced quote),
+    else None."""
+    tokens = [*_strings(container.get("command")), *_strings(container.get("args"))]
+    at = _script_at(tokens)
+    return tokens[at] if at is not None and _LAUNCHER.search(tokens[at]) else None
 
 
 def _without_budget(tokens: Sequence[str]) -> list[str]:

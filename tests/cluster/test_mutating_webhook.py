@@ -369,7 +369,10 @@ def test_an_unreadable_vllm_line_is_denied_with_the_reason(client: Client, serve
     )
     message = _denial(client, script)
     assert "expansions gatekeeper cannot resolve" in message and "$MODEL" in message
-    for name in ("bad", "script"):
+    quote = deployment("quote", [], command=["sh", "-c", "exec vllm serve 'Qwen/Qwen2.5-7B"])
+    message = _denial(client, quote)
+    assert "its shell script names vLLM but cannot be split as the shell would" in message
+    for name in ("bad", "script", "quote"):
         assert not list(client.list(Deployment, namespace=NAMESPACE, labels={"app": name}))
 
 

@@ -11,6 +11,7 @@ from gatekeeper.k8s.pod_patch import (
     pointer,
     reads_back,
     template_ops,
+    unread_script,
     with_budget_flags,
     with_claim,
 )
@@ -96,3 +97,10 @@ def test_the_patch_adds_what_is_missing() -> None:
         "path": "/metadata/annotations/vllm-gatekeeper.io~1claim",
         "value": "{}",
     }
+
+
+def test_a_script_naming_vllm_is_found_even_when_it_cannot_be_split() -> None:
+    quoted = {"command": ["sh", "-c", "exec vllm serve 'm --max-model-len 4096"]}
+    assert unread_script(quoted) == "exec vllm serve 'm --max-model-len 4096"
+    assert unread_script({"command": ["sh", "-c", "ray start --block"]}) is None
+    assert unread_script({"command": ["vllm", "serve", "m"]}) is None
