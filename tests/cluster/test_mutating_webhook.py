@@ -538,6 +538,24 @@ def test_the_webhook_counts_its_answers(webhook: tuple[int, Path], served: dict[
     assert counts["mutated"] >= 2 and counts["unchanged"] >= 1  # the Deployment, its pod
 
 
+def test_the_apiserver_measures_the_webhooks_latency(kube_cluster: KubeCluster, served):
+    """The apiserver's own histogram of calls to the webhook (what an operator alerts on),
+    over every resource and operation."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for line in kube_cluster.get("/metrics").decode().splitlines():
+        name = line.split("{")[0]
+        family = "apiserver_admission_webhook_admission_duration_seconds"
+        if name.startswith(family) and 'name="claims.vllm-gatekeeper.io"' in line:
+            suffix = name.removeprefix(family)
+            if suffix in totals:
+                totals[suffix] += float(line.split()[-1])
+    calls, mean = totals["_count"], totals["_sum"] / max(totals["_count"], 1)
+    assert calls >= 4 and mean < 5  # the Deployments, their pods, the updates
+    print(
+        f"mutating webhook, as the apiserver measures it: {calls:.0f} calls, mean {mean * 1000:.0f} ms"
+    )
+
+
 def test_an_update_that_keeps_the_pod_template_is_not_mutated(client: Client):
     """A Deployment from before the webhook, relabelled: no rollout of gatekeeper's
     making. Its pods are claimed when the template next changes (or as they are made)."""
