@@ -312,14 +312,14 @@ class Mutator:
             name = entry.get("resourceClaimTemplateName") if isinstance(entry, dict) else None
             if not isinstance(name, str):
                 continue
-            found = self.store.read(namespace, name)
+            try:
+                found = self.store.read(namespace, name)
+                sizes = requested_memory((found or {}).get("spec") or {}, self.store.to_bytes)
+            except (GatekeeperError, ValueError, TypeError, AttributeError) as e:
+                m.warnings.append(f"{c.who}: claim template {name} not checked: {e}")
+                continue
             if found is None:
                 m.warnings.append(f"{c.who}: claim template {name} not found, so not checked")
-                continue
-            try:
-                sizes = requested_memory(found.get("spec") or {}, self.store.to_bytes)
-            except (GatekeeperError, ValueError, TypeError, AttributeError):
-                m.warnings.append(f"{c.who}: claim template {name} cannot be read; not checked")
                 continue
             small = [s for s in sizes if s is not None and s < sizing.rank_bytes]
             if small:

@@ -468,6 +468,13 @@ def test_an_undersized_claim_is_only_warned_about_when_so_set(client: Client, sm
     m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
     assert m.outcome == "warned" and not m.denials and not m.patch
     assert "claim template small requests 1073741824 bytes" in m.warnings[0]
+    pod_claims = manifest["spec"]["template"]["spec"]["resourceClaims"]
+    pod_claims[0]["resourceClaimTemplateName"] = "not-there-yet"  # applied in the same batch
+    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
+    assert m.warnings == [
+        "container 'vllm' of Deployment mutate/own-warn: claim template not-there-yet not "
+        "found, so not checked"
+    ]
 
 
 def _patched(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
