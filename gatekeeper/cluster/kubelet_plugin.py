@@ -1,0 +1,225 @@
+"""The kubelet plugin: gatekeeper's DRA driver as kubelet reaches it, over two unix sockets.
+
+As ``k8s.io/dynamic-resource-allocation/kubeletplugin`` does for Go drivers:
+
+- the **registration** socket, ``<registry dir>/<driver>-reg.sock`` (kubelet watches
+  ``/var/lib/kubelet/plugins_registry``), serves ``pluginregistration.Registration``:
+  ``GetInfo`` answers type ``DRAPlugin``, the driver's name, the DRA socket's path and the
+  services this plugin serves (``v1.DRAPlugin``, the one kubelet 1.34+ calls);
+  ``NotifyRegistrationStatus`` records kubelet's answer (a refusal is logged);
+- the **DRA** socket, ``<plugin dir>/dra.sock``, serves
+  ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``: ``NodePrepareResources`` and
+  ``NodeUnprepareResources``, each claim of the request answered on its own
+  (``DraDriver``): devices with their CDI device IDs, or the reason in ``error``, which
+  kubelet reports on the pod and retries.
+
+The messages are ``gatekeeper.cluster.kubelet_api``'s; the method handlers are written
+out here with grpc's generic handlers (what a ``_pb2_grpc`` module would generate).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+from lightkube import ApiError, Client
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from gatekeeper.cluster.dra_driver import DraDriver
+from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
+from gatekeeper.cluster.kubelet_api import pluginregistration_v1_pb2 as reg
+from gatekeeper.cluster.prepared import ClaimRef, PrepareError
+from gatekeeper.errors import GatekeeperError
+
+__all__ = [
+    "DRA_SERVICE",
+    "REGISTRATION_SERVICE",
+    "SUPPORTED_VERSIONS",
+    "KubeletPlugin",
+    "PluginSockets",
+    "claim_reader",
+]
+
+log = logging.getLogger("gatekeeper.cluster.kubelet_plugin")
+DRA_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+REGISTRATION_SERVICE = "pluginregistration.Registration"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
+"""kubelet's names of the DRA services served (k8s.io/kubelet/pkg/apis/dra/v1 DRAPluginService)."""
+PLUGIN_TYPE = "DRAPlugin"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSockets:
+    """The two sockets, from the plugin directory and kubelet's registry directory."""
+
+    plugin_dir: Path
+    registry_dir: Path
+    driver: str
+
+    @property
+    def dra(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def registration(self) -> Path:
+        return self.registry_dir / f"{self.driver}-reg.sock"
+
+
+def _unary(fn: Callable[[Any, Any], Any], request: Any, response: Any) -> Any:
+    return grpc.unary_unary_rpc_method_handler(
+        fn,
+        request_deserializer=request.FromString,
+        response_serializer=response.SerializeToString,
+    )
+
+
+class KubeletPlugin:
+    """Serves ``driver`` (a ``DraDriver``) on ``sockets`` until ``stop``."""
+
+    def __init__(self, driver: DraDriver, sockets: PluginSockets, workers: int = 4) -> None:
+        self.driver = driver
+        self.sockets = sockets
+        self.registration_status: reg.RegistrationStatus | None = None
+        """kubelet's last word on the registration."""
+        self._workers = workers
+        self._servers: list[Any] = []
+
+    def start(self) -> None:
+        """Bind both sockets (stale socket files removed first) and serve."""
+        dra_handlers = {
+            "NodePrepareResources": _unary(
+                self._prepare, dra.NodePrepareResourcesRequest, dra.NodePrepareResourcesResponse
+            ),
+            "NodeUnprepareResources": _unary(
+                self._unprepare,
+                dra.NodeUnprepareResourcesRequest,
+                dra.NodeUnprepareResourcesResponse,
+            ),
+        }
+        reg_handlers = {
+            "GetInfo": _unary(self._get_info, reg.InfoRequest, reg.PluginInfo),
+            "NotifyRegistrationStatus": _unary(
+                self._notify, reg.RegistrationStatus, reg.RegistrationStatusResponse
+            ),
+        }
+        # The DRA socket first: kubelet calls it as soon as it sees the registration socket.
+        for path, service, handlers in (
+            (self.sockets.dra, DRA_SERVICE, dra_handlers),
+            (self.sockets.registration, REGISTRATION_SERVICE, reg_handlers),
+        ):
+            self._servers.append(self._serve(path, service, handlers))
+        log.info(
+            "kubelet plugin of %s: DRA socket %s, registration socket %s",
+            self.driver.driver,
+            self.sockets.dra,
+            self.sockets.registration,
+        )
+
+    def _serve(self, path: Path, service: str, handlers: dict[str, Any]) -> Any:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        if server.add_insecure_port(f"unix://{path}") == 0:
+            raise GatekeeperError(
+                f"cannot listen on unix socket {path}; check that its directory is writable "
+                "(the DaemonSet mounts it from the host)",
+                field="socket",
+                value=str(path),
+            )
+        server.start()
+        return server
+
+    def stop(self, grace_seconds: float = 1.0) -> None:
+        """Stop serving (registration first, so kubelet stops calling) and remove the sockets."""
+        for server in reversed(self._servers):
+            server.stop(grace_seconds).wait()
+        self._servers.clear()
+        self.sockets.registration.unlink(missing_ok=True)
+        self.sockets.dra.unlink(missing_ok=True)
+
+    def _get_info(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver.driver,
+            endpoint=str(self.sockets.dra),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def _notify(
+        self, status: reg.RegistrationStatus, context: Any
+    ) -> reg.RegistrationStatusResponse:
+        self.registration_status = status
+        if status.plugin_registered:
+            log.info("kubelet registered the plugin of %s", self.driver.driver)
+        else:
+            log.error("kubelet refused the plugin of %s: %s", self.driver.driver, status.error)
+        return reg.RegistrationStatusResponse()
+
+    def _prepare(
+        self, request: dra.NodePrepareResourcesRequest, context: Any
+    ) -> dra.NodePrepareResourcesResponse:
+        response = dra.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+            answer = response.claims[claim.uid]
+            try:
+                prepared = self.driver.prepare(ref)
+            except Exception as e:  # each claim's failure is its own answer
+                log.warning("prepare of claim %s refused: %s", ref, e)
+                answer.error = _reason(e)
+                continue
+            for device in prepared.devices:
+                answer.devices.append(
+                    dra.Device(
+                        request_names=[device.claimed.request],
+                        pool_name=device.claimed.pool,
+                        device_name=device.claimed.device,
+                        cdi_device_ids=[device.cdi_device_id],
+                        share_id=device.claimed.share_id,
+                    )
+                )
+        return response
+
+    def _unprepare(
+        self, request: dra.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra.NodeUnprepareResourcesResponse:
+        response = dra.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+            answer = response.claims[claim.uid]
+            try:
+                self.driver.unprepare(ref)
+            except OSError as e:
+                answer.error = f"claim {ref}: unprepare failed ({e}); kubelet retries it"
+        return response
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, GatekeeperError):
+        return str(e)
+    return f"{type(e).__name__}: {e}; kubelet retries the prepare"
+
+
+def claim_reader(client: Client) -> Callable[[str, str], dict[str, Any]]:
+    """Reads a ResourceClaim from the apiserver as a plain dict; a missing claim is a
+    ``PrepareError`` (kubelet retries; the claim may not be visible yet)."""
+
+    def read(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = client.get(ResourceClaim, name, namespace=namespace).to_dict()
+        except ApiError as e:
+            raise PrepareError(
+                f"claim {namespace}/{name}: the apiserver answered {e.status.code} "
+                f"({e.status.message}); kubelet retries the prepare",
+                field="claim",
+                value=f"{namespace}/{name}",
+            ) from e
+        return found
+
+    return read

@@ -1,0 +1,239 @@
+"""What the kubelet plugin prepares, and whether a claim's bytes are free now (pure).
+
+``NodePrepareResources`` names a claim (namespace, name, uid); the plugin reads it from the
+apiserver and hands it here:
+
+- ``claimed_devices`` reads the claim's allocation results of this driver: each must be on
+  this node's pool (pool = node name, as the agent publishes), and each books
+  ``consumedCapacity.memory`` bytes on one device (``gpu-<index>``);
+- ``outstanding_bytes`` is what the other prepared claims on a GPU have been promised and
+  not yet taken: per claim, its bytes less what its pods' processes already hold there
+  (``taken``, NVML's per-process usage attributed to pods at the edge); never negative;
+- ``check_free`` passes when ``need <= free - outstanding``, NVML's free memory of that
+  GPU now less the outstanding promises, and otherwise raises ``PrepareError`` with the
+  claim, the device, every number and what holds the rest. kubelet retries a failed
+  prepare, so the pod waits instead of starting and taking down a neighbour.
+
+Example: an H100 with 50 GiB free; claim ``a`` (30 GiB) prepared, its worker not started
+(0 taken): a 24 GiB claim ``b`` is refused (50 - 30 = 20 < 24). Once ``a``'s worker holds
+its 30 GiB, NVML shows 20 GiB free, nothing is outstanding, and ``b`` is still refused; a
+16 GiB claim passes either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import GpuInfo
+from gatekeeper.units import gib
+
+__all__ = [
+    "ClaimRef",
+    "ClaimedDevice",
+    "PrepareError",
+    "PreparedClaim",
+    "PreparedDevice",
+    "check_free",
+    "claimed_devices",
+    "outstanding_bytes",
+]
+
+
+class PrepareError(GatekeeperError):
+    """A claim cannot be prepared on this node now; kubelet retries the prepare."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """The claim kubelet names in a prepare or unprepare."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDevice:
+    """One allocation result of the claim on this node's pool."""
+
+    request: str
+    pool: str
+    device: str
+    memory_bytes: int
+    """``consumedCapacity.memory``; 0 when the result books none."""
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """A claimed device as prepared: the GPU behind it and its CDI device ID."""
+
+    claimed: ClaimedDevice
+    gpu_index: int
+    gpu_uuid: str
+    cdi_device_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim prepared on this node (what the checkpoint keeps)."""
+
+    ref: ClaimRef
+    pod_uids: tuple[str, ...]
+    """The pods the claim is reserved for when it was prepared."""
+    devices: tuple[PreparedDevice, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.ref.namespace,
+            "name": self.ref.name,
+            "uid": self.ref.uid,
+            "podUIDs": list(self.pod_uids),
+            "devices": [
+                {
+                    "request": d.claimed.request,
+                    "pool": d.claimed.pool,
+                    "device": d.claimed.device,
+                    "memoryBytes": d.claimed.memory_bytes,
+                    "shareID": d.claimed.share_id,
+                    "gpuIndex": d.gpu_index,
+                    "gpuUUID": d.gpu_uuid,
+                    "cdiDeviceID": d.cdi_device_id,
+                }
+                for d in self.devices
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PreparedClaim:
+        devices = tuple(
+            PreparedDevice(
+                ClaimedDevice(
+                    d["request"], d["pool"], d["device"], int(d["memoryBytes"]), d["shareID"]
+                ),
+                int(d["gpuIndex"]),
+                d["gpuUUID"],
+                d["cdiDeviceID"],
+            )
+            for d in raw["devices"]
+        )
+        ref = ClaimRef(raw["namespace"], raw["name"], raw["uid"])
+        return cls(ref, tuple(raw["podUIDs"]), devices)
+
+
+def _refuse(ref: ClaimRef, what: str, field: str, value: object, todo: str) -> PrepareError:
+    return PrepareError(f"claim {ref}: {what}; {todo}", field=field, value=value)
+
+
+def _allocation_results(claim: Mapping[str, Any], ref: ClaimRef) -> list[dict[str, Any]]:
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise _refuse(
+            ref,
+            f"the apiserver's claim of that name has uid {uid}",
+            "claim.uid",
+            ref.uid,
+            "the claim was deleted and made again; kubelet prepares the new one",
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise _refuse(
+            ref,
+            "it is not allocated (no status.allocation)",
+            "status.allocation",
+            None,
+            "the scheduler allocates it before kubelet prepares it; retry once it has",
+        )
+    return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def claimed_devices(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    driver: str,
+    node_name: str,
+    to_bytes: Callable[[str], int],
+) -> tuple[ClaimedDevice, ...]:
+    """The claim's devices of ``driver``, all on ``node_name``'s pool; ``to_bytes``
+    parses a quantity. Raises ``PrepareError`` for a claim of another uid, one not
+    allocated, one with no device of ``driver``, or one allocated on another pool."""
+    ours = [r for r in _allocation_results(claim, ref) if r.get("driver") == driver]
+    if not ours:
+        raise _refuse(
+            ref,
+            f"no device of driver {driver} is allocated to it",
+            "status.allocation.devices.results",
+            [],
+            f"ask {driver}'s DeviceClass for a device, or leave the claim to its own driver",
+        )
+    elsewhere = sorted({str(r.get("pool")) for r in ours if r.get("pool") != node_name})
+    if elsewhere:
+        raise _refuse(
+            ref,
+            f"it is allocated to pool {', '.join(elsewhere)}, not to this node {node_name}",
+            "status.allocation.devices.results.pool",
+            elsewhere,
+            "kubelet of the node the scheduler chose prepares it; check the pod's nodeName",
+        )
+    devices = []
+    for result in ours:
+        memory = (result.get("consumedCapacity") or {}).get("memory")
+        devices.append(
+            ClaimedDevice(
+                request=str(result.get("request", "")),
+                pool=node_name,
+                device=str(result["device"]),
+                memory_bytes=to_bytes(memory) if memory is not None else 0,
+                share_id=result.get("shareID"),
+            )
+        )
+    return tuple(devices)
+
+
+def outstanding_bytes(
+    prepared: Iterable[PreparedClaim], gpu_uuid: str, taken: Mapping[tuple[str, str], int]
+) -> dict[str, int]:
+    """Bytes promised on ``gpu_uuid`` to each prepared claim and not yet taken, by the
+    claim's ``namespace/name``: its bytes there less ``taken[(claim uid, gpu uuid)]``
+    (what its pods' processes hold there now), at least 0; claims with none left out."""
+    out: dict[str, int] = {}
+    for claim in prepared:
+        promised = sum(d.claimed.memory_bytes for d in claim.devices if d.gpu_uuid == gpu_uuid)
+        left = promised - taken.get((claim.ref.uid, gpu_uuid), 0)
+        if left > 0:
+            out[f"{claim.ref.namespace}/{claim.ref.name}"] = left
+    return out
+
+
+def _bytes(n: int) -> str:
+    return f"{n} bytes ({gib(n):.2f} GiB)"
+
+
+def check_free(
+    ref: ClaimRef, claimed: ClaimedDevice, gpu: GpuInfo, outstanding: Mapping[str, int]
+) -> None:
+    """Passes when ``claimed`` fits in ``gpu``'s free memory less ``outstanding``;
+    otherwise ``PrepareError`` with the numbers and what holds the rest."""
+    promised = sum(outstanding.values())
+    available = gpu.free_bytes - promised
+    if claimed.memory_bytes <= available:
+        return
+    held = [f"{who}: {_bytes(n)} promised, not yet taken" for who, n in sorted(outstanding.items())]
+    held += [f"pid {p.pid}: {_bytes(p.used_bytes or 0)}" for p in gpu.processes]
+    raise PrepareError(
+        f"claim {ref}: device {claimed.device} (GPU {gpu.index}, {gpu.uuid}) needs "
+        f"{_bytes(claimed.memory_bytes)} but {_bytes(max(0, available))} are free for it: NVML "
+        f"shows {_bytes(gpu.free_bytes)} free of {_bytes(gpu.total_bytes)} and "
+        f"{_bytes(promised)} are promised to prepared claims. Held: "
+        f"{'; '.join(held) or 'nothing NVML reports per process'}. kubelet retries the "
+        "prepare and the pod starts once the memory is free; stop what holds it, or delete "
+        "the pod to have it placed again",
+        field="consumedCapacity.memory",
+        value=claimed.memory_bytes,
+    )
