@@ -12,212 +12,78 @@ Figures printed: agent start to slice visible, and a GPU change to the republish
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
-from lightkube.codecs import from_dict
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
-from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube import Client
+from lightkube.resources.core_v1 import Event, Pod
 
-from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import TAINT_KEY
-from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, subprocess_env, write_state
-from tests.support.kube_cluster import KubeCluster, ready_node
-from tests.support.prometheus_server import free_port
+from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, write_state
+from tests.support import agent_node
+from tests.support.agent_node import (
+    GATEKEEPER,
+    AgentNode,
+    AgentProcess,
+    agent_process,
+    registered,
+    set_gpus,
+)
+from tests.support.kube_cluster import KubeCluster
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.k8s
 
 NODE = "agent-node"
-SLICE = f"{NODE}-{DRIVER_NAME}"
-NODE_TAINT = {"key": "gatekeeper.dev/agent-test", "value": "only", "effect": "NoSchedule"}
+AGENT = AgentNode(NODE, "agent")
+SLICE = AGENT.slice_name
 GiB = 2**30
-GATEKEEPER = Path(sys.executable).with_name("gatekeeper")
-TIMEOUT_SECONDS = 30.0
 POD_NAMES = ("first", "second", "blocked")
-INTERVAL = "0.2"
-
-
-def set_gpus(state: Path, used_bytes: int = 0, indices: tuple[int, ...] = (0, 1)) -> None:
-    """The stand-in serves these H100s (NVML indices are positions in this list)."""
-    write_state(state, [h100(i, used_bytes=used_bytes) for i in indices])
-
-
-def wait_for(what: str, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not seen in {TIMEOUT_SECONDS} s")
-
-
-@dataclasses.dataclass
-class Agent:
-    """Starts and kills ``gatekeeper agent`` processes on one stand-in NVML state."""
-
-    cluster: KubeCluster
-    state: Path
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = 0
-
-    def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            text: str = answer.read().decode()
-            return text
-
-    def argv(self, *extra: str) -> list[str]:
-        return [
-            str(GATEKEEPER),
-            "agent",
-            f"--node-name={NODE}",
-            "--gpus=nvml",
-            f"--kubeconfig={self.cluster.kubeconfig}",
-            *extra,
-        ]
-
-    def start(self) -> None:
-        self.metrics_port = free_port()
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                self.argv(f"--interval={INTERVAL}", f"--metrics-port={self.metrics_port}"),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def once(self) -> str:
-        done = subprocess.run(
-            self.argv("--once"), capture_output=True, text=True, timeout=60, env=self.env
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
 
 
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
     client = kube_cluster.client()
-    node = ready_node(NODE, (NODE_TAINT,))
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
-    client.create(from_dict(node))
-    made_class = True
-    try:
-        client.create(from_dict(device_class))
-    except ApiError as e:  # another cluster test module made it first
-        assert e.status.code == 409, e
-        made_class = False
-    client.create(Namespace(metadata=ObjectMeta(name="agent")))
-    yield client
-    client.delete(Node, NODE)
-    client.delete(ResourceSlice, SLICE)
-    if made_class:  # the other modules create it as their own
-        client.delete(DeviceClass, DRIVER_NAME)
+    with registered(client, AGENT):
+        yield client
     client.close()
 
 
 @pytest.fixture(scope="module")
 def agent(
     kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Agent]:
+) -> Iterator[AgentProcess]:
     work = tmp_path_factory.mktemp("agent")
-    state = work / "nvml_state.txt"
-    set_gpus(state)
-    env = subprocess_env(nvml_stub_lib.parent, state)
-    started = Agent(kube_cluster, state, env, work / "agent.log")
+    started = agent_process(kube_cluster.kubeconfig, AGENT, nvml_stub_lib, work)
     yield started
     started.kill()
 
 
 def make_pod(client: Client, name: str, memory_bytes: int) -> None:
-    request = {
-        "name": "rank0",
-        "exactly": {
-            "deviceClassName": DRIVER_NAME,
-            "capacity": {"requests": {"memory": str(memory_bytes)}},
-        },
-    }
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "agent"},
-        "spec": {"spec": {"devices": {"requests": [request]}}},
-    }
-    toleration = {k: NODE_TAINT[k] for k in ("key", "value", "effect")} | {"operator": "Equal"}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "agent"},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "tolerations": [toleration],
-            "containers": [
-                {
-                    "name": "vllm",
-                    "image": "vllm/vllm-openai",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-        },
-    }
-    client.create(from_dict(template))
-    client.create(from_dict(pod))
+    agent_node.make_pod(client, AGENT, name, memory_bytes)
 
 
 def bound_node(client: Client, name: str) -> str | None:
-    found = client.get(Pod, name, namespace="agent")
-    return found.spec.nodeName if found.spec is not None else None
+    return agent_node.bound_node(client, AGENT, name)
 
 
 def allocation(client: Client, pod: str) -> dict[str, Any]:
-    for claim in client.list(ResourceClaim, namespace="agent"):
-        raw = claim.to_dict()
-        if raw["metadata"]["ownerReferences"][0]["name"] == pod:
-            result: dict[str, Any] = raw["status"]["allocation"]
-            return result
-    raise AssertionError(f"no claim for pod {pod}")
+    return agent_node.allocation(client, AGENT, pod)
 
 
 def claim_names(client: Client) -> dict[str, str]:
     """Each pod's claim's name, by pod."""
-    names = {}
-    for claim in client.list(ResourceClaim, namespace="agent"):
-        raw = claim.to_dict()
-        names[raw["metadata"]["ownerReferences"][0]["name"]] = raw["metadata"]["name"]
-    return names
+    return {pod: c["metadata"]["name"] for pod, c in agent_node.claims(client, AGENT).items()}
 
 
 def published(client: Client) -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] = client.get(ResourceSlice, SLICE).to_dict()
-    except ApiError:
-        return None
-    return found
+    return agent_node.published(client, AGENT)
 
 
 def scheduled_message(client: Client, pod: str) -> str | None:
@@ -229,7 +95,7 @@ def scheduled_message(client: Client, pod: str) -> str | None:
 
 
 def test_publishes_and_a_restart_keeps_the_pool_and_its_allocations(
-    client: Client, agent: Agent
+    client: Client, agent: AgentProcess
 ) -> None:
     start = time.monotonic()
     agent.start()
@@ -265,7 +131,7 @@ def _taints(client: Client) -> dict[str, list[str]]:
 
 
 def test_memory_no_claim_books_taints_the_device_until_it_is_free(
-    client: Client, agent: Agent
+    client: Client, agent: AgentProcess
 ) -> None:
     generation = published(client)["spec"]["pool"]["generation"]  # type: ignore[index]
     start = time.monotonic()
@@ -288,7 +154,7 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
 
 
 def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
-    client: Client, agent: Agent
+    client: Client, agent: AgentProcess
 ) -> None:
     device = allocation(client, "first")["devices"]["results"][0]["device"]
     before = published(client)
@@ -341,7 +207,9 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     assert 'gatekeeper_agent_devices{state="published"} 1.0' in scraped
 
 
-def test_a_failed_gpu_reading_keeps_the_published_slice(client: Client, agent: Agent) -> None:
+def test_a_failed_gpu_reading_keeps_the_published_slice(
+    client: Client, agent: AgentProcess
+) -> None:
     before = published(client)
     assert before is not None
     generation = before["spec"]["pool"]["generation"]
