@@ -13,7 +13,10 @@ them with its GPUs (design: ``../shared/reference/cluster.md``):
   unaccounted memory exceeds the tolerance, so the scheduler stops adding claims to it
   until the memory is free again (kubernetes ``pkg/apis/resource/types.go``, DeviceTaint;
   DRADeviceTaints is GA and on by default in 1.37, beta and on from 1.36);
-- ``vanished`` lists the allocations on devices the new slice no longer has.
+- ``vanished`` lists the allocations on devices the new slice no longer has;
+- ``orphans_text`` and ``parse_orphans`` write and read those allocations (with the
+  vanished GPU's uuid) as the slice's ``VANISHED_ANNOTATION``, so that a restarted agent
+  still reports them and does not report them twice.
 
 Quantities arrive as integer bytes: the agent parses the API's strings at its edge.
 """
@@ -21,6 +24,7 @@ Quantities arrive as integer bytes: the agent parses the API's strings at its ed
 from __future__ import annotations
 
 import copy
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,9 +33,15 @@ from typing import Any
 __all__ = [
     "TAINT_EFFECT",
     "TAINT_KEY",
+    "VANISHED_ANNOTATION",
     "Allocation",
+    "OrphanKey",
+    "Orphans",
     "allocations",
     "booked_bytes",
+    "orphan_key",
+    "orphans_text",
+    "parse_orphans",
     "unaccounted_bytes",
     "vanished",
     "with_taints",
@@ -40,6 +50,8 @@ __all__ = [
 TAINT_KEY = "gpu.gatekeeper.dev/unaccounted-memory"
 """The device taint the agent sets while memory no claim books is in use."""
 TAINT_EFFECT = "NoSchedule"
+VANISHED_ANNOTATION = "gpu.gatekeeper.dev/vanished"
+"""The slice's annotation listing the allocations on GPUs that vanished (JSON)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +140,57 @@ def vanished(found: Iterable[Allocation], devices: Iterable[str]) -> list[Alloca
     """The allocations on devices not in ``devices`` (the newly published ones)."""
     present = set(devices)
     return [allocation for allocation in found if allocation.device not in present]
+
+
+OrphanKey = tuple[str, str, str]
+"""An allocation on a vanished GPU: (namespace, claim, device)."""
+Orphans = dict[OrphanKey, tuple[Allocation, str]]
+"""Allocations on vanished GPUs, each with the vanished GPU's uuid, by ``orphan_key``."""
+
+
+def orphan_key(allocation: Allocation) -> OrphanKey:
+    return (allocation.namespace, allocation.claim, allocation.device)
+
+
+def orphans_text(orphans: Orphans) -> str:
+    """``orphans`` as the ``VANISHED_ANNOTATION`` value: a JSON list, sorted, compact.
+
+    e.g. ``[{"claim":"first-gpu-x","device":"gpu-0","memoryBytes":12884901888,
+    "namespace":"agent","pods":["first"],"uuid":"GPU-0"}]``
+    """
+    rows = [
+        {
+            "namespace": allocation.namespace,
+            "claim": allocation.claim,
+            "device": allocation.device,
+            "uuid": uuid,
+            "memoryBytes": allocation.memory_bytes,
+            "pods": list(allocation.pods),
+        }
+        for _, (allocation, uuid) in sorted(orphans.items())
+    ]
+    return json.dumps(rows, separators=(",", ":"), sort_keys=True)
+
+
+def parse_orphans(text: str) -> Orphans:
+    """The ``VANISHED_ANNOTATION`` value read back; raises ValueError (naming what is
+    wrong) when it is not what ``orphans_text`` writes."""
+    try:
+        rows = json.loads(text)
+        found: Orphans = {}
+        for row in rows:
+            allocation = Allocation(
+                namespace=str(row["namespace"]),
+                claim=str(row["claim"]),
+                device=str(row["device"]),
+                memory_bytes=int(row["memoryBytes"]),
+                pods=tuple(str(pod) for pod in row["pods"]),
+            )
+            found[orphan_key(allocation)] = (allocation, str(row["uuid"]))
+    except (TypeError, KeyError, ValueError) as e:
+        raise ValueError(
+            f"annotation {VANISHED_ANNOTATION} is {text[:200]!r}, not a JSON list of "
+            f"namespace, claim, device, uuid, memoryBytes and pods ({e!r}); it is written "
+            "again at the next change"
+        ) from e
+    return found

@@ -16,8 +16,10 @@ Each pass reads the node's GPUs and the ResourceClaims allocated on its pool, th
 
 A restarted agent finds its slice, sees the same devices and writes nothing: allocations
 live in the claims and are never touched by the agent. When a device vanishes, each pod
-whose claim was allocated on it is reported: a WARNING log line and a ``GpuVanished``
-Warning Event on the pod. A GPU reading that fails keeps the published slice (publishing
+whose claim was allocated on it is reported once: a WARNING log line and a
+``GpuVanished`` Warning Event on the pod. Those allocations are recorded on the slice
+(``accounting.VANISHED_ANNOTATION``) until their claims are gone, so that a restarted agent
+still lists them (``orphans``, the metrics) and reports none of them again. A GPU reading that fails keeps the published slice (publishing
 an empty pool would tell the scheduler the node has no GPUs).
 
 The one module of the wing that talks to the apiserver (lightkube, the ``cluster`` extra).
@@ -41,9 +43,14 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
 from gatekeeper.cluster.accounting import (
+    VANISHED_ANNOTATION,
     Allocation,
+    Orphans,
     allocations,
     booked_bytes,
+    orphan_key,
+    orphans_text,
+    parse_orphans,
     unaccounted_bytes,
     vanished,
     with_taints,
@@ -137,6 +144,27 @@ def _identities(slice_: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def _annotation(slice_: Mapping[str, Any] | None) -> str:
+    """The slice's ``VANISHED_ANNOTATION`` ("" when it has none)."""
+    annotations = ((slice_ or {}).get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(VANISHED_ANNOTATION, ""))
+
+
+def _annotate(slice_: dict[str, Any], orphans: Orphans) -> None:
+    """Records ``orphans`` on ``slice_`` (no annotation when there are none)."""
+    if orphans:
+        slice_["metadata"].setdefault("annotations", {})[VANISHED_ANNOTATION] = orphans_text(
+            orphans
+        )
+
+
+def _same(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """The same devices (``_canonical``) and the same record of vanished GPUs."""
+    return _canonical(current["spec"]["devices"]) == _canonical(
+        desired["spec"]["devices"]
+    ) and _annotation(current) == _annotation(desired)
+
+
 class NodeAgent:
     """Publishes one node's GPUs as its ResourceSlice through ``client``."""
 
@@ -154,9 +182,10 @@ class NodeAgent:
         """The last pass that succeeded."""
         self.passes: Counter[str] = Counter()
         """Passes by outcome: created, updated, unchanged, kept, failed."""
-        self.orphans: dict[tuple[str, str, str], tuple[Allocation, str]] = {}
+        self.orphans: Orphans = {}
         """Allocations on vanished devices, with the vanished GPU's uuid, by (namespace,
-        claim, device); kept until the claim is gone (its pod deleted)."""
+        claim, device); kept until the claim is gone (its pod deleted), and recorded on
+        the slice (``VANISHED_ANNOTATION``) so that a restarted agent keeps them."""
 
     def _published(self) -> dict[str, Any] | None:
         try:
@@ -203,33 +232,65 @@ class NodeAgent:
             log.warning("GPU reading failed, slice %s kept: %s", self.slice_name, snapshot.error)
             return PassResult("kept", generation)
         found = self._allocations()
-        live = {(a.namespace, a.claim) for a in found}
-        self.orphans = {k: v for k, v in self.orphans.items() if k[:2] in live}
         desired = self._desired(snapshot, found, generation)
         identities = _identities(desired)
         names = tuple(sorted(identities))
         tainted = tuple(d["name"] for d in desired["spec"]["devices"] if d.get("taints"))
+        before = _identities(current) if current else identities
+        orphans, gone = self._orphans(current, found, before, identities)
+        _annotate(desired, orphans)
         if current is None:
             self._client.create(from_dict(desired))
-            return PassResult("created", generation, names, tainted)
-        before = _identities(current)
-        if identities != before:
+            action: Action = "created"
+        elif identities != before:
             generation += 1
             desired["spec"]["pool"]["generation"] = generation
-        elif _canonical(current["spec"]["devices"]) == _canonical(desired["spec"]["devices"]):
-            return PassResult("unchanged", generation, names, tainted)
+            action = self._replace(current, desired)
+        elif _same(current, desired):
+            action = "unchanged"
+        else:
+            action = self._replace(current, desired)
+        self.orphans = orphans
+        for allocation, uuid in gone:
+            self._report_vanished(allocation, uuid)
+        return PassResult(action, generation, names, tainted, tuple(a for a, _ in gone))
+
+    def _replace(self, current: Mapping[str, Any], desired: dict[str, Any]) -> Action:
         desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         self._client.replace(from_dict(desired))
+        return "updated"
+
+    def _orphans(
+        self,
+        current: Mapping[str, Any] | None,
+        found: list[Allocation],
+        before: Mapping[str, str],
+        identities: Mapping[str, str],
+    ) -> tuple[Orphans, list[tuple[Allocation, str]]]:
+        """The allocations on vanished GPUs whose claims still exist: those recorded on
+        the published slice (a restarted agent's memory) or known to this agent, and
+        those on GPUs that vanish in this pass (``gone``, reported once)."""
+        live = {(a.namespace, a.claim) for a in found}
+        known = {**self._recorded(current), **self.orphans}
+        orphans = {key: value for key, value in known.items() if key[:2] in live}
         kept = [name for name, uuid in before.items() if identities.get(name) == uuid]
-        gone = tuple(vanished(found, kept))
-        for allocation in gone:
-            uuid = before.get(allocation.device, "")
-            self.orphans[(allocation.namespace, allocation.claim, allocation.device)] = (
-                allocation,
-                uuid,
-            )
-            self._report_vanished(allocation, uuid)
-        return PassResult("updated", generation, names, tainted, gone)
+        gone = [
+            (allocation, before.get(allocation.device, ""))
+            for allocation in vanished(found, kept)
+            if orphan_key(allocation) not in orphans
+        ]
+        orphans |= {orphan_key(allocation): (allocation, uuid) for allocation, uuid in gone}
+        return orphans, gone
+
+    def _recorded(self, current: Mapping[str, Any] | None) -> Orphans:
+        text = _annotation(current)
+        if not text:
+            return {}
+        try:
+            return parse_orphans(text)
+        except ValueError as e:
+            log.warning("slice %s: %s", self.slice_name, e)
+            return {}
 
     def _report_vanished(self, allocation: Allocation, uuid: str) -> None:
         node = self._config.node_name
