@@ -74,6 +74,7 @@ from gatekeeper.k8s.workloads import (
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import format_gib
 from gatekeeper.vllm.command import VllmCommand
+from gatekeeper.vllm.launch import release_budget
 
 __all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
 
@@ -246,6 +247,14 @@ class Mutator:
     def _edited(self, m: Mutation, c: _Container, sizing: RankSizing) -> dict[str, Any] | None:
         """The container with the flags written, or None with the reason in ``m``."""
         kv, u = sizing.kv_cache_memory_bytes, sizing.gpu_memory_utilization
+        release = c.request.command.vllm_version
+        if not release_budget(release).byte_budget:
+            m.denials.append(
+                f"{c.who}: vLLM {release} has no --kv-cache-memory-bytes (it came in 0.10.2), "
+                "so a claim of bytes cannot hold its worker to them; run vLLM 0.10.2 or later, "
+                "write the claim yourself or annotate vllm-gatekeeper.io/skip"
+            )
+            return None
         edited = with_budget_flags(c.raw, kv, u)
         if isinstance(edited, str):
             m.denials.append(f"{c.who}: cannot write the flags: {edited}")

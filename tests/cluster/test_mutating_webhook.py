@@ -577,3 +577,12 @@ def test_an_update_that_keeps_the_pod_template_is_not_mutated(client: Client):
         update={"operation": "UPDATE", "old_object": SERVED, "object": edited, "dry_run": True}
     )
     assert mutator.decide(changed).outcome == "mutated"
+
+
+def test_a_release_without_a_byte_budget_is_denied_with_the_release(client: Client):
+    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
+    old = deployment("old", [MODEL, "--max-model-len", "4096"], image="vllm/vllm-openai:v0.8.5")
+    request = _review({"group": "apps", "version": "v1", "kind": "Deployment"}, old)
+    m = mutator.decide(request.model_copy(update={"dry_run": True}))
+    assert m.outcome == "denied" and not m.patch
+    assert "vLLM 0.8.5 has no --kv-cache-memory-bytes (it came in 0.10.2)" in m.denials[0]
