@@ -7,7 +7,8 @@ the next agent republishes (generation 2), reports the pod once (a ``GpuVanished
 ``gatekeeper_agent_orphaned_pod_info``) and records it on the slice
 (``accounting.VANISHED_ANNOTATION``); killed and started again, it lists the pod without
 writing the slice or reporting it again, and a later change of the slice (a taint) reports
-nothing either; the pod deleted, its claim is deallocated and the record goes. The tests run in
+nothing either; the pod deleted, its claim is deallocated and the record goes; a damaged
+record is written again (with a warning), the agent running on. The tests run in
 order and build on each other.
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.resource_v1 import ResourceSlice
+from lightkube.types import PatchType
 
 from gatekeeper.cluster.accounting import TAINT_KEY, VANISHED_ANNOTATION
 from gatekeeper.gpus.stand_in import h100
@@ -70,11 +73,15 @@ def vanished_events(client: Client) -> list[dict[str, Any]]:
     return [e for e in events if e.get("reason") == "GpuVanished"]
 
 
-def recorded(client: Client) -> list[dict[str, Any]]:
-    """The slice's record of allocations on vanished GPUs."""
+def record_text(client: Client) -> str:
+    """The slice's record of allocations on vanished GPUs, as written ("" when none)."""
     current = published(client, NODE)
     assert current is not None
-    text = (current["metadata"].get("annotations") or {}).get(VANISHED_ANNOTATION)
+    return str((current["metadata"].get("annotations") or {}).get(VANISHED_ANNOTATION, ""))
+
+
+def recorded(client: Client) -> list[dict[str, Any]]:
+    text = record_text(client)
     rows: list[dict[str, Any]] = json.loads(text) if text else []
     return rows
 
@@ -171,3 +178,14 @@ def test_the_record_goes_with_the_allocation(client: Client, agent: AgentProcess
     wait_for("the record removed", lambda: not recorded(client))
     assert not orphan_lines(agent)
     assert published(client, NODE)["spec"]["pool"]["generation"] == 2  # type: ignore[index]
+
+
+def test_a_damaged_record_is_written_again_with_a_warning(
+    client: Client, agent: AgentProcess
+) -> None:
+    patch = {"metadata": {"annotations": {VANISHED_ANNOTATION: "{"}}}
+    client.patch(ResourceSlice, NODE.slice_name, patch, patch_type=PatchType.MERGE)
+    wait_for("the damaged record replaced", lambda: record_text(client) != "{")
+    assert not record_text(client)  # nothing is orphaned now
+    assert f"annotation {VANISHED_ANNOTATION} is '{{'" in agent.log.read_text()
+    assert agent.proc is not None and agent.proc.poll() is None
