@@ -184,7 +184,7 @@ class NodeAgent:
         """Passes by outcome: created, updated, unchanged, kept, failed."""
         self.orphans: Orphans = {}
         """Allocations on vanished devices, with the vanished GPU's uuid, by (namespace,
-        claim, device); kept until the claim is gone (its pod deleted), and recorded on
+        claim, device); kept until the claim is deallocated (its pod deleted), and recorded on
         the slice (``VANISHED_ANNOTATION``) so that a restarted agent keeps them."""
 
     def _published(self) -> dict[str, Any] | None:

@@ -6,7 +6,8 @@
 - ``gatekeeper_agent_passes_total{outcome}``: passes by outcome (created, updated,
   unchanged, kept, failed);
 - ``gatekeeper_agent_orphaned_pod_info{namespace,pod,claim,device,uuid}``: 1 for each pod
-  whose claim was allocated on a GPU that vanished, until the claim is gone.
+  whose claim was allocated on a GPU that vanished, until the claim is deallocated (a
+  restarted agent reads them back from the slice: ``accounting.VANISHED_ANNOTATION``).
 """
 
 from __future__ import annotations
