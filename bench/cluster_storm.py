@@ -51,7 +51,8 @@ class StormResult:
     arrivals: list[Arrival]
     outcomes: dict[str, Outcome]
     reasons: dict[str, str]
-    bind_ms: list[float]
+    bind_ms: dict[str, float]
+    """Per placed workload: its create call's start to its pod first seen bound."""
     seconds: float
     """From the first create to every workload settled."""
 
@@ -205,11 +206,11 @@ def storm(
         for made in clients:
             made.close()
     seconds = time.monotonic() - start
-    bind_ms = [
-        (watch.bound_at[a.workload.name] - a.started) * 1000
+    bind_ms = {
+        a.workload.name: (watch.bound_at[a.workload.name] - a.started) * 1000
         for a in arrivals
         if outcomes[a.workload.name] == "placed" and a.workload.name in watch.bound_at
-    ]
+    }
     return StormResult(arrivals, outcomes, reasons, bind_ms, seconds)
 
 

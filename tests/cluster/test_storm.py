@@ -88,4 +88,4 @@ def test_every_workload_is_placed_pending_or_denied_with_a_reason(stormed):
             assert result.reasons[name], name
     placed = [a for a in result.arrivals if result.outcomes[a.workload.name] == "placed"]
     assert all(a.need_bytes for a in placed)  # the webhook's claim, not a whole GPU
-    assert len(result.bind_ms) == counts["placed"]
+    assert len(result.bind_ms) == counts["placed"]  # each bound pod seen by the watch
