@@ -1,8 +1,10 @@
 """deploy/kubernetes/components/cluster: the agent's DaemonSet arguments parse, and its RBAC,
-applied to the real apiserver, allows exactly what ``gatekeeper agent`` does (issue 29).
+applied to the real apiserver, allows exactly what ``gatekeeper agent`` does (issue 29); the
+same for the mutating webhook (``gatekeeper webhook --mutate``) and its RBAC.
 
 The apiserver's own RBAC authorizer answers: a SubjectAccessReview per request the agent
-makes (gatekeeper/cluster/agent.py), as the agent's ServiceAccount.
+makes (gatekeeper/cluster/agent.py), as the agent's ServiceAccount, and per request the
+webhook makes (gatekeeper/k8s/template_store.py), as the webhook's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.k8s
 
 COMPONENT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "components" / "cluster"
 AGENT = "system:serviceaccount:vllm-gatekeeper:gatekeeper-agent"
+WEBHOOK = "system:serviceaccount:vllm-gatekeeper:gatekeeper-webhook"
 # (verb, group, resource): each call gatekeeper/cluster/agent.py makes.
 AGENT_CALLS = [
     ("get", "resource.k8s.io", "resourceslices"),
@@ -52,24 +55,24 @@ def rbac_client(kube_cluster: KubeCluster) -> Iterator[Client]:
     client = kube_cluster.client()
     client.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
                              "metadata": {"name": "vllm-gatekeeper"}}))  # fmt: skip
-    for doc in docs("agent-rbac.yaml"):
+    for doc in [*docs("agent-rbac.yaml"), *docs("webhook-rbac.yaml")]:
         client.create(from_dict(doc))
     yield client
     client.close()
 
 
-def allowed(client: Client, verb: str, group: str, resource: str) -> bool:
+def allowed(client: Client, verb: str, group: str, resource: str, user: str = AGENT) -> bool:
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
         "spec": {
-            "user": AGENT,
+            "user": user,
             "groups": ["system:serviceaccounts", "system:serviceaccounts:vllm-gatekeeper"],
             "resourceAttributes": {
                 "verb": verb,
                 "group": group,
                 "resource": resource,
-                "namespace": "agent-test" if resource in ("events", "resourceclaims") else "",
+                "namespace": "" if resource in ("resourceslices", "nodes") else "agent-test",
             },
         },
     }
@@ -114,3 +117,46 @@ def test_the_daemonsets_arguments_are_the_agents() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == "gatekeeper-agent"
+
+
+WEBHOOK_CALLS = [
+    ("create", "resource.k8s.io", "resourceclaimtemplates"),
+    ("get", "resource.k8s.io", "resourceclaimtemplates"),
+]
+NOT_THE_WEBHOOKS = [
+    ("update", "resource.k8s.io", "resourceclaimtemplates"),
+    ("delete", "resource.k8s.io", "resourceclaimtemplates"),
+    ("create", "resource.k8s.io", "resourceclaims"),
+    ("create", "resource.k8s.io", "resourceslices"),
+    ("create", "", "pods"),
+    ("get", "", "secrets"),
+]
+
+
+@pytest.mark.parametrize("call", WEBHOOK_CALLS, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_the_webhooks_rbac_allows_each_call_it_makes(
+    rbac_client: Client, call: tuple[str, ...]
+) -> None:
+    assert allowed(rbac_client, call[0], call[1], call[2], user=WEBHOOK)
+
+
+@pytest.mark.parametrize("call", NOT_THE_WEBHOOKS, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_the_webhooks_rbac_allows_nothing_else(rbac_client: Client, call: tuple[str, ...]) -> None:
+    assert not allowed(rbac_client, call[0], call[1], call[2], user=WEBHOOK)
+
+
+def test_the_component_runs_the_webhook_with_mutate() -> None:
+    """The component's patch, applied to the base Deployment's arguments, parses as
+    ``gatekeeper webhook --mutate`` with the in-cluster client (no --kubeconfig)."""
+    text = (COMPONENT.parents[1] / "webhook-deployment.yaml").read_text()
+    (base,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+    (container,) = base["spec"]["template"]["spec"]["containers"]
+    kustomization = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
+    (patch,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "Deployment"]
+    ops = yaml.safe_load(patch["patch"])
+    added = [o["value"] for o in ops if o["path"] == "/spec/template/spec/containers/0/args/-"]
+    args = build_parser().parse_args([*container["args"], *added])
+    assert (args.command, args.mutate, args.kubeconfig) == ("webhook", True, None)
+    assert args.undersized_claims == "deny"
+    token = [o for o in ops if o["path"].endswith("automountServiceAccountToken")]
+    assert token == [{"op": "replace", "path": token[0]["path"], "value": True}]
