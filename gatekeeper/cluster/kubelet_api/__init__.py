@@ -10,3 +10,7 @@ from k8s.io/kubelet v0.37.2 (Apache-2.0), kept here beside the messages protoc 3
 The services' method handlers are written out in ``gatekeeper.cluster.kubelet_plugin``
 (no ``_pb2_grpc`` module: grpc's generic handlers take the messages' own (de)serializers).
 """
+
+from gatekeeper.cluster.kubelet_api import dra_v1_pb2, pluginregistration_v1_pb2
+
+__all__ = ["dra_v1_pb2", "pluginregistration_v1_pb2"]

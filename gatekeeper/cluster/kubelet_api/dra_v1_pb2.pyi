@@ -110,3 +110,14 @@ class Claim(_message.Message):
     def __init__(
         self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...
     ) -> None: ...
+
+__all__ = [
+    "NodePrepareResourcesRequest",
+    "NodePrepareResourcesResponse",
+    "NodePrepareResourceResponse",
+    "Device",
+    "NodeUnprepareResourcesRequest",
+    "NodeUnprepareResourcesResponse",
+    "NodeUnprepareResourceResponse",
+    "Claim",
+]

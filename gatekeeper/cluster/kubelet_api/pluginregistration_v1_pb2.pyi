@@ -43,3 +43,10 @@ class RegistrationStatusResponse(_message.Message):
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+__all__ = [
+    "PluginInfo",
+    "RegistrationStatus",
+    "RegistrationStatusResponse",
+    "InfoRequest",
+]
