@@ -353,6 +353,21 @@ class Settings(BaseSettings):
     catalog nor reachable (a path inside the container, a private repo, the hub off):
     ``warn`` allows it with a warning, ``deny`` rejects it."""
 
+    kubelet_plugin: bool = False
+    """``gatekeeper agent`` also serves the kubelet plugin of its DRA driver (registration,
+    then NodePrepareResources / NodeUnprepareResources on unix sockets; docs/cluster.md)."""
+
+    kubelet_plugin_dir: Path | None = None
+    """The kubelet plugin's DRA socket and checkpoint directory; unset:
+    ``/var/lib/kubelet/plugins/<driver name>``."""
+
+    kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where kubelet looks for plugins' registration sockets."""
+
+    cdi_dir: Path = Path("/var/run/cdi")
+    """Where the container runtime reads CDI specs: the kubelet plugin writes one per
+    prepared claim there."""
+
     config_file: Path | None = None
     """Optional TOML file with the same keys (read before environment variables are applied)."""
 

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
@@ -63,8 +64,59 @@ def add_parser(subparsers: Any) -> None:
         help="serve Prometheus metrics on this port (default: none)",
     )
     p.add_argument("--once", action="store_true", help="publish once and exit")
+    _add_plugin_options(p)
     add_log_format(p)
     p.set_defaults(func=run)
+
+
+def _add_plugin_options(p: Any) -> None:
+    p.add_argument(
+        "--kubelet-plugin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also serve the DRA driver's kubelet plugin (default: the kubelet_plugin setting)",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=None,
+        help="the plugin's DRA socket and checkpoint directory (default: the "
+        "kubelet_plugin_dir setting, else /var/lib/kubelet/plugins/<driver>)",
+    )
+    p.add_argument(
+        "--registry-dir",
+        type=Path,
+        default=None,
+        help="kubelet's plugin registry directory (default: the kubelet_registry_dir setting)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=None,
+        help="where the CDI specs of prepared claims go (default: the cdi_dir setting)",
+    )
+
+
+def _start_plugin(
+    args: argparse.Namespace, settings: Settings, client: Any, read: Any
+) -> Any | None:
+    """The kubelet plugin, serving, when configured; None otherwise."""
+    enabled = settings.kubelet_plugin if args.kubelet_plugin is None else args.kubelet_plugin
+    if not enabled:
+        return None
+    from gatekeeper.cluster.agent import quantity_bytes
+    from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
+    from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets, claim_reader
+    from gatekeeper.cluster.slices import DRIVER_NAME
+
+    plugin_dir = args.plugin_dir or settings.kubelet_plugin_dir
+    plugin_dir = plugin_dir or Path("/var/lib/kubelet/plugins") / DRIVER_NAME
+    paths = DriverPaths(plugin_dir=plugin_dir, cdi_dir=args.cdi_dir or settings.cdi_dir)
+    driver = DraDriver(args.node_name, paths, claim_reader(client), read, quantity_bytes)
+    registry = args.registry_dir or settings.kubelet_registry_dir
+    plugin = KubeletPlugin(driver, PluginSockets(plugin_dir, registry, DRIVER_NAME))
+    plugin.start()
+    return plugin
 
 
 def _reader(settings: Settings, gpus: str | None) -> Callable[[], InventorySnapshot]:
@@ -111,7 +163,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         interval_seconds=args.interval,
         tolerance_bytes=args.tolerance_mib * MIB,
     )
-    agent = NodeAgent(_client(args.kubeconfig), config, _reader(settings, args.gpus))
+    client = _client(args.kubeconfig)
+    read = _reader(settings, args.gpus)
+    agent = NodeAgent(client, config, read)
     if args.once:
         result = agent.publish()
         print(f"slice {agent.slice_name} {result.action}: generation {result.generation}")
@@ -123,8 +177,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     )
     if args.metrics_port is not None:
         _serve_metrics(agent, args.metrics_port)
+    plugin = _start_plugin(args, settings, client, read)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    agent.run(stop)
+    try:
+        agent.run(stop)
+    finally:
+        if plugin is not None:
+            plugin.stop()
     return 0

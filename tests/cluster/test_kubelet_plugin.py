@@ -16,6 +16,9 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -45,7 +48,7 @@ from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets, clai
 from gatekeeper.cluster.prepared import ClaimRef
 from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.nvml import NvmlInventory
-from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
+from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100, subprocess_env, write_state
 from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster
 
@@ -478,3 +481,62 @@ def test_a_checkpoint_that_does_not_match_its_checksum_is_refused(tmp_path: Path
     with pytest.raises(CheckpointError, match="checksum does not match"):
         Checkpoint(path).load()
     assert not list(tmp_path.glob(".checkpoint.json.*"))  # no temporary file left
+
+
+def test_gatekeeper_agent_serves_the_plugin_and_answers_the_same_after_a_sigkill(
+    client: Client, kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path: Path
+) -> None:
+    """The installed ``gatekeeper agent --kubelet-plugin``, killed between a prepare and the
+    pod's start and started again, answers the prepare the same from its checkpoint."""
+    state = tmp_path / "nvml_state.txt"
+    write_state(state, [h100(0), h100(1)])
+    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))
+    sockets = PluginSockets(short / "plugins", short / "registry", DRIVER_NAME)
+    argv = [
+        str(Path(sys.executable).with_name("gatekeeper")),
+        "agent",
+        f"--node-name={NODE}",
+        "--gpus=nvml",
+        f"--kubeconfig={kube_cluster.kubeconfig}",
+        "--interval=3600",
+        "--kubelet-plugin",
+        f"--plugin-dir={sockets.plugin_dir}",
+        f"--registry-dir={sockets.registry_dir}",
+        f"--cdi-dir={tmp_path / 'cdi'}",
+    ]
+    env = subprocess_env(nvml_stub_lib.parent, state)
+    claim = allocate(client, "agent-made", 2 * GiB, gpu=0)
+    answers = []
+    try:
+        for _ in range(2):
+            with (tmp_path / "agent.log").open("ab") as log:
+                agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            kubelet = _registered(sockets, agent, tmp_path / "agent.log")
+            answers.append(kubelet.prepare(claim.ref)[claim.ref.uid])
+            kubelet.close()
+            agent.send_signal(signal.SIGKILL)
+            agent.wait(timeout=10)
+            write_state(state, [h100(0, used_bytes=79 * GiB), h100(1)])  # the worker started
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        shutil.rmtree(short)
+    assert answers[0].error == "" and answers[0].devices
+    assert answers[1] == answers[0]
+
+
+def _registered(sockets: PluginSockets, agent: subprocess.Popen[bytes], log: Path) -> Kubelet:
+    """kubelet's handshake, tried until the agent answers (as kubelet retries): the killed
+    agent's socket file stays behind and refuses until the new one replaces it."""
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while True:
+        assert agent.poll() is None, log.read_text()
+        kubelet = Kubelet(sockets.registration)
+        try:
+            assert kubelet.register().endpoint == str(sockets.dra)
+        except grpc.RpcError:
+            kubelet.close()
+            assert time.monotonic() < deadline, f"no plugin answered: {log.read_text()}"
+            time.sleep(0.05)
+        else:
+            return kubelet
