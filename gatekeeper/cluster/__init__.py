@@ -5,10 +5,13 @@ consumable capacity. ``slices`` turns a node's GPUs (an ``InventorySnapshot``) i
 ResourceSlice the node agent publishes, as plain dicts; ``accounting`` (pure too) reads
 what the claims book on a pool's devices and taints a device that holds memory no claim
 books; ``agent`` (``gatekeeper agent``) publishes, taints and republishes through the
-apiserver.
+apiserver. ``claims`` (pure) sizes a vLLM container's ranks as placement would and writes
+the ResourceClaimTemplate the mutating webhook (``gatekeeper.k8s.mutate``) creates, and
+reads a hand-written template's requests back as bytes.
 
-May import: ``gatekeeper.placement`` (its types), ``gatekeeper.estimator``,
-``gatekeeper.gpus`` (the inventory types), ``errors``, ``units``. Only ``agent`` imports
+May import: ``gatekeeper.placement`` (its types and its search), ``gatekeeper.vllm`` (the
+launch fractions), ``gatekeeper.estimator``, ``gatekeeper.models`` (the spec type),
+``gatekeeper.gpus`` (the inventory types, the GPU table), ``errors``, ``units``. Only ``agent`` imports
 the Kubernetes client (lightkube, the ``cluster`` extra), and this package does not import
 ``agent``: ``import gatekeeper.cluster`` loads no client.
 """
