@@ -12,24 +12,37 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from typing import get_args
+from typing import Protocol, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gatekeeper.cluster.agent import Action, NodeAgent
+from gatekeeper.cluster.accounting import Orphans
+from gatekeeper.cluster.agent import Action, PassResult
 
-__all__ = ["AgentCollector"]
+__all__ = ["AgentCollector", "AgentState"]
 
 OUTCOMES: tuple[str, ...] = (*get_args(Action), "failed")
 """A pass's actions, and ``failed`` (``NodeAgent.passes``)."""
 
 
+class AgentState(Protocol):
+    """What the collector reads of a ``NodeAgent``."""
+
+    @property
+    def last(self) -> PassResult | None: ...
+    @property
+    def passes(self) -> Counter[str]: ...
+    @property
+    def orphans(self) -> Orphans: ...
+
+
 class AgentCollector(Collector):
     """The agent's state as Prometheus metrics, built on each scrape."""
 
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: AgentState) -> None:
         self._agent = agent
 
     def collect(self) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.k8s.webhook import WebhookMetrics
 from tests.metrics.text_exporter import APISERVER, VLLM_WORKER
+from tests.support.agent_state import agent_registry
 from tests.support.metrics_fixtures import QWEN, VIEWS, record_events, sidecar_registry
 from tests.support.promql_sources import (
     ALERTS,
@@ -45,9 +46,11 @@ HEALTHY = (
     'Hostname="node-a"',
     'instance="webhook-a:8443"',
     'instance="apiserver-a:6443"',
+    'instance="agent-a:8081"',
 )
 """alerts_test.yml's healthy inputs: a node with a whole-card worker, a webhook replica
-answering well-formed reviews quickly, an API server that got every answer."""
+answering well-formed reviews quickly, an API server that got every answer, a node agent
+whose GPUs are all published."""
 
 
 def exported_names() -> set[str]:
@@ -57,7 +60,7 @@ def exported_names() -> set[str]:
     record_events(sidecar.metrics)
     webhook = CollectorRegistry()
     WebhookMetrics(webhook).duration.observe(0.01)
-    registries = (sidecar.registry, webhook)
+    registries = (sidecar.registry, webhook, agent_registry())
     return {s.name for r in registries for family in r.collect() for s in family.samples}
 
 
@@ -229,6 +232,7 @@ def test_alert_rules_are_complete():
         "GatekeeperWebhookDown",
         "GatekeeperWebhookSlow",
         "GatekeeperWebhookMalformedReviews",
+        "GatekeeperPodOnVanishedGpu",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:

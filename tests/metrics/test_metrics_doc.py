@@ -1,6 +1,7 @@
-"""``docs/metrics.md`` against what the sidecar exports: every family that
-``register_collectors`` puts on a registry has its row in the doc's tables, with its
-type, and the tables name no family that is not exported."""
+"""``docs/metrics.md`` against what the sidecar and the node agent export: every family
+that ``register_collectors`` (and the agent's ``AgentCollector``) puts on a registry has
+its row in the doc's tables, with its type, and the tables name no family that is not
+exported."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from prometheus_client.metrics_core import Metric
 
 from gatekeeper.gpus.static import StaticInventory
+from tests.support.agent_state import agent_registry
 from tests.support.metrics_fixtures import sidecar_registry
 from tests.support.promql_sources import ROOT
 
@@ -21,10 +23,10 @@ EXPOSED_SUFFIX = {"counter": "_total", "info": "_info"}
 
 
 def families() -> dict[str, Metric]:
-    """Name as exposed -> family, for every family of a sidecar's registry."""
+    """Name as exposed -> family, for every family of a sidecar's and an agent's registry."""
     inventory = StaticInventory.from_json(ROOT / "tests" / "fixtures" / "gpus" / "h100_80g_x8.json")
-    registry = sidecar_registry(inventory).registry
-    return {f.name + EXPOSED_SUFFIX.get(f.type, ""): f for f in registry.collect()}
+    registries = (sidecar_registry(inventory).registry, agent_registry())
+    return {f.name + EXPOSED_SUFFIX.get(f.type, ""): f for r in registries for f in r.collect()}
 
 
 def exported() -> dict[str, str]:

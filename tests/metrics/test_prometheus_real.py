@@ -3,8 +3,9 @@
 A small HTTP server on 127.0.0.1 exposes every collector over a declared node with a
 few workers, another a vLLM worker's ``/metrics`` (``data/vllm_worker.prom``, with the
 target labels ``/discovery/workers`` gives), another the webhook's metrics after a few
-reviews (the job ``gatekeeper-webhook``) and another the API server's admission webhook
-counters (``data/apiserver_admission.prom``); Prometheus scrapes them every second.
+reviews (the job ``gatekeeper-webhook``), another a node agent's (the job
+``gatekeeper-agent``) and another the API server's admission webhook counters
+(``data/apiserver_admission.prom``); Prometheus scrapes them every second.
 Then every dashboard expression and every alert expression runs through Prometheus'
 HTTP API, and ``promtool test rules`` runs the alert unit tests.
 """
@@ -27,6 +28,7 @@ from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.k8s.webhook import WebhookMetrics
 from gatekeeper.units import GIB
 from tests.metrics.text_exporter import APISERVER, VLLM_WORKER, serve_registry, serve_text
+from tests.support.agent_state import agent_registry
 from tests.support.metrics_fixtures import (
     FAILED,
     LLAMA,
@@ -72,6 +74,7 @@ FIRING = {
     "alert GatekeeperGpuShortForPendingWorkers",
     "alert GatekeeperPredictionDrift",
     "alert GatekeeperWorkerFailed",
+    "alert GatekeeperPodOnVanishedGpu",  # the agent's pod on a vanished GPU
 }
 
 
@@ -118,10 +121,19 @@ def webhook(webhook_registry: tuple[CollectorRegistry, WebhookMetrics]) -> Itera
 
 
 @pytest.fixture(scope="module")
+def agent() -> Iterator[str]:
+    """A node agent's metrics (tests/support/agent_state.py: one pod on a vanished GPU)
+    on 127.0.0.1; yields host:port."""
+    with serve_registry(agent_registry()) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
 def prometheus(
     exporter: str,
     vllm_worker: str,
     webhook: str,
+    agent: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[httpx.Client]:
     """A real Prometheus scraping ``exporter``, ``vllm_worker``, ``webhook`` and the API
@@ -135,6 +147,7 @@ def prometheus(
             "static_configs": [{"targets": [vllm_worker], "labels": labels | {"node": NODE_NAME}}],
         },
         {"job_name": "gatekeeper-webhook", "static_configs": [{"targets": [webhook]}]},
+        {"job_name": "gatekeeper-agent", "static_configs": [{"targets": [agent]}]},
     ]
     with serve_text(APISERVER.read_text()) as apiserver:
         jobs.append({"job_name": "apiserver", "static_configs": [{"targets": [apiserver]}]})
