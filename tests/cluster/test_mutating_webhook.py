@@ -12,14 +12,9 @@ the real scheduler allocates and binds them.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
 import json
-import os
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +40,7 @@ from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
 from tests.support.kube_cluster import KubeCluster, ready_node
-from tests.support.prometheus_server import free_port
-from tests.support.tls_certs import issue, make_ca
+from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
 
@@ -64,7 +58,7 @@ def _gpus() -> InventorySnapshot:
     return dataclasses.replace(recorded, gpus=gpus)
 
 
-def _configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
+def _configuration(webhook: WebhookProcess) -> dict[str, Any]:
     rules = [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
          "resources": ["pods"], "scope": "Namespaced"},
@@ -78,10 +72,7 @@ def _configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
         "failurePolicy": "Fail",
         "reinvocationPolicy": "IfNeeded",
         "timeoutSeconds": 10,
-        "clientConfig": {
-            "url": f"https://127.0.0.1:{port}/k8s/mutate",
-            "caBundle": base64.b64encode(ca_pem).decode(),
-        },
+        "clientConfig": {"url": webhook.url("/k8s/mutate"), "caBundle": webhook.ca_bundle},
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
         "rules": rules,
     }
@@ -93,57 +84,30 @@ def _configuration(port: int, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
-def _start_webhook(cluster: KubeCluster, directory: Path) -> tuple[subprocess.Popen[bytes], int]:
-    ca = make_ca(directory)
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    issue(ca, cert, key)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "gatekeeper", "webhook", "--mutate", "--kubeconfig",
-               str(cluster.kubeconfig), "--cert", str(cert), "--key", str(key),
-               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    log = directory / "webhook.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 30
-    context = ssl.create_default_context(cafile=str(ca.path))
-    with httpx.Client(verify=context, timeout=2) as client:
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
-                    return process, port
-            time.sleep(0.05)
-    process.kill()
-    process.wait(10)
-    pytest.fail(f"gatekeeper webhook did not start: {log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def webhook(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[int, Path]]:
-    """``gatekeeper webhook --mutate`` running: its port and its folder (CA in ca.crt)."""
+) -> Iterator[WebhookProcess]:
+    """``gatekeeper webhook --mutate`` running, with the session's kubeconfig."""
     directory = tmp_path_factory.mktemp("mutate")
-    process, port = _start_webhook(kube_cluster, directory)
+    running = start_webhook(directory, "--mutate", "--kubeconfig", str(kube_cluster.kubeconfig))
     try:
-        yield port, directory
+        yield running
     finally:
-        process.terminate()
-        process.wait(10)
+        running.stop()
 
 
 @pytest.fixture(scope="module")
-def client(kube_cluster: KubeCluster, webhook: tuple[int, Path]) -> Iterator[Client]:
+def client(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Client]:
     """The node, its slice, the namespace and the webhook's configuration."""
     api = kube_cluster.client()
     try:
-        yield from _configured(api, *webhook)
+        yield from _configured(api, webhook)
     finally:
         api.close()
 
 
-def _configured(api: Client, port: int, directory: Path) -> Iterator[Client]:
+def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -158,8 +122,7 @@ def _configured(api: Client, port: int, directory: Path) -> Iterator[Client]:
         except ApiError as e:
             if e.status.code != 409:  # the DeviceClass may come from another module
                 raise
-    ca_pem = (directory / "ca.crt").read_bytes()
-    api.create(from_dict(_configuration(port, ca_pem)))
+    api.create(from_dict(_configuration(webhook)))
     yield api
     api.delete(MutatingWebhookConfiguration, "gatekeeper-test-claims")
 
@@ -533,10 +496,9 @@ def test_a_whole_gpu_claim_of_its_own_is_left_alone(client: Client):
     assert (m.outcome, m.patch, m.denials, m.warnings, m.templates) == ("unchanged", [], [], [], [])
 
 
-def test_the_webhook_counts_its_answers(webhook: tuple[int, Path], served: dict[str, Any]):
-    port, directory = webhook
-    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
-    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=context).text
+def test_the_webhook_counts_its_answers(webhook: WebhookProcess, served: dict[str, Any]):
+    context = ssl.create_default_context(cadata=webhook.ca_pem.decode())
+    text = httpx.get(webhook.url("/metrics"), verify=context).text
     counts = {
         line.split('"')[1]: float(line.split()[-1])
         for line in text.splitlines()
