@@ -258,6 +258,12 @@ def test_the_monitors_find_their_targets():
     for doc in sidecars:
         ports = [p["name"] for c in doc["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]  # fmt: skip
         assert port in ports
+    agent_monitor = one("PodMonitor", "gatekeeper-agent")
+    agent = one("DaemonSet", "gatekeeper-agent")
+    labels = agent["spec"]["template"]["metadata"]["labels"]
+    assert agent_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    agent_ports = {p["name"] for c in agent["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}  # fmt: skip
+    assert agent_monitor["spec"]["podMetricsEndpoints"][0]["port"] in agent_ports
     service_monitor = one("ServiceMonitor", "gatekeeper-webhook")
     service = one("Service", "gatekeeper-webhook")
     assert (
