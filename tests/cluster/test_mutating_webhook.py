@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kubernetes_validate
 import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
@@ -33,12 +32,12 @@ from lightkube.utils.quantity import parse_quantity
 
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
-from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME, Mutator
+from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME
 from gatekeeper.k8s.review import AdmissionRequest
 from gatekeeper.k8s.server import webhook_from_settings
-from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
+from tests.support import vllm_workloads
 from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
@@ -49,7 +48,7 @@ NAMESPACE = "mutate"
 TAINT = {"key": "gatekeeper-test", "value": "mutate", "effect": "NoSchedule"}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 TIMEOUT_SECONDS = 60.0
-MODEL = "Qwen/Qwen2.5-7B-Instruct"
+MODEL = vllm_workloads.MODEL
 
 
 def _gpus() -> InventorySnapshot:
@@ -128,32 +127,10 @@ def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
 
 
 def deployment(name: str, args: list[str], **container: Any) -> dict[str, Any]:
-    """A Deployment as vLLM's docs write one: whole GPUs through nvidia.com/gpu."""
-    labels = {"app": name}
-    spec = {
-        "containers": [
-            {
-                "name": "vllm",
-                "image": "vllm/vllm-openai:v0.32.0",
-                "command": ["vllm", "serve"],
-                "args": args,
-                "resources": {"limits": {"nvidia.com/gpu": 2}},
-                **container,
-            }
-        ],
-        "tolerations": [{**TAINT, "operator": "Equal"}],
-        "nodeSelector": {"kubernetes.io/hostname": NODE},
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": spec},
-        },
-    }
+    """A Deployment as vLLM's docs write one, tolerating this module's node and pinned to it."""
+    pod = {"tolerations": [{**TAINT, "operator": "Equal"}],
+           "nodeSelector": {"kubernetes.io/hostname": NODE}}  # fmt: skip
+    return vllm_workloads.deployment(name, NAMESPACE, args, pod=pod, **container)
 
 
 SERVED = deployment(
@@ -373,129 +350,6 @@ def test_a_bare_pod_and_a_statefulset_are_mutated(client: Client, served: dict[s
     assert CLAIM_ANNOTATION in made["metadata"]["annotations"]
 
 
-def _lws(worker_args: list[str]) -> dict[str, Any]:
-    """A LeaderWorkerSet as LWS's vLLM example writes it: Ray started in a script, vLLM
-    served by the leader with TP 2 across the group's pods of 2 GPUs each."""
-    leader = deployment("lws", [])["spec"]["template"]
-    leader["spec"]["containers"][0].pop("args")
-    leader["spec"]["containers"][0]["command"] = ["sh", "-c", " ".join(worker_args)]
-    worker = {"spec": {"containers": [{"name": "worker", "image": "vllm/vllm-openai:v0.32.0",
-              "command": ["sh", "-c", "ray start --block --address=$(LWS_LEADER_ADDRESS):6379"],
-              "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}  # fmt: skip
-    return {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "metadata": {"name": "lws", "namespace": NAMESPACE},
-        "spec": {"leaderWorkerTemplate": {"size": 2, "leaderTemplate": leader,
-                                          "workerTemplate": worker}},
-    }  # fmt: skip
-
-
-def _review(kind: dict[str, str], obj: dict[str, Any]) -> AdmissionRequest:
-    return AdmissionRequest.model_validate(
-        {"uid": "u", "kind": kind, "operation": "CREATE", "namespace": NAMESPACE, "object": obj}
-    )
-
-
-def test_a_leaderworkerset_leader_gets_its_claim(kube_cluster: KubeCluster, client: Client):
-    """The LeaderWorkerSet CRD is not installed here, so its review goes to the webhook
-    directly; the template is created on the real apiserver."""
-    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
-    script = ["ray start --head && exec vllm serve", MODEL, "--max-model-len 4096",
-              "--tensor-parallel-size 2 --pipeline-parallel-size 2"]  # fmt: skip
-    kind = {"group": "leaderworkerset.x-k8s.io", "version": "v1", "kind": "LeaderWorkerSet"}
-    m = mutator.decide(_review(kind, _lws(script)))
-    assert m.outcome == "mutated" and not m.denials, m
-    paths = {op["path"] for op in m.patch}
-    leader = "/spec/leaderWorkerTemplate/leaderTemplate"
-    assert f"{leader}/spec/resourceClaims" in paths
-    assert not any("workerTemplate" in p for p in paths)  # the worker runs Ray, not vLLM
-    (edit,) = [op for op in m.patch if op["path"] == f"{leader}/spec/containers/0"]
-    assert "--kv-cache-memory-bytes" in edit["value"]["command"][-1]
-    (made,) = m.templates
-    requests = made["spec"]["spec"]["devices"]["requests"]
-    assert len(requests) == 2  # the pod's nvidia.com/gpu: 2, not TP x PP = 4
-    name = made["metadata"]["name"]
-    assert client.get(ResourceClaimTemplate, name, namespace=NAMESPACE) is not None
-
-
-def test_an_undersized_claim_is_only_warned_about_when_so_set(client: Client, small: str):
-    mutator = Mutator(
-        webhook_from_settings(Settings()), ApiTemplateStore(client), undersized="warn"
-    )
-    manifest = deployment("own-warn", [MODEL, "--max-model-len", "4096"],
-                          resources={"claims": [{"name": "gpu"}]})  # fmt: skip
-    manifest["spec"]["template"]["spec"]["resourceClaims"] = [
-        {"name": "gpu", "resourceClaimTemplateName": "small"}
-    ]
-    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
-    assert m.outcome == "warned" and not m.denials and not m.patch
-    assert "claim template small requests 1073741824 bytes" in m.warnings[0]
-    pod_claims = manifest["spec"]["template"]["spec"]["resourceClaims"]
-    pod_claims[0]["resourceClaimTemplateName"] = "not-there-yet"  # applied in the same batch
-    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
-    assert m.warnings == [
-        "container 'vllm' of Deployment mutate/own-warn: claim template not-there-yet not "
-        "found, so not checked"
-    ]
-
-
-def _patched(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """``doc`` with the webhook's RFC 6902 operations (add and replace) applied."""
-    out: dict[str, Any] = json.loads(json.dumps(doc))
-    for op in ops:
-        assert op["op"] in ("add", "replace"), op
-        *parents, last = [
-            p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
-        ]
-        target = out
-        for key in parents:
-            target = target[int(key)] if isinstance(target, list) else target[key]
-        if isinstance(target, list):
-            target[int(last)] = op["value"]
-        else:
-            target[last] = op["value"]
-    return out
-
-
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
-def test_what_the_webhook_writes_validates_strictly(client: Client, version: str):
-    """The patched workloads (a Deployment, a StatefulSet) and their claim templates, as
-    the webhook writes them: before the apiserver could drop anything it does not know."""
-    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
-    apps = {"group": "apps", "version": "v1"}
-    stateful = {**SERVED, "kind": "StatefulSet", "spec": {**SERVED["spec"], "serviceName": "s"}}
-    for kind, manifest in (("Deployment", SERVED), ("StatefulSet", stateful)):
-        request = _review({**apps, "kind": kind}, manifest).model_copy(update={"dry_run": True})
-        m = mutator.decide(request)
-        assert m.outcome == "mutated" and m.templates
-        kubernetes_validate.validate(_patched(manifest, m.patch), version, strict=True)
-        for template in m.templates:
-            kubernetes_validate.validate(template, version, strict=True)
-
-
-def test_a_whole_gpu_claim_of_its_own_is_left_alone(client: Client):
-    """llm-d's rendered charts already carry a DRA claim of whole GPUs (NVIDIA's driver's
-    class, no memory request): nothing to compare, nothing written, nothing said."""
-    whole = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "whole-gpu", "namespace": NAMESPACE},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}},
-    }  # fmt: skip
-    client.create(from_dict(whole))
-    manifest = deployment("llm-d", ["Qwen/Qwen2.5-7B-Instruct", "--max_num_batched_tokens",
-                                    "8192", "--max-num-seq", "64"],
-                          resources={"claims": [{"name": "gpu"}]})  # fmt: skip
-    manifest["spec"]["template"]["spec"]["resourceClaims"] = [
-        {"name": "gpu", "resourceClaimTemplateName": "whole-gpu"}
-    ]
-    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
-    m = mutator.decide(_review({"group": "apps", "version": "v1", "kind": "Deployment"}, manifest))
-    assert (m.outcome, m.patch, m.denials, m.warnings, m.templates) == ("unchanged", [], [], [], [])
-
-
 def test_the_webhook_counts_its_answers(webhook: WebhookProcess, served: dict[str, Any]):
     context = ssl.create_default_context(cadata=webhook.ca_pem.decode())
     text = httpx.get(webhook.url("/metrics"), verify=context).text
@@ -523,28 +377,3 @@ def test_the_apiserver_measures_the_webhooks_latency(kube_cluster: KubeCluster, 
     print(
         f"mutating webhook, as the apiserver measures it: {calls:.0f} calls, mean {mean * 1000:.0f} ms"
     )
-
-
-def test_an_update_that_keeps_the_pod_template_is_not_mutated(client: Client):
-    """A Deployment from before the webhook, relabelled: no rollout of gatekeeper's
-    making. Its pods are claimed when the template next changes (or as they are made)."""
-    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
-    relabelled = {**SERVED, "metadata": {**SERVED["metadata"], "labels": {"team": "a"}}}
-    update = _review({"group": "apps", "version": "v1", "kind": "Deployment"}, relabelled)
-    kept = update.model_copy(update={"operation": "UPDATE", "old_object": SERVED})
-    assert (mutator.decide(kept).outcome, mutator.decide(kept).patch) == ("ignored", [])
-    edited = json.loads(json.dumps(SERVED))
-    edited["spec"]["template"]["spec"]["containers"][0]["args"][2] = "4096"
-    changed = update.model_copy(
-        update={"operation": "UPDATE", "old_object": SERVED, "object": edited, "dry_run": True}
-    )
-    assert mutator.decide(changed).outcome == "mutated"
-
-
-def test_a_release_without_a_byte_budget_is_denied_with_the_release(client: Client):
-    mutator = Mutator(webhook_from_settings(Settings()), ApiTemplateStore(client))
-    old = deployment("old", [MODEL, "--max-model-len", "4096"], image="vllm/vllm-openai:v0.8.5")
-    request = _review({"group": "apps", "version": "v1", "kind": "Deployment"}, old)
-    m = mutator.decide(request.model_copy(update={"dry_run": True}))
-    assert m.outcome == "denied" and not m.patch
-    assert "vLLM 0.8.5 has no --kv-cache-memory-bytes (it came in 0.10.2)" in m.denials[0]
