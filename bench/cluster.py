@@ -68,6 +68,7 @@ PRODUCTS = ("H100-80GB", "H100-80GB", "H200", "A100-80GB", "A100-40GB", "L40S", 
 QUICK_PRODUCTS = ("H100-80GB", "L40S")
 HOOK = "gatekeeper-bench"
 WEBHOOK_FAMILY = "apiserver_admission_webhook_admission_duration_seconds"
+REJECTIONS_FAMILY = "apiserver_admission_webhook_rejection_count"
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -87,22 +88,33 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return lower
 
 
+def _samples(metrics: str, family: str, webhook: str) -> list[Any]:
+    """``family``'s samples for ``webhook`` (its ``name`` label)."""
+    return [
+        sample
+        for found in text_string_to_metric_families(metrics)
+        if found.name == family
+        for sample in found.samples
+        if sample.labels.get("name") == webhook
+    ]
+
+
 def webhook_latency(metrics: str, webhook: str) -> dict[str, Any]:
-    """The apiserver's own measure of ``webhook``'s admission calls, all operations."""
+    """The apiserver's own measure of ``webhook``'s admission calls, all operations, and
+    its rejections by error type (``no_error``: the webhook denied; ``calling_webhook_error``:
+    no answer in time, or none at all)."""
     buckets: dict[float, float] = defaultdict(float)
     total = count = 0.0
-    for family in text_string_to_metric_families(metrics):
-        if family.name != WEBHOOK_FAMILY:
-            continue
-        for sample in family.samples:
-            if sample.labels.get("name") != webhook:
-                continue
-            if sample.name.endswith("_bucket"):
-                buckets[float(sample.labels["le"])] += sample.value
-            elif sample.name.endswith("_sum"):
-                total += sample.value
-            elif sample.name.endswith("_count"):
-                count += sample.value
+    for sample in _samples(metrics, WEBHOOK_FAMILY, webhook):
+        if sample.name.endswith("_bucket"):
+            buckets[float(sample.labels["le"])] += sample.value
+        elif sample.name.endswith("_sum"):
+            total += sample.value
+        elif sample.name.endswith("_count"):
+            count += sample.value
+    rejections: Counter[str] = Counter()
+    for sample in _samples(metrics, REJECTIONS_FAMILY, webhook):
+        rejections[sample.labels.get("error_type", "")] += int(sample.value)
     pairs = list(buckets.items())
     return {
         "calls": int(count),
@@ -110,6 +122,7 @@ def webhook_latency(metrics: str, webhook: str) -> dict[str, Any]:
         "p99_ms": round(histogram_quantile(0.99, pairs) * 1000, 1),
         "mean_ms": round(total / count * 1000, 1) if count else None,
         "buckets_s": sorted(le for le in buckets if le != float("inf")),
+        "rejections": dict(rejections),
     }
 
 
@@ -135,7 +148,14 @@ def _run(
         api.close()
 
 
-def bind_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str, float]:
+def _percentile(values: list[float], q: int) -> float | None:
+    """``bench.proxy.percentile``, rounded; None with no values, the value with one."""
+    if len(values) < 2:
+        return round(values[0], 1) if values else None
+    return round(percentile(values, q), 1)
+
+
+def bind_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str, float | None]:
     """Create to bound, p50 and p99: all placed workloads, then bare Pods and Deployments
     apart (a Deployment's pod waits for the deployment and replica-set controllers)."""
     figures = {}
@@ -150,7 +170,7 @@ def bind_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str
             if w.kind in kinds and (ms := result.bind_ms.get(w.name)) is not None
         ]
         for q in (50, 99):
-            figures[f"bind_p{q}_ms{label}"] = round(percentile(chosen, q), 1)
+            figures[f"bind_p{q}_ms{label}"] = _percentile(chosen, q)
     return figures
 
 
@@ -223,6 +243,7 @@ def compare(gk: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
         "webhook_p99_ms": g["webhook"]["p99_ms"],
         "webhook_mean_ms": g["webhook"]["mean_ms"],
         "webhook_calls": g["webhook"]["calls"],
+        "webhook_rejections": g["webhook"]["rejections"],
     }
 
 
