@@ -352,6 +352,10 @@ class Settings(BaseSettings):
     """What the admission webhook does with a vLLM workload whose model is neither in the
     catalog nor reachable (a path inside the container, a private repo, the hub off):
     ``warn`` allows it with a warning, ``deny`` rejects it."""
+    webhook_undersized_claims: Literal["warn", "deny"] = "deny"
+    """What the mutating webhook (``gatekeeper webhook --mutate``, cluster mode) does with a
+    vLLM workload whose own DRA claim requests less GPU memory than a rank needs: ``deny``
+    rejects it, ``warn`` allows it with a warning (``--undersized-claims`` overrides)."""
 
     kubelet_plugin: bool = False
     """``gatekeeper agent`` also serves the kubelet plugin of its DRA driver (registration,

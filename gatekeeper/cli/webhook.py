@@ -9,15 +9,16 @@ certificate without a restart.
 ``--mutate`` (cluster mode, ``docs/cluster.md``) also serves ``POST /k8s/mutate``: vLLM
 workloads get a DRA ResourceClaimTemplate of the bytes their ranks need, created through
 the API (``--kubeconfig``, else the pod's ServiceAccount), and the flags that hold the
-worker to it; ``--undersized-claims`` says what happens to a hand-written claim smaller
-than a rank needs (``deny``, the default, or ``warn``).
+worker to it; ``--undersized-claims`` (else ``GATEKEEPER_WEBHOOK_UNDERSIZED_CLAIMS``) says
+what happens to a hand-written claim smaller than a rank needs (``deny``, the default, or
+``warn``).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gatekeeper._version import __version__
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
@@ -61,9 +62,9 @@ def add_parser(subparsers: Any) -> None:
     w.add_argument(
         "--undersized-claims",
         choices=("deny", "warn"),
-        default="deny",
-        help="with --mutate: a hand-written claim smaller than a rank needs is denied "
-        "(default) or admitted with a warning",
+        default=None,
+        help="with --mutate: a hand-written claim smaller than a rank needs is denied or "
+        "admitted with a warning (default: the setting webhook_undersized_claims, deny)",
     )
     add_log_format(w)
     w.set_defaults(func=run_webhook)
@@ -86,7 +87,8 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
         {"version": __version__}
     )
     webhook = webhook_from_settings(settings, registry=registry)
-    mutator = _mutator(args, webhook, registry) if args.mutate else None
+    undersized = args.undersized_claims or settings.webhook_undersized_claims
+    mutator = _mutator(args, webhook, registry, undersized) if args.mutate else None
     reloader = CertReloader(args.cert, args.key, args.reload_seconds)
     host = args.host or settings.host
     config = uvicorn.Config(
@@ -113,7 +115,9 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _mutator(args: argparse.Namespace, webhook: Any, registry: Any) -> Any:
+def _mutator(
+    args: argparse.Namespace, webhook: Any, registry: Any, undersized: Literal["warn", "deny"]
+) -> Any:
     """The mutating webhook on a lightkube client (the ``cluster`` extra)."""
     try:
         from lightkube import Client, KubeConfig
@@ -144,6 +148,6 @@ def _mutator(args: argparse.Namespace, webhook: Any, registry: Any) -> Any:
     return Mutator(
         webhook,
         ApiTemplateStore(client),
-        undersized=args.undersized_claims,
+        undersized=undersized,
         count=mutation_counter(registry),
     )

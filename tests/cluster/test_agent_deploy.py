@@ -157,6 +157,6 @@ def test_the_component_runs_the_webhook_with_mutate() -> None:
     added = [o["value"] for o in ops if o["path"] == "/spec/template/spec/containers/0/args/-"]
     args = build_parser().parse_args([*container["args"], *added])
     assert (args.command, args.mutate, args.kubeconfig) == ("webhook", True, None)
-    assert args.undersized_claims == "deny"
+    assert args.undersized_claims is None  # the setting webhook_undersized_claims decides
     token = [o for o in ops if o["path"].endswith("automountServiceAccountToken")]
     assert token == [{"op": "replace", "path": token[0]["path"], "value": True}]
