@@ -1,14 +1,15 @@
 # gatekeeper: the per-node sidecar (`gatekeeper serve`) and the admission webhook
-# (`gatekeeper webhook`) in one small image that runs as a non-root user.
+# (`gatekeeper webhook`) and the cluster node agent with its DRA kubelet plugin
+# (`gatekeeper agent`, the `cluster` extra) in one small image that runs as a non-root user.
 #
 #   docker build -t gatekeeper:0.1.0 .
 #   docker build -t gatekeeper:0.1.0-vllm --build-arg VLLM_VERSION=0.33.0 .
 #
-# Without VLLM_VERSION the image has no vLLM: the webhook, and a sidecar that watches the
-# GPUs or plans for declared nodes. Its gatekeeper environment (/opt/gatekeeper), installed
-# as below (`pip install --no-cache-dir .`) into a fresh Python 3.11 venv, measured 345 MiB
-# by `du -sh` (332,835,875 bytes by `du -sb`); the image adds the python:3.11-slim-bookworm
-# base to that. The whole image's size is not stated: it was not built (no Docker daemon
+# Without VLLM_VERSION the image has no vLLM: the webhook, the node agent, and a sidecar
+# that watches the GPUs or plans for declared nodes. Its gatekeeper environment
+# (/opt/gatekeeper), installed as below (`pip install --no-cache-dir '.[cluster]'`) into a
+# fresh Python 3.11 venv, measured 374 MiB by `du -sh` (361,045,416 bytes by `du -sb`;
+# 345 MiB without the extra); the image adds the python:3.11-slim-bookworm base to that. The whole image's size is not stated: it was not built (no Docker daemon
 # on the machine that measured this). With VLLM_VERSION, vLLM goes into its own virtual
 # environment (/opt/vllm; its pins differ from the sidecar's), on the PATH, so the
 # sidecar's default worker command `vllm serve` launches it. NVML and CUDA come from the
@@ -22,7 +23,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gatekeeper ./gatekeeper
 RUN python -m venv /opt/gatekeeper \
- && /opt/gatekeeper/bin/pip install --no-cache-dir .
+ && /opt/gatekeeper/bin/pip install --no-cache-dir '.[cluster]'
 ARG VLLM_VERSION=""
 RUN if [ -n "${VLLM_VERSION}" ]; then \
       python -m venv /opt/vllm \
