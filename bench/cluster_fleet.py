@@ -18,21 +18,14 @@ Deployments of one replica, the rest bare Pods.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import os
 import random
-import ssl
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
@@ -40,8 +33,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from bench.kube_control_plane import KubeCluster
-from bench.serve_process import free_port
-from bench.tls_certs import issue, make_ca
+from bench.webhook_process import WebhookProcess
+from bench.webhook_process import start_webhook as start_process
 from gatekeeper.cluster import DRIVER_NAME, slice_name
 from gatekeeper.cluster.agent import AgentConfig, NodeAgent
 from gatekeeper.gpus import InventorySnapshot, StaticInventory, parse_declared_node
@@ -246,53 +239,14 @@ def whole_gpu_template(tp: int, namespace: str) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Webhook:
-    """``gatekeeper webhook --mutate`` running over TLS on loopback."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    ca_pem: bytes
-    log: Path
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
-
-def start_webhook(cluster: KubeCluster, directory: Path, timeout: float = 60) -> Webhook:
-    """The installed webhook with the cluster's kubeconfig (it creates claim templates)."""
+def start_webhook(cluster: KubeCluster, directory: Path) -> WebhookProcess:
+    """``gatekeeper webhook --mutate`` with the cluster's kubeconfig (it creates claim
+    templates), ready on 127.0.0.1 over TLS."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca = make_ca(directory)
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    issue(ca, cert, key)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "gatekeeper", "webhook", "--mutate", "--kubeconfig",
-               str(cluster.kubeconfig), "--cert", str(cert), "--key", str(key),
-               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    log = directory / "webhook.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    hook = Webhook(process, port, ca.path.read_bytes(), log)
-    deadline = time.monotonic() + timeout
-    context = ssl.create_default_context(cafile=str(ca.path))
-    with httpx.Client(verify=context, timeout=2) as client:
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"https://127.0.0.1:{port}/healthz").status_code == 200:
-                    return hook
-            time.sleep(0.05)
-    hook.stop()
-    raise RuntimeError(f"gatekeeper webhook did not start in {timeout} s: {log.read_text()}")
+    return start_process(directory, "--mutate", "--kubeconfig", str(cluster.kubeconfig))
 
 
-def webhook_configuration(name: str, hook: Webhook, namespace: str) -> dict[str, Any]:
+def webhook_configuration(name: str, hook: WebhookProcess, namespace: str) -> dict[str, Any]:
     """A MutatingWebhookConfiguration sending ``namespace``'s Pods and Deployments to
     ``hook``, ``failurePolicy: Fail`` (a workload the webhook did not see is not
     admitted, so none slips past the count)."""
@@ -309,10 +263,7 @@ def webhook_configuration(name: str, hook: Webhook, namespace: str) -> dict[str,
         "failurePolicy": "Fail",
         "reinvocationPolicy": "IfNeeded",
         "timeoutSeconds": 10,
-        "clientConfig": {
-            "url": f"https://127.0.0.1:{hook.port}/k8s/mutate",
-            "caBundle": base64.b64encode(hook.ca_pem).decode(),
-        },
+        "clientConfig": {"url": hook.url("/k8s/mutate"), "caBundle": hook.ca_bundle},
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
         "rules": rules,
     }
