@@ -155,8 +155,9 @@ def orphan_key(allocation: Allocation) -> OrphanKey:
 def orphans_text(orphans: Orphans) -> str:
     """``orphans`` as the ``VANISHED_ANNOTATION`` value: a JSON list, sorted, compact.
 
-    e.g. ``[{"claim":"first-gpu-x","device":"gpu-0","memoryBytes":12884901888,
-    "namespace":"agent","pods":["first"],"uuid":"GPU-0"}]``
+    e.g. ``[{"claim":"first-gpu-x","device":"gpu-00000000aaaabbbbcccc000000000000",
+    "memoryBytes":12884901888,"namespace":"agent","pods":["first"],
+    "uuid":"GPU-00000000-aaaa-bbbb-cccc-000000000000"}]``
     """
     rows = [
         {

@@ -134,9 +134,9 @@ def _canonical(devices: list[dict[str, Any]]) -> list[Any]:
 def _identities(slice_: Mapping[str, Any]) -> dict[str, str]:
     """Each device's name and the GPU behind it (its uuid attribute).
 
-    Names are ``gpu-<index>`` and NVML's indices are positions: when GPU 0 vanishes, the
-    old GPU 1 comes back as ``gpu-0``. A name whose uuid changed is a vanished device and
-    a new one, never the same device.
+    Names follow the uuid (``slices.uuid_device_name``), so a GPU keeps its name when
+    another vanishes; a name whose uuid changed (a slice an older agent published with
+    ``gpu-<index>`` names) is still a vanished device and a new one, never the same.
     """
     return {
         str(d["name"]): str((d.get("attributes") or {}).get("uuid", {}).get("string", ""))

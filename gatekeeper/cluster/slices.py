@@ -2,9 +2,12 @@
 
 Pure: an ``InventorySnapshot`` and the placement policy in, the object the node agent
 publishes out (design: ``../shared/reference/cluster.md``). One slice per node, its pool
-named after the node; one device per placeable GPU, named ``gpu-<index>``, with:
+named after the node; one device per placeable GPU, named after its uuid
+(``device_name``: ``gpu-`` and the uuid's letters and digits, lower case, so a GPU keeps
+its name across restarts, reorders and the loss of another GPU), with:
 
-- attributes ``uuid``, ``productName``, ``index``, ``node`` (the node's name: the same on
+- attributes ``uuid``, ``productName``, ``index``, ``memoryTotal`` (the bytes vLLM sees as
+  the GPU's total, which the validating webhook judges a worker against), ``node`` (the node's name: the same on
   every device of the pool, so a claim's ``matchAttribute: gpu.gatekeeper.dev/node`` keeps
   a TP group on one node), ``cudaComputeCapability`` when the GPU table knows the product
   (``9.0.0`` for an H100) and ``driverVersion`` when the snapshot knows it (both as
@@ -47,6 +50,7 @@ __all__ = [
     "gpu_device",
     "resource_slice",
     "slice_name",
+    "uuid_device_name",
 ]
 
 DRIVER_NAME = "gpu.gatekeeper.dev"
@@ -54,6 +58,9 @@ DRIVER_NAME = "gpu.gatekeeper.dev"
 REQUEST_STEP_BYTES = MIB
 """Claims' memory requests are rounded up to this step by the scheduler."""
 _MAX_NAME = 253
+_MAX_LABEL = 63
+_UUID_PREFIX = re.compile(r"^(GPU|MIG)-", re.IGNORECASE)
+_NOT_LABEL = re.compile(r"[^a-z0-9]")
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 
 
@@ -62,8 +69,32 @@ class SliceError(GatekeeperError):
 
 
 def device_name(gpu: GpuInfo) -> str:
-    """The device's name in the slice: ``gpu-<index>`` (NVML's index, a position)."""
-    return f"gpu-{gpu.index}"
+    """The device's name in the slice: ``uuid_device_name(gpu.uuid)``, the one mapping of a
+    GPU to its device that the agent, the kubelet plugin and the accounting all use."""
+    return uuid_device_name(gpu.uuid)
+
+
+def uuid_device_name(uuid: str) -> str:
+    """``gpu-`` and the uuid's letters and digits after its ``GPU-``/``MIG-`` prefix, lower
+    case: ``GPU-00000000-aaaa-bbbb-cccc-000000000000`` is
+    ``gpu-00000000aaaabbbbcccc000000000000`` (36 characters, a DNS label as the v1 API
+    requires of device names: at most 63, ``[a-z0-9]`` and ``-``).
+
+    NVML's index is a position (when GPU 0 vanishes the old GPU 1 is index 0), a uuid is
+    not: a GPU keeps its name across restarts, reorders and the loss of another GPU.
+    Raises ``SliceError`` for a uuid with no letter or digit, or one too long for a label.
+    """
+    body = _UUID_PREFIX.sub("", uuid.strip())
+    name = "gpu-" + _NOT_LABEL.sub("", body.lower())
+    if name == "gpu-" or len(name) > _MAX_LABEL:
+        raise SliceError(
+            f"GPU uuid {uuid!r} gives the device name {name!r}, not a DNS label of 5 to "
+            f"{_MAX_LABEL} characters; give the GPU a uuid of letters and digits (a declared "
+            "GPU's 'uuid' field)",
+            field="uuid",
+            value=uuid,
+        )
+    return name
 
 
 def slice_name(node_name: str, driver: str = DRIVER_NAME) -> str:
@@ -97,6 +128,7 @@ def gpu_device(
         "uuid": {"string": gpu.uuid},
         "productName": {"string": gpu.name},
         "index": {"int": gpu.index},
+        "memoryTotal": {"int": gpu.visible_total_bytes},
         "node": {"string": node_name},
     }
     capability = best_capability([gpu.name])

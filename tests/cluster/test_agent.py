@@ -25,6 +25,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, Pod
 
 from gatekeeper.cluster.accounting import TAINT_KEY
+from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, write_state
 from tests.support import agent_node
 from tests.support.agent_node import (
@@ -45,6 +46,11 @@ AGENT = AgentNode(NODE, "agent")
 SLICE = AGENT.slice_name
 GiB = 2**30
 POD_NAMES = ("first", "second", "blocked")
+
+
+def device_of(index: int) -> str:
+    """The device name of the stand-in's ``h100(index)``: its uuid's, whatever its position."""
+    return uuid_device_name(h100(index).uuid)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +109,7 @@ def test_publishes_and_a_restart_keeps_the_pool_and_its_allocations(
     print(f"agent start to slice visible: {(time.monotonic() - start) * 1000:.0f} ms")
     spec = first["spec"]
     assert (spec["nodeName"], spec["pool"]["name"], spec["pool"]["generation"]) == (NODE, NODE, 1)
-    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    assert [d["name"] for d in spec["devices"]] == [device_of(0), device_of(1)]
     assert not any(d.get("taints") for d in spec["devices"])
 
     make_pod(client, "first", 12 * GiB)
@@ -160,7 +166,7 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
     before = published(client)
     assert before is not None
     uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in before["spec"]["devices"]}
-    keep = 0 if device == "gpu-1" else 1
+    keep = 0 if device == device_of(1) else 1
     start = time.monotonic()
     set_gpus(agent.state, indices=(keep,))
     current = wait_for(
@@ -168,12 +174,12 @@ def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
         lambda: (s := published(client)) and s["spec"]["pool"]["generation"] == 2 and s,
     )
     print(f"GPU {device} vanished to republished slice: {(time.monotonic() - start) * 1000:.0f} ms")
-    # NVML's indices are positions: the GPU left is gpu-0 now, whichever it was.
+    # The GPU left is NVML's index 0 now, whichever it was; its device keeps its name.
     (left,) = current["spec"]["devices"]
-    assert left["name"] == "gpu-0"
-    assert left["attributes"]["uuid"]["string"] == uuids[f"gpu-{keep}"]
-    # gpu-1 is gone by name, and gpu-0 now names another GPU if gpu-0 vanished.
-    gone = {"gpu-1"} | ({"gpu-0"} if keep == 1 else set())
+    assert left["attributes"]["index"]["int"] == 0
+    assert left["name"] == device_of(keep)
+    assert left["attributes"]["uuid"]["string"] == uuids[device_of(keep)] == h100(keep).uuid
+    gone = {device_of(1 - keep)}
 
     def vanished_events() -> list[dict[str, Any]]:
         events = [e.to_dict() for e in client.list(Event, namespace="agent")]

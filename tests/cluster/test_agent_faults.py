@@ -27,6 +27,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.types import PatchType
 
 from gatekeeper.cluster.accounting import TAINT_KEY, VANISHED_ANNOTATION
+from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus.stand_in import h100
 from tests.support.agent_node import (
     AgentNode,
@@ -120,7 +121,7 @@ def test_a_gpu_that_vanished_while_the_agent_was_down_is_reported_by_the_next(
     device = allocation(client, NODE, POD)["devices"]["results"][0]["device"]
 
     agent.kill()
-    keep = 0 if device == "gpu-1" else 1
+    keep = 0 if device == uuid_device_name(h100(1).uuid) else 1
     set_gpus(agent.state, indices=(keep,))  # the GPU under the claim is gone
     agent.start()
     current = wait_for(
@@ -128,7 +129,8 @@ def test_a_gpu_that_vanished_while_the_agent_was_down_is_reported_by_the_next(
         lambda: (s := published(client, NODE)) and s["spec"]["pool"]["generation"] == 2 and s,
     )
     (left,) = current["spec"]["devices"]
-    assert left["attributes"]["uuid"]["string"] == uuids[f"gpu-{keep}"]
+    assert left["name"] == uuid_device_name(h100(keep).uuid)  # its name follows its uuid
+    assert left["attributes"]["uuid"]["string"] == uuids[left["name"]] == h100(keep).uuid
     wait_for("the GpuVanished event", lambda: vanished_events(client))
     claim = claims(client, NODE)[POD]["metadata"]["name"]
     labels = (

@@ -40,6 +40,7 @@ from gatekeeper.cluster.dra_driver import DriverPaths, pod_uid
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_plugin import PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef
+from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100, subprocess_env, write_state
 from gatekeeper.placement.types import PlacementPolicy
@@ -61,6 +62,8 @@ from tests.support.dra_kubelet import (
 from tests.support.kube_cluster import KubeCluster
 
 pytestmark = pytest.mark.k8s
+GPU = [uuid_device_name(h100(i).uuid) for i in (0, 1)]
+"""The two GPUs' device names (their uuids'), as the slice publishes them."""
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +139,11 @@ def test_prepare_returns_the_cdi_device_and_survives_a_restart(
     first_ms = (time.perf_counter() - start) * 1000
     assert answer.error == ""
     (device,) = answer.devices
-    cdi_id = f"{DRIVER_NAME}/gpu={claim.ref.uid}-gpu-1"
+    cdi_id = f"{DRIVER_NAME}/gpu={claim.ref.uid}-{GPU[1]}"
     assert (list(device.request_names), device.pool_name, device.device_name) == (
         ["rank0"],
         NODE,
-        "gpu-1",
+        GPU[1],
     )
     assert list(device.cdi_device_ids) == [cdi_id]
     spec = node.spec(claim.ref)
@@ -148,7 +151,7 @@ def test_prepare_returns_the_cdi_device_and_survives_a_restart(
     assert spec["kind"] == f"{DRIVER_NAME}/gpu"
     assert spec["devices"] == [
         {
-            "name": f"{claim.ref.uid}-gpu-1",
+            "name": f"{claim.ref.uid}-{GPU[1]}",
             "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]},
         }
     ]
@@ -196,7 +199,7 @@ def test_bytes_not_free_are_refused_with_the_claim_and_the_numbers(
     assert not answer.devices
     for part in (
         f"claim {NS}/crowded (uid {claim.ref.uid})",
-        "device gpu-0",
+        f"device {GPU[0]} (GPU 0,",
         "needs 12884901888 bytes (12.00 GiB)",
         "pid 4242: 75161927680 bytes (70.00 GiB)",
         "kubelet retries the prepare",
@@ -376,12 +379,12 @@ def test_a_claim_of_two_gpus_gets_both_in_one_spec(node: PluginNode, client: Cli
     assert node.kubelet is not None
     answer = node.kubelet.prepare(claim.ref)[claim.ref.uid]
     assert [(list(d.request_names), d.device_name) for d in answer.devices] == [
-        (["rank0"], "gpu-0"),
-        (["rank1"], "gpu-1"),
+        (["rank0"], GPU[0]),
+        (["rank1"], GPU[1]),
     ]
     spec = node.spec(claim.ref)
     validate_cdi(spec)
-    assert [d["name"] for d in spec["devices"]] == [f"{claim.ref.uid}-gpu-{i}" for i in (0, 1)]
+    assert [d["name"] for d in spec["devices"]] == [f"{claim.ref.uid}-{GPU[i]}" for i in (0, 1)]
     uuids = f"{h100(0).uuid},{h100(1).uuid}"
     env = spec["containerEdits"]["env"]
     assert f"NVIDIA_VISIBLE_DEVICES={uuids}" in env

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -12,15 +14,25 @@ from gatekeeper.cluster import (
     REQUEST_STEP_BYTES,
     SliceError,
     device_capacity_bytes,
+    device_name,
     resource_slice,
 )
-from gatekeeper.gpus import InventorySnapshot, StaticInventory, failed_snapshot
+from gatekeeper.cluster.slices import uuid_device_name
+from gatekeeper.gpus import GpuInfo, InventorySnapshot, StaticInventory, failed_snapshot
 from gatekeeper.placement.types import PlacementPolicy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 # The recorded H100: 85520809984 total - 491194941 driver-reserved = 85029615043 visible;
 # margin 512 MiB + 2 % = 2237463212; 82792151831 usable, 82791366656 in whole MiB (77.11 GiB).
 H100_CAPACITY = 82791366656
+
+
+SNAPSHOT = StaticInventory.from_json(FIXTURES / "h100_80g_x8.json").snapshot()
+
+
+def named(*indices: int) -> list[str]:
+    """The recorded GPUs' device names: ``GPU-0000000i-aaaa-bbbb-cccc-00000000000i``."""
+    return [f"gpu-0000000{i}aaaabbbbcccc00000000000{i}" for i in indices]
 
 
 def recorded(name: str) -> InventorySnapshot:
@@ -32,12 +44,13 @@ def test_each_gpu_is_a_shareable_device_with_its_usable_bytes() -> None:
     assert spec["driver"] == "gpu.gatekeeper.dev"
     assert spec["nodeName"] == "node-a"
     assert spec["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
-    assert [d["name"] for d in spec["devices"]] == [f"gpu-{i}" for i in range(8)]
+    assert [d["name"] for d in spec["devices"]] == named(*range(8))
     device = spec["devices"][3]
     assert device["attributes"] == {
         "uuid": {"string": "GPU-00000003-aaaa-bbbb-cccc-000000000003"},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
         "index": {"int": 3},
+        "memoryTotal": {"int": 85029615043},
         "node": {"string": "node-a"},
         "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "550.54.15"},
@@ -60,7 +73,7 @@ def test_capacity_follows_the_policy_margin() -> None:
 
 def test_lost_and_mig_gpus_are_not_published() -> None:
     spec = resource_slice("node-b", recorded("h100_mig_lost_x4.json"), PlacementPolicy())["spec"]
-    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-3"]
+    assert [d["name"] for d in spec["devices"]] == named(0, 3)
 
 
 def test_gpus_outside_the_policy_are_not_published() -> None:
@@ -68,7 +81,7 @@ def test_gpus_outside_the_policy_are_not_published() -> None:
         allowed_gpus=frozenset({"1", "GPU-00000005-aaaa-bbbb-cccc-000000000005"})
     )
     spec = resource_slice("node-a", recorded("h100_80g_x8.json"), policy)["spec"]
-    assert [d["name"] for d in spec["devices"]] == ["gpu-1", "gpu-5"]
+    assert [d["name"] for d in spec["devices"]] == named(1, 5)
 
 
 def test_a_gpu_the_margin_leaves_no_room_on_is_not_published() -> None:
@@ -76,7 +89,47 @@ def test_a_gpu_the_margin_leaves_no_room_on_is_not_published() -> None:
     tiny = dataclasses.replace(snapshot.gpus[0], total_bytes=512 * 2**20, driver_reserved_bytes=0)
     small = dataclasses.replace(snapshot, gpus=(tiny, *snapshot.gpus[1:2]))
     spec = resource_slice("node-a", small, PlacementPolicy())["spec"]
-    assert [d["name"] for d in spec["devices"]] == ["gpu-1"]
+    assert [d["name"] for d in spec["devices"]] == named(1)
+
+
+def test_device_names_follow_the_uuid_not_the_position() -> None:
+    """NVML enumerates in another order (a reboot, a GPU lost): each GPU keeps its name."""
+    snapshot = recorded("h100_80g_x8.json")
+    first = {d["name"]: d["attributes"]["uuid"] for d in _devices(snapshot)}
+    reordered = [
+        dataclasses.replace(gpu, index=i)
+        for i, gpu in enumerate(reversed(snapshot.gpus[1:]))  # GPU 0 gone, the rest reversed
+    ]
+    later = {d["name"]: d["attributes"]["uuid"] for d in _devices(snapshot, reordered)}
+    assert later == {name: uuid for name, uuid in first.items() if name != named(0)[0]}
+    assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", n) and len(n) <= 63 for n in later)
+
+
+@pytest.mark.parametrize(
+    ("uuid", "name"),
+    [
+        ("GPU-3F2A9C1E-7B4D-4E2F-9A1B-0C5D6E7F8A9B", "gpu-3f2a9c1e7b4d4e2f9a1b0c5d6e7f8a9b"),
+        ("MIG-11112222-3333-4444-5555-666677778888", "gpu-11112222333344445555666677778888"),
+        ("DECLARED-2", "gpu-declared2"),
+    ],
+)
+def test_a_device_name_is_a_dns_label_made_of_the_uuid(uuid: str, name: str) -> None:
+    gpu = dataclasses.replace(recorded("h100_80g_x8.json").gpus[0], uuid=uuid)
+    assert device_name(gpu) == uuid_device_name(uuid) == name
+
+
+@pytest.mark.parametrize("uuid", ["GPU-", "---", "x" * 60])
+def test_a_uuid_that_makes_no_label_is_refused(uuid: str) -> None:
+    gpu = dataclasses.replace(SNAPSHOT.gpus[0], uuid=uuid)
+    with pytest.raises(SliceError, match="not a DNS label") as raised:
+        resource_slice("node-a", dataclasses.replace(SNAPSHOT, gpus=(gpu,)), PlacementPolicy())
+    assert raised.value.field == "uuid"
+
+
+def _devices(snapshot: InventorySnapshot, gpus: list[GpuInfo] | None = None) -> list[Any]:
+    changed = snapshot if gpus is None else dataclasses.replace(snapshot, gpus=tuple(gpus))
+    devices: list[Any] = resource_slice("node-a", changed, PlacementPolicy())["spec"]["devices"]
+    return devices
 
 
 @pytest.mark.parametrize(
