@@ -31,8 +31,8 @@ buckets as PromQL's ``histogram_quantile`` does, and the mean). Whole-GPU placem
 whose workload gatekeeper sized larger than the GPU it got (or refused: no GPU holds it)
 are counted too: those would fail at start-up. The last line is one JSON object.
 
-    python -m bench.cluster           # 200 workloads, about 2-3 minutes on 2 loaded cores
-    python -m bench.cluster --quick   # 40 workloads on 2 nodes
+    python -m bench.cluster           # 200 workloads, about 90 s on 2 loaded cores
+    python -m bench.cluster --quick   # 40 workloads on 2 nodes, about 40 s
 """
 
 from __future__ import annotations
