@@ -1,6 +1,7 @@
 """The node agent's metrics over a fixed state, for the metrics doc, dashboard and alert
-tests: the pass that republished one GPU after the other vanished (generation 2), and the
-one pod whose claim was on the vanished GPU."""
+tests: the pass that republished one GPU after the other vanished (generation 2), the
+one pod whose claim was on the vanished GPU, and the per-pod figures of one pod on the
+remaining GPU (a 24 GiB claim, 20 GiB used) beside 2 GiB of a process in no pod."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import Allocation, Orphans, orphan_key
-from gatekeeper.cluster.agent import PassResult
-from gatekeeper.cluster.agent_metrics import AgentCollector
+from gatekeeper.cluster.agent import PassResult, quantity_bytes
+from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector, PrepareCounter
+from gatekeeper.cluster.slices import device_name
+from gatekeeper.gpus.inventory import InventorySnapshot
+from tests.support.snapshots import busy_gpu
 
 ORPHAN = Allocation("team-a", "qwen-0-vllm-gpus-x7k2p", "gpu-1", 16 * 2**30, ("qwen-0",))
 """The pod on a vanished GPU."""
@@ -28,8 +33,44 @@ class AgentState:
     orphans: Orphans = field(default_factory=lambda: {orphan_key(ORPHAN): (ORPHAN, VANISHED_UUID)})
 
 
+NODE = "node-a"
+POD_UID = "1a2b3c4d-0000-4000-8000-00000000000a"
+GPU = busy_gpu(0, 22 * 2**30, (10, 20 * 2**30), (11, 2 * 2**30))
+DEVICE = device_name(GPU)
+CLAIM = {
+    "metadata": {"name": "qwen-1-vllm-gpus-a1b2c", "namespace": "team-a"},
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "driver": DRIVER_NAME,
+                        "pool": NODE,
+                        "device": DEVICE,
+                        "consumedCapacity": {"memory": "24Gi"},
+                    }
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "qwen-1", "uid": POD_UID}],
+    },
+}
+
+
+def pod_collector() -> PodCollector:
+    """The per-pod figures of ``CLAIM`` on ``GPU``: pid 10 in the pod, 11 in none."""
+    snapshot = InventorySnapshot(gpus=(GPU,), ok=True)
+    return PodCollector(
+        NODE, DRIVER_NAME, lambda: snapshot, lambda: [CLAIM], {10: POD_UID}.get, quantity_bytes
+    )
+
+
 def agent_registry() -> CollectorRegistry:
-    """A registry with the agent's collector over ``AgentState()``."""
+    """A registry with the agent's collectors over ``AgentState()`` and ``pod_collector``,
+    one prepare refused."""
     registry = CollectorRegistry()
-    registry.register(AgentCollector(AgentState()))
+    prepares = PrepareCounter()
+    prepares.count("refused")
+    registry.register(AgentCollector(AgentState(), prepares))
+    registry.register(pod_collector())
     return registry

@@ -1,0 +1,122 @@
+"""Each GPU process to its pod and claim, per pod predicted against actual (pure; issue 30
+item 3, ``docs/cluster.md`` "Per-pod figures and routing").
+
+The node agent reads NVML's running processes per GPU (``InventorySnapshot``), the pod
+UID of each process (``/proc/PID/cgroup``, ``dra_driver.pod_uid``) and the
+ResourceClaims allocated on its pool. Here, with no I/O:
+
+- ``pod_claims`` lists, per allocation result on the pool, each pod the claim is reserved
+  for (``status.reservedFor``: name and UID) with the device and the bytes the scheduler
+  booked (``consumedCapacity.memory``);
+- ``attribute`` adds each process's usage to the (pod, device) whose claim books that
+  device. A process whose cgroup names no pod, a pod no claim here is reserved for, or a
+  pod on a device its claims do not book is **foreign** memory of that device: it is
+  never attributed to a pod.
+
+e.g. a claim of 24 GiB on ``gpu-a`` reserved for pod ``qwen-0`` (uid ``u1``); on
+``gpu-a`` pid 10 (cgroup of ``u1``) holds 20 GiB and pid 11 (no pod) 2 GiB: ``qwen-0``
+has 24 GiB predicted, 20 GiB actual, 4 GiB headroom; ``gpu-a`` has 2 GiB foreign.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.cluster.slices import device_name
+from gatekeeper.gpus.inventory import GpuInfo
+
+__all__ = ["Attribution", "PodClaim", "PodFigures", "attribute", "pod_claims"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaim:
+    """One device of a claim on this node's pool, and one pod it is reserved for."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    claim: str
+    device: str
+    claimed_bytes: int
+    """``consumedCapacity.memory`` (0 when the result books no memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodFigures:
+    """A pod's claim on one device against what its processes hold there (NVML)."""
+
+    claim: PodClaim
+    used_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Claimed less used: negative when the pod holds more than it claimed."""
+        return self.claim.claimed_bytes - self.used_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Per (pod, device) figures, and the foreign bytes of each device."""
+
+    pods: tuple[PodFigures, ...]
+    foreign_bytes: Mapping[str, int]
+    """By device name: every GPU read, 0 when all its memory is in pods' claims."""
+
+
+def pod_claims(
+    claims: Iterable[Mapping[str, Any]],
+    driver: str,
+    pool: str,
+    to_bytes: Callable[[str], int],
+) -> list[PodClaim]:
+    """Each (pod, device) of ``claims`` (API dicts) on ``driver``'s ``pool``."""
+    found: list[PodClaim] = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        status = claim.get("status") or {}
+        reserved = [r for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        for result in results:
+            if result.get("driver") != driver or result.get("pool") != pool:
+                continue
+            memory = (result.get("consumedCapacity") or {}).get("memory")
+            claimed = to_bytes(memory) if memory is not None else 0
+            for ref in reserved:
+                found.append(
+                    PodClaim(
+                        namespace=str(meta.get("namespace", "")),
+                        pod=str(ref.get("name", "")),
+                        pod_uid=str(ref.get("uid", "")),
+                        claim=str(meta.get("name", "")),
+                        device=str(result["device"]),
+                        claimed_bytes=claimed,
+                    )
+                )
+    return found
+
+
+def attribute(
+    gpus: Iterable[GpuInfo],
+    claims: Iterable[PodClaim],
+    pod_of: Callable[[int], str | None],
+) -> Attribution:
+    """Each process of ``gpus`` to the claim of its pod (``pod_of(pid)``: the pod UID, or
+    None) on its device; the rest is foreign. A process whose usage NVML does not report
+    counts 0."""
+    by_key = {(c.pod_uid, c.device): c for c in claims}
+    used = dict.fromkeys(by_key, 0)
+    foreign: dict[str, int] = {}
+    for gpu in gpus:
+        device = device_name(gpu)
+        foreign[device] = 0
+        for process in gpu.processes:
+            uid = pod_of(process.pid)
+            key = (uid or "", device)
+            if uid is not None and key in used:
+                used[key] += process.used_bytes or 0
+            else:
+                foreign[device] += process.used_bytes or 0
+    pods = tuple(PodFigures(claim, used[key]) for key, claim in by_key.items())
+    return Attribution(pods, foreign)

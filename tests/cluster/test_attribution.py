@@ -1,0 +1,138 @@
+"""Per-pod predicted against actual (issue 30 item 3): each GPU process to its pod's claim
+(``gatekeeper.cluster.attribution``), and the agent's ``PodCollector`` over the NVML
+stand-in with processes declared in its state. A process's pod comes from
+``/proc/PID/cgroup`` read by ``dra_driver.pod_uid``; the tests write those files, in the
+format kubelet's cgroup drivers give them, under a temporary proc root (the same reader
+and format, since real pod cgroups cannot be made here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gatekeeper.cluster import DRIVER_NAME
+from gatekeeper.cluster.agent import quantity_bytes
+from gatekeeper.cluster.agent_metrics import PodCollector
+from gatekeeper.cluster.attribution import attribute, pod_claims
+from gatekeeper.cluster.dra_driver import pod_uid
+from gatekeeper.cluster.slices import uuid_device_name
+from gatekeeper.gpus.nvml import NvmlInventory
+from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
+from tests.support.snapshots import busy_gpu
+
+GiB = 2**30
+NODE = "node-a"
+UID_A = "1a2b3c4d-0000-4000-8000-00000000000a"
+UID_B = "1a2b3c4d-0000-4000-8000-00000000000b"
+SYSTEMD = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri.scope\n"
+
+
+def claim(name: str, pods: dict[str, str], devices: dict[str, str], pool: str = NODE) -> Any:
+    """A ResourceClaim as the apiserver returns it once allocated and reserved."""
+    results = [
+        {
+            "request": f"rank{i}",
+            "driver": DRIVER_NAME,
+            "pool": pool,
+            "device": device,
+            "consumedCapacity": {"memory": memory},
+        }
+        for i, (device, memory) in enumerate(devices.items())
+    ]
+    return {
+        "metadata": {"name": name, "namespace": "team-a"},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [
+                {"resource": "pods", "name": pod, "uid": uid} for pod, uid in pods.items()
+            ],
+        },
+    }
+
+
+def cgroups(root: Path, pods: dict[int, str | None]) -> Callable[[int], str | None]:
+    """``/proc/PID/cgroup`` under ``root`` for each pid (its pod's uid, or a host cgroup)."""
+    for pid, uid in pods.items():
+        (root / str(pid)).mkdir(parents=True)
+        text = SYSTEMD.format(uid.replace("-", "_")) if uid else "0::/system.slice/ssh.service\n"
+        (root / str(pid) / "cgroup").write_text(text)
+    return lambda pid: pod_uid(pid, root)
+
+
+def test_a_pod_s_processes_are_summed_on_its_claimed_device_and_the_rest_is_foreign(
+    tmp_path: Path,
+) -> None:
+    gpu0, gpu1 = (
+        busy_gpu(0, 30 * GiB, (10, 12 * GiB), (11, 8 * GiB), (12, 2 * GiB)),
+        busy_gpu(1, 5 * GiB, (13, 5 * GiB)),
+    )
+    d0, d1 = uuid_device_name(gpu0.uuid), uuid_device_name(gpu1.uuid)
+    claims = [claim("qwen-0-gpus", {"qwen-0": UID_A}, {d0: "24Gi"})]
+    found = pod_claims(claims, DRIVER_NAME, NODE, quantity_bytes)
+    # 10 and 11 are the pod's engine and worker; 12 runs outside any pod; 13 is the
+    # pod's too, but on a GPU its claim does not book: foreign there, not the pod's.
+    pod_of = cgroups(tmp_path, {10: UID_A, 11: UID_A, 12: None, 13: UID_A})
+    result = attribute([gpu0, gpu1], found, pod_of)
+    (figures,) = result.pods
+    assert (figures.claim.pod, figures.claim.device) == ("qwen-0", d0)
+    assert (figures.claim.claimed_bytes, figures.used_bytes) == (24 * GiB, 20 * GiB)
+    assert figures.headroom_bytes == 4 * GiB
+    assert result.foreign_bytes == {d0: 2 * GiB, d1: 5 * GiB}
+
+
+def test_a_pod_over_its_claim_has_negative_headroom_and_an_idle_pod_all_of_it() -> None:
+    gpu = busy_gpu(0, 30 * GiB, (10, 30 * GiB))
+    device = uuid_device_name(gpu.uuid)
+    claims = [
+        claim("big", {"big-0": UID_A}, {device: "24Gi"}),
+        claim("idle", {"idle-0": UID_B}, {device: "8Gi"}),
+        claim("elsewhere", {"x": "other"}, {device: "8Gi"}, pool="node-b"),
+    ]
+    found = pod_claims(claims, DRIVER_NAME, NODE, quantity_bytes)
+    result = attribute([gpu], found, {10: UID_A}.get)
+    headroom = {f.claim.pod: f.headroom_bytes for f in result.pods}
+    assert headroom == {"big-0": -6 * GiB, "idle-0": 8 * GiB}
+    assert result.foreign_bytes == {device: 0}
+
+
+def test_a_process_whose_usage_nvml_does_not_report_counts_nothing() -> None:
+    gpu = busy_gpu(0, 3 * GiB, (10, None), (11, None))
+    device = uuid_device_name(gpu.uuid)
+    found = pod_claims(
+        [claim("c", {"p": UID_A}, {device: "4Gi"})], DRIVER_NAME, NODE, quantity_bytes
+    )
+    result = attribute([gpu], found, {10: UID_A}.get)
+    assert [f.used_bytes for f in result.pods] == [0]
+    assert result.foreign_bytes == {device: 0}
+
+
+def test_the_collector_exports_per_pod_figures_from_the_stand_in_nvml(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    fake_nvml.set(
+        gpus=[h100(0, used_bytes=26 * GiB), h100(1, used_bytes=0)],
+        processes=[FakeProcess(0, 4242, 20 * GiB), FakeProcess(0, 4243, 6 * GiB)],
+    )
+    d0 = uuid_device_name(h100(0).uuid)
+    d1 = uuid_device_name(h100(1).uuid)
+    claims = [claim("qwen-0-gpus", {"qwen-0": UID_A}, {d0: "24Gi"})]
+    pod_of = cgroups(tmp_path, {4242: UID_A, 4243: None})
+    inventory = NvmlInventory()
+    try:
+        collector = PodCollector(
+            NODE, DRIVER_NAME, inventory.snapshot, lambda: claims, pod_of, quantity_bytes
+        )
+        registry = CollectorRegistry()
+        registry.register(collector)
+        labels = {"namespace": "team-a", "pod": "qwen-0", "claim": "qwen-0-gpus", "device": d0}
+        sample = registry.get_sample_value
+        assert sample("gatekeeper_worker_predicted_total_bytes", labels) == 24 * GiB
+        assert sample("gatekeeper_worker_actual_bytes", labels) == 20 * GiB
+        assert sample("gatekeeper_pod_memory_headroom_bytes", labels) == 4 * GiB
+        assert sample("gatekeeper_agent_foreign_memory_bytes", {"device": d0}) == 6 * GiB
+        assert sample("gatekeeper_agent_foreign_memory_bytes", {"device": d1}) == 0
+    finally:
+        inventory.close()
