@@ -71,6 +71,14 @@ def webhook_series(expr: str) -> bool:
     return any(name.startswith(tuple(WEBHOOK_NAMES)) for name in metric_names(expr))
 
 
+def agent_series(expr: str) -> bool:
+    """A node agent's series (the cluster row): filtered by the agent variable."""
+    names = metric_names(expr)
+    return any(n.startswith(("gatekeeper_agent_", "gatekeeper_pod_")) for n in names) or (
+        'pod!=""' in expr
+    )
+
+
 def webhook_name(config: Path = WEBHOOK_CONFIG) -> str:
     (name,) = [w["name"] for w in yaml.safe_load(config.read_text())["webhooks"]]
     return str(name)
@@ -120,7 +128,7 @@ def test_variables_for_node_and_gpu_are_defined_and_used():
     variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("instance", "gpu", "webhook"):
+    for name in ("instance", "gpu", "webhook", "agent"):
         v = variables[name]
         assert v["type"] == "query" and v["multi"] and v["includeAll"] and v["allValue"] == ".*"
     # The workers' vLLM series have the worker's instance: they are filtered by the
@@ -132,12 +140,15 @@ def test_variables_for_node_and_gpu_are_defined_and_used():
     # The webhook's replicas are no node: their series have a picker of their own, and the
     # node picker lists sidecars only (the webhook exports gatekeeper_build_info too).
     assert "gatekeeper_webhook" in variables["webhook"]["query"]["query"]
+    assert "gatekeeper_agent_" in variables["agent"]["query"]["query"]
     assert "gatekeeper_gpu_collect_success" in variables["instance"]["query"]["query"]
     for e in exprs:
         if apiserver_names(e):
             node = f'{{name="{webhook_name()}"}}'
         elif webhook_series(e):
             node = 'instance=~"$webhook"'
+        elif agent_series(e):
+            node = 'instance=~"$agent"'
         else:
             node = 'Hostname=~"$hostname"' if vllm_names(e) else 'instance=~"$instance"'
         assert e.count(node) == e.count("{"), f"every selector filters by node: {e}"
@@ -165,6 +176,11 @@ def test_the_issue_s_panels_are_there():
         "webhook reviews by outcome",
         "webhook denials, malformed reviews and fail-open admissions",
         "webhook review latency",
+        "claims versus used per pod",
+        "memory headroom per pod",
+        "headroom per node",
+        "devices tainted by foreign memory",
+        "kubelet plugin prepares",
     ):
         assert words in titles, words
 
@@ -239,6 +255,9 @@ def test_alert_rules_are_complete():
         "GatekeeperWebhookSlow",
         "GatekeeperWebhookMalformedReviews",
         "GatekeeperPodOnVanishedGpu",
+        "GatekeeperPodOverClaim",
+        "GatekeeperDeviceTaintedForForeignMemory",
+        "GatekeeperPreparesRefused",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:

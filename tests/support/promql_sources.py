@@ -26,6 +26,7 @@ MACROS = {
     "$gpu": ".*",
     "$hostname": ".*",
     "$webhook": ".*",
+    "$agent": ".*",
 }
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$")
 METRIC_NAME = re.compile(r"\bgatekeeper_[a-z0-9_]+")
