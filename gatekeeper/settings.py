@@ -357,6 +357,15 @@ class Settings(BaseSettings):
     vLLM workload whose own DRA claim requests less GPU memory than a rank needs: ``deny``
     rejects it, ``warn`` allows it with a warning (``--undersized-claims`` overrides)."""
 
+    webhook_claims_mode: Literal["gatekeeper", "nvidia-dra", "hami"] = "gatekeeper"
+    """Whose GPUs the mutating webhook's requests name (``--claims-mode`` overrides;
+    docs/cluster.md, "Coexistence and fallback"): ``gatekeeper``, claims against the
+    DeviceClass ``gpu.gatekeeper.dev`` that ``gatekeeper agent`` publishes; ``nvidia-dra``,
+    claims against NVIDIA's DRA driver's ``gpu.nvidia.com`` (run with
+    ``--consumable-shares=memory``) and gatekeeper publishes nothing (no agent); ``hami``,
+    for clusters without DRA, HAMi's ``nvidia.com/gpu`` and ``nvidia.com/gpumem`` (MiB) on
+    the container instead of a claim. The vLLM flags are the same in every mode."""
+
     kubelet_plugin: bool = False
     """``gatekeeper agent`` also serves the kubelet plugin of its DRA driver (registration,
     then NodePrepareResources / NodeUnprepareResources on unix sockets; docs/cluster.md)."""

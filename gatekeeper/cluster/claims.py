@@ -21,6 +21,12 @@ GPUs (``distinctAttribute`` on ``uuid``; without it the scheduler may put two ra
 consumable-capacity claim on one GPU). ``template_name`` derives the name from a hash of
 that spec, so applying the same workload again names the same template.
 
+The claims mode (``ClaimsMode``, setting ``webhook_claims_mode``; ``docs/cluster.md``,
+"Coexistence and fallback") says whose devices the claim names: gatekeeper's own
+(``GATEKEEPER_DRIVER``, published by ``gatekeeper agent``), NVIDIA's DRA driver's
+(``NVIDIA_DRIVER``, run with ``--consumable-shares=memory``), or, on a cluster without
+DRA, no claim at all: ``hami_resources`` is the same sizing as HAMi's extended resources.
+
 Worked example: Qwen2.5-7B-Instruct, --max-model-len 8192, TP 1, no GPU named (sized on
 the largest in the table, a B200): a KV cache of 8 sequences of 8192 tokens, 3.50 GiB
 (``--kv-cache-memory-bytes 3759013888``); the rank's need 21.41 GiB (22992451788 bytes),
@@ -34,7 +40,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gatekeeper.cluster.slices import DRIVER_NAME, REQUEST_STEP_BYTES
 from gatekeeper.errors import GatekeeperError
@@ -48,13 +54,22 @@ from gatekeeper.units import format_gib, round_up
 from gatekeeper.vllm.launch import floor_fraction
 
 __all__ = [
+    "CLAIMS_MODES",
+    "GATEKEEPER_DRIVER",
+    "HAMI_GPU",
+    "HAMI_GPUMEM",
     "MIN_CAPABILITY",
     "MIN_FRACTION",
+    "NVIDIA_DRIVER",
+    "ClaimDriver",
     "ClaimError",
+    "ClaimsMode",
     "RankSizing",
     "capability_selector",
+    "claim_driver",
     "claim_template",
     "claim_template_spec",
+    "hami_resources",
     "min_capability",
     "requested_memory",
     "size_ranks",
@@ -86,7 +101,55 @@ MIN_CAPABILITY: Mapping[str, tuple[int, int]] = {
 
 MIN_FRACTION = 0.0001
 """The least ``--gpu-memory-utilization`` written (vLLM takes a fraction in (0, 1])."""
-_ATTRIBUTE = f'device.attributes["{DRIVER_NAME}"]'
+
+ClaimsMode = Literal["gatekeeper", "nvidia-dra", "hami"]
+"""Whose GPUs the mutating webhook's requests name: gatekeeper's DRA driver, NVIDIA's DRA
+driver, or HAMi's extended resources (a cluster without DRA)."""
+CLAIMS_MODES: tuple[ClaimsMode, ...] = get_args(ClaimsMode)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDriver:
+    """The DRA driver a claim's requests name: its DeviceClass, the domain of its device
+    attributes, and the attribute naming a device's node (None: it publishes none)."""
+
+    device_class: str
+    domain: str
+    node_attribute: str | None
+
+
+GATEKEEPER_DRIVER = ClaimDriver(DRIVER_NAME, DRIVER_NAME, "node")
+"""gatekeeper's own driver: ``gatekeeper agent`` publishes the GPUs (``slices.py``)."""
+
+NVIDIA_DRIVER = ClaimDriver("gpu.nvidia.com", "gpu.nvidia.com", None)
+"""NVIDIA's DRA driver, as read in kubernetes-sigs/dra-driver-nvidia-gpu at commit
+95932046683719c43b6a0dd9613c2e5aad5d6703: its DeviceClass ``gpu.nvidia.com`` selects
+``device.driver == 'gpu.nvidia.com'`` and ``type == 'gpu'``
+(``deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml``); a full GPU's
+attributes are ``type``, ``uuid``, ``productName``, ``brand``, ``architecture`` (strings)
+and ``cudaComputeCapability``, ``driverVersion``, ``cudaDriverVersion`` (versions, e.g.
+``9.0.0``) (``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``Attributes``), its capacity
+``memory`` the GPU's total bytes (``partitions.go``, ``fullGpuCapacity``); with
+``--consumable-shares=memory`` (feature gate ``ConsumableShares``) each GPU gets
+``allowMultipleAllocations: true`` and a ``memory`` requestPolicy of default = the total
+(rounded down to 1 MiB), min 1 MiB, step 1 MiB (``consumable_shares.go``,
+``applyConsumableShares``). It publishes no node attribute: its slices are node-local
+(``nodeName``), so one claim's devices are on one node without a constraint."""
+
+HAMI_GPU = "nvidia.com/gpu"
+"""HAMi's count of physical GPUs per container (Project-HAMi/HAMi at commit
+4707fb02c91c545bc7343ce26dba4c32919f9a3e, ``charts/hami/values.yaml`` ``resourceName``)."""
+HAMI_GPUMEM = "nvidia.com/gpumem"
+"""HAMi's GPU memory per GPU in MiB (``values.yaml`` ``resourceMem``;
+``pkg/device/nvidia/device.go``, ``GenerateResourceRequests``: per device requested; the
+device plugin registers each GPU's memory as ``total / 1024 / 1024``,
+``pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go``)."""
+_MIB = 2**20
+
+
+def claim_driver(mode: ClaimsMode) -> ClaimDriver | None:
+    """The driver whose devices ``mode``'s claims name; None for ``hami`` (no claim)."""
+    return {"gatekeeper": GATEKEEPER_DRIVER, "nvidia-dra": NVIDIA_DRIVER}.get(mode)
 
 
 class ClaimError(GatekeeperError):
@@ -199,36 +262,49 @@ def _unplaced(spec: ModelSpec, gpu_name: str, tried: tuple[Any, ...]) -> str:
     )
 
 
-def capability_selector(capability: tuple[int, int]) -> dict[str, Any]:
-    """A CEL selector admitting devices whose published ``cudaComputeCapability`` is at
-    least ``capability`` (a device that publishes none is not chosen)."""
+def capability_selector(capability: tuple[int, int], domain: str = DRIVER_NAME) -> dict[str, Any]:
+    """A CEL selector admitting devices whose ``cudaComputeCapability`` (a version, in
+    ``domain``: gatekeeper's and NVIDIA's drivers both publish it so) is at least
+    ``capability`` (a device that publishes none is not chosen)."""
     least = f"{capability[0]}.{capability[1]}.0"
+    attribute = f'device.attributes["{domain}"]'
     expression = (
-        f'"cudaComputeCapability" in {_ATTRIBUTE} && '
-        f'{_ATTRIBUTE}.cudaComputeCapability.compareTo(semver("{least}")) >= 0'
+        f'"cudaComputeCapability" in {attribute} && '
+        f'{attribute}.cudaComputeCapability.compareTo(semver("{least}")) >= 0'
     )
     return {"cel": {"expression": expression}}
 
 
-def claim_template_spec(sizing: RankSizing, device_class: str = DRIVER_NAME) -> dict[str, Any]:
-    """The ResourceClaimTemplate's ``spec``: one request per rank, the selectors and the
-    constraints."""
+def claim_template_spec(
+    sizing: RankSizing, driver: ClaimDriver = GATEKEEPER_DRIVER
+) -> dict[str, Any]:
+    """The ResourceClaimTemplate's ``spec`` against ``driver``'s devices: one request per
+    rank, the selectors and the constraints."""
     exactly: dict[str, Any] = {
-        "deviceClassName": device_class,
+        "deviceClassName": driver.device_class,
         "allocationMode": "ExactCount",
         "count": 1,
         "capacity": {"requests": {"memory": str(sizing.request_bytes)}},
     }
     if sizing.min_capability is not None:
-        exactly["selectors"] = [capability_selector(sizing.min_capability)]
+        exactly["selectors"] = [capability_selector(sizing.min_capability, driver.domain)]
     names = [f"rank{i}" for i in range(sizing.ranks)]
     devices: dict[str, Any] = {"requests": [{"name": n, "exactly": exactly} for n in names]}
     if sizing.ranks > 1:
+        same_node = [
+            {"requests": names, "matchAttribute": f"{driver.domain}/{driver.node_attribute}"}
+        ]
         devices["constraints"] = [
-            {"requests": names, "matchAttribute": f"{DRIVER_NAME}/node"},
-            {"requests": names, "distinctAttribute": f"{DRIVER_NAME}/uuid"},
+            *(same_node if driver.node_attribute else []),
+            {"requests": names, "distinctAttribute": f"{driver.domain}/uuid"},
         ]
     return {"spec": {"devices": devices}}
+
+
+def hami_resources(sizing: RankSizing) -> dict[str, str]:
+    """HAMi's extended resources for the sizing: ``nvidia.com/gpu`` the ranks and
+    ``nvidia.com/gpumem`` each rank's request in MiB (HAMi's unit, per GPU)."""
+    return {HAMI_GPU: str(sizing.ranks), HAMI_GPUMEM: str(-(-sizing.request_bytes // _MIB))}
 
 
 def template_name(spec: Mapping[str, Any], prefix: str = "vllm-gpus") -> str:

@@ -2,7 +2,9 @@
 
 Pure. The pod claims it adds are named ``CLAIM_NAME`` (``vllm-gpus``, then ``vllm-gpus-1``
 … for further vLLM containers); the annotation ``CLAIM_ANNOTATION`` records, per container
-name, the template, the ranks, the bytes per rank and the two flags (``claim_record``).
+name, the claims mode, the template (none in ``hami`` mode: the container's
+``nvidia.com/gpumem`` stands for it), the ranks, the bytes per rank and the two flags
+(``claim_record``).
 ``intact`` says whether that record is still true of the template: an already mutated
 template is left alone, but a client-side apply of an edited command line keeps the claims
 and the annotation while it replaces the flags, and such a template is mutated again.
@@ -14,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gatekeeper.cluster.claims import RankSizing
+from gatekeeper.cluster.claims import HAMI_GPUMEM, ClaimsMode, RankSizing, hami_resources
 from gatekeeper.k8s.workloads import CLAIM_ANNOTATION, ContainerRequest, PodTemplate
 
 __all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "claim_record", "intact", "ours"]
@@ -23,10 +25,14 @@ CLAIM_NAME = "vllm-gpus"
 """The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
 
 
-def claim_record(template: str, sizing: RankSizing) -> dict[str, Any]:
-    """One container's entry in ``CLAIM_ANNOTATION``."""
+def claim_record(
+    template: str | None, sizing: RankSizing, mode: ClaimsMode = "gatekeeper"
+) -> dict[str, Any]:
+    """One container's entry in ``CLAIM_ANNOTATION`` (``template`` None: HAMi's resources)."""
+    where = {"template": template} if template is not None else {}
     return {
-        "template": template,
+        "mode": mode,
+        **where,
         "ranks": sizing.ranks,
         "memoryBytes": sizing.request_bytes,
         "kvCacheMemoryBytes": sizing.kv_cache_memory_bytes,
@@ -57,9 +63,32 @@ def intact(template: PodTemplate, containers: Sequence[ContainerRequest]) -> boo
         options = c.command.options
         if not (
             isinstance(mine, dict)
-            and mine.get("template") in claimed
+            and _held(mine, claimed, _limits(template, c.path))
             and options.kv_cache_memory_bytes == mine.get("kvCacheMemoryBytes")
             and options.gpu_memory_utilization == mine.get("gpuMemoryUtilization")
         ):
             return False
     return True
+
+
+def _held(mine: dict[str, Any], claimed: set[Any], limits: dict[str, Any]) -> bool:
+    """The recorded template is claimed, or (``hami``) the recorded MiB still requested."""
+    if mine.get("mode") != "hami":
+        return mine.get("template") in claimed
+    bytes_ = mine.get("memoryBytes")
+    ranks = mine.get("ranks")
+    if not isinstance(bytes_, int) or not isinstance(ranks, int):
+        return False
+    wanted = hami_resources(RankSizing(ranks, bytes_, 0, 0.0, None))[HAMI_GPUMEM]
+    return str(limits.get(HAMI_GPUMEM)) == wanted
+
+
+def _limits(template: PodTemplate, path: str) -> dict[str, Any]:
+    """The limits of the container at ``path`` (``…containers[i]``) in ``template``."""
+    containers = template.spec.get("containers") or []
+    index = int(path.rsplit("[", 1)[1].rstrip("]"))
+    container = containers[index] if index < len(containers) else {}
+    limits = (
+        (container.get("resources") or {}).get("limits") if isinstance(container, dict) else None
+    )
+    return dict(limits) if isinstance(limits, dict) else {}

@@ -21,6 +21,12 @@ the flag table of the image's release), with no claims of its own:
    container's ``resources.claims`` in place of ``nvidia.com/gpu``), the flags on the
    command line and the annotation ``vllm-gatekeeper.io/claim`` recording what was written.
 
+The claims mode (``mode``, setting ``webhook_claims_mode``) says whose GPUs the request
+names: ``gatekeeper`` (the template above, against gatekeeper's DeviceClass), ``nvidia-dra``
+(the same template against NVIDIA's DRA driver's class and attribute names), or ``hami``
+(no DRA: no template; the container's limits get HAMi's ``nvidia.com/gpu`` and
+``nvidia.com/gpumem``). The flags are the same in every mode, and the record names the mode.
+
 Left alone: an update that leaves the pod templates as they were; a template annotated
 ``vllm-gatekeeper.io/skip``; one gatekeeper already mutated while its record holds
 (``claim_record.intact``: applying the manifest again changes nothing); one with claims of its own, unless a request is smaller than a rank needs: then
@@ -40,26 +46,29 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gatekeeper.cluster.claims import (
+    ClaimsMode,
     RankSizing,
+    claim_driver,
     claim_template,
     claim_template_spec,
-    requested_memory,
+    hami_resources,
     size_ranks,
     template_name,
 )
-from gatekeeper.cluster.slices import DRIVER_NAME
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.claim_record import CLAIM_NAME, claim_record, intact, ours
 from gatekeeper.k8s.fit import Finding
+from gatekeeper.k8s.own_requests import asks_itself, check_own, template_reader
 from gatekeeper.k8s.pod_patch import (
     pointer,
     reads_back,
     template_ops,
-    unread_script,
+    unread_scripts,
     with_budget_flags,
     with_claim,
+    with_resources,
 )
 from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
 from gatekeeper.k8s.webhook import AdmissionWebhook
@@ -72,7 +81,6 @@ from gatekeeper.k8s.workloads import (
     vllm_containers,
 )
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.units import format_gib
 from gatekeeper.vllm.command import VllmCommand
 from gatekeeper.vllm.launch import release_budget
 
@@ -126,7 +134,7 @@ class _Container:
 class Mutator:
     """Reviews in, JSON Patches out. ``webhook`` finds models and GPUs as the validating
     webhook does; ``store`` creates and reads claim templates; ``undersized``: what to do
-    with a hand-written claim smaller than a rank needs."""
+    with a hand-written claim smaller than a rank needs; ``mode``: whose GPUs it claims."""
 
     def __init__(
         self,
@@ -134,13 +142,13 @@ class Mutator:
         store: TemplateStore,
         *,
         undersized: Literal["warn", "deny"] = "deny",
-        device_class: str = DRIVER_NAME,
+        mode: ClaimsMode = "gatekeeper",
         count: Callable[[MutationOutcome], None] | None = None,
     ) -> None:
         self.webhook = webhook
         self.store = store
         self.undersized = undersized
-        self.device_class = device_class
+        self.mode = mode
         self._count = count
 
     def counted(self, outcome: MutationOutcome) -> None:
@@ -217,15 +225,30 @@ class Mutator:
             for i in [_index(c.path)]
         ]
         multi = kind == "LeaderWorkerSet"
-        m.denials += _unread_scripts(containers, {c.index for c in found}, where)
+        m.denials += unread_scripts(containers, {c.index for c in found}, where)
         if not found or intact(template, [c.request for c in found]):
             return  # nothing runs vLLM, or gatekeeper mutated it and it still reads so
-        if _has_claims(template.spec) and CLAIM_ANNOTATION not in template.annotations:
+        raws = [c.raw for c in found]
+        hami = self.mode == "hami"
+        if CLAIM_ANNOTATION not in template.annotations and asks_itself(template.spec, raws, hami):
             for c in found:
-                self._check_own_claims(m, c, template, namespace, multi)
+                self._check_own(m, c, template, namespace, multi)
             return
+        self._write(m, obj, template, namespace, found, multi)
+
+    def _write(
+        self,
+        m: Mutation,
+        obj: Mapping[str, Any],
+        template: PodTemplate,
+        namespace: str,
+        found: list[_Container],
+        multi: bool,
+    ) -> None:
+        """Each container sized and edited, its claim template (or HAMi's resources), and
+        the pod template's patch."""
+        driver = claim_driver(self.mode)
         edits: dict[int, Mapping[str, Any]] = {}
-        kept = [e for e in template.spec.get("resourceClaims") or [] if not ours(e)]
         claims: list[dict[str, str]] = []
         record: dict[str, Any] = {}
         for c in found:
@@ -233,16 +256,23 @@ class Mutator:
             edited = self._edited(m, c, sizing) if sizing is not None else None
             if sizing is None or edited is None:
                 continue
-            spec = claim_template_spec(sizing, self.device_class)
+            if driver is None:
+                edits[c.index] = with_resources(edited, hami_resources(sizing))
+                record[c.request.name] = claim_record(None, sizing, self.mode)
+                continue
+            spec = claim_template_spec(sizing, driver)
             name, claim = template_name(spec), CLAIM_NAME + (f"-{len(claims)}" if claims else "")
             m.templates.append(claim_template(namespace, spec))
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
-            record[c.request.name] = claim_record(name, sizing)
-        if claims:
+            record[c.request.name] = claim_record(name, sizing, self.mode)
+        if edits:
+            current = list(template.spec.get("resourceClaims") or [])
+            kept = [e for e in current if not ours(e)]
+            pod_claims = [*kept, *claims] if claims or len(kept) != len(current) else None
             note = (CLAIM_ANNOTATION, json.dumps(record, sort_keys=True))
             raw = _dig(obj, template.path)
-            m.patch += template_ops(pointer(template.path), raw, edits, [*kept, *claims], note)
+            m.patch += template_ops(pointer(template.path), raw, edits, pod_claims, note)
 
     def _edited(self, m: Mutation, c: _Container, sizing: RankSizing) -> dict[str, Any] | None:
         """The container with the flags written, or None with the reason in ``m``."""
@@ -310,30 +340,17 @@ class Mutator:
         largest = max(gpu_products(), key=lambda p: p.total_bytes)
         return largest.total_bytes, largest.name
 
-    def _check_own_claims(
+    def _check_own(
         self, m: Mutation, c: _Container, template: PodTemplate, namespace: str, multi: bool
     ) -> None:
-        """A hand-written claim is left alone unless a request is smaller than a rank."""
+        """A workload's own request is left alone unless it is smaller than a rank."""
         sizing = self._size(Mutation(), c, template, multi)
         if sizing is None:
             return
-        for entry in template.spec.get("resourceClaims") or []:
-            name = entry.get("resourceClaimTemplateName") if isinstance(entry, dict) else None
-            if not isinstance(name, str):
-                continue
-            try:
-                found = self.store.read(namespace, name)
-                sizes = requested_memory((found or {}).get("spec") or {}, self.store.to_bytes)
-            except (GatekeeperError, ValueError, TypeError, AttributeError) as e:
-                m.warnings.append(f"{c.who}: claim template {name} not checked: {e}")
-                continue
-            if found is None:
-                m.warnings.append(f"{c.who}: claim template {name} not found, so not checked")
-                continue
-            small = [s for s in sizes if s is not None and s < sizing.rank_bytes]
-            if small:
-                text = _undersized_text(c.who, name, min(small), sizing, self.undersized)
-                (m.denials if self.undersized == "deny" else m.warnings).append(text)
+        read = template_reader(self.store, namespace)
+        found = check_own(c.who, template.spec, c.raw, sizing, read, self.undersized)
+        m.denials += found.denials
+        m.warnings += found.warnings
 
 
 def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:
@@ -345,28 +362,6 @@ def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:
 def _index(path: str) -> int:
     """The container's index in its ``…containers[i]`` path."""
     return int(path.rsplit("[", 1)[1].rstrip("]"))
-
-
-def _unread_scripts(containers: list[Any], read: set[int], where: str) -> list[str]:
-    """Denials for containers whose shell script names vLLM but could not be read."""
-    out = []
-    for i, container in enumerate(containers):
-        script = unread_script(container) if i not in read and isinstance(container, dict) else None
-        if script is not None:
-            out.append(
-                f"container {container.get('name')!r} of {where}: its shell script names vLLM "
-                f"but cannot be split as the shell would ({script[:80]!r}: an unbalanced "
-                "quote?), so no claim is written; fix the script, write the claim yourself or "
-                "annotate vllm-gatekeeper.io/skip"
-            )
-    return out
-
-
-def _has_claims(spec: Mapping[str, Any]) -> bool:
-    if spec.get("resourceClaims"):
-        return True
-    containers = spec.get("containers") or []
-    return any((c.get("resources") or {}).get("claims") for c in containers if isinstance(c, dict))
 
 
 def _unreadable(who: str, command: VllmCommand) -> str | None:
@@ -395,15 +390,3 @@ def _unreadable(who: str, command: VllmCommand) -> str | None:
 
 def _without_fraction(options: ServeOptions) -> ServeOptions:
     return dataclasses.replace(options, gpu_memory_utilization=None)
-
-
-def _undersized_text(
-    who: str, name: str, smallest: int, sizing: RankSizing, outcome: Literal["warn", "deny"]
-) -> str:
-    verb = "denied (undersized claims: deny)" if outcome == "deny" else "admitted"
-    return (
-        f"{who}: claim template {name} requests {smallest} bytes ({format_gib(smallest)}) "
-        f"of GPU memory for a rank that needs {sizing.rank_bytes} bytes "
-        f"({format_gib(sizing.rank_bytes)}), so it is {verb}; raise capacity.requests.memory "
-        f"to {sizing.request_bytes} or remove the claims so that gatekeeper writes them"
-    )

@@ -10,10 +10,12 @@ Pure: plain dicts in, new dicts and patch operations out, nothing edited in plac
   refused (its own value would come later and win);
 - ``with_claim`` makes the container use a pod claim (``resources.claims``) instead of
   whole GPUs (``nvidia.com/gpu`` leaves its limits and requests: the claim is its GPUs);
+- ``with_resources`` (``hami`` mode, no DRA) writes HAMi's ``nvidia.com/gpu`` and
+  ``nvidia.com/gpumem`` into its limits instead, and into its requests where it names them;
 - ``reads_back`` checks an edited container with the webhooks' own reader
   (``parse_vllm_command``): the same model, the budget as written;
 - ``template_ops`` is the patch of one pod template: the containers replaced, the pod's
-  ``resourceClaims`` added, and the annotation recording what was written.
+  ``resourceClaims`` set (unless there are none to write), and the annotation recording what was written.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ __all__ = [
     "reads_back",
     "template_ops",
     "unread_script",
+    "unread_scripts",
     "with_budget_flags",
     "with_claim",
+    "with_resources",
 ]
 
 BUDGET_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
@@ -79,6 +83,22 @@ def unread_script(container: Mapping[str, Any]) -> str | None:
     tokens = [*_strings(container.get("command")), *_strings(container.get("args"))]
     at = _script_at(tokens)
     return tokens[at] if at is not None and _LAUNCHER.search(tokens[at]) else None
+
+
+def unread_scripts(containers: list[Any], read: set[int], where: str) -> list[str]:
+    """Denials for the containers (not at an index in ``read``) whose shell script names
+    vLLM but could not be read."""
+    out = []
+    for i, container in enumerate(containers):
+        script = unread_script(container) if i not in read and isinstance(container, dict) else None
+        if script is not None:
+            out.append(
+                f"container {container.get('name')!r} of {where}: its shell script names vLLM "
+                f"but cannot be split as the shell would ({script[:80]!r}: an unbalanced "
+                "quote?), so no claim is written; fix the script, write the claim yourself or "
+                "annotate vllm-gatekeeper.io/skip"
+            )
+    return out
 
 
 def _without_budget(tokens: Sequence[str]) -> list[str]:
@@ -166,22 +186,39 @@ def with_claim(container: Mapping[str, Any], claim: str) -> dict[str, Any]:
     return out
 
 
+def with_resources(container: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, Any]:
+    """The container with ``values`` (extended resources) in its limits, and in its
+    requests where those name them (Kubernetes requires the two equal for them)."""
+    out = copy.deepcopy(dict(container))
+    resources = out.get("resources")
+    resources = dict(resources) if isinstance(resources, Mapping) else {}
+    limits = resources.get("limits")
+    resources["limits"] = {**(limits if isinstance(limits, Mapping) else {}), **values}
+    requests = resources.get("requests")
+    if isinstance(requests, Mapping) and any(k in requests for k in values):
+        resources["requests"] = {**requests, **values}
+    out["resources"] = resources
+    return out
+
+
 def template_ops(
     base: str,
     template: Mapping[str, Any],
     containers: Mapping[int, Mapping[str, Any]],
-    claims: Sequence[Mapping[str, str]],
+    claims: Sequence[Mapping[str, str]] | None,
     annotation: tuple[str, str],
 ) -> list[dict[str, Any]]:
-    """The operations that put ``containers`` (by index), the pod ``claims`` and the
-    ``annotation`` (name, value) into the pod template at pointer ``base`` (``template``
-    is what is there now: its ``metadata`` and ``spec``)."""
+    """The operations that put ``containers`` (by index), the pod ``claims`` (None: leave
+    ``resourceClaims`` as it is) and the ``annotation`` (name, value) into the pod template
+    at pointer ``base`` (``template`` is what is there now: its ``metadata`` and ``spec``)."""
     spec = f"{base}/spec"
     ops: list[dict[str, Any]] = [
         {"op": "replace", "path": f"{spec}/containers/{i}", "value": dict(c)}
         for i, c in sorted(containers.items())
     ]
-    ops.append({"op": "add", "path": f"{spec}/resourceClaims", "value": [dict(c) for c in claims]})
+    if claims is not None:
+        pod_claims = [dict(c) for c in claims]
+        ops.append({"op": "add", "path": f"{spec}/resourceClaims", "value": pod_claims})
     name, value = annotation
     metadata = template.get("metadata")
     if not isinstance(metadata, Mapping):
