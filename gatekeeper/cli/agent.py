@@ -136,13 +136,23 @@ def _client(kubeconfig: str | None) -> Any:
     return Client(config, field_manager="gatekeeper-agent", trust_env=False)
 
 
-def _serve_metrics(agent: Any, port: int) -> None:
+def _serve_metrics(agent: Any, config: Any, port: int, client: Any, read: Any) -> None:
+    """The agent's collector, and the per-pod figures (claims and cgroups read at scrape)."""
+    from lightkube import ALL_NS
+    from lightkube.resources.resource_v1 import ResourceClaim
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from gatekeeper.cluster.agent_metrics import AgentCollector
+    from gatekeeper.cluster.agent import quantity_bytes
+    from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector
+    from gatekeeper.cluster.dra_driver import pod_uid
+
+    def claims() -> list[dict[str, Any]]:
+        return [c.to_dict() for c in client.list(ResourceClaim, namespace=ALL_NS)]
 
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
+    node, driver = config.node_name, config.driver
+    registry.register(PodCollector(node, driver, read, claims, pod_uid, quantity_bytes))
     start_http_server(port, registry=registry)
 
 
@@ -176,7 +186,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "gatekeeper.cluster.agent",
     )
     if args.metrics_port is not None:
-        _serve_metrics(agent, args.metrics_port)
+        _serve_metrics(agent, config, args.metrics_port, client, read)
     plugin = _start_plugin(args, settings, client, read)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

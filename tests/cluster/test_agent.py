@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from gatekeeper.cluster.accounting import TAINT_KEY
+from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.slices import uuid_device_name
-from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, h100, write_state
+from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, FakeProcess, h100, write_state
 from tests.support import agent_node
 from tests.support.agent_node import (
     GATEKEEPER,
@@ -86,6 +88,15 @@ def allocation(client: Client, pod: str) -> dict[str, Any]:
 def claim_names(client: Client) -> dict[str, str]:
     """Each pod's claim's name, by pod."""
     return {pod: c["metadata"]["name"] for pod, c in agent_node.claims(client, AGENT).items()}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape's samples by name and sorted labels."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def published(client: Client) -> dict[str, Any] | None:
@@ -157,6 +168,46 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
     print(f"memory freed to untainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert wait_for("blocked bound", lambda: bound_node(client, "blocked")) == NODE
     assert published(client)["spec"]["pool"]["generation"] == generation  # type: ignore[index]
+
+
+def test_each_pod_s_claim_and_the_memory_of_no_pod_are_exported(
+    client: Client, agent: AgentProcess
+) -> None:
+    """Issue 30 item 3 through the installed agent: its pods' claims (the real scheduler's
+    allocations) per pod and device, and a process in no pod (this test's own pid, whose
+    real /proc/PID/cgroup names no pod) as foreign memory of its GPU, not a pod's. Below
+    the taint tolerance, so the slice is left alone."""
+    foreign = 256 * 2**20
+    processes = [FakeProcess(0, os.getpid(), foreign)]
+    write_state(agent.state, [h100(0, used_bytes=foreign), h100(1)], processes)
+
+    def foreign_of(device: str) -> float | None:
+        key = ("gatekeeper_agent_foreign_memory_bytes", (("device", device),))
+        return samples(agent.metrics()).get(key)
+
+    wait_for("the foreign bytes", lambda: foreign_of(device_of(0)) == foreign)
+    assert foreign_of(device_of(1)) == 0
+    scraped = samples(agent.metrics())
+    claims = claim_names(client)
+    for pod in POD_NAMES:
+        result = allocation(client, pod)["devices"]["results"][0]
+        labels = tuple(
+            sorted(
+                {
+                    "claim": claims[pod],
+                    "device": result["device"],
+                    "namespace": "agent",
+                    "pod": pod,
+                }.items()
+            )
+        )
+        claimed = quantity_bytes(result["consumedCapacity"]["memory"])
+        assert scraped[("gatekeeper_worker_predicted_total_bytes", labels)] == claimed
+        assert scraped[("gatekeeper_worker_actual_bytes", labels)] == 0
+        assert scraped[("gatekeeper_pod_memory_headroom_bytes", labels)] == claimed
+    headroom = [k for k in scraped if k[0] == "gatekeeper_pod_memory_headroom_bytes"]
+    assert len(headroom) == len(POD_NAMES)
+    set_gpus(agent.state)
 
 
 def test_a_vanished_gpu_leaves_the_slice_and_its_pods_are_reported(
