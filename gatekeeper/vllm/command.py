@@ -5,9 +5,10 @@ Pure: a container's ``command``, ``args``, ``image`` and literal ``env`` in, a
 
 - ``vllm serve MODEL [flags]`` (also ``--model MODEL``), in ``command`` and/or ``args``;
 - ``python -m vllm.entrypoints.openai.api_server --model MODEL [flags]``;
-- either of those inside a shell script, ``sh -c "… && exec vllm serve …"`` (split as
-  the shell would, with ``shlex``; ``$VAR`` and ``${VAR:-default}`` expanded from the
-  container's literal environment);
+- either of those inside a shell script, ``sh -c "… && exec vllm serve …"``, also
+  behind ``eval`` (split as the shell would: ``gatekeeper.vllm.shell``; ``$VAR`` and
+  ``${VAR:-default}`` expanded from the container's literal environment, an expansion
+  it does not give named among the problems);
 - the ``vllm/vllm-openai`` image's own entrypoint, when the container gives only ``args``.
 
 Kubernetes' ``$(VAR)`` references are expanded first. With no model on the command
@@ -34,7 +35,6 @@ reading would refuse is set aside and the rest read again:
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +44,7 @@ from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.vllm.flags import FlagTable, flag_table, serve_options
 from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
+from gatekeeper.vllm.shell import after_launcher, script_arguments, shell_script
 
 __all__ = [
     "MODEL_ENV_VARS",
@@ -56,12 +57,8 @@ __all__ = [
 MODEL_ENV_VARS = ("VLLM_MODEL", "MODEL", "MODEL_NAME")
 """Environment variables a model may come from when the command line names none."""
 
-_API_SERVER = "vllm.entrypoints.openai.api_server"
-_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
-_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
 _IMAGE_ENTRYPOINT = re.compile(r"(^|/)vllm-openai([:@]|$)")
 _K8S_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-_SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
 _RELEASE_TAG = re.compile(r"v?(\d+\.\d+(?:\.\d+){0,2})(?:[-+._]?(?:rc|post|dev)\d*)?(?:[-+_].*)?")
 """A tag that is a vLLM release: ``v0.8.5``, ``0.11.0``, ``v0.9.0.1``, ``v0.10.1rc1``,
 ``v0.8.5-cu126``."""
@@ -105,15 +102,6 @@ def expand_k8s_vars(text: str, env: Mapping[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return _K8S_VAR.sub(sub, text)
-
-
-def _expand_shell_vars(text: str, env: Mapping[str, str]) -> str:
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        default = m.group(2)
-        return env.get(name) or (default if default is not None else m.group(0))
-
-    return _SHELL_VAR.sub(sub, text)
 
 
 def parse_vllm_command(
@@ -166,53 +154,15 @@ def _vllm_arguments(
     command: list[str], args: list[str], image: str, env: Mapping[str, str]
 ) -> list[str] | None:
     tokens = [*command, *args]
-    found = _after_launcher(tokens)
+    found = after_launcher(tokens)
     if found is not None:
         return found
-    script = _shell_script(tokens)
+    script = shell_script(tokens)
     if script is not None:
-        return _from_script(script, env)
+        return script_arguments(*script, env)
     if not command and _IMAGE_ENTRYPOINT.search(image.strip()):
         return args[1:] if args[:1] == ["serve"] else args
     return None
-
-
-def _after_launcher(tokens: Sequence[str]) -> list[str] | None:
-    """The arguments after ``vllm serve`` or ``-m vllm.entrypoints.openai.api_server``."""
-    for i, token in enumerate(tokens):
-        name = token.rsplit("/", 1)[-1]
-        if name == "vllm" and i + 1 < len(tokens) and tokens[i + 1] == "serve":
-            return list(tokens[i + 2 :])
-        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] == _API_SERVER:
-            return list(tokens[i + 2 :])
-    return None
-
-
-def _shell_script(tokens: Sequence[str]) -> str | None:
-    """The script of ``sh -c SCRIPT`` (also ``bash -lc``, ``bash -ec`` …)."""
-    if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
-        return None
-    for i, token in enumerate(tokens[1:], start=1):
-        if not token.startswith("-"):
-            return None
-        if "c" in token[1:] and not token.startswith("--") and i + 1 < len(tokens):
-            return tokens[i + 1]
-    return None
-
-
-def _from_script(script: str, env: Mapping[str, str]) -> list[str] | None:
-    lex = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars="();<>|&\n")
-    lex.whitespace = " \t\r"
-    lex.whitespace_split = True
-    try:
-        tokens = list(lex)
-    except ValueError:  # an unbalanced quote: the shell would fail too
-        return None
-    found = _after_launcher(tokens)
-    if found is None:
-        return None
-    end = next((i for i, t in enumerate(found) if t in _SEPARATORS), len(found))
-    return [_expand_shell_vars(t, env) for t in found[:end]]
 
 
 # -- flags: vLLM's table, through gatekeeper.vllm.serve_args -----------------------------
@@ -222,6 +172,10 @@ _MAX_SKIPPED = 16
 """Unreadable flags skipped before giving up on a command line (each costs a re-read)."""
 _NEGATIVE_NUMBER = re.compile(r"-\d+$|-\d*\.\d+$")
 """What argparse takes as a value, not a flag, although it starts with a dash."""
+_UNRESOLVED = (
+    "a shell expansion the container's literal env does not give (the script, the image or "
+    "a controller sets it when the pod starts), so what it adds cannot be read; read without it"
+)
 _ARGPARSE_ARGUMENT = re.compile(r"argument (-[^\s/:]+)")
 
 
@@ -297,7 +251,11 @@ def _set_aside(reading: _Reading, e: ServeOptionsError, table: FlagTable) -> boo
         at = [j for j, a in enumerate(args) if a == e.value and args[j - 1 : j] != ["--model"]]
         if at:
             del args[at[-1]]
-            reading.unknown.append(_text(e))
+            stray = str(e.value)
+            if "$" in stray:  # the shell expands it when the pod starts, not here
+                reading.problems.append(f"{stray!r}: {_UNRESOLVED}")
+            else:
+                reading.unknown.append(_text(e))
             return True
     if isinstance(name, str) and name.startswith("-"):  # not a flag of the table
         _drop(args, {name}, table)

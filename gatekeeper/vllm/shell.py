@@ -1,0 +1,118 @@
+"""Read a vLLM command line out of a container's shell script, as the shell would split it.
+
+Pure: the tokens of a container's ``command`` and ``args`` and its literal ``env`` in, the
+words after ``vllm serve`` (or ``-m vllm.entrypoints.openai.api_server``) out. The script
+of ``sh -c SCRIPT [$0 ARGS...]`` (also ``bash -lc``, ``bash -ec`` …) is split with
+``shlex``, the way the shell splits words, then:
+
+- ``$(...)`` and ``$((...))`` stay whole words, never split at their parentheses (the
+  shell runs them when the pod starts; their text is kept for the reader to report);
+- ``eval "exec vllm serve ..."`` is split again, as ``eval`` has the shell do
+  (KServe's LLMInferenceService writes its vllm serve line so);
+- ``$VAR`` and ``${VAR:-default}`` come from the container's literal environment; a word
+  that is one such expansion and nothing else is split again at whitespace, as the shell
+  splits an unquoted expansion (``exec vllm serve $MODEL $EXTRA_ARGS`` with
+  ``EXTRA_ARGS="--max-model-len 8192 --enforce-eager"`` is three flags, not one word);
+  ``$@`` and ``$*`` are the script's positional arguments;
+- an expansion the environment does not give (set by the script or the controller at run
+  time) stays as written, for the reader to report as unreadable.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+__all__ = ["after_launcher", "expand_shell_vars", "script_arguments", "shell_script"]
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
+_SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
+_SUBSTITUTION = re.compile(r"\$\(\([^()]*\)\)|\$\([^()]*\)")
+"""``$((arithmetic))`` and ``$(command)`` without nested parentheses."""
+_HOLE = "\x00{}\x00"
+
+
+def after_launcher(tokens: Sequence[str]) -> list[str] | None:
+    """The arguments after ``vllm serve`` or ``-m vllm.entrypoints.openai.api_server``."""
+    for i, token in enumerate(tokens):
+        name = token.rsplit("/", 1)[-1]
+        if name == "vllm" and i + 1 < len(tokens) and tokens[i + 1] == "serve":
+            return list(tokens[i + 2 :])
+        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] == API_SERVER:
+            return list(tokens[i + 2 :])
+    return None
+
+
+def shell_script(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
+    """The script of ``sh -c SCRIPT`` (also ``bash -lc``, ``bash -ec`` …) and its
+    positional arguments (the words after ``$0``), else None."""
+    if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    for i, token in enumerate(tokens[1:], start=1):
+        if not token.startswith("-"):
+            return None
+        if "c" in token[1:] and not token.startswith("--") and i + 1 < len(tokens):
+            return tokens[i + 1], list(tokens[i + 3 :])
+    return None
+
+
+def expand_shell_vars(text: str, env: Mapping[str, str]) -> str:
+    """``$VAR`` and ``${VAR:-default}`` from ``env``; names it lacks stay as written."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(3)
+        default = m.group(2)
+        return env.get(name) or (default if default is not None else m.group(0))
+
+    return _SHELL_VAR.sub(sub, text)
+
+
+def script_arguments(
+    script: str, positional: Sequence[str], env: Mapping[str, str], depth: int = 0
+) -> list[str] | None:
+    """The words after the launcher in ``script``, expanded; None when the script runs no
+    vLLM or cannot be split (an unbalanced quote: the shell would fail too)."""
+    holes: list[str] = []
+
+    def hole(m: re.Match[str]) -> str:
+        holes.append(m.group(0))
+        return _HOLE.format(len(holes) - 1)
+
+    tokens = _split(_SUBSTITUTION.sub(hole, script.replace("\\\n", " ")))
+    if tokens is None:
+        return None
+    tokens = [re.sub("\x00(\\d+)\x00", lambda m: holes[int(m.group(1))], t) for t in tokens]
+    found = after_launcher(tokens)
+    if found is None:
+        evals = [tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t == "eval"]
+        for text in evals if depth < 2 else ():
+            again = script_arguments(text, positional, env, depth + 1)
+            if again is not None:
+                return again
+        return None
+    end = next((i for i, t in enumerate(found) if t in _SEPARATORS), len(found))
+    return [word for token in found[:end] for word in _words(token, positional, env)]
+
+
+def _split(text: str) -> list[str] | None:
+    lex = shlex.shlex(text, posix=True, punctuation_chars="();<>|&\n")
+    lex.whitespace = " \t\r"
+    lex.whitespace_split = True
+    try:
+        return list(lex)
+    except ValueError:
+        return None
+
+
+def _words(token: str, positional: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """A token expanded; split at whitespace when it is one expansion the environment
+    gives (the shell splits an unquoted expansion so)."""
+    if token in ("$@", "$*"):
+        return list(positional)
+    expanded = expand_shell_vars(token, env)
+    if expanded != token and _SHELL_VAR.fullmatch(token):
+        return expanded.split()
+    return [expanded]
