@@ -25,6 +25,7 @@ from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 __all__ = [
     "ANNOTATION_PREFIX",
     "CLAIM_ANNOTATION",
+    "GKE_ACCELERATOR_LABEL",
     "GPU_MEMORY_ANNOTATION",
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
@@ -56,7 +57,24 @@ LEGACY_ANNOTATIONS = {
 given), each use warned of in the review (DEPRECATED: use the new name)."""
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 """The node label GPU Feature Discovery sets, e.g. ``NVIDIA-H100-80GB-HBM3``."""
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+"""The node label of a GKE GPU node pool, e.g. ``nvidia-l4``: GKE's samples pin vLLM to a
+GPU with it, not with ``nvidia.com/gpu.product``."""
 GPU_RESOURCE = "nvidia.com/gpu"
+_GKE_PRODUCTS = {
+    "nvidia-tesla-t4": "T4",
+    "nvidia-tesla-v100": "V100-16GB",
+    "nvidia-l4": "L4",
+    "nvidia-tesla-a100": "A100-40GB",
+    "nvidia-a100-80gb": "A100-80GB",
+    "nvidia-h100-80gb": "H100-80GB",
+    "nvidia-h100-mega-80gb": "H100-80GB",
+    "nvidia-h200-141gb": "H200",
+    "nvidia-b200": "B200",
+}
+"""GKE's accelerator names, as gatekeeper's GPU table names the products; another value is
+passed on as written (the webhook warns when its table lacks it)."""
+_PRODUCT_LABELS = (GPU_PRODUCT_LABEL, GKE_ACCELERATOR_LABEL)
 
 _TEMPLATE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": (("spec", "template"),),
@@ -218,24 +236,44 @@ def gpu_product_constraint(spec: Mapping[str, Any]) -> tuple[list[str], str]:
     """The GPU products a pod may land on, and where that was read.
 
     From ``nodeSelector`` first, else from the required node affinity's ``In``
-    expressions on ``nvidia.com/gpu.product`` (every term: the pod may land on any).
-    Empty when the pod is not pinned to a product.
+    expressions (every term: the pod may land on any), on ``nvidia.com/gpu.product``, else
+    on GKE's ``cloud.google.com/gke-accelerator`` (read as the product it names). Empty
+    when the pod is not pinned to a product.
     """
-    selected = _map(spec.get("nodeSelector")).get(GPU_PRODUCT_LABEL)
-    if isinstance(selected, str) and selected.strip():
-        return [selected.strip()], f"nodeSelector {GPU_PRODUCT_LABEL}"
+    selector = _map(spec.get("nodeSelector"))
+    for label in _PRODUCT_LABELS:
+        selected = selector.get(label)
+        if isinstance(selected, str) and selected.strip():
+            where = _where(f"nodeSelector {label}", label, [selected])
+            return [_product(label, selected.strip())], where
     required = _dig(
         spec, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
     )
+    terms = [_map(t) for t in _seq(_map(required).get("nodeSelectorTerms"))]
+    keys = {e.get("key") for t in terms for e in map(_map, _seq(t.get("matchExpressions")))}
+    label = next((k for k in _PRODUCT_LABELS if k in keys), GPU_PRODUCT_LABEL)
     values: list[str] = []
-    for term in _seq(_map(required).get("nodeSelectorTerms")):
+    for term in terms:
         found = [
             _strings(e.get("values"))
-            for e in map(_map, _seq(_map(term).get("matchExpressions")))
-            if e.get("key") == GPU_PRODUCT_LABEL and e.get("operator") == "In"
+            for e in map(_map, _seq(term.get("matchExpressions")))
+            if e.get("key") == label and e.get("operator") == "In"
         ]
         if not found:  # terms are ORed: this one lets the pod land on any GPU
-            return [], f"required node affinity on {GPU_PRODUCT_LABEL}"
+            return [], f"required node affinity on {label}"
         allowed = set.intersection(*(set(f) for f in found))
         values += [v for v in found[0] if v in allowed and v not in values]
-    return values, f"required node affinity on {GPU_PRODUCT_LABEL}"
+    where = _where(f"required node affinity on {label}", label, values)
+    return [_product(label, v) for v in values], where
+
+
+def _product(label: str, value: str) -> str:
+    """A GPU product as gatekeeper's table names it (GKE's accelerator names mapped)."""
+    return _GKE_PRODUCTS.get(value.lower(), value) if label == GKE_ACCELERATOR_LABEL else value
+
+
+def _where(origin: str, label: str, values: list[str]) -> str:
+    """Where the product was read; GKE's names are said as written before the product."""
+    gke = values if label == GKE_ACCELERATOR_LABEL else []
+    known = [v.strip() for v in gke if v.strip().lower() in _GKE_PRODUCTS]
+    return f"{origin}: {', '.join(known)}, the product" if known else origin
