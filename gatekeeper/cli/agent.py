@@ -22,7 +22,7 @@ from typing import Any
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.settings import Settings, gpu_source, placement_policy
+from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
 from gatekeeper.units import MIB
 
 __all__ = ["add_parser", "run"]
@@ -106,13 +106,28 @@ def _start_plugin(
         return None
     from gatekeeper.cluster.agent import quantity_bytes
     from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
-    from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets, claim_reader
+    from gatekeeper.cluster.kubelet_plugin import (
+        KubeletPlugin,
+        PluginSockets,
+        claim_reader,
+        pod_reader,
+    )
+    from gatekeeper.cluster.reserves import rank_sizer
     from gatekeeper.cluster.slices import DRIVER_NAME
 
     plugin_dir = args.plugin_dir or settings.kubelet_plugin_dir
     plugin_dir = plugin_dir or Path("/var/lib/kubelet/plugins") / DRIVER_NAME
     paths = DriverPaths(plugin_dir=plugin_dir, cdi_dir=args.cdi_dir or settings.cdi_dir)
-    driver = DraDriver(args.node_name, paths, claim_reader(client), read, quantity_bytes)
+    driver = DraDriver(
+        args.node_name,
+        paths,
+        claim_reader(client),
+        read,
+        quantity_bytes,
+        read_pod=pod_reader(client),
+        size_rank=rank_sizer(model_resolver(settings), placement_policy(settings)),
+        default_release=settings.default_vllm_version,
+    )
     registry = args.registry_dir or settings.kubelet_registry_dir
     plugin = KubeletPlugin(driver, PluginSockets(plugin_dir, registry, DRIVER_NAME))
     plugin.start()

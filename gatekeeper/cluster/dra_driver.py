@@ -6,12 +6,17 @@
    nothing is checked again (kubelet may ask twice; a restarted agent answers the same);
 2. otherwise the claim is read from the apiserver (``read_claim``) and its devices of
    this driver on this node's pool are taken (``prepared.claimed_devices``);
-3. under one lock, so that two prepares never promise the same bytes: the GPUs are read
-   (NVML, through the inventory), each device's GPU found by its name ``gpu-<index>``,
+3. the pods the claim is reserved for are read (``read_pod``) and each container that
+   runs vLLM on the claim found (``reserves.claim_users``); a pod with none is prepared
+   without the flag check, which the log says;
+4. under one lock, so that two prepares never promise the same bytes: the GPUs are read
+   (NVML, through the inventory), each device's GPU found by its name (``slices.device_name``),
    and its bytes checked against NVML's free memory less what the other prepared claims
    there have not yet taken (``prepared.check_free``); what a claim has taken is its
-   pods' processes' usage, a process's pod read from ``/proc/<pid>/cgroup``;
-4. the CDI spec is written (``cdi.cdi_spec``), then the checkpoint, and the CDI device
+   pods' processes' usage, a process's pod read from ``/proc/<pid>/cgroup``; and what
+   those vLLM containers' flags let vLLM take on that GPU must fit the device's claimed
+   bytes (``reserves.check_reserves``);
+5. the CDI spec is written (``cdi.cdi_spec``), then the checkpoint, and the CDI device
    IDs returned.
 
 ``unprepare`` removes the claim's CDI spec and its checkpoint entry; a claim not prepared
@@ -39,6 +44,13 @@ from gatekeeper.cluster.prepared import (
     check_free,
     claimed_devices,
     outstanding_bytes,
+)
+from gatekeeper.cluster.reserves import (
+    ClaimUser,
+    RankSizer,
+    check_reserves,
+    claim_users,
+    vllm_takes,
 )
 from gatekeeper.cluster.slices import DRIVER_NAME, device_name
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
@@ -89,6 +101,10 @@ class DraDriver:
         read_gpus: Callable[[], InventorySnapshot],
         to_bytes: Callable[[str], int],
         driver: str = DRIVER_NAME,
+        *,
+        read_pod: Callable[[str, str], Mapping[str, Any]] | None = None,
+        size_rank: RankSizer | None = None,
+        default_release: str | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver = driver
@@ -96,6 +112,9 @@ class DraDriver:
         self._read_claim = read_claim
         self._read_gpus = read_gpus
         self._to_bytes = to_bytes
+        self._read_pod = read_pod
+        self._size_rank = size_rank
+        self._release = default_release
         self._lock = threading.Lock()
         self._checkpoint = Checkpoint(paths.checkpoint)
         self.prepared: dict[str, PreparedClaim] = self._checkpoint.load()
@@ -110,6 +129,7 @@ class DraDriver:
         claimed = claimed_devices(claim, ref, self.driver, self.node_name, self._to_bytes)
         reserved = (claim.get("status") or {}).get("reservedFor") or []
         pods = tuple(str(r.get("uid", "")) for r in reserved if r.get("resource") == "pods")
+        users = self._users(ref, [r for r in reserved if r.get("resource") == "pods"])
         with self._lock:
             done = self.prepared.get(ref.uid)
             if done is not None:
@@ -123,12 +143,47 @@ class DraDriver:
                 check_free(ref, device, gpu, others)
                 device_id = cdi_device_id(self.driver, ref.uid, device.device)
                 devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))
+                self._check_flags(ref, devices[-1], gpu, users)
             prepared = PreparedClaim(ref, pods, tuple(devices))
             self._write_spec(prepared)
             self._checkpoint.save({**self.prepared, ref.uid: prepared})
             self.prepared[ref.uid] = prepared
         log.info("prepared claim %s: %s", ref, ", ".join(d.cdi_device_id for d in devices))
         return prepared
+
+    def _users(self, ref: ClaimRef, reserved: list[Mapping[str, Any]]) -> list[ClaimUser]:
+        """The vLLM containers of the pods ``reserved`` that use the claim (step 3)."""
+        if self._read_pod is None:
+            return []
+        users: list[ClaimUser] = []
+        for entry in reserved:
+            pod = self._read_pod(ref.namespace, str(entry.get("name")))
+            if (pod.get("metadata") or {}).get("uid") != entry.get("uid"):
+                continue  # a pod of that name made again: kubelet prepares for the new one
+            found, others = claim_users(pod, ref.name, self._release)
+            users += found
+            if others and not found:
+                log.info(
+                    "claim %s: %s run no vLLM; prepared without the flag check",
+                    ref,
+                    ", ".join(others),
+                )
+        if not users and not reserved:
+            log.info("claim %s: reserved for no pod; prepared without the flag check", ref)
+        return users
+
+    def _check_flags(
+        self, ref: ClaimRef, device: PreparedDevice, gpu: GpuInfo, users: list[ClaimUser]
+    ) -> None:
+        """What the users' vLLM flags let vLLM take on ``gpu`` fits the device's bytes."""
+        if not users:
+            return
+        size = self._size_rank
+        takes = []
+        for user in users:
+            estimated = size(user.command, gpu.total_bytes, gpu.name) if size else None
+            takes.append((user, vllm_takes(user.command, gpu.total_bytes, estimated)))
+        check_reserves(ref, device, gpu.total_bytes, takes)
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Release ``ref``: its CDI spec and its checkpoint entry go."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from gatekeeper.cluster.dra_driver import DraDriver
@@ -43,6 +44,7 @@ __all__ = [
     "KubeletPlugin",
     "PluginSockets",
     "claim_reader",
+    "pod_reader",
 ]
 
 log = logging.getLogger("gatekeeper.cluster.kubelet_plugin")
@@ -206,20 +208,29 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {e}; kubelet retries the prepare"
 
 
-def claim_reader(client: Client) -> Callable[[str, str], dict[str, Any]]:
-    """Reads a ResourceClaim from the apiserver as a plain dict; a missing claim is a
-    ``PrepareError`` (kubelet retries; the claim may not be visible yet)."""
-
+def _reader(client: Client, resource: Any, what: str) -> Callable[[str, str], dict[str, Any]]:
     def read(namespace: str, name: str) -> dict[str, Any]:
         try:
-            found: dict[str, Any] = client.get(ResourceClaim, name, namespace=namespace).to_dict()
+            found: dict[str, Any] = client.get(resource, name, namespace=namespace).to_dict()
         except ApiError as e:
             raise PrepareError(
-                f"claim {namespace}/{name}: the apiserver answered {e.status.code} "
+                f"{what} {namespace}/{name}: the apiserver answered {e.status.code} "
                 f"({e.status.message}); kubelet retries the prepare",
-                field="claim",
+                field=what,
                 value=f"{namespace}/{name}",
             ) from e
         return found
 
     return read
+
+
+def claim_reader(client: Client) -> Callable[[str, str], dict[str, Any]]:
+    """Reads a ResourceClaim from the apiserver as a plain dict; a missing claim is a
+    ``PrepareError`` (kubelet retries; the claim may not be visible yet)."""
+    return _reader(client, ResourceClaim, "claim")
+
+
+def pod_reader(client: Client) -> Callable[[str, str], dict[str, Any]]:
+    """Reads a Pod (one a claim is reserved for) as a plain dict; ``PrepareError`` when
+    the apiserver does not answer it."""
+    return _reader(client, Pod, "pod")

@@ -5,7 +5,7 @@ apiserver and hands it here:
 
 - ``claimed_devices`` reads the claim's allocation results of this driver: each must be on
   this node's pool (pool = node name, as the agent publishes), and each books
-  ``consumedCapacity.memory`` bytes on one device (``gpu-<index>``);
+  ``consumedCapacity.memory`` bytes on one device (named by ``slices.device_name``);
 - ``outstanding_bytes`` is what the other prepared claims on a GPU have been promised and
   not yet taken: per claim, its bytes less what its pods' processes already hold there
   (``taken``, NVML's per-process usage attributed to pods at the edge); never negative;

@@ -36,6 +36,7 @@ AGENT_CALLS = [
     ("update", "resource.k8s.io", "resourceslices"),
     ("list", "resource.k8s.io", "resourceclaims"),
     ("create", "", "events"),
+    ("get", "", "pods"),  # the kubelet plugin: the vLLM flags of a claim's pods
 ]
 NOT_THE_AGENTS = [
     ("update", "resource.k8s.io", "resourceclaims"),
