@@ -1,4 +1,5 @@
-"""The DRA kubelet plugin driven over its unix sockets as kubelet drives it (issue 30 item 1).
+"""The DRA kubelet plugin driven over its unix sockets as kubelet drives it (issue 30 items 1
+and 2: a pod whose vLLM flags let vLLM take more than its claim is refused at prepare).
 
 A grpc client speaks to the plugin's two sockets with kubelet's own method names and
 messages: ``/pluginregistration.Registration/GetInfo`` and ``NotifyRegistrationStatus`` on
@@ -12,8 +13,7 @@ The CDI specs validate against the CDI JSON schema (tests/fixtures/cdi).
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import math
 import os
 import shutil
 import signal
@@ -27,26 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node
-from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import ResourceClaim
 
-from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.cdi import spec_file_name
-from gatekeeper.cluster.checkpoint import Checkpoint, CheckpointError
-from gatekeeper.cluster.dra_driver import DriverPaths, pod_uid
+from gatekeeper.cluster.checkpoint import Checkpoint
+from gatekeeper.cluster.dra_driver import DriverPaths
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_plugin import PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef
 from gatekeeper.cluster.slices import uuid_device_name
-from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100, subprocess_env, write_state
-from gatekeeper.placement.types import PlacementPolicy
 from tests.support.dra_kubelet import (
     CGROUP,
-    FIXTURES,
     NODE,
     NS,
     Allocated,
@@ -54,10 +49,13 @@ from tests.support.dra_kubelet import (
     Kubelet,
     PluginNode,
     allocate,
-    node_manifest,
+    plugin_cluster,
+    plugin_node,
     registered,
+    release,
     set_gpus,
     validate_cdi,
+    webhook_sized,
 )
 from tests.support.kube_cluster import KubeCluster
 
@@ -69,50 +67,13 @@ GPU = [uuid_device_name(h100(i).uuid) for i in (0, 1)]
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
     """The Node, the DeviceClass and the node's slice: two recorded H100s (77.1 GiB each)."""
-    client = kube_cluster.client()
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
-    recorded = StaticInventory.from_json(FIXTURES / "gpus" / "h100_80g_x8.json").snapshot()
-    two = dataclasses.replace(recorded, gpus=recorded.gpus[:2])
-    published = resource_slice(NODE, two, PlacementPolicy())
-    client.create(from_dict(node_manifest()))
-    made_class = True
-    try:
-        client.create(from_dict(device_class))
-    except ApiError as e:  # another cluster test module made it first
-        assert e.status.code == 409, e
-        made_class = False
-    client.create(from_dict(published))
-    client.create(Namespace(metadata=ObjectMeta(name=NS)))
-    yield client
-    client.delete(Node, NODE)
-    client.delete(ResourceSlice, published["metadata"]["name"])
-    if made_class:  # the other modules create it as their own
-        client.delete(DeviceClass, DRIVER_NAME)
-    client.close()
+    yield from plugin_cluster(kube_cluster)
 
 
 @pytest.fixture
 def node(client: Client, fake_nvml: FakeNvml, tmp_path: Path) -> Iterator[PluginNode]:
     """A started plugin on two free stand-in H100s; /dev holds nvidia0, nvidia1, nvidiactl."""
-    set_gpus(fake_nvml)
-    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))  # unix socket paths: 107 bytes
-    dev = tmp_path / "dev"
-    dev.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidiactl"):
-        (dev / name).touch()
-    (tmp_path / "proc").mkdir()
-    paths = DriverPaths(short / "plugins" / DRIVER_NAME, tmp_path / "cdi", dev, tmp_path / "proc")
-    sockets = PluginSockets(paths.plugin_dir, short / "plugins_registry", DRIVER_NAME)
-    started = PluginNode(client, fake_nvml, paths, sockets)
-    started.start()
-    yield started
-    started.stop()
-    shutil.rmtree(short)
+    yield from plugin_node(client, fake_nvml, tmp_path)
 
 
 def test_registration_handshake_names_the_driver_and_its_dra_socket(node: PluginNode) -> None:
@@ -194,9 +155,7 @@ def test_bytes_not_free_are_refused_with_the_claim_and_the_numbers(
     claim = allocate(client, "crowded", 12 * GiB, gpu=0)
     set_gpus(node.fake, used=(70 * GiB, 0), processes=[FakeProcess(0, 4242, 70 * GiB)])
     assert node.kubelet is not None
-    answer = node.kubelet.prepare(claim.ref)[claim.ref.uid]
-    print(f"refused: {answer.error}")
-    assert not answer.devices
+    error = node.kubelet.refused(claim.ref)
     for part in (
         f"claim {NS}/crowded (uid {claim.ref.uid})",
         f"device {GPU[0]} (GPU 0,",
@@ -204,9 +163,9 @@ def test_bytes_not_free_are_refused_with_the_claim_and_the_numbers(
         "pid 4242: 75161927680 bytes (70.00 GiB)",
         "kubelet retries the prepare",
     ):
-        assert part in answer.error
+        assert part in error
     free = node.inventory.snapshot().gpus[0].free_bytes  # type: ignore[union-attr]
-    assert f"NVML shows {free} bytes" in answer.error
+    assert f"NVML shows {free} bytes" in error
     assert not (node.paths.cdi_dir / spec_file_name(DRIVER_NAME, claim.ref.uid)).exists()
     assert Checkpoint(node.paths.checkpoint).load() == {}
 
@@ -306,17 +265,6 @@ def test_memory_a_prepared_claim_s_pod_already_holds_is_not_counted_twice(
     assert f"{NS}/running" not in error
 
 
-def test_a_checkpoint_that_does_not_match_its_checksum_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    Checkpoint(path).save({})
-    raw = json.loads(path.read_text())
-    raw["data"]["claims"]["x"] = {}
-    path.write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match="checksum does not match"):
-        Checkpoint(path).load()
-    assert not list(tmp_path.glob(".checkpoint.json.*"))  # no temporary file left
-
-
 def test_gatekeeper_agent_serves_the_plugin_and_answers_the_same_after_a_sigkill(
     client: Client, kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path: Path
 ) -> None:
@@ -391,14 +339,55 @@ def test_a_claim_of_two_gpus_gets_both_in_one_spec(node: PluginNode, client: Cli
     assert f"GATEKEEPER_CLAIMED_MEMORY_BYTES={2 * GiB},{GiB}" in env
 
 
-def test_a_process_s_pod_comes_from_either_cgroup_driver(tmp_path: Path) -> None:
-    uid = "1a2b3c4d-0000-4111-8222-123456789abc"
-    cgroups = {
-        1: CGROUP.format(uid.replace("-", "_")),  # systemd
-        2: f"12:memory:/kubepods/besteffort/pod{uid}/0123abcd\n",  # cgroupfs, v1
-        3: "0::/system.slice/sshd.service\n",  # no pod
+def test_a_pod_whose_vllm_flags_take_more_than_its_claim_is_refused_with_the_numbers(
+    node: PluginNode, client: Client
+) -> None:
+    assert node.kubelet is not None and node.inventory is not None
+    total = node.inventory.snapshot().gpus[0].total_bytes
+    vllm = {
+        "image": "vllm/vllm-openai:v0.11.0",
+        "command": ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"],
     }
-    for pid, text in cgroups.items():
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "cgroup").write_text(text)
-    assert [pod_uid(pid, tmp_path) for pid in (1, 2, 3, 4)] == [uid, uid, None, None]
+    greedy = allocate(
+        client,
+        "greedy",
+        16 * GiB,
+        gpu=0,
+        container=vllm | {"args": ["--gpu-memory-utilization", "0.9"]},
+    )
+    error = node.kubelet.refused(greedy.ref)
+    for part in (
+        f"claim {NS}/greedy (uid {greedy.ref.uid}): container 'vllm' of pod {NS}/greedy",
+        f"take {math.ceil(0.9 * total)} bytes",
+        f"--gpu-memory-utilization: 0.9 x {total} bytes total",
+        "the claim holds 17179869184 bytes (16.00 GiB)",
+        f"lower --gpu-memory-utilization to {math.floor(16 * GiB * 10_000 / total) / 10_000}",
+    ):
+        assert part in error
+    release(client, "greedy")  # the room the next claim needs
+    edited, sizing = webhook_sized()
+    short = allocate(client, "short", sizing.request_bytes - GiB, container=edited)
+    error = node.kubelet.refused(short.ref)
+    assert f"take {sizing.rank_bytes} bytes" in error
+    assert (
+        f"--kv-cache-memory-bytes: weights, activations, non-torch, CUDA graphs and a KV cache of {sizing.kv_cache_memory_bytes} bytes"
+        in error
+    )
+    assert Checkpoint(node.paths.checkpoint).load() == {}
+    release(client, "short")
+
+
+def test_a_pod_with_the_flags_the_webhook_writes_is_prepared(
+    node: PluginNode, client: Client
+) -> None:
+    assert node.kubelet is not None
+    edited, sizing = webhook_sized()
+    assert "--kv-cache-memory-bytes" in edited["command"]
+    claim = allocate(client, "sized", sizing.request_bytes, container=edited)
+    answer = node.kubelet.prepare(claim.ref)[claim.ref.uid]
+    assert not answer.error and len(answer.devices) == 1
+    assert (
+        Checkpoint(node.paths.checkpoint).load()[claim.ref.uid].devices[0].claimed.memory_bytes
+        == sizing.request_bytes
+    )
+    release(client, "sized")

@@ -3,15 +3,19 @@
 ``Kubelet`` speaks to the plugin's sockets with kubelet's method names and messages (the
 registration handshake, then prepare and unprepare); ``PluginNode`` runs one node's plugin
 in this process on the NVML stand-in, restartable on the same directories; ``allocate``
-has the real scheduler allocate a claim for a pod on the module's tainted Node.
+has the real scheduler allocate a claim for a pod on the module's tainted Node;
+``plugin_cluster`` and ``plugin_node`` are the bodies of the test modules' fixtures.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +23,41 @@ import grpc  # type: ignore[import-untyped]
 import jsonschema  # type: ignore[import-untyped]
 from lightkube import Client
 from lightkube.codecs import from_dict
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from gatekeeper.cluster import DRIVER_NAME
+from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.cdi import spec_file_name
+from gatekeeper.cluster.claims import RankSizing, size_ranks
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_api import pluginregistration_v1_pb2 as reg
-from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets, claim_reader
+from gatekeeper.cluster.kubelet_plugin import (
+    KubeletPlugin,
+    PluginSockets,
+    claim_reader,
+    pod_reader,
+)
 from gatekeeper.cluster.prepared import ClaimRef
+from gatekeeper.cluster.reserves import rank_sizer
+from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.nvml import NvmlInventory
+from gatekeeper.gpus.products import gpu_products
 from gatekeeper.gpus.stand_in import FakeNvml, h100
+from gatekeeper.k8s.pod_patch import with_budget_flags
+from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.settings import Settings, model_resolver
+from gatekeeper.vllm.command import parse_vllm_command
+from tests.support.agent_node import AgentNode
+from tests.support.agent_node import registered as registered_node
+from tests.support.kube_cluster import KubeCluster
 
 NODE = "plugin-node"
 NS = "plugin"
-NODE_TAINT = {"key": "gatekeeper.dev/plugin-test", "value": "only", "effect": "NoSchedule"}
+NODE_TAINT = AgentNode(NODE, NS).taint
 GiB = 2**30
 TIMEOUT_SECONDS = 30.0
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -44,18 +65,6 @@ DRA = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 REG = "/pluginregistration.Registration/"
 # A pod's cgroup as kubelet's systemd driver names it (the uid with underscores).
 CGROUP = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri.scope\n"
-
-
-def node_manifest() -> dict[str, Any]:
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-        "spec": {"taints": [NODE_TAINT]},
-        "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
-    }
 
 
 @dataclasses.dataclass
@@ -71,9 +80,11 @@ def allocate(
     memory_bytes: int,
     gpu: int | None = None,
     requests: list[dict[str, Any]] | None = None,
+    container: dict[str, Any] | None = None,
 ) -> Allocated:
     """A claim for ``memory_bytes`` (on GPU ``gpu`` if given), or of ``requests``,
-    allocated by the scheduler for a pod that references it."""
+    allocated by the scheduler for a pod that references it (in its container ``vllm``,
+    whose image, command and args ``container`` gives; none by default)."""
     request: dict[str, Any] = {
         "deviceClassName": DRIVER_NAME,
         "capacity": {"requests": {"memory": str(memory_bytes)}},
@@ -96,7 +107,8 @@ def allocate(
             "nodeSelector": {"kubernetes.io/hostname": NODE},
             "tolerations": [toleration],
             "containers": [
-                {"name": "vllm", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}
+                {"image": "vllm", **(container or {})}
+                | {"name": "vllm", "resources": {"claims": [{"name": "gpu"}]}}
             ],
             "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
         },
@@ -113,6 +125,31 @@ def allocate(
             return Allocated(ref, status["reservedFor"][0]["uid"], result["device"])
         time.sleep(0.02)
     raise AssertionError(f"claim {name} not allocated in {TIMEOUT_SECONDS} s")
+
+
+def release(client: Client, name: str) -> None:
+    """Delete ``allocate``'s pod and claim ``name``, so its bytes go back to the pool."""
+    client.delete(Pod, name, namespace=NS, grace_period=0)
+    client.delete(ResourceClaim, name, namespace=NS)
+
+
+def webhook_sized(
+    model: str = "Qwen/Qwen2.5-7B-Instruct", max_model_len: int = 8192
+) -> tuple[dict[str, Any], RankSizing]:
+    """A vLLM container (image, command) with the two flags as the mutating webhook writes
+    them (``size_ranks`` on the largest GPU in the table, no GPU named), and its sizing."""
+    largest = max(gpu_products(), key=lambda p: p.total_bytes)
+    image = "vllm/vllm-openai:v0.11.0"
+    line = ["vllm", "serve", model, "--max-model-len", str(max_model_len)]
+    command = parse_vllm_command(line, [], image, {})
+    assert command is not None
+    options = dataclasses.replace(command.options, gpu_memory_utilization=None)
+    spec = model_resolver(Settings())(model)
+    sizing = size_ranks(spec, options, largest.total_bytes, largest.name, PlacementPolicy())
+    kv, u = sizing.kv_cache_memory_bytes, sizing.gpu_memory_utilization
+    edited = with_budget_flags({"image": image, "command": line}, kv, u)
+    assert isinstance(edited, dict)
+    return edited, sizing
 
 
 def claim_message(ref: ClaimRef) -> dra.Claim:
@@ -151,6 +188,13 @@ class Kubelet:
         answer = self._call(self._dra, method, request, dra.NodePrepareResourcesResponse)
         return dict(answer.claims)
 
+    def refused(self, ref: ClaimRef) -> str:
+        """The error of a prepare of ``ref`` that must be refused (printed)."""
+        answer = self.prepare(ref)[ref.uid]
+        print(f"refused: {answer.error}")
+        assert answer.error and not answer.devices, answer
+        return str(answer.error)
+
     def unprepare(self, *refs: ClaimRef) -> dict[str, dra.NodeUnprepareResourceResponse]:
         request = dra.NodeUnprepareResourcesRequest(claims=[claim_message(r) for r in refs])
         method = DRA + "NodeUnprepareResources"
@@ -184,6 +228,8 @@ class PluginNode:
             claim_reader(self.client),
             self.inventory.snapshot,
             quantity_bytes,
+            read_pod=pod_reader(self.client),
+            size_rank=rank_sizer(model_resolver(Settings()), PlacementPolicy()),
         )
         self.plugin = KubeletPlugin(driver, self.sockets)
         self.plugin.start()
@@ -238,3 +284,32 @@ def registered(sockets: PluginSockets, agent: subprocess.Popen[bytes], log: Path
             time.sleep(0.05)
         else:
             return kubelet
+
+
+def plugin_cluster(kube_cluster: KubeCluster) -> Iterator[Client]:
+    """The Node, the DeviceClass and the node's slice: two recorded H100s (77.1 GiB each)."""
+    client = kube_cluster.client()
+    recorded = StaticInventory.from_json(FIXTURES / "gpus" / "h100_80g_x8.json").snapshot()
+    two = dataclasses.replace(recorded, gpus=recorded.gpus[:2])
+    with registered_node(client, AgentNode(NODE, NS)):
+        client.create(from_dict(resource_slice(NODE, two, PlacementPolicy())))
+        yield client
+    client.close()
+
+
+def plugin_node(client: Client, fake_nvml: FakeNvml, tmp_path: Path) -> Iterator[PluginNode]:
+    """A started plugin on two free stand-in H100s; /dev holds nvidia0, nvidia1, nvidiactl."""
+    set_gpus(fake_nvml)
+    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))  # unix socket paths: 107 bytes
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (dev / name).touch()
+    (tmp_path / "proc").mkdir()
+    paths = DriverPaths(short / "plugins" / DRIVER_NAME, tmp_path / "cdi", dev, tmp_path / "proc")
+    sockets = PluginSockets(paths.plugin_dir, short / "plugins_registry", DRIVER_NAME)
+    started = PluginNode(client, fake_nvml, paths, sockets)
+    started.start()
+    yield started
+    started.stop()
+    shutil.rmtree(short)
