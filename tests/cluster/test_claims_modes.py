@@ -6,11 +6,17 @@ strictly valid for Kubernetes 1.34-1.37. Through the real apiserver:
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any, get_args
 
 import kubernetes_validate
 import pytest
+import yaml
 
+from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster.claims import (
     CLAIMS_MODES,
     GATEKEEPER_DRIVER,
@@ -129,3 +135,40 @@ def test_a_hami_record_holds_while_its_gpumem_is_there() -> None:
     limits[HAMI_GPUMEM] = "1024"
     (changed,) = pod_templates("Deployment", manifest)
     assert not intact(changed, vllm_containers(changed, "0.32.0"))
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl (its kustomize) is not installed")
+@pytest.mark.parametrize("mode", ["nvidia-dra", "hami"])
+def test_each_modes_component_runs_the_webhook_in_it_without_the_agent(
+    mode: str, tmp_path: Path
+) -> None:
+    """The base, the cluster component and the mode's component, built by kustomize: the
+    webhook parses as ``gatekeeper webhook --mutate --claims-mode MODE`` without
+    ``--published-devices``, and nothing of gatekeeper's publishing is left (exactly one DRA
+    driver publishes a GPU; a cluster without DRA has nothing to publish to)."""
+    components = DEPLOY / "components"
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY, tmp_path)],
+        "components": [
+            os.path.relpath(components / c, tmp_path) for c in ("cluster", f"claims-{mode}")
+        ],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    built = subprocess.run(
+        [str(KUBECTL), "kustomize", "--load-restrictor=LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("MutatingWebhookConfiguration", "gatekeeper-vllm-claims") in kinds
+    assert not {k for k in kinds if k[0] == "DeviceClass" or "gatekeeper-agent" in k[1]}
+    (webhook,) = [d for d in docs if d["metadata"]["name"] == "gatekeeper-webhook"
+                  and d["kind"] == "Deployment"]  # fmt: skip
+    args = build_parser().parse_args(webhook["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert (args.mutate, args.claims_mode, args.published_devices) == (True, mode, False)
