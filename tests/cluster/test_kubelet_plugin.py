@@ -31,6 +31,7 @@ from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from bench.dra_kubelet import Kubelet, registered
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.cdi import spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint
@@ -46,12 +47,10 @@ from tests.support.dra_kubelet import (
     NS,
     Allocated,
     GiB,
-    Kubelet,
     PluginNode,
     allocate,
     plugin_cluster,
     plugin_node,
-    registered,
     release,
     set_gpus,
     validate_cdi,

@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
 import jsonschema  # type: ignore[import-untyped]
 from lightkube import Client
 from lightkube.codecs import from_dict
@@ -28,13 +26,12 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from bench.dra_kubelet import Kubelet
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.cdi import spec_file_name
 from gatekeeper.cluster.claims import RankSizing, size_ranks
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
-from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
-from gatekeeper.cluster.kubelet_api import pluginregistration_v1_pb2 as reg
 from gatekeeper.cluster.kubelet_plugin import (
     KubeletPlugin,
     PluginSockets,
@@ -61,8 +58,6 @@ NODE_TAINT = AgentNode(NODE, NS).taint
 GiB = 2**30
 TIMEOUT_SECONDS = 30.0
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-DRA = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
-REG = "/pluginregistration.Registration/"
 # A pod's cgroup as kubelet's systemd driver names it (the uid with underscores).
 CGROUP = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri.scope\n"
 
@@ -152,61 +147,6 @@ def webhook_sized(
     return edited, sizing
 
 
-def claim_message(ref: ClaimRef) -> dra.Claim:
-    return dra.Claim(namespace=ref.namespace, name=ref.name, uid=ref.uid)
-
-
-class Kubelet:
-    """kubelet's side: the registration handshake, then prepare and unprepare."""
-
-    def __init__(self, registration_socket: Path) -> None:
-        self._reg = grpc.insecure_channel(f"unix://{registration_socket}")
-        self._dra: Any = None
-
-    def _call(self, channel: Any, method: str, request: Any, response: Any) -> Any:
-        call = channel.unary_unary(
-            method,
-            request_serializer=type(request).SerializeToString,
-            response_deserializer=response.FromString,
-        )
-        return call(request, timeout=10)
-
-    def register(self) -> reg.PluginInfo:
-        info: reg.PluginInfo = self._call(
-            self._reg, REG + "GetInfo", reg.InfoRequest(), reg.PluginInfo
-        )
-        self._dra = grpc.insecure_channel(f"unix://{info.endpoint}")
-        status = reg.RegistrationStatus(plugin_registered=True)
-        self._call(
-            self._reg, REG + "NotifyRegistrationStatus", status, reg.RegistrationStatusResponse
-        )
-        return info
-
-    def prepare(self, *refs: ClaimRef) -> dict[str, dra.NodePrepareResourceResponse]:
-        request = dra.NodePrepareResourcesRequest(claims=[claim_message(r) for r in refs])
-        method = DRA + "NodePrepareResources"
-        answer = self._call(self._dra, method, request, dra.NodePrepareResourcesResponse)
-        return dict(answer.claims)
-
-    def refused(self, ref: ClaimRef) -> str:
-        """The error of a prepare of ``ref`` that must be refused (printed)."""
-        answer = self.prepare(ref)[ref.uid]
-        print(f"refused: {answer.error}")
-        assert answer.error and not answer.devices, answer
-        return str(answer.error)
-
-    def unprepare(self, *refs: ClaimRef) -> dict[str, dra.NodeUnprepareResourceResponse]:
-        request = dra.NodeUnprepareResourcesRequest(claims=[claim_message(r) for r in refs])
-        method = DRA + "NodeUnprepareResources"
-        answer = self._call(self._dra, method, request, dra.NodeUnprepareResourcesResponse)
-        return dict(answer.claims)
-
-    def close(self) -> None:
-        for channel in (self._reg, self._dra):
-            if channel is not None:
-                channel.close()
-
-
 @dataclasses.dataclass
 class PluginNode:
     """One node's plugin (restartable on the same directories) and kubelet's client."""
@@ -267,23 +207,6 @@ def validate_cdi(spec: dict[str, Any]) -> None:
         "defs.json", Resource.from_contents(defs, default_specification=DRAFT7)
     )
     jsonschema.Draft7Validator(schema, registry=registry).validate(spec)
-
-
-def registered(sockets: PluginSockets, agent: subprocess.Popen[bytes], log: Path) -> Kubelet:
-    """kubelet's handshake, tried until the agent answers (as kubelet retries): the killed
-    agent's socket file stays behind and refuses until the new one replaces it."""
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while True:
-        assert agent.poll() is None, log.read_text()
-        kubelet = Kubelet(sockets.registration)
-        try:
-            assert kubelet.register().endpoint == str(sockets.dra)
-        except grpc.RpcError:
-            kubelet.close()
-            assert time.monotonic() < deadline, f"no plugin answered: {log.read_text()}"
-            time.sleep(0.05)
-        else:
-            return kubelet
 
 
 def plugin_cluster(kube_cluster: KubeCluster) -> Iterator[Client]:
