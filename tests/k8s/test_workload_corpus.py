@@ -2,7 +2,7 @@
 source repository, path and commit) through both webhooks' AdmissionReview answers: the
 validating webhook judges each or names what it could not read; the mutating webhook
 writes a claim whose flags read back, leaves it alone for a stated reason, or denies with
-the reason. The same corpus through the real apiserver: tests/cluster/test_workload_corpus.py."""
+the reason. The same corpus through the real apiserver: tests/cluster/test_workload_corpus_apiserver.py."""
 
 from __future__ import annotations
 
