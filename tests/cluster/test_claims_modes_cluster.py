@@ -254,3 +254,28 @@ def test_hami_mode_checks_a_workloads_own_gpumem(client: Client):
     assert decided({HAMI_GPUMEM: 80000}).outcome == "unchanged"
     assert decided({"nvidia.com/gpumem-percentage": 50}).outcome == "unchanged"
     assert decided({}).outcome == "mutated"
+
+
+def test_every_mode_writes_the_same_flags(client: Client):
+    """The worker reserves what was requested whoever keeps the books: one Deployment,
+    the same command line in all three modes; only the request's form differs."""
+    kind = {"group": "apps", "version": "v1", "kind": "Deployment"}
+    args = [vllm_workloads.MODEL, "--max-model-len", "8192", "-tp", "2", "--quantization", "fp8"]
+    manifest = vllm_workloads.deployment("same", NAMESPACE, args)
+    lines, resources = {}, {}
+    for mode in ("gatekeeper", "nvidia-dra", "hami"):
+        store = ApiTemplateStore(client)
+        m = Mutator(webhook_from_settings(Settings()), store, mode=mode).decide(
+            vllm_workloads.review(kind, manifest, NAMESPACE)
+        )
+        assert m.outcome == "mutated", (mode, m)
+        (container,) = vllm_workloads.patched(manifest, m.patch)["spec"]["template"]["spec"][
+            "containers"
+        ]
+        lines[mode] = container["args"]
+        resources[mode] = container["resources"]
+    assert lines["gatekeeper"] == lines["nvidia-dra"] == lines["hami"]
+    assert "--kv-cache-memory-bytes" in lines["hami"]
+    assert resources["gatekeeper"] == resources["nvidia-dra"]
+    assert resources["nvidia-dra"]["claims"] == [{"name": "vllm-gpus"}]
+    assert set(resources["hami"]["limits"]) == {HAMI_GPU, HAMI_GPUMEM}
