@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -37,7 +38,7 @@ NODE = "node-a"
 POD_UID = "1a2b3c4d-0000-4000-8000-00000000000a"
 GPU = busy_gpu(0, 22 * 2**30, (10, 20 * 2**30), (11, 2 * 2**30))
 DEVICE = device_name(GPU)
-CLAIM = {
+CLAIM: dict[str, Any] = {
     "metadata": {"name": "qwen-1-vllm-gpus-a1b2c", "namespace": "team-a"},
     "status": {
         "allocation": {
