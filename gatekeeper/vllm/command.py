@@ -5,6 +5,9 @@ Pure: a container's ``command``, ``args``, ``image`` and literal ``env`` in, a
 
 - ``vllm serve MODEL [flags]`` (also ``--model MODEL``), in ``command`` and/or ``args``;
 - ``python -m vllm.entrypoints.openai.api_server --model MODEL [flags]``;
+- ``python3 -m dynamo.vllm --model MODEL [flags]``: NVIDIA Dynamo's worker takes vLLM's
+  engine arguments (its own are unknown flags); its image's tag is Dynamo's release, so
+  the configured default release applies;
 - either of those inside a shell script, ``sh -c "… && exec vllm serve …"``, also
   behind ``eval`` (split as the shell would: ``gatekeeper.vllm.shell``; ``$VAR`` and
   ``${VAR:-default}`` expanded from the container's literal environment, an expansion
@@ -136,7 +139,8 @@ def image_release(image: str) -> str | None:
     last part of its path) starts with ``vllm`` when the tag is a version
     (``vllm/vllm-openai:v0.8.5``, ``registry:5000/mirror/vllm-openai:0.11.0-cu126``), or
     ``vllm_X.Y.Z`` inside any tag (``rocm/vllm:rocm6.3.1_vllm_0.8.5_20250513``). None
-    for ``latest``, a digest alone, no tag, or a tag that names no release."""
+    for ``latest``, a digest alone, no tag, a tag that names no release, or NVIDIA Dynamo's
+    ``ai-dynamo/vllm-runtime`` (its tag is Dynamo's release)."""
     name, _, _digest = image.strip().partition("@")
     path, colon, tag = name.rpartition(":")
     if not colon or "/" in tag:  # no tag (a colon before is a registry's port)
@@ -145,7 +149,8 @@ def image_release(image: str) -> str | None:
     if embedded:
         return embedded.group(1)
     matched = _RELEASE_TAG.fullmatch(tag)
-    if matched and path.rsplit("/", 1)[-1].lower().startswith("vllm"):
+    dynamo = "ai-dynamo/" in path.lower()  # nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.7.1
+    if matched and path.rsplit("/", 1)[-1].lower().startswith("vllm") and not dynamo:
         return matched.group(1)
     return None
 

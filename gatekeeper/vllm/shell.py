@@ -1,7 +1,8 @@
 """Read a vLLM command line out of a container's shell script, as the shell would split it.
 
 Pure: the tokens of a container's ``command`` and ``args`` and its literal ``env`` in, the
-words after ``vllm serve`` (or ``-m vllm.entrypoints.openai.api_server``) out. The script
+words after ``vllm serve`` (or ``-m vllm.entrypoints.openai.api_server``, ``-m dynamo.vllm``)
+out. The script
 of ``sh -c SCRIPT [$0 ARGS...]`` (also ``bash -lc``, ``bash -ec`` …) is split with
 ``shlex``, the way the shell splits words, then:
 
@@ -27,6 +28,8 @@ from collections.abc import Mapping, Sequence
 __all__ = ["after_launcher", "expand_shell_vars", "script_arguments", "shell_script"]
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+DYNAMO_WORKER = "dynamo.vllm"
+_MODULES = frozenset({API_SERVER, DYNAMO_WORKER})
 _SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
@@ -36,12 +39,13 @@ _HOLE = "\x00{}\x00"
 
 
 def after_launcher(tokens: Sequence[str]) -> list[str] | None:
-    """The arguments after ``vllm serve`` or ``-m vllm.entrypoints.openai.api_server``."""
+    """The arguments after ``vllm serve``, ``-m vllm.entrypoints.openai.api_server`` or
+    ``-m dynamo.vllm`` (NVIDIA Dynamo's worker, which takes vLLM's engine arguments)."""
     for i, token in enumerate(tokens):
         name = token.rsplit("/", 1)[-1]
         if name == "vllm" and i + 1 < len(tokens) and tokens[i + 1] == "serve":
             return list(tokens[i + 2 :])
-        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] == API_SERVER:
+        if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] in _MODULES:
             return list(tokens[i + 2 :])
     return None
 

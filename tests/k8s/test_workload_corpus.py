@@ -84,9 +84,14 @@ EXPECTED: dict[str, Expected] = {
         "denied",
         (UNRESOLVED, "'${KV_TRANSFER_ARGS}'"),
     ),
-    # Not read as vLLM (a wrapper gatekeeper does not know): passed unchecked, unmutated.
+    # Dynamo's worker takes vLLM's engine arguments; its image's tag is Dynamo's release.
+    "dynamo-worker-pod": Expected(
+        "warned",
+        ("image 'nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.7.1' " + LATEST, NO_GPU),
+        "mutated",
+    ),
+    # Not read as vLLM (KAITO's own wrapper and config file): passed unchecked, unmutated.
     "kaito-workspace-deployment": Expected("allowed", (), "unchanged"),
-    "dynamo-worker-pod": Expected("allowed", (), "unchanged"),
 }
 
 
