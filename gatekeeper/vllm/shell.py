@@ -32,7 +32,7 @@ DYNAMO_WORKER = "dynamo.vllm"
 _MODULES = frozenset({API_SERVER, DYNAMO_WORKER})
 _SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
-_SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
+_SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?)-([^}]*))?\}|\$([A-Za-z_]\w*)")
 _SUBSTITUTION = re.compile(r"\$\(\([^()]*\)\)|\$\([^()]*\)")
 """``$((arithmetic))`` and ``$(command)`` without nested parentheses."""
 _HOLE = "\x00{}\x00"
@@ -64,12 +64,15 @@ def shell_script(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
 
 
 def expand_shell_vars(text: str, env: Mapping[str, str]) -> str:
-    """``$VAR`` and ``${VAR:-default}`` from ``env``; names it lacks stay as written."""
+    """``$VAR``, ``${VAR}``, ``${VAR-default}`` and ``${VAR:-default}`` from ``env`` (a
+    value set empty is empty, but for ``:-``); names it lacks stay as written."""
 
     def sub(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        default = m.group(2)
-        return env.get(name) or (default if default is not None else m.group(0))
+        name, colon, default = m.group(1) or m.group(4), m.group(2), m.group(3)
+        value = env.get(name)
+        if value is not None and not (colon and not value):
+            return value
+        return default if default is not None else m.group(0)
 
     return _SHELL_VAR.sub(sub, text)
 
