@@ -6,7 +6,8 @@ grammar and argparse's reading of a spelling (abbreviations); ``flags`` is the o
 for options given as a mapping (``options_from_mapping``); ``serve_args``
 reads a whole command line as vLLM's parser does. ``launch`` writes the argument list a
 placement launches with (the ``LaunchFlags`` derived from the estimate); ``command``
-reads a vLLM command line out of a container (the webhook's input); ``log`` reads a
+reads a vLLM command line out of a container (the webhook's input), ``shell`` the
+line in a container's script, split as the shell splits it; ``log`` reads a
 worker's log: start-up phases, vLLM's own memory figures and the errors that end a
 start-up. All pure but for reading the shipped table (and ``--config`` files).
 
