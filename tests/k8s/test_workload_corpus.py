@@ -172,7 +172,9 @@ def test_the_mutating_webhook_claims_leaves_alone_or_denies_with_the_reason(webh
     record = json.loads(template.annotations[CLAIM_ANNOTATION])
     for container in vllm_containers(template):
         written = record[container.name]
-        assert container.command.options.kv_cache_memory_bytes == written["kvCacheMemoryBytes"]
+        options = container.command.options
+        assert options.kv_cache_memory_bytes == written["kvCacheMemoryBytes"]
+        assert options.gpu_memory_utilization == written["gpuMemoryUtilization"]
         assert container.gpus == written["ranks"]
 
 
