@@ -98,7 +98,7 @@ def _add_plugin_options(p: Any) -> None:
 
 
 def _start_plugin(
-    args: argparse.Namespace, settings: Settings, client: Any, read: Any
+    args: argparse.Namespace, settings: Settings, client: Any, read: Any, prepares: Any
 ) -> Any | None:
     """The kubelet plugin, serving, when configured; None otherwise."""
     enabled = settings.kubelet_plugin if args.kubelet_plugin is None else args.kubelet_plugin
@@ -127,6 +127,7 @@ def _start_plugin(
         read_pod=pod_reader(client),
         size_rank=rank_sizer(model_resolver(settings), placement_policy(settings)),
         default_release=settings.default_vllm_version,
+        count_prepare=prepares.count,
     )
     registry = args.registry_dir or settings.kubelet_registry_dir
     plugin = KubeletPlugin(driver, PluginSockets(plugin_dir, registry, DRIVER_NAME))
@@ -151,7 +152,9 @@ def _client(kubeconfig: str | None) -> Any:
     return Client(config, field_manager="gatekeeper-agent", trust_env=False)
 
 
-def _serve_metrics(agent: Any, config: Any, port: int, client: Any, read: Any) -> None:
+def _serve_metrics(
+    agent: Any, config: Any, port: int, client: Any, read: Any, prepares: Any
+) -> None:
     """The agent's collector, and the per-pod figures (claims and cgroups read at scrape)."""
     from lightkube import ALL_NS
     from lightkube.resources.resource_v1 import ResourceClaim
@@ -165,7 +168,7 @@ def _serve_metrics(agent: Any, config: Any, port: int, client: Any, read: Any) -
         return [c.to_dict() for c in client.list(ResourceClaim, namespace=ALL_NS)]
 
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    registry.register(AgentCollector(agent, prepares))
     node, driver = config.node_name, config.driver
     registry.register(PodCollector(node, driver, read, claims, pod_uid, quantity_bytes))
     start_http_server(port, registry=registry)
@@ -180,6 +183,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             value=args.node_name,
         )
     from gatekeeper.cluster.agent import AgentConfig, NodeAgent
+    from gatekeeper.cluster.agent_metrics import PrepareCounter
 
     log_format = start_logging(args, settings)
     config = AgentConfig(
@@ -191,6 +195,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     client = _client(args.kubeconfig)
     read = _reader(settings, args.gpus)
     agent = NodeAgent(client, config, read)
+    prepares = PrepareCounter()
     if args.once:
         result = agent.publish()
         print(f"slice {agent.slice_name} {result.action}: generation {result.generation}")
@@ -201,8 +206,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "gatekeeper.cluster.agent",
     )
     if args.metrics_port is not None:
-        _serve_metrics(agent, config, args.metrics_port, client, read)
-    plugin = _start_plugin(args, settings, client, read)
+        _serve_metrics(agent, config, args.metrics_port, client, read, prepares)
+    plugin = _start_plugin(args, settings, client, read, prepares)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

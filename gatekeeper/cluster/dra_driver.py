@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gatekeeper.cluster.cdi import CONTROL_NODES, cdi_device_id, cdi_spec, spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint, write_atomically
@@ -105,8 +105,11 @@ class DraDriver:
         read_pod: Callable[[str, str], Mapping[str, Any]] | None = None,
         size_rank: RankSizer | None = None,
         default_release: str | None = None,
+        count_prepare: Callable[[Literal["prepared", "refused"]], None] | None = None,
     ) -> None:
         self.node_name = node_name
+        self._count_prepare = count_prepare or (lambda outcome: None)
+        """Told each prepare's outcome (``agent_metrics.PrepareCounter.count``)."""
         self.driver = driver
         self._paths = paths
         self._read_claim = read_claim
@@ -121,7 +124,17 @@ class DraDriver:
         """The prepared claims by uid, as checkpointed."""
 
     def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        """Prepare ``ref``'s devices (see the module's steps); ``PrepareError`` when not now."""
+        """Prepare ``ref``'s devices (see the module's steps); ``PrepareError`` when not now.
+        Each outcome is counted: ``refused`` for a ``PrepareError``, else ``prepared``."""
+        try:
+            prepared = self._prepare(ref)
+        except PrepareError:
+            self._count_prepare("refused")
+            raise
+        self._count_prepare("prepared")
+        return prepared
+
+    def _prepare(self, ref: ClaimRef) -> PreparedClaim:
         done = self.prepared.get(ref.uid)
         if done is not None:
             return done

@@ -11,19 +11,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.agent import quantity_bytes
-from gatekeeper.cluster.agent_metrics import PodCollector
+from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector, PrepareCounter
 from gatekeeper.cluster.attribution import attribute, pod_claims
-from gatekeeper.cluster.dra_driver import pod_uid
+from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths, pod_uid
+from gatekeeper.cluster.prepared import ClaimRef, PrepareError
 from gatekeeper.cluster.slices import uuid_device_name
+from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
+from tests.support.agent_state import AgentState
 from tests.support.snapshots import busy_gpu
 
 GiB = 2**30
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NODE = "node-a"
 UID_A = "1a2b3c4d-0000-4000-8000-00000000000a"
 UID_B = "1a2b3c4d-0000-4000-8000-00000000000b"
@@ -136,3 +141,37 @@ def test_the_collector_exports_per_pod_figures_from_the_stand_in_nvml(
         assert sample("gatekeeper_agent_foreign_memory_bytes", {"device": d1}) == 0
     finally:
         inventory.close()
+
+
+def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) -> None:
+    """``DraDriver`` tells the agent's ``PrepareCounter`` each outcome: a claim that fits
+    its GPU is prepared (and its repeat, answered from the checkpoint, too); one allocated
+    on another node's pool is refused. The GPUs are a recorded node's (StaticInventory)."""
+    snapshot = StaticInventory.from_json(FIXTURES / "gpus" / "h100_80g_x8.json").snapshot()
+    device = uuid_device_name(snapshot.gpus[0].uuid)
+    here = claim("fits", {"p": UID_A}, {device: "8Gi"})
+    away = claim("away", {"q": UID_B}, {device: "8Gi"}, pool="node-b")
+    for made, uid in ((here, "uid-fits"), (away, "uid-away")):
+        made["metadata"]["uid"] = uid
+    claims = {"fits": here, "away": away}
+    counter = PrepareCounter()
+    paths = DriverPaths(plugin_dir=tmp_path / "plugin", cdi_dir=tmp_path / "cdi")
+    for folder in (paths.plugin_dir, paths.cdi_dir):
+        folder.mkdir()
+    driver = DraDriver(
+        NODE,
+        paths,
+        lambda namespace, name: claims[name],
+        lambda: snapshot,
+        quantity_bytes,
+        count_prepare=counter.count,
+    )
+    driver.prepare(ClaimRef("team-a", "fits", "uid-fits"))
+    driver.prepare(ClaimRef("team-a", "fits", "uid-fits"))
+    with pytest.raises(PrepareError, match="node-b"):
+        driver.prepare(ClaimRef("team-a", "away", "uid-away"))
+    assert counter.counts() == {"prepared": 2, "refused": 1}
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(AgentState(), counter))
+    refused = {"outcome": "refused"}
+    assert registry.get_sample_value("gatekeeper_agent_prepares_total", refused) == 1
