@@ -18,11 +18,13 @@ exports per pod and device (``attribution``): the claim's bytes
 (``gatekeeper_worker_predicted_total_bytes``), NVML's usage of the pod's processes
 (``gatekeeper_worker_actual_bytes``), their difference
 (``gatekeeper_pod_memory_headroom_bytes``) and per device the memory of processes in no
-pod's claim (``gatekeeper_agent_foreign_memory_bytes``).
+pod's claim (``gatekeeper_agent_foreign_memory_bytes``); ``gatekeeper_agent_pod_figures_success`` is 0
+when the GPUs or the claims could not be read (then no per-pod series).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,6 +40,7 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 
 __all__ = ["AgentCollector", "AgentState", "PodCollector", "PrepareCounter", "PrepareOutcome"]
 
+log = logging.getLogger("gatekeeper.cluster.agent_metrics")
 PrepareOutcome = Literal["prepared", "refused"]
 POD_LABELS = ["namespace", "pod", "claim", "device"]
 
@@ -152,11 +155,18 @@ class PodCollector(Collector):
         self._to_bytes = to_bytes
 
     def attribution(self) -> Attribution | None:
-        """This moment's attribution; None when the GPUs cannot be read."""
+        """This moment's attribution; None when the GPUs or the claims cannot be read (a
+        scrape never fails for it: the agent's other series still answer)."""
         snapshot = self._read_gpus()
         if not snapshot.ok:
+            log.warning("per-pod figures skipped: the GPUs cannot be read: %s", snapshot.error)
             return None
-        found = pod_claims(self._list_claims(), self._driver, self._node_name, self._to_bytes)
+        try:
+            claims = list(self._list_claims())
+            found = pod_claims(claims, self._driver, self._node_name, self._to_bytes)
+        except Exception as e:  # the apiserver, the network, a claim that does not parse
+            log.warning("per-pod figures skipped: the claims cannot be read: %s", e)
+            return None
         return attribute(snapshot.gpus, found, self._pod_of)
 
     def collect(self) -> Iterator[Metric]:
@@ -189,4 +199,9 @@ class PodCollector(Collector):
             headroom.add_metric(labels, pod.headroom_bytes)
         for device, value in (figures.foreign_bytes if figures else {}).items():
             foreign.add_metric([device], value)
-        yield from (predicted, actual, headroom, foreign)
+        success = GaugeMetricFamily(
+            "gatekeeper_agent_pod_figures_success",
+            "1 when this scrape read the GPUs and the claims for the per-pod figures, else 0",
+        )
+        success.add_metric([], 1 if figures else 0)
+        yield from (predicted, actual, headroom, foreign, success)

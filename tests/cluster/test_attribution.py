@@ -7,12 +7,13 @@ and format, since real pod cgroups cannot be made here)."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.agent import quantity_bytes
@@ -22,6 +23,7 @@ from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths, pod_uid
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
 from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import StaticInventory
+from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
 from tests.support.agent_state import AgentState
@@ -175,3 +177,31 @@ def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) ->
     registry.register(AgentCollector(AgentState(), counter))
     refused = {"outcome": "refused"}
     assert registry.get_sample_value("gatekeeper_agent_prepares_total", refused) == 1
+
+
+def test_claims_that_cannot_be_read_leave_the_per_pod_series_out_not_the_scrape() -> None:
+    """The apiserver not answering (a connection refused on a closed port) or the GPUs not
+    read: no per-pod series, success 0, and the registry still renders."""
+    gpu = busy_gpu(0, GiB, (10, GiB))
+    read = InventorySnapshot(gpus=(gpu,), ok=True)
+    failed = InventorySnapshot(gpus=(), ok=False, error="NVML_ERROR_UNKNOWN")
+
+    def unreachable() -> list[dict[str, Any]]:
+        with urllib.request.urlopen("http://127.0.0.1:9/apis", timeout=2):
+            return []
+
+    def no_pod(pid: int) -> str | None:
+        return None
+
+    def collector(snapshot: InventorySnapshot, claims: Any) -> PodCollector:
+        return PodCollector(NODE, DRIVER_NAME, lambda: snapshot, claims, no_pod, quantity_bytes)
+
+    for snapshot, claims in ((read, unreachable), (failed, list)):
+        registry = CollectorRegistry()
+        registry.register(collector(snapshot, claims))
+        text = generate_latest(registry).decode()
+        assert "gatekeeper_agent_pod_figures_success 0.0" in text
+        assert "gatekeeper_agent_foreign_memory_bytes{" not in text
+    registry = CollectorRegistry()
+    registry.register(collector(read, list))
+    assert registry.get_sample_value("gatekeeper_agent_pod_figures_success") == 1
