@@ -9,6 +9,8 @@ sample of its own pod only. The llm-d router itself is not run here (docs/cluste
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +32,8 @@ from gatekeeper.cluster.slices import device_name
 from gatekeeper.gpus.inventory import InventorySnapshot
 from tests.metrics.text_exporter import VLLM_WORKER, serve_registry, serve_text
 from tests.support.agent_state import CLAIM, NODE, POD_UID, agent_registry
+from tests.support.polling import wait_for
+from tests.support.prometheus_server import free_port
 from tests.support.snapshots import busy_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,3 +199,40 @@ def test_without_an_agent_answer_the_relay_serves_vllm_alone() -> None:
     vllm = VLLM_WORKER.read_text()
     assert relay_text(vllm, None, NAMESPACE, POD).rstrip("\n") == vllm.rstrip("\n")
     assert HEADROOM not in relay_text(None, "", NAMESPACE, POD)
+
+
+def test_the_relay_runs_as_the_manifest_starts_it() -> None:
+    """``python -m gatekeeper.cluster.pod_relay`` with the manifest's arguments (the agent
+    and vLLM URLs pointed at loopback, a free port), as its own process."""
+    patch = yaml.safe_load((LLM_D / "vllm-headroom-relay.yaml").read_text())
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    with serve_registry(agent_registry()) as agent, serve_text(VLLM_WORKER.read_text()) as vllm:
+        given = {
+            "--namespace": NAMESPACE,
+            "--pod": POD,
+            "--agent-url": f"http://{agent}/metrics",
+            "--vllm-url": f"http://{vllm}/metrics",
+            "--port": str(port),
+        }
+        args = [a.split("=", 1)[0] for a in container["command"][3:]]
+        assert sorted(args) == sorted(given), args
+        argv = [f"{a}={given[a]}" for a in args]
+        module = container["command"][1:3]
+        with subprocess.Popen([sys.executable, *module, *argv]) as relay:
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                text = wait_for("the relay", lambda: _scraped(url))
+            finally:
+                relay.terminate()
+                relay.wait(timeout=10)
+    served = families(text)
+    assert served[HEADROOM].samples[0].labels["pod"] == POD
+    assert "vllm:kv_cache_usage_perc" in served
+
+
+def _scraped(url: str) -> str | None:
+    try:
+        return scrape(url)
+    except OSError:
+        return None
