@@ -113,13 +113,17 @@ class AgentCollector(Collector):
                 labels = [allocation.namespace, pod, allocation.claim, allocation.device, uuid]
                 orphans.add_metric(labels, 1)
         yield orphans
+        yield from self._devices_and_prepares(last)
+
+    def _devices_and_prepares(self, last: PassResult | None) -> Iterator[Metric]:
+        """Each published device's taint, and the kubelet plugin's prepares."""
         tainted = GaugeMetricFamily(
             "gatekeeper_agent_device_tainted",
             "1 while the device is tainted for memory no claim books, else 0",
             labels=["device"],
         )
         for device in last.devices if last else ():
-            tainted.add_metric([device], int(device in last.tainted) if last else 0)
+            tainted.add_metric([device], int(last is not None and device in last.tainted))
         yield tainted
         prepares = CounterMetricFamily(
             "gatekeeper_agent_prepares",
