@@ -99,6 +99,13 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def tainted_gauges(agent: AgentProcess) -> list[float | None]:
+    """``gatekeeper_agent_device_tainted`` of the two GPUs, as the agent serves it."""
+    scraped = samples(agent.metrics())
+    name = "gatekeeper_agent_device_tainted"
+    return [scraped.get((name, (("device", device_of(i)),))) for i in (0, 1)]
+
+
 def published(client: Client) -> dict[str, Any] | None:
     return agent_node.published(client, AGENT)
 
@@ -156,6 +163,7 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
     wait_for("taints", lambda: all(_taints(client).values()))
     print(f"foreign memory to tainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert {key for keys in _taints(client).values() for key in keys} == {TAINT_KEY}
+    wait_for("both devices tainted in /metrics", lambda: tainted_gauges(agent) == [1, 1])
     make_pod(client, "blocked", GiB)
     message = wait_for("blocked's PodScheduled=False", lambda: scheduled_message(client, "blocked"))
     print(f"pending: {message}")
@@ -165,6 +173,7 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
     start = time.monotonic()
     set_gpus(agent.state)
     wait_for("taints lifted", lambda: not any(_taints(client).values()))
+    wait_for("no device tainted in /metrics", lambda: tainted_gauges(agent) == [0, 0])
     print(f"memory freed to untainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert wait_for("blocked bound", lambda: bound_node(client, "blocked")) == NODE
     assert published(client)["spec"]["pool"]["generation"] == generation  # type: ignore[index]
