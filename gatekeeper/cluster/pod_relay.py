@@ -64,11 +64,10 @@ def _escape(value: str) -> str:
 
 def relay_text(vllm_text: str | None, agent_text: str | None, namespace: str, pod: str) -> str:
     """vLLM's exposition as it is, then this pod's headroom (either part may be missing)."""
-    parts = [vllm_text or ""]
-    if agent_text:
-        parts.append(pod_samples(agent_text, namespace, pod))
-    joined = "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
-    return joined
+    vllm = vllm_text or ""
+    if vllm and not vllm.endswith("\n"):
+        vllm += "\n"
+    return vllm + (pod_samples(agent_text, namespace, pod) if agent_text else "")
 
 
 def _fetch(url: str, timeout_seconds: float) -> str | None:
