@@ -11,7 +11,13 @@ workloads get a DRA ResourceClaimTemplate of the bytes their ranks need, created
 the API (``--kubeconfig``, else the pod's ServiceAccount), and the flags that hold the
 worker to it; ``--undersized-claims`` (else ``GATEKEEPER_WEBHOOK_UNDERSIZED_CLAIMS``) says
 what happens to a hand-written claim smaller than a rank needs (``deny``, the default, or
-``warn``).
+``warn``); ``--claims-mode`` (else ``GATEKEEPER_WEBHOOK_CLAIMS_MODE``) whose GPUs the
+request names: ``gatekeeper`` (the default), ``nvidia-dra`` or ``hami``.
+
+``--published-devices`` (cluster mode) judges workloads on ``POST /k8s/validate`` against
+the GPUs gatekeeper's node agents publish as ResourceSlices, read through the same client
+at most every ``--published-refresh-seconds`` (``gatekeeper.k8s.published``), instead of a
+node selector's GPU product; with nothing published it warns and judges as before.
 """
 
 from __future__ import annotations
@@ -57,7 +63,19 @@ def add_parser(subparsers: Any) -> None:
         "--kubeconfig",
         type=Path,
         default=None,
-        help="with --mutate: the apiserver to create claim templates on (default: in-cluster)",
+        help="with --mutate or --published-devices: the apiserver (default: in-cluster)",
+    )
+    w.add_argument(
+        "--published-devices",
+        action="store_true",
+        help="judge workloads against the GPUs the node agents publish as ResourceSlices "
+        "(cluster mode; default: by node selector, annotation or default GPU)",
+    )
+    w.add_argument(
+        "--published-refresh-seconds",
+        type=float,
+        default=10.0,
+        help="with --published-devices: how often the ResourceSlices are read again (default 10)",
     )
     w.add_argument(
         "--undersized-claims",
@@ -65,6 +83,14 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="with --mutate: a hand-written claim smaller than a rank needs is denied or "
         "admitted with a warning (default: the setting webhook_undersized_claims, deny)",
+    )
+    w.add_argument(
+        "--claims-mode",
+        choices=("gatekeeper", "nvidia-dra", "hami"),
+        default=None,
+        help="with --mutate: claim gatekeeper's published GPUs, NVIDIA's DRA driver's "
+        "(gpu.nvidia.com, consumable memory), or write HAMi's nvidia.com/gpumem where DRA is "
+        "off (default: the setting webhook_claims_mode, gatekeeper)",
     )
     add_log_format(w)
     w.set_defaults(func=run_webhook)
@@ -86,9 +112,12 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     Info("gatekeeper_build", "gatekeeper's version.", registry=registry).info(
         {"version": __version__}
     )
-    webhook = webhook_from_settings(settings, registry=registry)
+    client = _client(args) if args.mutate or args.published_devices else None
+    published = _published(client, args) if args.published_devices else None
+    webhook = webhook_from_settings(settings, registry=registry, published=published)
     undersized = args.undersized_claims or settings.webhook_undersized_claims
-    mutator = _mutator(args, webhook, registry, undersized) if args.mutate else None
+    mode = args.claims_mode or settings.webhook_claims_mode
+    mutator = _mutator(client, webhook, registry, undersized, mode) if args.mutate else None
     reloader = CertReloader(args.cert, args.key, args.reload_seconds)
     host = args.host or settings.host
     config = uvicorn.Config(
@@ -115,39 +144,59 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _mutator(
-    args: argparse.Namespace, webhook: Any, registry: Any, undersized: Literal["warn", "deny"]
-) -> Any:
-    """The mutating webhook on a lightkube client (the ``cluster`` extra)."""
+def _client(args: argparse.Namespace) -> Any:
+    """A lightkube client (the ``cluster`` extra) on ``--kubeconfig`` or in-cluster."""
+    flag = "--mutate" if args.mutate else "--published-devices"
+    what = "create claim templates on" if args.mutate else "read ResourceSlices from"
     try:
         from lightkube import Client, KubeConfig
     except ImportError as e:
         raise GatekeeperError(
-            f"webhook --mutate: the Kubernetes client is not installed ({e}); install "
+            f"webhook {flag}: the Kubernetes client is not installed ({e}); install "
             "gatekeeper with its cluster extra: pip install 'gatekeeper[cluster]'",
-            field="mutate",
+            field=flag.lstrip("-").replace("-", "_"),
             value=True,
         ) from e
-
     from lightkube.core.exceptions import ConfigError
-
-    from gatekeeper.k8s.mutate import Mutator
-    from gatekeeper.k8s.server import mutation_counter
-    from gatekeeper.k8s.template_store import ApiTemplateStore
 
     try:
         config = KubeConfig.from_file(args.kubeconfig) if args.kubeconfig else KubeConfig.from_env()
     except ConfigError as e:
         raise GatekeeperError(
-            f"webhook --mutate: no apiserver to create claim templates on ({e}); give "
-            "--kubeconfig FILE, or run in a pod with its ServiceAccount token mounted",
+            f"webhook {flag}: no apiserver to {what} ({e}); give --kubeconfig FILE, or run "
+            "in a pod with its ServiceAccount token mounted",
             field="kubeconfig",
             value=str(args.kubeconfig or ""),
         ) from e
-    client = Client(config, field_manager="gatekeeper-webhook", trust_env=False)
+    return Client(config, field_manager="gatekeeper-webhook", trust_env=False)
+
+
+def _published(client: Any, args: argparse.Namespace) -> Any:
+    """The published devices, read through ``client`` (``gatekeeper.k8s.published``)."""
+    from gatekeeper.k8s.published import PublishedDevices
+
+    if args.published_refresh_seconds < 0:
+        raise GatekeeperError(
+            f"--published-refresh-seconds is {args.published_refresh_seconds}; give 0 (read "
+            "at every review) or more seconds",
+            field="published_refresh_seconds",
+            value=args.published_refresh_seconds,
+        )
+    return PublishedDevices(client, refresh_seconds=args.published_refresh_seconds)
+
+
+def _mutator(
+    client: Any, webhook: Any, registry: Any, undersized: Literal["warn", "deny"], mode: Any
+) -> Any:
+    """The mutating webhook on a lightkube client; ``mode``: its claims mode."""
+    from gatekeeper.k8s.mutate import Mutator
+    from gatekeeper.k8s.server import mutation_counter
+    from gatekeeper.k8s.template_store import ApiTemplateStore
+
     return Mutator(
         webhook,
         ApiTemplateStore(client),
         undersized=undersized,
+        mode=mode,
         count=mutation_counter(registry),
     )

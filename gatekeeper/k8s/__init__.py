@@ -8,14 +8,16 @@ webhook from the settings and serves it on its own over TLS. ``mutate.Mutator``
 (``POST /k8s/mutate``, ``gatekeeper webhook --mutate``) gives a vLLM workload a DRA claim
 of the bytes its ranks need (``gatekeeper.cluster.claims``) and the flags that hold it to
 them (``pod_patch``), recording what it wrote (``claim_record``); ``template_store`` creates
-the claim templates through the API.
+the claim templates through the API. In cluster mode (``--published-devices``) the
+validating webhook judges by the devices the node agents publish: ``published`` reads the
+ResourceSlices, ``fleet`` (pure) turns them into device shapes and judges with ``fit``.
 
 May import: ``gatekeeper.cluster`` (its pure modules; ``template_store`` also the agent's
 quantity reader), ``gatekeeper.settings``, ``gatekeeper.metrics``,
 ``gatekeeper.placement``, ``gatekeeper.vllm``, ``gatekeeper.estimator``,
 ``gatekeeper.models``, ``gatekeeper.gpus`` (the GPU table), ``errors``, ``units``, Starlette
-and ``prometheus_client``; lightkube only in ``template_store``, which this package does
-not import (``import gatekeeper.k8s`` loads no Kubernetes client).
+and ``prometheus_client``; lightkube only in ``template_store`` and ``published``, which this
+package does not import (``import gatekeeper.k8s`` loads no Kubernetes client).
 """
 
 from gatekeeper.k8s.fit import Case, Finding, GpuChoice, gpu_from_value, judge

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from gatekeeper._version import __version__
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
+from gatekeeper.k8s.fleet import Fleet
 from gatekeeper.k8s.mutate import MutationOutcome, Mutator
 from gatekeeper.k8s.review import review_body, too_large
 from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
@@ -51,9 +52,11 @@ def webhook_from_settings(
     resolve: Callable[..., ModelSpec] | None = None,
     *,
     registry: CollectorRegistry | None = None,
+    published: Callable[[], Fleet] | None = None,
 ) -> AdmissionWebhook:
     """The webhook configured by ``settings``; raises ``GatekeeperError`` when
-    ``webhook_default_gpu`` is neither a size nor a known GPU."""
+    ``webhook_default_gpu`` is neither a size nor a known GPU. ``published`` (cluster
+    mode: ``gatekeeper.k8s.published.PublishedDevices``) judges by the published devices."""
     default = settings.webhook_default_gpu
     config = WebhookConfig(
         fit=placement_policy(settings),
@@ -63,7 +66,7 @@ def webhook_from_settings(
     )
     resolve = resolve or model_resolver(settings)
     metrics = WebhookMetrics(registry) if registry is not None else None
-    return AdmissionWebhook(config, resolve, metrics=metrics)
+    return AdmissionWebhook(config, resolve, metrics=metrics, published=published)
 
 
 class CertReloader:

@@ -51,6 +51,7 @@ from gatekeeper.k8s.fit import (
     judge,
     unknown_model_finding,
 )
+from gatekeeper.k8s.fleet import Fleet, choice, judge_published, unpublished_text
 from gatekeeper.k8s.review import (
     MAX_BODY_BYTES,
     AdmissionRequest,
@@ -141,9 +142,13 @@ class AdmissionWebhook:
         resolve: Callable[..., ModelSpec],
         *,
         metrics: WebhookMetrics | None = None,
+        published: Callable[[], Fleet] | None = None,
     ) -> None:
+        """``published`` (cluster mode, ``gatekeeper.k8s.published``) gives the devices the
+        cluster publishes; with it, workloads are judged against those (``fleet``)."""
         self.config = config
         self._resolve = resolve
+        self._published = published
         self._specs: dict[tuple[str, str], ModelSpec] = {}
         self.metrics = metrics
 
@@ -227,7 +232,11 @@ class AdmissionWebhook:
             return findings
         findings += _reading_findings(who, command)
         spec = self.model_spec(who, command.model, command.options)
-        gpu = self.gpu_choice(who, template)
+        fleet = self._published() if self._published is not None else None
+        if fleet is not None and not fleet.shapes:
+            findings.append(Finding("warn", unpublished_text(who, fleet)))
+        shapes = fleet.shapes if fleet is not None else ()
+        gpu = (choice(shapes[0]), []) if shapes else self.gpu_choice(who, template)
         for part in (spec, gpu):
             if isinstance(part, list):
                 findings += part
@@ -236,16 +245,9 @@ class AdmissionWebhook:
             draft = self.draft_spec(who, command)
             if isinstance(draft, Finding):
                 return [*findings, draft]
-            case = Case(
-                spec,
-                command,
-                gpu[0],
-                self.config.fit,
-                draft=draft,
-                multi_node=multi_node,
-                max_node_gpus=self.config.max_node_gpus,
-            )
-            findings += judge(who, case)
+            case = Case(spec, command, gpu[0], self.config.fit, draft=draft,
+                        multi_node=multi_node, max_node_gpus=self.config.max_node_gpus)  # fmt: skip
+            findings += judge_published(who, case, shapes) if shapes else judge(who, case)
         return findings
 
     def draft_spec(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:

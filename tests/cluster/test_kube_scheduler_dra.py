@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
-from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.cluster import DRIVER_NAME, device_name, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster, ready_node
@@ -208,7 +208,8 @@ def test_claims_name_the_device_and_consume_the_requested_bytes(bound: dict[str,
         assert result["request"] == "rank0"
         assert result["driver"] == DRIVER
         assert result["pool"] == bound["nodes"][pod_name]
-        assert result["device"] in {f"gpu-{i}" for i in range(GPUS_PER_NODE)}
+        names = {device_name(gpu) for gpu in node_gpus(result["pool"]).gpus}  # from the uuids
+        assert result["device"] in names
         assert parse_quantity(result["consumedCapacity"]["memory"]) == RANK_BYTES
         assert result.get("shareID"), "a shared device's allocation carries a shareID"
 

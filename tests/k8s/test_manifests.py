@@ -193,9 +193,10 @@ def test_the_mutating_webhook_configuration():
     covered = {g: set(r["resources"]) for r in hook["rules"] for g in r["apiGroups"]}
     assert covered == {"": {"pods"}, "apps": {"deployments", "statefulsets"},
                        "leaderworkerset.x-k8s.io": {"leaderworkersets"}}  # fmt: skip
-    (rule,) = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
+    rule, slices = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
     assert rule["resources"] == ["resourceclaimtemplates"]
     assert set(rule["verbs"]) == {"get", "create"}
+    assert (slices["resources"], slices["verbs"]) == (["resourceslices"], ["list"])
     binding = one("ClusterRoleBinding", "gatekeeper-webhook-claims")
     assert binding["subjects"][0]["name"] == "gatekeeper-webhook"
     component = yaml.safe_load(
@@ -203,6 +204,7 @@ def test_the_mutating_webhook_configuration():
     )
     patches = "\n".join(p["patch"] for p in component["patches"])
     assert "--mutate" in patches and "automountServiceAccountToken" in patches
+    assert "--published-devices" in patches
 
 
 def test_the_certificate_serves_the_service_and_is_injected():

@@ -1,0 +1,187 @@
+"""The validating webhook in cluster mode (``gatekeeper webhook --published-devices``)
+judges workloads against the ResourceSlices the cluster publishes, called by the real
+apiserver through the shipped ValidatingWebhookConfiguration over TLS on loopback.
+
+The configuration's namespace selector is narrowed to this module's namespace, its
+failure policy is ``Fail`` (a webhook that was not called fails the tests) and the
+webhook reads the slices at every review (``--published-refresh-seconds 0``). Workloads
+are sent as dry runs (``dryRun=All``: admission runs, nothing is stored) with the raw
+HTTP API, so that the apiserver's ``Warning`` headers can be read. Slices other modules
+left in the session (H100s) are set aside for this module and put back after it, so that
+what is published is what each test says.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from gatekeeper.cli.entry import build_parser
+from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.placement.types import PlacementPolicy
+from tests.support.kube_cluster import KubeCluster
+from tests.support.polling import wait_for
+from tests.support.webhook_process import WebhookProcess, start_webhook
+
+pytestmark = pytest.mark.k8s
+
+NAMESPACE = "published"
+CONFIG = (
+    Path(__file__).resolve().parents[2] / "deploy/kubernetes/validatingwebhookconfiguration.yaml"
+)
+NODES = ("published-a", "published-b")
+LLAMA_70B = ["meta-llama/Llama-3.1-70B-Instruct", "--max-model-len", "8192"]
+QWEN_14B = ["Qwen/Qwen2.5-14B-Instruct", "--max-model-len", "8192"]
+QWEN_7B = ["Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192"]
+UNPUBLISHED = "cannot judge it by the cluster's GPUs: no node publishes a GPU"
+
+
+def configuration(webhook: WebhookProcess) -> dict[str, Any]:
+    """The shipped configuration, calling ``webhook``, for this namespace, ``Fail``."""
+    config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    config["metadata"] = {"name": f"{NAMESPACE}-{config['metadata']['name']}"}
+    (hook,) = config["webhooks"]
+    path = hook["clientConfig"]["service"]["path"]
+    hook["clientConfig"] = {"url": webhook.url(path), "caBundle": webhook.ca_bundle}
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    hook["failurePolicy"] = "Fail"
+    return config
+
+
+def deployment(name: str, args: list[str]) -> dict[str, Any]:
+    """A vLLM Deployment as production-stack writes one: no GPU product named."""
+    labels = {"app": name}
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+                 "command": ["vllm", "serve"], "args": args}  # fmt: skip
+    template = {"metadata": {"labels": labels}, "spec": {"containers": [container]}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": template},
+    }
+
+
+def dry_run(cluster: KubeCluster, manifest: dict[str, Any]) -> tuple[int, str, str]:
+    """Status, the refusal's message and the ``Warning`` headers of creating ``manifest``."""
+    url = f"{cluster.server}/apis/apps/v1/namespaces/{NAMESPACE}/deployments?dryRun=All"
+    headers = {"Authorization": f"Bearer {cluster.token}"}
+    context = ssl.create_default_context(cafile=str(cluster.ca_path))
+    with httpx.Client(verify=context, timeout=30) as client:
+        answer = client.post(url, json=manifest, headers=headers)
+    message = answer.json().get("message", "") if answer.status_code >= 400 else ""
+    return answer.status_code, message, "\n".join(answer.headers.get_list("warning"))
+
+
+@pytest.fixture(scope="module")
+def webhook(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookProcess]:
+    """``gatekeeper webhook --published-devices`` reading the slices at every review."""
+    flags = ("--published-devices", "--published-refresh-seconds", "0")
+    kubeconfig = ("--kubeconfig", str(kube_cluster.kubeconfig))
+    running = start_webhook(tmp_path_factory.mktemp("published"), *flags, *kubeconfig)
+    yield running  # pytest runs the rest after the module, whatever its tests did
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Client]:
+    """The namespace and the configuration; the session's other slices set aside."""
+    client = kube_cluster.client()
+    others = [s.to_dict() for s in client.list(ResourceSlice, fields={"spec.driver": DRIVER_NAME})]
+    for other in others:
+        client.delete(ResourceSlice, other["metadata"]["name"])
+    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
+    config = configuration(webhook)
+    client.create(from_dict(config))
+    try:
+        yield client
+    finally:
+        client.delete(ValidatingWebhookConfiguration, config["metadata"]["name"])
+        for name in NODES:
+            if client.list(ResourceSlice, fields={"metadata.name": f"{name}-{DRIVER_NAME}"}):
+                client.delete(ResourceSlice, f"{name}-{DRIVER_NAME}")
+        for other in others:
+            other["metadata"] = {"name": other["metadata"]["name"]}
+            client.create(from_dict(other))
+        client.close()
+
+
+def test_nothing_published_allows_with_a_warning(api: Client, kube_cluster: KubeCluster) -> None:
+    manifest = deployment("llama-70b", LLAMA_70B)
+    # the apiserver reads a new configuration a moment later: wait until the webhook answers
+    status, _, warnings = wait_for(
+        "the webhook's warning",
+        lambda: answered if (answered := dry_run(kube_cluster, manifest))[2] else None,
+    )
+    assert status == 201
+    assert UNPUBLISHED in warnings and "start the node agents" in warnings
+    assert "no GPU named" in warnings  # judged as before: nothing else to go by
+
+
+def test_a_70b_at_fp16_fits_no_published_l4_and_is_denied_naming_them(
+    api: Client, kube_cluster: KubeCluster
+) -> None:
+    for node in NODES:
+        api.create(from_dict(resource_slice(node, parse_declared_node("2xL4"), PlacementPolicy())))
+    status, message, _ = dry_run(kube_cluster, deployment("llama-70b", LLAMA_70B))
+    print(f"denied: {message}")
+    assert status == 403
+    assert 'admission webhook "memory.vllm-gatekeeper.io" denied the request' in message
+    for part in (
+        "meta-llama/Llama-3.1-70B-Instruct does not fit on L4 (published by the cluster: "
+        "4 x L4 (21.11 GiB claimable) on 2 nodes)",
+        "at TP=1 it needs 137.52 GiB per GPU (weights 131.45 GiB",
+        "Nothing nearby fits",
+        "no device the cluster publishes holds it",
+    ):
+        assert part in message
+    status, message, _ = dry_run(kube_cluster, deployment("qwen-14b", QWEN_14B))
+    assert status == 403
+    assert "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2" in message
+
+
+def test_a_model_a_published_device_holds_is_allowed(
+    api: Client, kube_cluster: KubeCluster
+) -> None:
+    status, message, warnings = dry_run(kube_cluster, deployment("qwen-7b", QWEN_7B))
+    assert (status, message) == (201, "")
+    assert UNPUBLISHED not in warnings
+    tp4 = deployment("qwen-7b-tp4", [*QWEN_7B, "--tensor-parallel-size", "4"])
+    status, message, _ = dry_run(kube_cluster, tp4)
+    assert status == 403
+    assert "needs 4 GPUs on one node but no node publishes more than 2" in message
+
+
+def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> None:
+    """The component adds --published-devices to the webhook's arguments, and its RBAC
+    lets the webhook list ResourceSlices (the one call ``PublishedDevices`` makes)."""
+    component = CONFIG.parent / "components" / "cluster"
+    kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
+    (patch,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "Deployment"]
+    added = [o["value"] for o in yaml.safe_load(patch["patch"]) if o["op"] == "add"]
+    args = build_parser().parse_args(["webhook", "--cert", "c", "--key", "k", *added])
+    assert (args.published_devices, args.published_refresh_seconds) == (True, 10.0)
+    (role,) = [
+        d
+        for d in yaml.safe_load_all((component / "webhook-rbac.yaml").read_text())
+        if d["kind"] == "ClusterRole"
+    ]
+    slices = [r for r in role["rules"] if "resourceslices" in r["resources"]]
+    assert slices == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
+    ]
