@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
@@ -31,9 +31,11 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.k8s.published import PublishedDevices
 from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster
 from tests.support.polling import wait_for
+from tests.support.prometheus_server import free_port
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
@@ -185,3 +187,30 @@ def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> No
     assert slices == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
     ]
+
+
+def test_the_reader_reads_again_only_after_its_refresh(api: Client) -> None:
+    now = [0.0]
+    reader = PublishedDevices(api, refresh_seconds=10, clock=lambda: now[0])
+    before = reader()
+    assert before.error is None and [s.devices for s in before.shapes] == [4]  # 2 nodes x 2
+    extra = resource_slice("published-c", parse_declared_node("1xH100-80GB"), PlacementPolicy())
+    api.create(from_dict(extra))
+    try:
+        now[0] = 9.9
+        assert reader() is before  # within the refresh: not read again
+        now[0] = 10.0
+        assert [s.product for s in reader().shapes] == ["H100-80GB", "L4"]
+    finally:
+        api.delete(ResourceSlice, extra["metadata"]["name"])
+
+
+def test_an_apiserver_that_cannot_be_reached_is_the_fleet_s_error(
+    kube_cluster: KubeCluster,
+) -> None:
+    config = yaml.safe_load(Path(kube_cluster.kubeconfig).read_text())
+    for cluster in config["clusters"]:  # the session's kubeconfig, on a port nobody serves
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    down = Client(KubeConfig.from_dict(config), trust_env=False)
+    error = PublishedDevices(down)().error
+    assert error is not None and error.startswith("the apiserver cannot be reached ("), error
