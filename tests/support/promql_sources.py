@@ -103,8 +103,15 @@ WEBHOOK_PREFIX = "gatekeeper_webhook_"
 """The standalone webhook's own series (job ``gatekeeper-webhook``), not the sidecars'."""
 
 
+AGENT_PREFIXES = ("gatekeeper_agent_", "gatekeeper_pod_")
+"""The node agent's own series (job ``gatekeeper-agent``), not the sidecars'; its per-pod
+figures reuse the worker families with a ``pod`` label, which the sidecar never sets."""
+
+
 def from_other_jobs(expr: str) -> bool:
-    """Whether ``expr`` reads series no sidecar serves: the webhook's or the API server's
-    (tests/metrics/test_prometheus_real.py scrapes stand-ins of both)."""
-    webhook = any(name.startswith(WEBHOOK_PREFIX) for name in metric_names(expr))
-    return webhook or bool(apiserver_names(expr))
+    """Whether ``expr`` reads series no sidecar serves: the webhook's, the node agent's or
+    the API server's (tests/metrics/test_prometheus_real.py scrapes stand-ins of each)."""
+    names = metric_names(expr)
+    webhook = any(name.startswith(WEBHOOK_PREFIX) for name in names)
+    agent = any(name.startswith(AGENT_PREFIXES) for name in names) or 'pod!=""' in expr
+    return webhook or agent or bool(apiserver_names(expr))
