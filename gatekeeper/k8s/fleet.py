@@ -15,7 +15,8 @@ product mode:
   first, each with how many devices at least as large the best node has (``per_node``);
 - ``judge_published``: a container whose pod needs ``ranks`` GPUs on one node is judged
   on each shape some node has ``ranks`` of, largest first. The first shape it fits gives
-  the answer (with its warnings); when none does, the largest shape's denial, with its
+  the answer (with its warnings) if a rank's claim also fits its claimable bytes
+  (``claim_shortfall``); when none does, the largest shape's denial, with its
   suggestions capped at what one node publishes, and the list of what is published. A
   pod needing more GPUs than any node publishes is denied saying so.
 
@@ -32,8 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gatekeeper.cluster.claims import size_ranks
 from gatekeeper.cluster.slices import DRIVER_NAME
-from gatekeeper.errors import UnknownGpuError
+from gatekeeper.errors import GatekeeperError, UnknownGpuError
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.k8s.fit import Case, Finding, GpuChoice, judge
 from gatekeeper.units import format_gib
@@ -43,6 +45,7 @@ __all__ = [
     "PublishedDevice",
     "Shape",
     "choice",
+    "claim_shortfall",
     "devices_from_slices",
     "fleet_from_slices",
     "judge_published",
@@ -196,6 +199,27 @@ def fleet_from_slices(
     return Fleet(shapes(devices_from_slices(slices, to_bytes, driver)))
 
 
+def claim_shortfall(case: Case, shape: Shape) -> str | None:
+    """Why a rank's claim (placement's per-rank need with the margin, rounded up to the
+    request step, as the mutating webhook writes it: ``cluster.claims.size_ranks``) does
+    not fit the shape's claimable bytes; None when it does."""
+    label = shape.product or f"{format_gib(shape.total_bytes)} GPU"
+    try:
+        sizing = size_ranks(
+            case.spec, case.command.options, shape.total_bytes, label, case.policy,
+            draft=case.draft,
+        )  # fmt: skip
+    except GatekeeperError as e:
+        return f"no published {label} holds a rank's claim: {e}"
+    if sizing.request_bytes <= shape.capacity_bytes:
+        return None
+    return (
+        f"a rank claims {sizing.request_bytes} bytes ({format_gib(sizing.request_bytes)}) but "
+        f"a published {label} has {shape.capacity_bytes} bytes "
+        f"({format_gib(shape.capacity_bytes)}) claimable; lower --max-model-len or quantize"
+    )
+
+
 def ranks_on_one_node(case: Case) -> int:
     """The GPUs one pod needs on its node: TP x PP x DP, or TP in a multi-node group."""
     o = case.command.options
@@ -228,13 +252,19 @@ def judge_published(who: str, case: Case, fleet: Sequence[Shape]) -> list[Findin
             )
         ]
     first: list[Finding] | None = None
+    unclaimable: list[str] = []
     for shape in usable:
         cap = min(case.max_node_gpus, shape.per_node)
         found = judge(who, dataclasses.replace(case, gpu=choice(shape), max_node_gpus=cap))
-        if not any(f.outcome == "deny" for f in found):
+        if any(f.outcome == "deny" for f in found):
+            first = first if first is not None else found
+            continue
+        short = claim_shortfall(case, shape)
+        if short is None:
             return found
-        first = first if first is not None else found
-    assert first is not None
+        unclaimable.append(short)
+    if first is None:  # vLLM would start on some shape, but no device has a rank's claim
+        return [Finding("deny", f"{who}: {'; '.join(unclaimable)}")]
     what = (
         "no device the cluster publishes holds it"
         if len(usable) == len(fleet)

@@ -179,3 +179,21 @@ def test_nothing_published_warns_and_judges_by_the_node_selector(fleet: Fleet, w
         "does not fit on L4 (nodeSelector nvidia.com/gpu.product=NVIDIA-L4)"
         in (on_l4["status"]["message"])
     )
+
+
+def test_a_rank_whose_claim_exceeds_the_claimable_bytes_is_denied() -> None:
+    """The agents keep 10 GiB back on each L4 (their margin setting): vLLM would start a 7B
+    on the 22 GiB it sees, but a rank's claim cannot be allocated on what is left."""
+    wide = PlacementPolicy(margin_bytes=10 * 2**30)
+    slices = [resource_slice(n, parse_declared_node("2xL4"), wide) for n in ("node-a", "node-b")]
+    fleet = fleet_from_slices(slices, quantity_bytes)
+    (shape,) = fleet.shapes
+    assert shape.total_bytes == L4_TOTAL and shape.capacity_bytes < 12 * 2**30
+    response = answer(fleet, review(["Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192"]))
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert (
+        "a rank claims " in message
+        and f"a published L4 has {shape.capacity_bytes} bytes" in message
+    )
+    assert "lower --max-model-len or quantize" in message
