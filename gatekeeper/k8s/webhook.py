@@ -9,7 +9,8 @@ will land on (``gatekeeper.k8s.fit``), a speculative draft model resolved as the
 is and counted with it. The GPU comes from, in order: the annotation
 ``vllm-gatekeeper.io/gpu-memory`` (a size or a product), the ``nvidia.com/gpu.product`` node
 selector or required node affinity (through the GPU table; the smallest when several),
-the configured default. Outcomes:
+the configured default; in cluster mode (``published``), the devices the cluster
+publishes instead (``gatekeeper.k8s.fleet``). Outcomes:
 
 - denied (``allowed: false``, ``status.code`` 403, ``status.message`` says what the model
   needs per GPU, what the GPU has and what would fit);
