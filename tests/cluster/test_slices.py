@@ -19,6 +19,8 @@ from gatekeeper.cluster import (
 )
 from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import GpuInfo, InventorySnapshot, StaticInventory, failed_snapshot
+from gatekeeper.gpus.nvml import NvmlInventory
+from gatekeeper.gpus.stand_in import FakeNvml, h100
 from gatekeeper.placement.types import PlacementPolicy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
@@ -162,3 +164,32 @@ def test_the_slice_validates_strictly_against_each_supported_kubernetes(version:
     for fixture in ("h100_80g_x8.json", "h100_mig_lost_x4.json"):
         manifest = resource_slice("node-a", recorded(fixture), PlacementPolicy(), generation=4)
         kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_stand_in_nvml_enumerating_in_another_order_keeps_each_device_name(
+    fake_nvml: FakeNvml,
+) -> None:
+    """The real pynvml on the stand-in driver: the same three GPUs enumerated in another
+    order (another boot) are published under the same names, each with its own uuid."""
+
+    def devices() -> dict[str, tuple[str, int]]:
+        with NvmlInventory() as nvml:
+            snapshot = nvml.snapshot()
+        published = resource_slice("node-a", snapshot, PlacementPolicy())["spec"]["devices"]
+        return {
+            d["name"]: (d["attributes"]["uuid"]["string"], d["attributes"]["index"]["int"])
+            for d in published
+        }
+
+    fake_nvml.set(gpus=[h100(0), h100(1), h100(2)])
+    first = devices()
+    fake_nvml.set(gpus=[h100(2), h100(0), h100(1)])
+    second = devices()
+    assert {name: uuid for name, (uuid, _) in first.items()} == {
+        name: uuid for name, (uuid, _) in second.items()
+    }
+    assert first[device_name_of(2)][1] == 2 and second[device_name_of(2)][1] == 0  # moved
+
+
+def device_name_of(stand_in: int) -> str:
+    return uuid_device_name(h100(stand_in).uuid)
