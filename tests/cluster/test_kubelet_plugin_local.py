@@ -12,8 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -140,21 +141,39 @@ def test_users_of_one_device_add_up_and_the_refusal_names_the_numbers() -> None:
 def test_the_simulator_started_with_the_webhook_s_flags_reports_the_claimed_kv_cache() -> None:
     edited, sizing = webhook_sized()
     assert edited["command"][:2] == ["vllm", "serve"]
-    env = os.environ | {"GATEKEEPER_SIM_STARTUP_SECONDS": "0.1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
+    env["GATEKEEPER_SIM_STARTUP_SECONDS"] = "0.1"  # and no NVML state: nothing to hold
     argv = [sys.executable, "-m", "gatekeeper.simulator", "serve", *edited["command"][2:]]
     argv += ["--host", "127.0.0.1", "--port", str(free_port())]
-    log, lines = StartupLog(), []
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def drain(out: IO[str]) -> None:  # reads to the end, so the pipe never fills
+        for line in out:
+            lines.append(line)
+            if "Starting vLLM server" in line:
+                ready.set()
+        ready.set()
+
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as sim:
         assert sim.stdout is not None
-        for line in sim.stdout:
-            lines.append(line)
-            log = log.feed(line)
-            if "Starting vLLM server" in line:
-                break
-        sim.send_signal(signal.SIGTERM)
-        sim.wait(timeout=30)
+        reader = threading.Thread(target=drain, args=(sim.stdout,), daemon=True)
+        reader.start()
+        try:
+            assert ready.wait(60), "".join(lines)
+        finally:
+            sim.send_signal(signal.SIGTERM)
+            try:
+                sim.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                sim.kill()
+                sim.wait()
+        reader.join(timeout=10)
+    log = StartupLog()
+    for line in lines:
+        log = log.feed(line)
     print("".join(lines[-6:]))
     reported = log.memory.kv_cache
     assert reported is not None, "".join(lines)

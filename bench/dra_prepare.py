@@ -1,0 +1,290 @@
+"""The DRA kubelet plugin's prepare latency, and a race for one GPU's last bytes (#30).
+
+Starts Kubernetes' control plane on loopback (``bench.kube_control_plane``: etcd,
+kube-apiserver, kube-scheduler, kube-controller-manager from ``build/k8s``) and the
+installed ``gatekeeper agent --kubelet-plugin`` as operators run it, on the NVML stand-in
+(``gatekeeper.gpus.stand_in``, built with gcc) serving 8 H100s. The agent publishes its
+ResourceSlice; the device names come from it, as the scheduler reads them. Then, as
+kubelet does (``bench.dra_kubelet``: the registration handshake, then
+``NodePrepareResources`` over the plugin's unix socket):
+
+1. **Latency.** ``--claims`` claims (50) of 1 GiB, round robin over the 8 GPUs, each
+   prepared in its own call, one after another, so the last one's check runs with 49
+   prepared claims on the node. Printed: the round trip's p50, p99 and max, and the same
+   prepares again (answered from the checkpoint). Then all are unprepared.
+2. **Race.** GPU 0 holds a process no claim books (a foreign job) and has ``--race-free``
+   bytes free (20 GiB); ``--racers`` claims (200) of ``--race-bytes`` (3 GiB) each on it are
+   prepared at once, one call per claim from as many threads, released together by a
+   barrier. Printed: how many were admitted and refused, the bytes admitted against the
+   free bytes, and the bytes admitted beyond them (must be 0).
+
+The claims' allocations are written into their status as kube-scheduler writes them (the
+result's pool, device and ``consumedCapacity.memory``), not by the scheduler: the race
+needs more claims on one GPU than the slice's capacity, which is what the node sees when
+memory no claim books is in use (the agent taints such a GPU, but claims allocated before
+the taint still come). The claims are reserved for no pod, so the vLLM flag check is not
+part of these figures.
+
+Run ``python -m bench.dra_prepare`` (about 10 s on 2 CPUs, most of it the control plane's
+start; ``--quick``: 10 claims and 40 racers, about 7 s). The last line is one JSON object with every
+figure (sizes in bytes, times in seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightkube import ApiError, Client
+from lightkube.codecs import from_dict
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from bench.dra_kubelet import Kubelet, registered
+from bench.kube_control_plane import KubeCluster, kube_bin_dir, missing_reason, start_cluster
+from gatekeeper.cluster import DRIVER_NAME, slice_name
+from gatekeeper.cluster.kubelet_plugin import PluginSockets
+from gatekeeper.cluster.prepared import ClaimRef
+from gatekeeper.gpus.stand_in import FakeProcess, build_stub, h100, subprocess_env, write_state
+from gatekeeper.units import GIB
+
+NODE = "bench-node"
+NS = "dra-prepare-bench"
+GPUS = 8
+FOREIGN_PID = 4242
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def agent_argv(cluster: KubeCluster, sockets: PluginSockets, cdi: Path) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("gatekeeper")),
+        "agent",
+        f"--node-name={NODE}",
+        "--gpus=nvml",
+        f"--kubeconfig={cluster.kubeconfig}",
+        "--interval=3600",
+        "--kubelet-plugin",
+        f"--plugin-dir={sockets.plugin_dir}",
+        f"--registry-dir={sockets.registry_dir}",
+        f"--cdi-dir={cdi}",
+    ]
+
+
+@contextmanager
+def agent(cluster: KubeCluster, work: Path, state: Path, library: Path) -> Iterator[Kubelet]:
+    """The installed agent with its kubelet plugin, registered; stopped with SIGTERM."""
+    short = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths: 107 bytes
+    sockets = PluginSockets(short / "plugins", short / "registry", DRIVER_NAME)
+    log = work / "agent.log"
+    env = subprocess_env(library.parent, state)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            agent_argv(cluster, sockets, work / "cdi"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    kubelet = registered(sockets, process, log)
+    kubelet.timeout_seconds = 120.0
+    try:
+        yield kubelet
+    finally:
+        kubelet.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        shutil.rmtree(short)
+
+
+def device_names(client: Client) -> dict[int, str]:
+    """The published devices' names by NVML index, from the agent's ResourceSlice."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list(client.list(ResourceSlice))
+        for item in (s.to_dict() for s in found):
+            if item["metadata"]["name"] == slice_name(NODE):
+                devices = item["spec"]["devices"]
+                return {d["attributes"]["index"]["int"]: d["name"] for d in devices}
+        time.sleep(0.2)
+    raise RuntimeError(f"the agent published no slice {slice_name(NODE)} in 60 s")
+
+
+def allocated_claim(client: Client, name: str, memory_bytes: int, device: str) -> ClaimRef:
+    """A claim of ``memory_bytes`` with its allocation on ``device`` written into its status."""
+    request = {
+        "deviceClassName": DRIVER_NAME,
+        "capacity": {"requests": {"memory": str(memory_bytes)}},
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "rank0", "exactly": request}]}},
+    }
+    made: Any = client.create(from_dict(claim))
+    uid = str(made.metadata.uid)
+    result = {
+        "request": "rank0",
+        "driver": DRIVER_NAME,
+        "pool": NODE,
+        "device": device,
+        "consumedCapacity": {"memory": str(memory_bytes)},
+        "shareID": uid,
+    }
+    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    client.patch(ResourceClaim.Status, name, status, namespace=NS, patch_type=PatchType.MERGE)
+    return ClaimRef(NS, name, uid)
+
+
+def timed_prepare(kubelet: Kubelet, ref: ClaimRef) -> tuple[float, str]:
+    start = time.perf_counter()
+    answer = kubelet.prepare(ref)[ref.uid]
+    return time.perf_counter() - start, str(answer.error)
+
+
+def latency(client: Client, kubelet: Kubelet, names: dict[int, str], claims: int) -> dict[str, Any]:
+    refs = [allocated_claim(client, f"lat-{i}", GIB, names[i % GPUS]) for i in range(claims)]
+    first = [timed_prepare(kubelet, r) for r in refs]
+    again = [timed_prepare(kubelet, r) for r in refs]
+    errors = [e for _, e in first + again if e]
+    if errors:
+        raise RuntimeError(f"prepares refused: {errors[:3]}")
+    kubelet.unprepare(*refs)
+    seconds = [s for s, _ in first]
+    return {
+        "claims": claims,
+        "prepare_p50_seconds": round(percentile(seconds, 50), 4),
+        "prepare_p99_seconds": round(percentile(seconds, 99), 4),
+        "prepare_max_seconds": round(max(seconds), 4),
+        "again_p50_seconds": round(percentile([s for s, _ in again], 50), 4),
+    }
+
+
+def race(client: Client, kubelet: Kubelet, device: str, plan: Plan) -> dict[str, Any]:
+    claim_bytes, free = plan.race_claim_bytes, plan.race_free_bytes
+    refs = [allocated_claim(client, f"race-{i}", claim_bytes, device) for i in range(plan.racers)]
+    barrier = threading.Barrier(plan.racers)
+    answers: dict[str, tuple[float, str]] = {}
+
+    def one(ref: ClaimRef) -> None:
+        barrier.wait()
+        answers[ref.uid] = timed_prepare(kubelet, ref)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in refs]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    admitted = [u for u, (_, e) in answers.items() if not e]
+    refused = [e for _, e in answers.values() if e]
+    wrong = [e for e in refused if "are free for it" not in e]
+    if wrong:
+        raise RuntimeError(f"refused for another reason: {wrong[:3]}")
+    admitted_bytes = len(admitted) * claim_bytes
+    return {
+        "racers": plan.racers,
+        "race_claim_bytes": claim_bytes,
+        "race_free_bytes": free,
+        "admitted": len(admitted),
+        "refused": len(refused),
+        "fit": free // claim_bytes,
+        "admitted_bytes": admitted_bytes,
+        "over_admitted_bytes": max(0, admitted_bytes - free),
+        "race_seconds": round(elapsed, 3),
+        "race_prepare_p99_seconds": round(percentile([s for s, _ in answers.values()], 99), 4),
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to measure."""
+
+    claims: int = 50
+    racers: int = 200
+    race_free_bytes: int = 20 * GIB
+    race_claim_bytes: int = 3 * GIB
+
+
+def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict[str, Any]:
+    """Both parts on a started control plane, with the stand-in built at ``library``; the
+    claims and the agent's slice are deleted at the end."""
+    state = work / "nvml_state.txt"
+    write_state(state, [h100(i) for i in range(GPUS)])
+    client = cluster.client()
+    with contextlib.suppress(ApiError):  # made by an earlier run on this control plane
+        client.create(Namespace(metadata=ObjectMeta(name=NS)))
+    try:
+        with agent(cluster, work, state, library) as kubelet:
+            names = device_names(client)
+            figures = latency(client, kubelet, names, plan.claims)
+            print(f"latency: {json.dumps(figures)}")
+            foreign = h100(0).total_bytes - h100(0).reserved_bytes - plan.race_free_bytes
+            gpus = [h100(0, used_bytes=foreign), *(h100(i) for i in range(1, GPUS))]
+            write_state(state, gpus, [FakeProcess(0, FOREIGN_PID, foreign)])
+            raced = race(client, kubelet, names[0], plan)
+            print(f"race: {json.dumps(raced)}")
+            figures |= raced
+    finally:
+        client.deletecollection(ResourceClaim, namespace=NS)
+        client.delete(ResourceSlice, slice_name(NODE))
+        client.close()
+    return figures | {"gpus": GPUS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--claims", type=int, default=Plan.claims)
+    parser.add_argument("--racers", type=int, default=Plan.racers)
+    parser.add_argument(
+        "--race-free", type=int, default=Plan.race_free_bytes, help="bytes free on GPU 0"
+    )
+    parser.add_argument(
+        "--race-bytes", type=int, default=Plan.race_claim_bytes, help="each racer's claim"
+    )
+    parser.add_argument("--quick", action="store_true", help="10 claims, 40 racers")
+    args = parser.parse_args()
+    claims, racers = (10, 40) if args.quick else (args.claims, args.racers)
+    plan = Plan(claims, racers, args.race_free, args.race_bytes)
+    reason = missing_reason(kube_bin_dir())
+    if reason is not None:
+        raise SystemExit(reason)
+    load = os.getloadavg()[0]
+    print(f"bench.dra_prepare: {GPUS} stand-in H100s, {claims} claims, {racers} racers; "
+          f"{os.cpu_count()} CPUs, load {load:.2f}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-dra-") as tmp:
+        work = Path(tmp)
+        library = build_stub(work / "lib")
+        (work / "kube").mkdir()
+        cluster = start_cluster(kube_bin_dir(), work / "kube")
+        try:
+            figures = measure(cluster, work, library, plan)
+        finally:
+            cluster.stop()
+    figures["load_average_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

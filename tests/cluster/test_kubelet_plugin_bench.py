@@ -1,0 +1,26 @@
+"""``bench.dra_prepare`` on the session's control plane, small: the installed agent's
+kubelet plugin prepares claims over its socket, and a race for GPU 0's last bytes admits
+exactly what fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.dra_prepare import Plan, measure
+from tests.support.kube_cluster import KubeCluster
+
+pytestmark = pytest.mark.k8s
+GIB = 2**30
+
+
+def test_the_race_admits_what_fits_and_no_byte_beyond_free_memory(
+    kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path: Path
+) -> None:
+    plan = Plan(claims=4, racers=12, race_free_bytes=5 * GIB, race_claim_bytes=2 * GIB)
+    figures = measure(kube_cluster, tmp_path, nvml_stub_lib, plan)
+    assert (figures["admitted"], figures["refused"], figures["fit"]) == (2, 10, 2)
+    assert (figures["admitted_bytes"], figures["over_admitted_bytes"]) == (4 * GIB, 0)
+    assert 0 < figures["prepare_p50_seconds"] <= figures["prepare_max_seconds"]
+    assert figures["again_p50_seconds"] > 0 and figures["claims"] == 4
