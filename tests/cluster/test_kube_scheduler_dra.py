@@ -139,10 +139,13 @@ def _claim_results(client: Client, namespace: str) -> dict[str, list[dict[str, A
 
 
 def _published_capacity(client: Client) -> dict[str, Decimal]:
-    """Each device's ``memory`` capacity as the apiserver holds it, by pool/device."""
+    """Each device's ``memory`` capacity as the apiserver holds it, by pool/device, for
+    this module's nodes (other modules' slices may be in the session too)."""
     capacity: dict[str, Decimal] = {}
     for published in client.list(ResourceSlice):
         spec = published.to_dict()["spec"]
+        if spec["pool"]["name"] not in NODES:
+            continue
         for device in spec["devices"]:
             memory = parse_quantity(device["capacity"]["memory"]["value"])
             assert memory is not None
