@@ -123,6 +123,7 @@ def test_the_daemonsets_arguments_are_the_agents() -> None:
 WEBHOOK_CALLS = [
     ("create", "resource.k8s.io", "resourceclaimtemplates"),
     ("get", "resource.k8s.io", "resourceclaimtemplates"),
+    ("list", "resource.k8s.io", "resourceslices"),  # --published-devices
 ]
 NOT_THE_WEBHOOKS = [
     ("update", "resource.k8s.io", "resourceclaimtemplates"),
