@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import httpx
+import httpx2
 from lightkube import ALL_NS, ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -329,7 +329,7 @@ class NodeAgent:
         while not stop.is_set():
             try:
                 result = self.publish()
-            except (ApiError, GatekeeperError, httpx.HTTPError, OSError) as e:
+            except (ApiError, GatekeeperError, httpx2.HTTPError, OSError) as e:
                 log.warning("publishing %s failed, retrying: %s", self.slice_name, e)
             else:
                 if result.action in ("created", "updated"):

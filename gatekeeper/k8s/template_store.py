@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import httpx2
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
@@ -45,7 +45,7 @@ class ApiTemplateStore:
                 field="resourceclaimtemplates",
                 value=metadata["name"],
             ) from e
-        except (httpx.HTTPError, OSError) as e:
+        except (httpx2.HTTPError, OSError) as e:  # lightkube talks through httpx2
             raise GatekeeperError(
                 f"{where}: the apiserver cannot be reached ({type(e).__name__}: {e}); the "
                 "workload is denied rather than admitted with a claim nobody can satisfy; "
