@@ -32,7 +32,7 @@ def nowhere() -> Client:
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }
-    return Client(KubeConfig.from_dict(config), timeout=2, trust_env=False)
+    return Client(KubeConfig.from_dict(config), trust_env=False)
 
 
 TEMPLATE = {
