@@ -2,7 +2,8 @@
 checkpoint's checksum, a process's pod from its cgroup, what a claim's vLLM containers
 let vLLM take (``gatekeeper.cluster.reserves``), and the simulator started with the flags
 the mutating webhook writes reporting the claimed KV cache, read as gatekeeper reads
-vLLM's start-up log (``gatekeeper.vllm.log``)."""
+vLLM's start-up log (``gatekeeper.vllm.log``), and real vLLM on CPU taking the KV cache
+the flag names."""
 
 from __future__ import annotations
 
@@ -22,10 +23,18 @@ from gatekeeper.cluster.checkpoint import Checkpoint, CheckpointError
 from gatekeeper.cluster.dra_driver import pod_uid
 from gatekeeper.cluster.prepared import ClaimedDevice, ClaimRef, PreparedDevice, PrepareError
 from gatekeeper.cluster.reserves import check_reserves, claim_users, vllm_takes
-from gatekeeper.units import GIB
+from gatekeeper.units import GIB, MIB
 from gatekeeper.vllm.log import StartupLog
 from tests.support.dra_kubelet import CGROUP, webhook_sized
 from tests.support.prometheus_server import free_port
+from tests.support.real_vllm import (
+    NO_VLLM_CPU,
+    VllmServer,
+    build_tiny_model,
+    cpu_serve_args,
+    vllm_cpu_available,
+    worker_env,
+)
 
 H100_TOTAL = 85520809984
 REF = ClaimRef("team-a", "vllm-0-gpu", "uid-1")
@@ -180,3 +189,21 @@ def test_the_simulator_started_with_the_webhook_s_flags_reports_the_claimed_kv_c
     # vLLM prints GiB with two decimals: within half a hundredth of a GiB of the flag
     assert abs(reported - sizing.kv_cache_memory_bytes) <= 0.005 * GIB, (reported, sizing)
     assert any(f"'kv_cache_memory_bytes': {sizing.kv_cache_memory_bytes}" in x for x in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
+def test_real_vllm_on_cpu_takes_the_kv_cache_the_flag_names(tmp_path: Path) -> None:
+    """vLLM-CPU 0.32 honours --kv-cache-memory-bytes (in host memory: it says nothing of a
+    GPU's reservation) unless VLLM_CPU_KVCACHE_SPACE is set, which wins (platforms/cpu.py)."""
+    model = build_tiny_model(tmp_path / "tiny")
+    port = free_port()
+    flags = ["--max-model-len", "512", "--kv-cache-memory-bytes", str(256 * MIB)]
+    args = cpu_serve_args(["tiny", *flags, "--gpu-memory-utilization", "0.1"], model, port)
+    env = worker_env(tmp_path)
+    env.pop("VLLM_CPU_KVCACHE_SPACE")
+    with VllmServer(args, env, tmp_path / "vllm.log", port) as server:
+        server.wait_ready(300)
+    log = (tmp_path / "vllm.log").read_text()
+    assert "Explicitly set (0.25/" in log, log[-3000:]  # 256 MiB, as vLLM prints GiB
+    assert "'kv_cache_memory_bytes': 268435456" in log
