@@ -65,6 +65,7 @@ from gatekeeper.k8s.pod_patch import (
     pointer,
     reads_back,
     template_ops,
+    unread_script,
     unread_scripts,
     with_budget_flags,
     with_claim,
@@ -78,6 +79,8 @@ from gatekeeper.k8s.workloads import (
     ContainerRequest,
     PodTemplate,
     pod_templates,
+    unread_text,
+    unread_vllm_containers,
     vllm_containers,
 )
 from gatekeeper.models.spec import ModelSpec
@@ -226,6 +229,11 @@ class Mutator:
         ]
         multi = kind == "LeaderWorkerSet"
         m.denials += unread_scripts(containers, {c.index for c in found}, where)
+        m.warnings += [  # the scripts above are denied; other unread mentions, said
+            unread_text(f"container {name!r} of {where}{part}", words, "no claim is written")
+            for i, name, words in unread_vllm_containers(template, [c.request for c in found])
+            if unread_script(containers[i]) is None
+        ]
         if not found or intact(template, [c.request for c in found]):
             return  # nothing runs vLLM, or gatekeeper mutated it and it still reads so
         raws = [c.raw for c in found]

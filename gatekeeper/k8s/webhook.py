@@ -70,6 +70,8 @@ from gatekeeper.k8s.workloads import (
     PodTemplate,
     gpu_product_constraint,
     pod_templates,
+    unread_text,
+    unread_vllm_containers,
     vllm_containers,
 )
 from gatekeeper.models.spec import ModelSpec
@@ -218,9 +220,14 @@ class AdmissionWebhook:
             if template in skipped:
                 findings.append(Finding("warn", _skip_text(f"{where}{part}")))
                 continue
-            for container in vllm_containers(template, self.config.fit.default_vllm_version):
+            read = vllm_containers(template, self.config.fit.default_vllm_version)
+            for container in read:
                 who = f"container {container.name!r} of {where}{part}"
                 findings += self._container(who, template, container, kind == "LeaderWorkerSet")
+            findings += [
+                Finding("warn", unread_text(f"container {name!r} of {where}{part}", words))
+                for _, name, words in unread_vllm_containers(template, read)
+            ]
         return _combine(findings, [], notes)
 
     def _container(

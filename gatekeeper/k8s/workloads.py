@@ -16,6 +16,7 @@ LeaderWorkerSet    ``spec.leaderWorkerTemplate.leaderTemplate`` and ``.workerTem
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "PodTemplate",
     "gpu_product_constraint",
     "pod_templates",
+    "unread_text",
+    "unread_vllm_containers",
     "vllm_containers",
 ]
 
@@ -230,6 +233,39 @@ def vllm_containers(
             )
         )
     return out
+
+
+_NAMES_VLLM = re.compile(r"(?:^|[\s/=;&|(])vllm(?:[\s/.]|$)")
+"""``vllm`` as a command, a module or a path component (``vllm serve``, ``-m vllm.x``,
+``/workspace/vllm/inference_api.py``), not inside another name (``vllm-router``)."""
+
+
+def unread_vllm_containers(
+    template: PodTemplate, read: Sequence[ContainerRequest]
+) -> list[tuple[int, str, str]]:
+    """The containers of ``template`` whose command or arguments name vLLM but that
+    ``vllm_containers`` did not read (a wrapper such as KAITO's ``inference_api.py``, a
+    script that cannot be split as the shell would), each as (index, name, the words that
+    name vLLM, cut to 80 characters): the webhooks say they could not judge them."""
+    taken = {c.path.rsplit("[", 1)[-1] for c in read}
+    out = []
+    for i, raw in enumerate(_seq(template.spec.get("containers"))):
+        container = _map(raw)
+        words = " ".join([*_strings(container.get("command")), *_strings(container.get("args"))])
+        if f"{i}]" in taken or not _NAMES_VLLM.search(words):
+            continue
+        name = container.get("name")
+        out.append((i, name if isinstance(name, str) else f"#{i}", words[:80]))
+    return out
+
+
+def unread_text(who: str, words: str, consequence: str = "it is not judged") -> str:
+    """What a webhook says of a container ``unread_vllm_containers`` gave."""
+    return (  # a warning is cut at 256 characters: what happened first, the words last
+        f"{who}: no vllm serve line gatekeeper can read, so {consequence}; put vllm serve "
+        f"and its flags in the command or args, or annotate {SKIP_ANNOTATION}. It names "
+        f"vLLM: {words!r}"
+    )
 
 
 def gpu_product_constraint(spec: Mapping[str, Any]) -> tuple[list[str], str]:

@@ -90,8 +90,13 @@ EXPECTED: dict[str, Expected] = {
         ("image 'nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.7.1' " + LATEST, NO_GPU),
         "mutated",
     ),
-    # Not read as vLLM (KAITO's own wrapper and config file): passed unchecked, unmutated.
-    "kaito-workspace-deployment": Expected("allowed", (), "unchanged"),
+    # Not read as vLLM (KAITO's own wrapper and config file): each webhook says so.
+    "kaito-workspace-deployment": Expected(
+        "warned",
+        ("no vllm serve line gatekeeper can read, so it is not judged",),
+        "warned",
+        ("no claim is written",),
+    ),
 }
 
 
@@ -160,8 +165,9 @@ def test_the_mutating_webhook_claims_leaves_alone_or_denies_with_the_reason(webh
     status, body, outcome = mutator.answer(review_body(workload))
     response = body["response"]
     assert (status, outcome) == (200, EXPECTED[name].mutate), response
+    said = "\n".join([response.get("status", {}).get("message", ""), *response.get("warnings", [])])
     for piece in EXPECTED[name].mutate_says:
-        assert piece in response["status"]["message"], (name, response)
+        assert piece in said, (name, response)
     if outcome != "mutated":
         assert "patch" not in response
         return
@@ -214,3 +220,36 @@ def test_gke_accelerator_labels_name_the_gpu():
         ["L4", "nvidia-gb300"],
         "required node affinity on cloud.google.com/gke-accelerator: nvidia-l4, the product",
     )
+
+
+def _deployment(*containers: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app": "x"}
+    spec = {"containers": list(containers)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x", "namespace": "corpus"},
+        "spec": {"selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": spec}},
+    }  # fmt: skip
+
+
+def test_a_script_naming_vllm_that_cannot_be_split_is_said_by_both_webhooks(webhook):
+    """An unbalanced quote: the validating webhook warns that it did not judge it (it used
+    to pass in silence), the mutating one denies it; a router beside it is not named."""
+    script = "exec vllm serve 'Qwen/Qwen3-8B --max-model-len 4096"
+    workload = _deployment(
+        {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", script]},
+        {"name": "router", "image": "lmcache/lmstack-router", "command": ["vllm-router"]},
+    )
+    status, body, outcome = webhook.answer(review_body(workload))
+    warnings = body["response"].get("warnings", [])
+    assert (status, outcome) == (200, "warned"), body
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "container 'engine' of Deployment corpus/x: no vllm serve line gatekeeper can read, "
+        "so it is not judged"
+    ), warnings
+    status, body, outcome = Mutator(webhook, RenderedTemplates([])).answer(review_body(workload))
+    assert (status, outcome) == (200, "denied"), body
+    assert "cannot be split as the shell would" in body["response"]["status"]["message"]
+    assert not body["response"].get("warnings"), "said twice"
