@@ -1,4 +1,5 @@
-"""The DRA kubelet plugin's prepare latency, and a race for one GPU's last bytes (#30).
+"""The DRA kubelet plugin's prepare latency, the agent's /metrics with 50 pods, and a race
+for one GPU's last bytes (#30).
 
 Starts Kubernetes' control plane on loopback (``bench.kube_control_plane``: etcd,
 kube-apiserver, kube-scheduler, kube-controller-manager from ``build/k8s``) and the
@@ -12,7 +13,14 @@ kubelet does (``bench.dra_kubelet``: the registration handshake, then
    prepared in its own call, one after another, so the last one's check runs with 49
    prepared claims on the node. Printed: the round trip's p50, p99 and max, and the same
    prepares again (answered from the checkpoint). Then all are unprepared.
-2. **Race.** GPU 0 holds a process no claim books (a foreign job) and has ``--race-free``
+2. **Scrape.** ``--claims`` pods (50) bound to the node (Pod objects; no kubelet runs
+   them), each with its claim reserved for it and a real process in a real cgroup named
+   after its UID (``bench.pod_cgroups``: root only; skipped, and said, otherwise) using
+   1 GiB of its claim's GPU in the stand-in's process list: the agent's ``/metrics``
+   (``--metrics-port``) fetched ``--scrapes`` times (100) over HTTP, NVML, the claims and
+   the cgroups read at each. Printed: p50 and p99, the lines and bytes, and the pods
+   attributed (must be all, each with its 1 GiB).
+3. **Race.** GPU 0 holds a process no claim books (a foreign job) and has ``--race-free``
    bytes free (20 GiB); ``--racers`` claims (200) of ``--race-bytes`` (3 GiB) each on it are
    prepared at once, one call per claim from as many threads, released together by a
    barrier. Printed: how many were admitted and refused, the bytes admitted against the
@@ -22,8 +30,9 @@ The claims' allocations are written into their status as kube-scheduler writes t
 result's pool, device and ``consumedCapacity.memory``), not by the scheduler: the race
 needs more claims on one GPU than the slice's capacity, which is what the node sees when
 memory no claim books is in use (the agent taints such a GPU, but claims allocated before
-the taint still come). The claims are reserved for no pod, so the vLLM flag check is not
-part of these figures.
+the taint still come). The prepared claims are reserved for no pod, so the vLLM flag
+check is not part of these figures (the scrape's claims are reserved for their pods and
+never prepared).
 
 Run ``python -m bench.dra_prepare`` (about 10 s on 2 CPUs, most of it the control plane's
 start; ``--quick``: 10 claims and 40 racers, about 7 s). The last line is one JSON object with every
@@ -49,15 +58,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from bench.dra_kubelet import Kubelet, registered
 from bench.kube_control_plane import KubeCluster, kube_bin_dir, missing_reason, start_cluster
+from bench.pod_cgroups import cgroup_root, pod_processes
+from bench.serve_process import free_port
 from gatekeeper.cluster import DRIVER_NAME, slice_name
 from gatekeeper.cluster.kubelet_plugin import PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef
@@ -76,7 +88,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-def agent_argv(cluster: KubeCluster, sockets: PluginSockets, cdi: Path) -> list[str]:
+def agent_argv(
+    cluster: KubeCluster, sockets: PluginSockets, cdi: Path, metrics_port: int
+) -> list[str]:
     return [
         str(Path(sys.executable).with_name("gatekeeper")),
         "agent",
@@ -88,11 +102,14 @@ def agent_argv(cluster: KubeCluster, sockets: PluginSockets, cdi: Path) -> list[
         f"--plugin-dir={sockets.plugin_dir}",
         f"--registry-dir={sockets.registry_dir}",
         f"--cdi-dir={cdi}",
+        f"--metrics-port={metrics_port}",
     ]
 
 
 @contextmanager
-def agent(cluster: KubeCluster, work: Path, state: Path, library: Path) -> Iterator[Kubelet]:
+def agent(
+    cluster: KubeCluster, work: Path, state: Path, library: Path, metrics_port: int
+) -> Iterator[Kubelet]:
     """The installed agent with its kubelet plugin, registered; stopped with SIGTERM."""
     short = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths: 107 bytes
     sockets = PluginSockets(short / "plugins", short / "registry", DRIVER_NAME)
@@ -100,7 +117,7 @@ def agent(cluster: KubeCluster, work: Path, state: Path, library: Path) -> Itera
     env = subprocess_env(library.parent, state)
     with log.open("ab") as out:
         process = subprocess.Popen(
-            agent_argv(cluster, sockets, work / "cdi"),
+            agent_argv(cluster, sockets, work / "cdi", metrics_port),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -129,8 +146,13 @@ def device_names(client: Client) -> dict[int, str]:
     raise RuntimeError(f"the agent published no slice {slice_name(NODE)} in 60 s")
 
 
-def allocated_claim(client: Client, name: str, memory_bytes: int, device: str) -> ClaimRef:
-    """A claim of ``memory_bytes`` with its allocation on ``device`` written into its status."""
+def allocated_claim(
+    client: Client, name: str, memory_bytes: int, device: str, pod: tuple[str, str] | None = None
+) -> ClaimRef:
+    """A claim of ``memory_bytes`` with its allocation on ``device`` written into its
+    status, and reserved for ``pod`` (name, UID: a pod that exists, or the resource-claim
+    controller takes the reservation back) when one is given, as kube-scheduler writes
+    both."""
     request = {
         "deviceClassName": DRIVER_NAME,
         "capacity": {"requests": {"memory": str(memory_bytes)}},
@@ -151,7 +173,9 @@ def allocated_claim(client: Client, name: str, memory_bytes: int, device: str) -
         "consumedCapacity": {"memory": str(memory_bytes)},
         "shareID": uid,
     }
-    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    if pod is not None:
+        status["status"]["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
     client.patch(ResourceClaim.Status, name, status, namespace=NS, patch_type=PatchType.MERGE)
     return ClaimRef(NS, name, uid)
 
@@ -217,6 +241,64 @@ def race(client: Client, kubelet: Kubelet, device: str, plan: Plan) -> dict[str,
     }
 
 
+def bound_pod(client: Client, name: str, claim: str) -> tuple[str, str]:
+    """A Pod bound to the bench's node that uses ``claim``: (name, UID). No kubelet runs
+    it; its process is the bench's (``bench.pod_cgroups``)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {"name": "vllm", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        },
+    }
+    made: Any = client.create(from_dict(pod))
+    return name, str(made.metadata.uid)
+
+
+def scrape(
+    client: Client, state: Path, names: dict[int, str], port: int, plan: Plan
+) -> dict[str, Any]:
+    """``plan.claims`` pods bound to the node, each with its claim reserved for it and a
+    real process in a cgroup named after it (``bench.pod_cgroups``) using 1 GiB of its
+    claim's GPU in the stand-in's process list; then the agent's ``/metrics`` fetched
+    ``plan.scrapes`` times over HTTP, as Prometheus does (NVML, the claims and the
+    cgroups read at each scrape)."""
+    pods = [bound_pod(client, f"vllm-{i}", f"pod-{i}") for i in range(plan.claims)]
+    for i, pod in enumerate(pods):
+        allocated_claim(client, f"pod-{i}", 2 * GIB, names[i % GPUS], pod)
+    with pod_processes([u for _, u in pods]) as pids:
+        used = [FakeProcess(i % GPUS, pids[u], GIB) for i, (_, u) in enumerate(pods)]
+        gpus = [h100(g, used_bytes=GIB * sum(p.gpu == g for p in used)) for g in range(GPUS)]
+        write_state(state, gpus, used)
+        seconds, text = [], ""
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for _ in range(plan.scrapes):
+                start = time.perf_counter()
+                text = http.get("/metrics").raise_for_status().text
+                seconds.append(time.perf_counter() - start)
+    attributed = [
+        line for line in text.splitlines() if line.startswith("gatekeeper_worker_actual_bytes{")
+    ]
+    if len(attributed) != plan.claims or any(
+        not line.endswith(" 1.073741824e+09") for line in attributed
+    ):
+        raise RuntimeError(
+            f"{len(attributed)} pods in /metrics, not {plan.claims}:\n{text[-2000:]}"
+        )
+    return {
+        "scrape_pods": len(attributed),
+        "scrape_p50_seconds": round(percentile(seconds, 50), 4),
+        "scrape_p99_seconds": round(percentile(seconds, 99), 4),
+        "scrape_lines": text.count("\n"),
+        "scrape_bytes": len(text.encode()),
+    }
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to measure."""
@@ -225,6 +307,7 @@ class Plan:
     racers: int = 200
     race_free_bytes: int = 20 * GIB
     race_claim_bytes: int = 3 * GIB
+    scrapes: int = 100
 
 
 def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict[str, Any]:
@@ -236,10 +319,17 @@ def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict
     with contextlib.suppress(ApiError):  # made by an earlier run on this control plane
         client.create(Namespace(metadata=ObjectMeta(name=NS)))
     try:
-        with agent(cluster, work, state, library) as kubelet:
+        port = free_port()
+        with agent(cluster, work, state, library, port) as kubelet:
             names = device_names(client)
             figures = latency(client, kubelet, names, plan.claims)
             print(f"latency: {json.dumps(figures)}")
+            if cgroup_root() is None:
+                print("scrape: skipped, no writable cgroup hierarchy (run as root)")
+            else:
+                scraped = scrape(client, state, names, port, plan)
+                print(f"scrape: {json.dumps(scraped)}")
+                figures |= scraped
             foreign = h100(0).total_bytes - h100(0).reserved_bytes - plan.race_free_bytes
             gpus = [h100(0, used_bytes=foreign), *(h100(i) for i in range(1, GPUS))]
             write_state(state, gpus, [FakeProcess(0, FOREIGN_PID, foreign)])
@@ -247,6 +337,7 @@ def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict
             print(f"race: {json.dumps(raced)}")
             figures |= raced
     finally:
+        client.deletecollection(Pod, namespace=NS)
         client.deletecollection(ResourceClaim, namespace=NS)
         client.delete(ResourceSlice, slice_name(NODE))
         client.close()
@@ -263,10 +354,11 @@ def main() -> None:
     parser.add_argument(
         "--race-bytes", type=int, default=Plan.race_claim_bytes, help="each racer's claim"
     )
+    parser.add_argument("--scrapes", type=int, default=Plan.scrapes, help="/metrics fetches")
     parser.add_argument("--quick", action="store_true", help="10 claims, 40 racers")
     args = parser.parse_args()
     claims, racers = (10, 40) if args.quick else (args.claims, args.racers)
-    plan = Plan(claims, racers, args.race_free, args.race_bytes)
+    plan = Plan(claims, racers, args.race_free, args.race_bytes, args.scrapes)
     reason = missing_reason(kube_bin_dir())
     if reason is not None:
         raise SystemExit(reason)
