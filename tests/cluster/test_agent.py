@@ -34,8 +34,8 @@ from tests.support.agent_node import (
     GATEKEEPER,
     AgentNode,
     AgentProcess,
-    agent_process,
-    registered,
+    agent_for,
+    registered_client,
     set_gpus,
 )
 from tests.support.kube_cluster import KubeCluster
@@ -57,10 +57,8 @@ def device_of(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
-    client = kube_cluster.client()
-    with registered(client, AGENT):
+    with registered_client(kube_cluster, AGENT) as client:
         yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +66,8 @@ def agent(
     kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AgentProcess]:
     work = tmp_path_factory.mktemp("agent")
-    started = agent_process(kube_cluster.kubeconfig, AGENT, nvml_stub_lib, work)
-    yield started
-    started.kill()
+    with agent_for(kube_cluster, AGENT, nvml_stub_lib, work) as started:
+        yield started
 
 
 def make_pod(client: Client, name: str, memory_bytes: int) -> None:

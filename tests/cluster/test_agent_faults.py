@@ -32,13 +32,13 @@ from gatekeeper.gpus.stand_in import h100
 from tests.support.agent_node import (
     AgentNode,
     AgentProcess,
-    agent_process,
+    agent_for,
     allocation,
     bound_node,
     claims,
     make_pod,
     published,
-    registered,
+    registered_client,
     set_gpus,
 )
 from tests.support.kube_cluster import KubeCluster
@@ -53,10 +53,8 @@ POD = "held"
 
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
-    client = kube_cluster.client()
-    with registered(client, NODE):
+    with registered_client(kube_cluster, NODE) as client:
         yield client
-    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +62,8 @@ def agent(
     kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AgentProcess]:
     work = tmp_path_factory.mktemp("agent-faults")
-    started = agent_process(kube_cluster.kubeconfig, NODE, nvml_stub_lib, work)
-    yield started
-    started.kill()
+    with agent_for(kube_cluster, NODE, nvml_stub_lib, work) as started:
+        yield started
 
 
 def vanished_events(client: Client) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
+from tests.support.kube_cluster import KubeCluster
 from tests.support.prometheus_server import free_port
 
 GATEKEEPER = Path(sys.executable).with_name("gatekeeper")
@@ -116,6 +117,25 @@ def agent_process(
     set_gpus(state)
     env = subprocess_env(nvml_stub_lib.parent, state)
     return AgentProcess(kubeconfig, node, state, env, work / "agent.log")
+
+
+@contextlib.contextmanager
+def agent_for(
+    cluster: KubeCluster, node: AgentNode, nvml_stub_lib: Path, work: Path
+) -> Iterator[AgentProcess]:
+    """``agent_process`` on ``cluster`` for a module fixture; killed at the end."""
+    started = agent_process(cluster.kubeconfig, node, nvml_stub_lib, work)
+    yield started
+    started.kill()
+
+
+@contextlib.contextmanager
+def registered_client(cluster: KubeCluster, node: AgentNode) -> Iterator[Client]:
+    """A client of ``cluster`` with ``node`` ``registered``, for a module fixture."""
+    client = cluster.client()
+    with registered(client, node):
+        yield client
+    client.close()
 
 
 @contextlib.contextmanager
