@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.serve_process import free_port
-from bench.tls_certs import issue, make_ca
+from bench.tls_certs import Authority, issue, make_ca
 
 START_SECONDS = 30.0
 
@@ -38,6 +38,8 @@ class WebhookProcess:
     port: int
     ca_pem: bytes
     log: Path
+    ca: Authority
+    """The CA that issued its certificate (``directory/tls.crt``): a test renews with it."""
 
     @property
     def ca_bundle(self) -> str:
@@ -86,7 +88,7 @@ def start_webhook(directory: Path, *flags: str) -> WebhookProcess:
     log = directory / "webhook.log"
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    webhook = WebhookProcess(process, port, ca.path.read_bytes(), log)
+    webhook = WebhookProcess(process, port, ca.path.read_bytes(), log, ca)
     if not _ready(webhook, ca.path):
         webhook.kill()
         raise RuntimeError(f"gatekeeper webhook did not start: {log.read_text()}")

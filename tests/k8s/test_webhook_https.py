@@ -1,15 +1,13 @@
 """The standalone webhook over real HTTPS: ``gatekeeper webhook --cert --key`` in a
-subprocess on 127.0.0.1 with a certificate the test makes, a renewal picked up without a
-restart, and a fuzz test of random bodies that never yields a 5xx."""
+subprocess on 127.0.0.1 (``tests/support/webhook_process.py``, which makes the certificate),
+a renewal picked up without a restart, and a fuzz test of random bodies that never yields a
+5xx."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +20,8 @@ from cryptography import x509
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.tls_certs import Authority, issue, make_ca
+from tests.support.tls_certs import Authority, issue
+from tests.support.webhook_process import start_webhook
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "admission"
 
@@ -37,53 +36,18 @@ class Server:
     context: ssl.SSLContext
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"gatekeeper webhook exited with {process.returncode}: {log.read_text()}")
-        try:
-            if client.get("/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    pytest.fail(f"gatekeeper webhook did not answer /healthz in 30 s: {log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     directory = tmp_path_factory.mktemp("webhook-tls")
-    ca = make_ca(directory)
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    issue(ca, cert, key)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "gatekeeper", "webhook", "--cert", str(cert),
-               "--key", str(key), "--host", "127.0.0.1", "--port", str(port),
-               "--reload-seconds", "0.1"]  # fmt: skip
-    log = directory / "webhook.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    context = ssl.create_default_context(cafile=str(ca.path))
-    client = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=10)
+    webhook = start_webhook(directory, "--reload-seconds", "0.1")
+    context = ssl.create_default_context(cafile=str(webhook.ca.path))
+    client = httpx.Client(base_url=webhook.url(""), verify=context, timeout=10)
     try:
-        _wait_ready(client, process, log)
-        yield Server(port, ca, cert, key, client, context)
+        yield Server(webhook.port, webhook.ca, directory / "tls.crt", directory / "tls.key",
+                     client, context)  # fmt: skip
     finally:
         client.close()
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        webhook.stop()
 
 
 def test_https_round_trip(server):
