@@ -28,8 +28,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from bench.cluster_fleet import Fleet, Workload
 from gatekeeper.cluster.agent import quantity_bytes
+from gatekeeper.k8s.workloads import CLAIM_ANNOTATION, pod_templates
 
-CLAIM_ANNOTATION = "vllm-gatekeeper.io/claim"
 Outcome = str
 """placed, pending (with the scheduler's reason), pending_without_reason, denied (with the
 admission's reason), denied_without_reason, error."""
@@ -76,13 +76,14 @@ class DeviceBooks:
 
 
 def _need(created: Any) -> int | None:
-    meta = created.to_dict().get("metadata", {})
-    if created.kind != "Pod":
-        meta = created.to_dict()["spec"]["template"].get("metadata", {})
-    record = (meta.get("annotations") or {}).get(CLAIM_ANNOTATION)
-    if record is None:
-        return None
-    return int(next(iter(json.loads(record).values()))["memoryBytes"])
+    """The bytes per rank gatekeeper's webhook recorded on the created object's pod
+    template (read as the webhooks read it), else None."""
+    body = created.to_dict()
+    for template in pod_templates(str(body.get("kind", "")), body):
+        record = template.annotations.get(CLAIM_ANNOTATION)
+        if record is not None:
+            return int(next(iter(json.loads(record).values()))["memoryBytes"])
+    return None
 
 
 def _create(client: Client, workload: Workload, manifest: dict[str, Any]) -> Arrival:
