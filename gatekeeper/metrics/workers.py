@@ -37,6 +37,7 @@ from gatekeeper.gpus.attribution import worker_usage
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.gpus.proctree import descendants, read_parent_map
 from gatekeeper.metrics.worker_states import PENDING_STATES as _PENDING_STATES
+from gatekeeper.metrics.worker_states import RESERVING_STATES, WORKER_STATES
 
 __all__ = [
     "COMPONENTS",
@@ -54,12 +55,9 @@ Component = ComponentName
 """A ``component`` label's value: ``gatekeeper.estimator.components``' names, which
 dashboards and alert rules select on."""
 
-WORKER_STATES = (
-    "admitted", "launching", "loading", "ready", "unhealthy", "failed", "stopping", "stopped"
-)  # fmt: skip
-"""``gatekeeper.sidecar.deployment.State``'s values (the ``state`` label of ``gatekeeper_workers``)."""
-
-_LIVE_STATES = frozenset({"admitted", "launching", "loading", "ready", "unhealthy", "stopping"})
+_LIVE_STATES = RESERVING_STATES | {"stopping"}
+"""States whose worker may still hold GPU memory (``WORKER_STATES`` is the ``state``
+label of ``gatekeeper_workers``)."""
 
 
 def predicted_components(predicted: Mapping[str, Any]) -> dict[Component, int]:
@@ -156,7 +154,7 @@ class WorkerCollector(Collector):
         for v in views:
             if v.state != "stopped":
                 f.restarts.add_metric([v.model, v.worker], v.restarts)
-        counts = dict.fromkeys(WORKER_STATES, 0)
+        counts: dict[str, int] = dict.fromkeys(WORKER_STATES, 0)
         for v in views:
             counts[v.state] = counts.get(v.state, 0) + 1
         for state in WORKER_STATES:
