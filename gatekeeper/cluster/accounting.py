@@ -27,7 +27,7 @@ import copy
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -65,6 +65,8 @@ class Allocation:
     """``consumedCapacity.memory`` (0 when the result books no memory)."""
     pods: tuple[str, ...]
     """The pods in ``status.reservedFor``."""
+    pod_uids: tuple[str, ...] = field(default=(), compare=False)
+    """Their UIDs, in the same order (not part of the vanished record)."""
 
 
 def _results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -86,7 +88,9 @@ def allocations(
     for claim in claims:
         meta = claim.get("metadata") or {}
         reserved = (claim.get("status") or {}).get("reservedFor") or []
-        pods = tuple(ref["name"] for ref in reserved if ref.get("resource") == "pods")
+        refs = [ref for ref in reserved if ref.get("resource") == "pods"]
+        pods = tuple(ref["name"] for ref in refs)
+        uids = tuple(str(ref.get("uid", "")) for ref in refs)
         for result in _results(claim):
             if result.get("driver") != driver or result.get("pool") != pool:
                 continue
@@ -98,6 +102,7 @@ def allocations(
                     device=result["device"],
                     memory_bytes=to_bytes(memory) if memory is not None else 0,
                     pods=pods,
+                    pod_uids=uids,
                 )
             )
     return found

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gatekeeper.cluster.accounting import allocations
 from gatekeeper.cluster.slices import device_name
 from gatekeeper.gpus.inventory import GpuInfo
 
@@ -71,30 +72,20 @@ def pod_claims(
     pool: str,
     to_bytes: Callable[[str], int],
 ) -> list[PodClaim]:
-    """Each (pod, device) of ``claims`` (API dicts) on ``driver``'s ``pool``."""
-    found: list[PodClaim] = []
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        status = claim.get("status") or {}
-        reserved = [r for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        for result in results:
-            if result.get("driver") != driver or result.get("pool") != pool:
-                continue
-            memory = (result.get("consumedCapacity") or {}).get("memory")
-            claimed = to_bytes(memory) if memory is not None else 0
-            for ref in reserved:
-                found.append(
-                    PodClaim(
-                        namespace=str(meta.get("namespace", "")),
-                        pod=str(ref.get("name", "")),
-                        pod_uid=str(ref.get("uid", "")),
-                        claim=str(meta.get("name", "")),
-                        device=str(result["device"]),
-                        claimed_bytes=claimed,
-                    )
-                )
-    return found
+    """Each (pod, device) of ``claims`` (API dicts) on ``driver``'s ``pool``
+    (``accounting.allocations``, one per pod the claim is reserved for)."""
+    return [
+        PodClaim(
+            namespace=str(a.namespace),
+            pod=str(pod),
+            pod_uid=uid,
+            claim=str(a.claim),
+            device=str(a.device),
+            claimed_bytes=a.memory_bytes,
+        )
+        for a in allocations(claims, driver, pool, to_bytes)
+        for pod, uid in zip(a.pods, a.pod_uids, strict=True)
+    ]
 
 
 def attribute(
