@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Pod
@@ -38,7 +38,7 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
-from tests.support.kube_cluster import KubeCluster, ready_node
+from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
@@ -92,14 +92,6 @@ def nvidia_device_class() -> dict[str, Any]:
             "metadata": {"name": NVIDIA}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}  # fmt: skip
 
 
-def _create(api: Client, manifest: dict[str, Any]) -> None:
-    try:
-        api.create(from_dict(manifest))
-    except ApiError as e:
-        if e.status.code != 409:
-            raise
-
-
 def _pod(name: str, namespace: str, node: str, args: list[str]) -> dict[str, Any]:
     """vLLM's docs' container on 2 whole GPUs, as a bare Pod pinned to ``node``."""
     pod_spec = {"tolerations": [{**TAINT, "operator": "Equal"}],
@@ -137,7 +129,7 @@ def test_nvidia_dra_mode_claims_nvidias_devices_and_the_scheduler_allocates_them
 ):
     for manifest in (nvidia_device_class(), ready_node(NODE, (TAINT,)), nvidia_slice(NODE),
                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}):  # fmt: skip
-        _create(client, manifest)
+        create_unless_present(client, manifest)
     args = [vllm_workloads.MODEL, "--max-model-len", "8192", "-tp", "2", "--quantization", "fp8"]
     pod = _pod("qwen", NAMESPACE, NODE, args)
     mutator = Mutator(
@@ -180,7 +172,9 @@ def hami_webhook(
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HAMI_NAMESPACE}},
         "rules": [rule],
     }  # fmt: skip
-    _create(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HAMI_NAMESPACE}})
+    create_unless_present(
+        client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HAMI_NAMESPACE}}
+    )
     client.create(from_dict({"apiVersion": "admissionregistration.k8s.io/v1",
                              "kind": "MutatingWebhookConfiguration",
                              "metadata": {"name": "gatekeeper-test-hami"}, "webhooks": [hook]}))  # fmt: skip
@@ -218,7 +212,7 @@ def test_hami_mode_writes_hamis_resources_and_kube_scheduler_binds_by_them(
         "--kv-cache-memory-bytes",
         str(record["kvCacheMemoryBytes"]),
     ]
-    _create(client, _hami_node(mib * 3 // 2))  # room for one such pod, not two
+    create_unless_present(client, _hami_node(mib * 3 // 2))  # room for one such pod, not two
     assert _wait(client, "first", HAMI_NAMESPACE, _bound)["spec"]["nodeName"] == HAMI_NODE
     client.create(from_dict(_pod("second", HAMI_NAMESPACE, HAMI_NODE, args)))
     waiting = _wait(client, "second", HAMI_NAMESPACE, _unschedulable)

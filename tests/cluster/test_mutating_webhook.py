@@ -38,7 +38,7 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
-from tests.support.kube_cluster import KubeCluster, ready_node
+from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
@@ -116,11 +116,7 @@ def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
     for manifest in (device_class, ready_node(NODE, (TAINT,)), slice_, namespace):
-        try:
-            api.create(from_dict(manifest))
-        except ApiError as e:
-            if e.status.code != 409:  # the DeviceClass may come from another module
-                raise
+        create_unless_present(api, manifest)  # the DeviceClass may come from another module
     api.create(from_dict(_configuration(webhook)))
     yield api
     api.delete(MutatingWebhookConfiguration, "gatekeeper-test-claims")

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lightkube import ApiError, Client
+from lightkube.codecs import from_dict
 
 from bench.kube_control_plane import (
     BINARIES,
@@ -31,6 +33,7 @@ __all__ = [
     "KUBE_BIN_ENV",
     "Component",
     "KubeCluster",
+    "create_unless_present",
     "kube_bin_dir",
     "kube_cluster",
     "missing_reason",
@@ -54,6 +57,16 @@ def ready_node(name: str, taints: tuple[dict[str, str], ...] = ()) -> dict[str, 
     if taints:
         node["spec"] = {"taints": list(taints)}
     return node
+
+
+def create_unless_present(api: Client, manifest: dict[str, Any]) -> None:
+    """Creates ``manifest``; one already there (409: another module of the session made
+    it, the DeviceClass most often) is left as it is."""
+    try:
+        api.create(from_dict(manifest))
+    except ApiError as e:
+        if e.status.code != 409:
+            raise
 
 
 @pytest.fixture(scope="session")
