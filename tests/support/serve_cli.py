@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.serve_process import stop
 from gatekeeper.sidecar.rehearsal import SIMULATOR
 from tests.support.sidecar_harness import free_port_block
 
@@ -77,12 +78,7 @@ def serve_process(work: Path, **settings: object) -> Iterator[ServeProcess]:
         _wait_healthy(served)
         yield served
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 30)
 
 
 def _wait_healthy(served: ServeProcess) -> None:
