@@ -30,6 +30,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from lightkube.utils.quantity import parse_quantity
 
+from bench.cluster_fleet import webhook_configuration
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME
@@ -45,6 +46,7 @@ pytestmark = pytest.mark.k8s
 
 NODE = "mutate-node"
 NAMESPACE = "mutate"
+CONFIGURATION = "claims"  # its webhook: claims.vllm-gatekeeper.io, as the apiserver names it
 TAINT = {"key": "gatekeeper-test", "value": "mutate", "effect": "NoSchedule"}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 TIMEOUT_SECONDS = 60.0
@@ -58,29 +60,13 @@ def _gpus() -> InventorySnapshot:
 
 
 def _configuration(webhook: WebhookProcess) -> dict[str, Any]:
-    rules = [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-         "resources": ["pods"], "scope": "Namespaced"},
-        {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-         "resources": ["deployments", "statefulsets"], "scope": "Namespaced"},
-    ]  # fmt: skip
-    hook = {
-        "name": "claims.vllm-gatekeeper.io",
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "NoneOnDryRun",
-        "failurePolicy": "Fail",
-        "reinvocationPolicy": "IfNeeded",
-        "timeoutSeconds": 10,
-        "clientConfig": {"url": webhook.url("/k8s/mutate"), "caBundle": webhook.ca_bundle},
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-        "rules": rules,
-    }
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "gatekeeper-test-claims"},
-        "webhooks": [hook],
-    }
+    """The bench's configuration (Pods, Deployments; ``Fail``) for this namespace, with
+    StatefulSets too; its webhook is ``claims.vllm-gatekeeper.io``."""
+    config = webhook_configuration(CONFIGURATION, webhook, NAMESPACE)
+    (hook,) = config["webhooks"]
+    (apps,) = (rule for rule in hook["rules"] if rule["apiGroups"] == ["apps"])
+    apps["resources"].append("statefulsets")
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +105,7 @@ def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
         create_unless_present(api, manifest)  # the DeviceClass may come from another module
     api.create(from_dict(_configuration(webhook)))
     yield api
-    api.delete(MutatingWebhookConfiguration, "gatekeeper-test-claims")
+    api.delete(MutatingWebhookConfiguration, CONFIGURATION)
 
 
 def deployment(name: str, args: list[str], **container: Any) -> dict[str, Any]:
