@@ -91,25 +91,22 @@ def server(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[
     return build(app, sock, settings)
 
 
-def _gatekeeper(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+def _gatekeeper(
+    app: Starlette, sock: socket.socket, settings: Settings, *, http: str | None = None
+) -> Callable[[], None]:
     import uvicorn
 
     from gatekeeper.sidecar.http_protocol import server_config
 
     host, port = sock.getsockname()[:2]
     config = server_config(app, host=host, port=port, settings=settings)
+    if http is not None:
+        config.http = http  # in place of the sidecar's protocol (read at load)
     return lambda: uvicorn.Server(config).run(sockets=[sock])
 
 
 def _uvicorn(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
-    import uvicorn
-
-    from gatekeeper.sidecar.http_protocol import server_config
-
-    host, port = sock.getsockname()[:2]
-    config = server_config(app, host=host, port=port, settings=settings)
-    config.http = "httptools"  # uvicorn's own protocol, in place of the sidecar's (read at load)
-    return lambda: uvicorn.Server(config).run(sockets=[sock])
+    return _gatekeeper(app, sock, settings, http="httptools")  # uvicorn's own protocol
 
 
 def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
