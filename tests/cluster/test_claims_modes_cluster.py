@@ -32,6 +32,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.utils.quantity import parse_quantity
 
+from bench.cluster_fleet import webhook_configuration
 from gatekeeper.cluster.claims import HAMI_GPU, HAMI_GPUMEM, NVIDIA_DRIVER
 from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, Mutator
 from gatekeeper.k8s.server import webhook_from_settings
@@ -47,6 +48,7 @@ MiB = 2**20
 NVIDIA = "gpu.nvidia.com"
 NODE, HAMI_NODE = "nvidia-node", "hami-node"
 NAMESPACE, HAMI_NAMESPACE = "nvidia-dra", "hami"
+HAMI_CONFIGURATION = "gatekeeper-test-hami"
 TAINT = {"key": "gatekeeper-test", "value": "claims-modes", "effect": "NoSchedule"}
 H100_BYTES = 85520809984  # tests/fixtures/gpus/h100_80g_x8.json
 TIMEOUT_SECONDS = 60.0
@@ -163,25 +165,14 @@ def hami_webhook(
         tmp_path_factory.mktemp("hami"), "--mutate", "--claims-mode", "hami",
         "--kubeconfig", str(kube_cluster.kubeconfig),
     )  # fmt: skip
-    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-            "resources": ["pods"], "scope": "Namespaced"}  # fmt: skip
-    hook = {
-        "name": "claims.vllm-gatekeeper.io", "admissionReviewVersions": ["v1"],
-        "sideEffects": "NoneOnDryRun", "failurePolicy": "Fail", "timeoutSeconds": 10,
-        "clientConfig": {"url": running.url("/k8s/mutate"), "caBundle": running.ca_bundle},
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HAMI_NAMESPACE}},
-        "rules": [rule],
-    }  # fmt: skip
     create_unless_present(
         client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HAMI_NAMESPACE}}
     )
-    client.create(from_dict({"apiVersion": "admissionregistration.k8s.io/v1",
-                             "kind": "MutatingWebhookConfiguration",
-                             "metadata": {"name": "gatekeeper-test-hami"}, "webhooks": [hook]}))  # fmt: skip
+    client.create(from_dict(webhook_configuration(HAMI_CONFIGURATION, running, HAMI_NAMESPACE)))
     try:
         yield running
     finally:
-        client.delete(MutatingWebhookConfiguration, "gatekeeper-test-hami")
+        client.delete(MutatingWebhookConfiguration, HAMI_CONFIGURATION)
         running.stop()
 
 
