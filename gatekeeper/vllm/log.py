@@ -14,6 +14,8 @@ Formats (``shared/reference/vllm-memory.md`` §5), after vLLM's
   weight, 1.89 GiB for peak activation, 0.25 GiB for non-torch memory, and 0.91 GiB for
   CUDAGraph memory.`` (v0.19) or ``… Actual usage is X GiB for consumed memory (weights +
   non-torch), Y GiB for peak activation, and Z GiB for CUDAGraph memory.`` (v0.33)
+- ``Explicitly set (0.25/23.54) GiB for KV cache on node 0.`` (the CPU worker given
+  ``--kv-cache-memory-bytes``: the KV cache, then the NUMA node's total memory)
 - ``Starting vLLM server on http://…``
 """
 
@@ -38,6 +40,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights", re.compile(rf"Loading model weights took {_NUM} ?GB")),
     ("kv_cache", re.compile(rf"Available KV cache memory: {_NUM} ?GiB")),
     ("kv_cache", re.compile(rf"reserved {_NUM} GiB memory for KV Cache")),
+    ("kv_cache", re.compile(rf"Explicitly set \({_NUM}/[\d.]+\) GiB for KV cache")),
     ("cuda_graph", re.compile(rf"Graph capturing finished in [\d.]+ secs?, took {_NUM} GiB")),
     ("activation_peak", re.compile(rf"torch peak memory increase: {_NUM} ?GiB")),
     ("non_torch", re.compile(rf"non-torch forward increase memory: {_NUM} ?GiB")),

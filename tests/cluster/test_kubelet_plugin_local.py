@@ -207,3 +207,7 @@ def test_real_vllm_on_cpu_takes_the_kv_cache_the_flag_names(tmp_path: Path) -> N
     log = (tmp_path / "vllm.log").read_text()
     assert "Explicitly set (0.25/" in log, log[-3000:]  # 256 MiB, as vLLM prints GiB
     assert "'kv_cache_memory_bytes': 268435456" in log
+    read = StartupLog()
+    for line in log.splitlines():
+        read = read.feed(line)
+    assert read.memory.kv_cache == 256 * MIB  # 0.25 GiB, as gatekeeper reads the line

@@ -98,3 +98,22 @@ def test_ordinary_lines_are_not_failures():
         failure_reason(PREFIX + "Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 3.0%")
         is None
     )
+
+
+@pytest.mark.parametrize(
+    ("kv_bytes", "total_bytes"), [(256 * 2**20, 25_276_000_000), (GIB, 64 * GIB)]
+)
+def test_the_cpu_worker_s_explicit_kv_cache_line_gives_the_kv_figure(kv_bytes, total_bytes):
+    # vLLM 0.32's v1/worker/cpu_worker.py with --kv-cache-memory-bytes, its format_gib
+    # (mem_utils.py: round(b / GiB, 2)) on both figures: "(0.25/23.54)", "(1.0/64.0)".
+    def gib_text(b: int) -> str:
+        return f"{round(b / GIB, 2)}"
+
+    line = (
+        "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:00 [cpu_worker.py:236] "
+        f"Explicitly set ({gib_text(kv_bytes)}/{gib_text(total_bytes)}) GiB for KV cache "
+        "on node 0."
+    )
+    log = StartupLog().feed(line)
+    assert log.memory.kv_cache == round(round(kv_bytes / GIB, 2) * GIB)
+    assert log.memory.components() == {"kv_cache": log.memory.kv_cache}
