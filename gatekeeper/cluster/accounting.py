@@ -13,6 +13,11 @@ them with its GPUs (design: ``../shared/reference/cluster.md``):
   unaccounted memory exceeds the tolerance, so the scheduler stops adding claims to it
   until the memory is free again (kubernetes ``pkg/apis/resource/types.go``, DeviceTaint;
   DRADeviceTaints is GA and on by default in 1.37, beta and on from 1.36);
+- ``shared_devices`` finds the devices whose GPU another DRA driver publishes on the same
+  node (NVIDIA's ``gpu.nvidia.com``, a second gatekeeper driver): its scheduler books that
+  GPU's memory without seeing gatekeeper's claims, and the reverse; ``with_taints`` puts
+  the ``NoSchedule`` taint ``SHARED_TAINT_KEY`` on them, so that only one driver's claims
+  land there (claims already allocated keep running: ``NoSchedule`` evicts nothing);
 - ``vanished`` lists the allocations on devices the new slice no longer has;
 - ``orphans_text`` and ``parse_orphans`` write and read those allocations (with the
   vanished GPU's uuid) as the slice's ``VANISHED_ANNOTATION``, so that a restarted agent
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "SHARED_TAINT_KEY",
     "TAINT_EFFECT",
     "TAINT_KEY",
     "VANISHED_ANNOTATION",
@@ -42,6 +48,7 @@ __all__ = [
     "orphan_key",
     "orphans_text",
     "parse_orphans",
+    "shared_devices",
     "unaccounted_bytes",
     "vanished",
     "with_taints",
@@ -49,6 +56,9 @@ __all__ = [
 
 TAINT_KEY = "gpu.gatekeeper.dev/unaccounted-memory"
 """The device taint the agent sets while memory no claim books is in use."""
+SHARED_TAINT_KEY = "gpu.gatekeeper.dev/published-by-another-driver"
+"""The device taint the agent sets while another DRA driver publishes the same GPU; its
+value is that driver's name."""
 TAINT_EFFECT = "NoSchedule"
 VANISHED_ANNOTATION = "gpu.gatekeeper.dev/vanished"
 """The slice's annotation listing the allocations on GPUs that vanished (JSON)."""
@@ -125,20 +135,59 @@ def unaccounted_bytes(used: Mapping[str, int], booked: Mapping[str, int]) -> dic
 
 
 def with_taints(
-    slice_: Mapping[str, Any], unaccounted: Mapping[str, int], tolerance_bytes: int
+    slice_: Mapping[str, Any],
+    unaccounted: Mapping[str, int],
+    tolerance_bytes: int,
+    shared: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A copy of ``slice_`` whose devices with over ``tolerance_bytes`` unaccounted carry
-    the ``NoSchedule`` taint ``TAINT_KEY``; the others carry none of ours."""
+    the ``NoSchedule`` taint ``TAINT_KEY``, and those in ``shared`` (device name -> the
+    other driver) ``SHARED_TAINT_KEY``; the others carry none of ours."""
+    ours = (TAINT_KEY, SHARED_TAINT_KEY)
+    shared = shared or {}
     tainted = copy.deepcopy(dict(slice_))
     for device in tainted["spec"]["devices"]:
-        others = [t for t in device.get("taints", []) if t.get("key") != TAINT_KEY]
-        if unaccounted.get(device["name"], 0) > tolerance_bytes:
-            others.append({"key": TAINT_KEY, "value": "true", "effect": TAINT_EFFECT})
-        if others:
-            device["taints"] = others
+        name = device["name"]
+        taints = [t for t in device.get("taints", []) if t.get("key") not in ours]
+        if unaccounted.get(name, 0) > tolerance_bytes:
+            taints.append({"key": TAINT_KEY, "value": "true", "effect": TAINT_EFFECT})
+        if name in shared:
+            taints.append({"key": SHARED_TAINT_KEY, "value": shared[name], "effect": TAINT_EFFECT})
+        if taints:
+            device["taints"] = taints
         else:
             device.pop("taints", None)
     return tainted
+
+
+def _uuid_attributes(device: Mapping[str, Any]) -> set[str]:
+    """The string values of a device's ``uuid`` attributes (``uuid`` in the driver's own
+    domain, or qualified: ``gpu.nvidia.com/uuid``)."""
+    found = set()
+    for name, value in (device.get("attributes") or {}).items():
+        if str(name).rsplit("/", 1)[-1] == "uuid" and isinstance(value, Mapping):
+            text = value.get("string")
+            if isinstance(text, str) and text:
+                found.add(text)
+    return found
+
+
+def shared_devices(
+    identities: Mapping[str, str], others: Iterable[Mapping[str, Any]], driver: str
+) -> dict[str, str]:
+    """Our devices (``identities``: name -> GPU uuid) whose GPU a slice of another driver
+    in ``others`` (the node's ResourceSlices, API dicts) also publishes: name -> driver."""
+    by_uuid = {uuid: name for name, uuid in identities.items() if uuid}
+    shared: dict[str, str] = {}
+    for slice_ in others:
+        spec = slice_.get("spec") or {}
+        other = str(spec.get("driver", ""))
+        if other == driver:
+            continue
+        for device in spec.get("devices") or []:
+            for uuid in _uuid_attributes(device) & by_uuid.keys():
+                shared.setdefault(by_uuid[uuid], other)
+    return shared
 
 
 def vanished(found: Iterable[Allocation], devices: Iterable[str]) -> list[Allocation]:

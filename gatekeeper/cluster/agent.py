@@ -6,7 +6,9 @@ Each pass reads the node's GPUs and the ResourceClaims allocated on its pool, th
 1. builds the node's ResourceSlice (``slices.resource_slice``: pool = node name);
 2. taints ``NoSchedule`` each device whose NVML-used memory exceeds what its claims booked
    by more than the tolerance (``accounting.with_taints``), and lifts the taint once the
-   memory is free again;
+   memory is free again; and each device whose GPU (by uuid) another DRA driver also
+   publishes on this node (``accounting.shared_devices``: NVIDIA's driver beside ours
+   would book the same memory twice), until that driver's slice no longer lists it;
 3. creates the slice, or replaces it when its devices differ from the published ones, or
    leaves it alone. The pool's generation goes up by one when the device set changes (a
    GPU appeared or vanished); a taint or a capacity change is one update of the pool's one
@@ -43,6 +45,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
 from gatekeeper.cluster.accounting import (
+    SHARED_TAINT_KEY,
+    TAINT_KEY,
     VANISHED_ANNOTATION,
     Allocation,
     Orphans,
@@ -51,6 +55,7 @@ from gatekeeper.cluster.accounting import (
     orphan_key,
     orphans_text,
     parse_orphans,
+    shared_devices,
     unaccounted_bytes,
     vanished,
     with_taints,
@@ -93,7 +98,10 @@ class PassResult:
     generation: int
     devices: tuple[str, ...] = ()
     tainted: tuple[str, ...] = ()
+    """Devices tainted for memory no claim books (``accounting.TAINT_KEY``)."""
     vanished: tuple[Allocation, ...] = ()
+    shared: tuple[tuple[str, str], ...] = ()
+    """Devices another driver also publishes, with that driver (``SHARED_TAINT_KEY``)."""
 
 
 def quantity_bytes(text: str) -> int:
@@ -182,6 +190,8 @@ class NodeAgent:
         """The last pass that succeeded."""
         self.passes: Counter[str] = Counter()
         """Passes by outcome: created, updated, unchanged, kept, failed."""
+        self.shared: dict[str, str] = {}
+        """Our devices whose GPU another driver publishes on this node, and that driver."""
         self.orphans: Orphans = {}
         """Allocations on vanished devices, with the vanished GPU's uuid, by (namespace,
         claim, device); kept until the claim is deallocated (its pod deleted), and recorded on
@@ -201,6 +211,13 @@ class NodeAgent:
         claims = [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
         return allocations(claims, self._config.driver, self._config.node_name, quantity_bytes)
 
+    def _other_slices(self) -> list[dict[str, Any]]:
+        """This node's ResourceSlices (every driver's; ``shared_devices`` skips ours)."""
+        node = self._config.node_name
+        return [
+            s.to_dict() for s in self._client.list(ResourceSlice, fields={"spec.nodeName": node})
+        ]
+
     def _desired(
         self, snapshot: InventorySnapshot, found: list[Allocation], generation: int
     ) -> dict[str, Any]:
@@ -210,7 +227,26 @@ class NodeAgent:
         )
         used = {device_name(gpu): gpu.used_bytes for gpu in snapshot.gpus}
         unaccounted = unaccounted_bytes(used, booked_bytes(found))
-        return with_taints(desired, unaccounted, cfg.tolerance_bytes)
+        shared = shared_devices(_identities(desired), self._other_slices(), cfg.driver)
+        if shared != self.shared:
+            self._say_shared(shared)
+        self.shared = shared
+        return with_taints(desired, unaccounted, cfg.tolerance_bytes, shared)
+
+    def _say_shared(self, shared: Mapping[str, str]) -> None:
+        """One log line when the devices another driver also publishes change."""
+        if not shared:
+            log.info("no other driver publishes this node's GPUs now; taints lifted")
+            return
+        listed = ", ".join(f"{device} (also {driver})" for device, driver in sorted(shared.items()))
+        log.warning(
+            "another DRA driver publishes the same GPUs on node %s: %s; tainted %s so that "
+            "only that driver's claims are placed there. Run one driver per GPU: remove "
+            "gatekeeper's agent from this node, or that driver's kubelet plugin",
+            self._config.node_name,
+            listed,
+            SHARED_TAINT_KEY,
+        )
 
     def publish(self) -> PassResult:
         """One pass: read, compare, write what changed, report vanished devices' pods.
@@ -235,7 +271,11 @@ class NodeAgent:
         desired = self._desired(snapshot, found, generation)
         identities = _identities(desired)
         names = tuple(sorted(identities))
-        tainted = tuple(d["name"] for d in desired["spec"]["devices"] if d.get("taints"))
+        tainted = tuple(
+            d["name"]
+            for d in desired["spec"]["devices"]
+            if any(t["key"] == TAINT_KEY for t in d.get("taints") or [])
+        )
         before = _identities(current) if current else identities
         orphans, gone = self._orphans(current, found, before, identities)
         _annotate(desired, orphans)
@@ -253,7 +293,9 @@ class NodeAgent:
         self.orphans = orphans
         for allocation, uuid in gone:
             self._report_vanished(allocation, uuid)
-        return PassResult(action, generation, names, tainted, tuple(a for a, _ in gone))
+        gone_allocations = tuple(a for a, _ in gone)
+        shared = tuple(sorted(self.shared.items()))
+        return PassResult(action, generation, names, tainted, gone_allocations, shared)
 
     def _replace(self, current: Mapping[str, Any], desired: dict[str, Any]) -> Action:
         desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]

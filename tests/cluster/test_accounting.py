@@ -12,10 +12,12 @@ import pytest
 
 from gatekeeper.cluster import resource_slice
 from gatekeeper.cluster.accounting import (
+    SHARED_TAINT_KEY,
     TAINT_KEY,
     Allocation,
     allocations,
     booked_bytes,
+    shared_devices,
     unaccounted_bytes,
     vanished,
     with_taints,
@@ -96,6 +98,39 @@ def test_taints_only_over_the_tolerance_and_keeps_others_taints() -> None:
     untainted = with_taints(tainted, {}, tolerance_bytes=GiB)
     assert untainted["spec"]["devices"][2].get("taints") == [other]
     assert all("taints" not in d for i, d in enumerate(untainted["spec"]["devices"]) if i != 2)
+
+
+def _nvidia_slice(uuids: list[str], node: str = "node-a") -> dict[str, Any]:
+    """A slice as NVIDIA's DRA driver publishes full GPUs (``uuid`` in its own domain)."""
+    devices = [
+        {"name": f"gpu-{i}", "attributes": {"uuid": {"string": u}, "type": {"string": "gpu"}}}
+        for i, u in enumerate(uuids)
+    ]
+    return {"spec": {"driver": "gpu.nvidia.com", "nodeName": node, "devices": devices}}
+
+
+def test_a_gpu_another_driver_publishes_is_tainted_with_that_driver() -> None:
+    published = _slice()
+    uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in published["spec"]["devices"]}
+    names = list(uuids)
+    qualified = _nvidia_slice([])
+    qualified["spec"]["devices"] = [
+        {"name": "x", "attributes": {"gpu.nvidia.com/uuid": {"string": uuids[names[3]]}}}
+    ]
+    others = [
+        _nvidia_slice([uuids[names[1]], "GPU-not-ours"]),
+        qualified,
+        {"spec": {"driver": DRIVER, "devices": published["spec"]["devices"]}},  # ours: skipped
+    ]
+    shared = shared_devices(uuids, others, DRIVER)
+    assert shared == {names[1]: "gpu.nvidia.com", names[3]: "gpu.nvidia.com"}
+    tainted = with_taints(published, {names[1]: 5 * GiB}, GiB, shared)
+    keys = [[t["key"] for t in d.get("taints") or []] for d in tainted["spec"]["devices"]]
+    assert keys[:4] == [[], [TAINT_KEY, SHARED_TAINT_KEY], [], [SHARED_TAINT_KEY]]
+    assert tainted["spec"]["devices"][3]["taints"][0]["value"] == "gpu.nvidia.com"
+    lifted = with_taints(tainted, {}, GiB, {})
+    assert all("taints" not in d for d in lifted["spec"]["devices"])
+    assert shared_devices(uuids, [_nvidia_slice(["GPU-not-ours"])], DRIVER) == {}
 
 
 def test_vanished_lists_allocations_on_devices_no_longer_published() -> None:

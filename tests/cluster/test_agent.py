@@ -22,10 +22,12 @@ from typing import Any
 
 import pytest
 from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.resources.core_v1 import Event, Pod
 from prometheus_client.parser import text_string_to_metric_families
 
-from gatekeeper.cluster.accounting import TAINT_KEY
+from gatekeeper.cluster.accounting import SHARED_TAINT_KEY, TAINT_KEY
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus.stand_in import UNKNOWN, FakeFailure, FakeProcess, h100, write_state
@@ -174,6 +176,42 @@ def test_memory_no_claim_books_taints_the_device_until_it_is_free(
     print(f"memory freed to untainted slice: {(time.monotonic() - start) * 1000:.0f} ms")
     assert wait_for("blocked bound", lambda: bound_node(client, "blocked")) == NODE
     assert published(client)["spec"]["pool"]["generation"] == generation  # type: ignore[index]
+
+
+def test_a_gpu_another_driver_publishes_is_tainted_while_it_does(
+    client: Client, agent: AgentProcess
+) -> None:
+    """NVIDIA's DRA driver publishing GPU 0 of this node too: its scheduler would book the
+    same memory again, so gatekeeper's device for that GPU is tainted until it stops."""
+    name = f"{NODE}-gpu.nvidia.com"
+    foreign = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "gpu-0",
+                    "attributes": {"uuid": {"string": h100(0).uuid}, "type": {"string": "gpu"}},
+                }
+            ],
+        },
+    }
+    client.create(from_dict(foreign))
+    try:
+        wait_for("GPU 0 tainted", lambda: _taints(client)[device_of(0)] == [SHARED_TAINT_KEY])
+        assert _taints(client)[device_of(1)] == []
+        taint = published(client)["spec"]["devices"]  # type: ignore[index]
+        values = {d["name"]: [t["value"] for t in d.get("taints") or []] for d in taint}
+        assert values[device_of(0)] == ["gpu.nvidia.com"]
+        assert tainted_gauges(agent) == [0, 0], "not memory no claim books"
+        assert "another DRA driver publishes the same GPUs" in agent.log.read_text()
+    finally:
+        client.delete(ResourceSlice, name)
+    wait_for("taint lifted", lambda: not any(_taints(client).values()))
 
 
 def test_each_pod_s_claim_and_the_memory_of_no_pod_are_exported(
