@@ -377,6 +377,13 @@ class Settings(BaseSettings):
     kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     """Where kubelet looks for plugins' registration sockets."""
 
+    prepare_wait_seconds: float = Field(default=30.0, ge=0, le=43)
+    """How long the kubelet plugin's prepare of a claim whose bytes are not free on its GPU
+    waits for them (another claim unprepared, or memory freed outside the claims) before it
+    is refused; 0: refused at once (kubelet retries). At most 43: kubelet gives each call
+    45 s (``defaultClientCallTimeout``, pkg/kubelet/cm/dra/plugin/dra_plugin.go), and the
+    plugin keeps 2 s of the call's own deadline for its answer."""
+
     cdi_dir: Path = Path("/var/run/cdi")
     """Where the container runtime reads CDI specs: the kubelet plugin writes one per
     prepared claim there."""

@@ -8,19 +8,32 @@
    this driver on this node's pool are taken (``prepared.claimed_devices``);
 3. the pods the claim is reserved for are read (``read_pod``) and each container that
    runs vLLM on the claim found (``reserves.claim_users``); a pod with none is prepared
-   without the flag check, which the log says;
+   without the flag check, which the log says. What those vLLM containers' flags let vLLM
+   take on each device's GPU must fit the device's claimed bytes
+   (``reserves.check_reserves``). This sizing (the model resolved, perhaps from config
+   files) runs outside the lock, on a snapshot read before it: a GPU's name and total
+   memory do not change between that snapshot and the one under the lock;
 4. under one lock, so that two prepares never promise the same bytes: the GPUs are read
-   (NVML, through the inventory), each device's GPU found by its name (``slices.device_name``),
-   and its bytes checked against NVML's free memory less what the other prepared claims
-   there have not yet taken (``prepared.check_free``); what a claim has taken is its
-   pods' processes' usage, a process's pod read from ``/proc/<pid>/cgroup``; and what
-   those vLLM containers' flags let vLLM take on that GPU must fit the device's claimed
-   bytes (``reserves.check_reserves``);
-5. the CDI spec is written (``cdi.cdi_spec``), then the checkpoint, and the CDI device
+   again (NVML, through the inventory), each device's GPU found by its name
+   (``slices.device_name``; one that vanished meanwhile is refused), and its bytes checked
+   against NVML's free memory less what the other prepared claims there have not yet
+   taken and what prepares waiting ahead of it ask for (``prepared.check_free``); what a
+   claim has taken is its pods' processes' usage, a process's pod read from
+   ``/proc/<pid>/cgroup``;
+5. bytes not free now (``BytesNotFree``): the prepare waits for them, at most
+   ``wait_seconds`` and never past the call's ``deadline`` (kubelet's, less a margin:
+   ``kubelet_plugin``), in line: first come, first served, a later prepare never taking
+   bytes an earlier waiter waits for. It waits on a condition of the lock, so it holds
+   nothing unprepare and other prepares need; an unprepare wakes it at once, and it reads
+   NVML again every ``poll_seconds`` for memory freed outside the claims. Admitted once the
+   bytes are free, else refused with the same reason once the wait is over; with
+   ``max_waiters`` already in line a prepare is refused at once (each waiter holds one of
+   the plugin's gRPC threads);
+6. the CDI spec is written (``cdi.cdi_spec``), then the checkpoint, and the CDI device
    IDs returned.
 
-``unprepare`` removes the claim's CDI spec and its checkpoint entry; a claim not prepared
-is already unprepared.
+``unprepare`` removes the claim's CDI spec and its checkpoint entry, and wakes the waiters;
+a claim not prepared is already unprepared.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +51,17 @@ from typing import Any, Literal
 from gatekeeper.cluster.cdi import CONTROL_NODES, cdi_device_id, cdi_spec, spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint, write_atomically
 from gatekeeper.cluster.prepared import (
+    BytesNotFree,
+    ClaimedDevice,
     ClaimRef,
     PreparedClaim,
     PreparedDevice,
     PrepareError,
+    Waiter,
     check_free,
     claimed_devices,
     outstanding_bytes,
+    waiting_ahead,
 )
 from gatekeeper.cluster.reserves import (
     ClaimUser,
@@ -53,15 +71,31 @@ from gatekeeper.cluster.reserves import (
     vllm_takes,
 )
 from gatekeeper.cluster.slices import DRIVER_NAME, device_name
+from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 
-__all__ = ["DraDriver", "DriverPaths", "pod_uid"]
+__all__ = [
+    "DEADLINE_MARGIN_SECONDS",
+    "KUBELET_CALL_TIMEOUT_SECONDS",
+    "DraDriver",
+    "DriverPaths",
+    "pod_uid",
+]
 
 log = logging.getLogger("gatekeeper.cluster.dra_driver")
 # kubepods-burstable-pod1a2b_3c4d.slice (systemd) or /kubepods/besteffort/pod1a2b-3c4d/ (cgroupfs)
 _POD_IN_CGROUP = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
+KUBELET_CALL_TIMEOUT_SECONDS = 45.0
+"""kubelet's deadline on each call to a DRA plugin (prepare included): the constant
+``defaultClientCallTimeout = 45 * time.Second`` in k8s.io/kubernetes v1.37.2
+``pkg/kubelet/cm/dra/plugin/dra_plugin.go`` ("half of the kubelet retry period"), which
+applies because kubelet registers plugins with no timeout of their own (``RegisterPlugin(...,
+nil)`` in ``pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go``)."""
+DEADLINE_MARGIN_SECONDS = 2.0
+"""Kept back from a call's deadline for the last check, the files and the answer's way
+back: a prepare waits at most until the deadline less this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +140,9 @@ class DraDriver:
         size_rank: RankSizer | None = None,
         default_release: str | None = None,
         count_prepare: Callable[[Literal["prepared", "refused"]], None] | None = None,
+        wait_seconds: float = 0.0,
+        poll_seconds: float = 0.5,
+        max_waiters: int = 12,
     ) -> None:
         self.node_name = node_name
         self._count_prepare = count_prepare or (lambda outcome: None)
@@ -118,51 +155,135 @@ class DraDriver:
         self._read_pod = read_pod
         self._size_rank = size_rank
         self._release = default_release
+        longest = KUBELET_CALL_TIMEOUT_SECONDS - DEADLINE_MARGIN_SECONDS
+        if not 0 <= wait_seconds <= longest:
+            raise GatekeeperError(
+                f"the prepare wait of {wait_seconds} s is outside 0-{longest:g} s (kubelet "
+                f"gives a prepare {KUBELET_CALL_TIMEOUT_SECONDS:g} s, less "
+                f"{DEADLINE_MARGIN_SECONDS:g} s for the answer); set --prepare-wait-seconds "
+                "(or prepare_wait_seconds) in that range",
+                field="prepare_wait_seconds",
+                value=wait_seconds,
+            )
+        self.wait_seconds = wait_seconds
+        """How long a prepare whose bytes are not free waits for them (step 5); 0: not at all."""
+        self._poll_seconds = poll_seconds
+        self.max_waiters = max_waiters
+        """The most prepares waiting at once; one more is refused without waiting."""
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        """Notified when bytes may have come free: an unprepare, a waiter leaving the line."""
+        self._line: list[Waiter] = []
         self._checkpoint = Checkpoint(paths.checkpoint)
         self.prepared: dict[str, PreparedClaim] = self._checkpoint.load()
         """The prepared claims by uid, as checkpointed."""
 
-    def prepare(self, ref: ClaimRef) -> PreparedClaim:
+    def prepare(self, ref: ClaimRef, deadline: float | None = None) -> PreparedClaim:
         """Prepare ``ref``'s devices (see the module's steps); ``PrepareError`` when not now.
-        Each outcome is counted: ``refused`` for a ``PrepareError``, else ``prepared``."""
+        ``deadline`` (``time.monotonic()``) bounds the wait for bytes. Each outcome is
+        counted: ``refused`` for a ``PrepareError``, else ``prepared``."""
         try:
-            prepared = self._prepare(ref)
+            prepared = self._prepare(ref, deadline)
         except PrepareError:
             self._count_prepare("refused")
             raise
         self._count_prepare("prepared")
         return prepared
 
-    def _prepare(self, ref: ClaimRef) -> PreparedClaim:
+    @property
+    def waiting(self) -> tuple[ClaimRef, ...]:
+        """The claims whose prepares wait for bytes now, first come first."""
+        with self._lock:
+            return tuple(w.ref for w in self._line)
+
+    def _prepare(self, ref: ClaimRef, deadline: float | None) -> PreparedClaim:
         done = self.prepared.get(ref.uid)
         if done is not None:
             return done
         claim = self._read_claim(ref.namespace, ref.name)
         claimed = claimed_devices(claim, ref, self.driver, self.node_name, self._to_bytes)
         reserved = (claim.get("status") or {}).get("reservedFor") or []
-        pods = tuple(str(r.get("uid", "")) for r in reserved if r.get("resource") == "pods")
-        users = self._users(ref, [r for r in reserved if r.get("resource") == "pods"])
-        with self._lock:
-            done = self.prepared.get(ref.uid)
-            if done is not None:
-                return done
-            snapshot = self._read_gpus()
-            taken = self._taken(snapshot)
-            devices = []
-            for device in claimed:
-                gpu = self._gpu(ref, device.device, snapshot)
-                others = outstanding_bytes(self.prepared.values(), gpu.uuid, taken)
-                check_free(ref, device, gpu, others)
-                device_id = cdi_device_id(self.driver, ref.uid, device.device)
-                devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))
-                self._check_flags(ref, devices[-1], gpu, users)
-            prepared = PreparedClaim(ref, pods, tuple(devices))
-            self._write_spec(prepared)
-            self._checkpoint.save({**self.prepared, ref.uid: prepared})
-            self.prepared[ref.uid] = prepared
-        log.info("prepared claim %s: %s", ref, ", ".join(d.cdi_device_id for d in devices))
+        reserved = [r for r in reserved if r.get("resource") == "pods"]
+        pods = tuple(str(r.get("uid", "")) for r in reserved)
+        self._check_flags(ref, claimed, self._users(ref, reserved))
+        until = time.monotonic() + self.wait_seconds
+        until = until if deadline is None else min(until, deadline)
+        with self._changed:
+            prepared = self._admit(ref, claimed, pods, until)
+        devices = ", ".join(d.cdi_device_id for d in prepared.devices)
+        log.info("prepared claim %s: %s", ref, devices)
         return prepared
+
+    def _admit(
+        self, ref: ClaimRef, claimed: tuple[ClaimedDevice, ...], pods: tuple[str, ...], until: float
+    ) -> PreparedClaim:
+        """Under the lock: the claim prepared once its bytes are free (step 4), waiting in
+        line for them until ``until`` (step 5)."""
+        waiter = Waiter(ref, claimed)
+        start = time.monotonic()
+        try:
+            while (done := self.prepared.get(ref.uid)) is None:
+                try:
+                    devices = self._fit(ref, claimed, waiter)
+                except BytesNotFree as e:
+                    self._wait(e, waiter, start, until)
+                    continue
+                done = PreparedClaim(ref, pods, devices)
+                self._write_spec(done)
+                self._checkpoint.save({**self.prepared, ref.uid: done})
+                self.prepared[ref.uid] = done
+        finally:
+            if waiter in self._line:
+                self._line.remove(waiter)
+                self._changed.notify_all()  # those behind it no longer count its bytes
+                log.info("claim %s left the line after %.2f s", ref, time.monotonic() - start)
+        return done
+
+    def _fit(
+        self, ref: ClaimRef, claimed: tuple[ClaimedDevice, ...], waiter: Waiter
+    ) -> tuple[PreparedDevice, ...]:
+        """Each device's GPU read now, its bytes free (``BytesNotFree`` otherwise): free
+        less the prepared claims' outstanding bytes, what waiters ahead ask, and what this
+        claim's earlier devices on the same GPU take."""
+        snapshot = self._read_gpus()
+        taken = self._taken(snapshot)
+        line = self._line if waiter in self._line else [*self._line, waiter]
+        devices: list[PreparedDevice] = []
+        for device in claimed:
+            gpu = self._gpu(ref, device.device, snapshot)
+            others = outstanding_bytes(self.prepared.values(), gpu.uuid, taken)
+            mine = sum(d.claimed.memory_bytes for d in devices if d.gpu_uuid == gpu.uuid)
+            if mine:
+                others[f"{ref.namespace}/{ref.name}"] = mine  # its other requests there
+            check_free(ref, device, gpu, others, waiting_ahead(line, waiter, device.device))
+            device_id = cdi_device_id(self.driver, ref.uid, device.device)
+            devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))
+        return tuple(devices)
+
+    def _wait(self, refused: BytesNotFree, waiter: Waiter, start: float, until: float) -> None:
+        """Waits, the lock released, until bytes may have come free (an unprepare, a waiter
+        leaving) or ``poll_seconds`` pass, ``waiter`` in line; raises ``refused`` once past
+        ``until``, or at once when no wait is allowed or the line is full."""
+        left = until - time.monotonic()
+        queued = waiter in self._line
+        if left <= 0 and not queued:
+            raise refused
+        if left <= 0:
+            raise refused.noting(
+                f"It waited {time.monotonic() - start:.2f} s for them, the most it may (the "
+                f"agent's --prepare-wait-seconds {self.wait_seconds:g}, within kubelet's "
+                f"{KUBELET_CALL_TIMEOUT_SECONDS:g} s deadline less "
+                f"{DEADLINE_MARGIN_SECONDS:g} s)"
+            ) from None
+        if not queued:
+            if len(self._line) >= self.max_waiters:
+                raise refused.noting(
+                    f"It did not wait: {len(self._line)} prepares already wait for memory on "
+                    "this node, the most that may"
+                ) from None
+            self._line.append(waiter)
+            log.info("claim %s waits up to %.2f s for its bytes: %s", waiter.ref, left, refused)
+        self._changed.wait(min(self._poll_seconds, left))
 
     def _users(self, ref: ClaimRef, reserved: list[Mapping[str, Any]]) -> list[ClaimUser]:
         """The vLLM containers of the pods ``reserved`` that use the claim (step 3)."""
@@ -186,25 +307,31 @@ class DraDriver:
         return users
 
     def _check_flags(
-        self, ref: ClaimRef, device: PreparedDevice, gpu: GpuInfo, users: list[ClaimUser]
+        self, ref: ClaimRef, claimed: tuple[ClaimedDevice, ...], users: list[ClaimUser]
     ) -> None:
-        """What the users' vLLM flags let vLLM take on ``gpu`` fits the device's bytes."""
+        """What the users' vLLM flags let vLLM take on each device's GPU fits the device's
+        bytes (step 3: outside the lock; a GPU's name and total do not change)."""
         if not users:
             return
-        size = self._size_rank
-        takes = []
-        for user in users:
-            estimated = size(user.command, gpu.total_bytes, gpu.name) if size else None
-            takes.append((user, vllm_takes(user.command, gpu.total_bytes, estimated)))
-        check_reserves(ref, device, gpu.total_bytes, takes)
+        snapshot = self._read_gpus()
+        for device in claimed:
+            gpu = self._gpu(ref, device.device, snapshot)
+            prepared = PreparedDevice(device, gpu.index, gpu.uuid, "")
+            takes = []
+            for user in users:
+                size = self._size_rank
+                estimated = size(user.command, gpu.total_bytes, gpu.name) if size else None
+                takes.append((user, vllm_takes(user.command, gpu.total_bytes, estimated)))
+            check_reserves(ref, prepared, gpu.total_bytes, takes)
 
     def unprepare(self, ref: ClaimRef) -> None:
-        """Release ``ref``: its CDI spec and its checkpoint entry go."""
-        with self._lock:
+        """Release ``ref``: its CDI spec and its checkpoint entry go; waiters wake."""
+        with self._changed:
             (self._paths.cdi_dir / spec_file_name(self.driver, ref.uid)).unlink(missing_ok=True)
             if ref.uid in self.prepared:
                 self._checkpoint.save({u: c for u, c in self.prepared.items() if u != ref.uid})
                 del self.prepared[ref.uid]
+                self._changed.notify_all()  # its bytes may be what a waiter waits for
                 log.info("unprepared claim %s", ref)
 
     def _gpu(self, ref: ClaimRef, device: str, snapshot: InventorySnapshot) -> GpuInfo:

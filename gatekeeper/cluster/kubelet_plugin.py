@@ -11,7 +11,13 @@ As ``k8s.io/dynamic-resource-allocation/kubeletplugin`` does for Go drivers:
   ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``: ``NodePrepareResources`` and
   ``NodeUnprepareResources``, each claim of the request answered on its own
   (``DraDriver``): devices with their CDI device IDs, or the reason in ``error``, which
-  kubelet reports on the pod and retries.
+  kubelet reports on the pod and retries. A claim whose bytes are not free waits for them
+  within the call: until the call's deadline (kubelet's 45 s,
+  ``dra_driver.KUBELET_CALL_TIMEOUT_SECONDS``; grpc's ``context.time_remaining()``) less
+  ``dra_driver.DEADLINE_MARGIN_SECONDS``, one deadline for all the request's claims. The
+  DRA socket's pool has a thread for each waiter the driver allows
+  (``DraDriver.max_waiters``) beyond ``workers``, so unprepares and the prepares that fit
+  are never stuck behind waiters.
 
 The messages are ``gatekeeper.cluster.kubelet_api``'s; the method handlers are written
 out here with grpc's generic handlers (what a ``_pb2_grpc`` module would generate).
@@ -20,6 +26,7 @@ out here with grpc's generic handlers (what a ``_pb2_grpc`` module would generat
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -31,7 +38,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from gatekeeper.cluster.dra_driver import DraDriver
+from gatekeeper.cluster.dra_driver import DEADLINE_MARGIN_SECONDS, DraDriver
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_api import pluginregistration_v1_pb2 as reg
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
@@ -110,11 +117,12 @@ class KubeletPlugin:
             ),
         }
         # The DRA socket first: kubelet calls it as soon as it sees the registration socket.
-        for path, service, handlers in (
-            (self.sockets.dra, DRA_SERVICE, dra_handlers),
-            (self.sockets.registration, REGISTRATION_SERVICE, reg_handlers),
+        dra_workers = self._workers + self.driver.max_waiters
+        for path, service, handlers, workers in (
+            (self.sockets.dra, DRA_SERVICE, dra_handlers, dra_workers),
+            (self.sockets.registration, REGISTRATION_SERVICE, reg_handlers, self._workers),
         ):
-            self._servers.append(self._serve(path, service, handlers))
+            self._servers.append(self._serve(path, service, handlers, workers))
         log.info(
             "kubelet plugin of %s: DRA socket %s, registration socket %s",
             self.driver.driver,
@@ -122,10 +130,10 @@ class KubeletPlugin:
             self.sockets.registration,
         )
 
-    def _serve(self, path: Path, service: str, handlers: dict[str, Any]) -> Any:
+    def _serve(self, path: Path, service: str, handlers: dict[str, Any], workers: int) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         if server.add_insecure_port(f"unix://{path}") == 0:
             raise GatekeeperError(
@@ -167,11 +175,15 @@ class KubeletPlugin:
         self, request: dra.NodePrepareResourcesRequest, context: Any
     ) -> dra.NodePrepareResourcesResponse:
         response = dra.NodePrepareResourcesResponse()
+        remaining = context.time_remaining()
+        deadline = None
+        if remaining is not None:
+            deadline = time.monotonic() + remaining - DEADLINE_MARGIN_SECONDS
         for claim in request.claims:
             ref = ClaimRef(claim.namespace, claim.name, claim.uid)
             answer = response.claims[claim.uid]
             try:
-                prepared = self.driver.prepare(ref)
+                prepared = self.driver.prepare(ref, deadline)
             except Exception as e:  # each claim's failure is its own answer
                 log.warning("prepare of claim %s refused: %s", ref, e)
                 answer.error = _reason(e)

@@ -9,10 +9,14 @@ apiserver and hands it here:
 - ``outstanding_bytes`` is what the other prepared claims on a GPU have been promised and
   not yet taken: per claim, its bytes less what its pods' processes already hold there
   (``taken``, NVML's per-process usage attributed to pods at the edge); never negative;
-- ``check_free`` passes when ``need <= free - outstanding``, NVML's free memory of that
-  GPU now less the outstanding promises, and otherwise raises ``PrepareError`` with the
-  claim, the device, every number and what holds the rest. kubelet retries a failed
-  prepare, so the pod waits instead of starting and taking down a neighbour.
+- ``waiting_ahead`` is what the prepares waiting in line before a claim ask for on a
+  device (first come, first served: a later prepare never takes the bytes an earlier
+  waiter waits for);
+- ``check_free`` passes when ``need <= free - outstanding - ahead``, NVML's free memory of
+  that GPU now less the outstanding promises and the waiters' asks, and otherwise raises
+  ``BytesNotFree`` (a ``PrepareError``) with the claim, the device, every number and what
+  holds the rest. The plugin waits, bounded, for such bytes (``dra_driver``); kubelet
+  retries a failed prepare, so the pod waits instead of taking down a neighbour.
 
 Example: an H100 with 50 GiB free; claim ``a`` (30 GiB) prepared, its worker not started
 (0 taken): a 24 GiB claim ``b`` is refused (50 - 30 = 20 < 24). Once ``a``'s worker holds
@@ -22,7 +26,7 @@ its 30 GiB, NVML shows 20 GiB free, nothing is outstanding, and ``b`` is still r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,19 +35,30 @@ from gatekeeper.gpus.inventory import GpuInfo
 from gatekeeper.units import gib
 
 __all__ = [
+    "BytesNotFree",
     "ClaimRef",
     "ClaimedDevice",
     "PrepareError",
     "PreparedClaim",
     "PreparedDevice",
+    "Waiter",
     "check_free",
     "claimed_devices",
     "outstanding_bytes",
+    "waiting_ahead",
 ]
 
 
 class PrepareError(GatekeeperError):
     """A claim cannot be prepared on this node now; kubelet retries the prepare."""
+
+
+class BytesNotFree(PrepareError):
+    """A claim's bytes are not free on its GPU now: the one refusal worth waiting out."""
+
+    def noting(self, note: str) -> BytesNotFree:
+        """The same refusal with ``note`` (how long it waited, or why it did not) added."""
+        return BytesNotFree(f"{self.message}. {note}", field=self.field, value=self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,26 +226,54 @@ def outstanding_bytes(
     return out
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Waiter:
+    """A prepare waiting in line for its bytes (compared by identity: one per call)."""
+
+    ref: ClaimRef
+    claimed: tuple[ClaimedDevice, ...]
+
+
+def waiting_ahead(line: Sequence[Waiter], waiter: Waiter | None, device: str) -> dict[str, int]:
+    """What the waiters before ``waiter`` in ``line`` (all of them for a prepare not in
+    line yet) ask for on ``device``, by the claim's ``namespace/name``."""
+    before = line[: line.index(waiter)] if waiter is not None else line
+    out: dict[str, int] = {}
+    for w in before:
+        asked = sum(d.memory_bytes for d in w.claimed if d.device == device)
+        if asked > 0:
+            who = f"{w.ref.namespace}/{w.ref.name}"
+            out[who] = out.get(who, 0) + asked
+    return out
+
+
 def _bytes(n: int) -> str:
     return f"{n} bytes ({gib(n):.2f} GiB)"
 
 
 def check_free(
-    ref: ClaimRef, claimed: ClaimedDevice, gpu: GpuInfo, outstanding: Mapping[str, int]
+    ref: ClaimRef,
+    claimed: ClaimedDevice,
+    gpu: GpuInfo,
+    outstanding: Mapping[str, int],
+    ahead: Mapping[str, int] | None = None,
 ) -> None:
-    """Passes when ``claimed`` fits in ``gpu``'s free memory less ``outstanding``;
-    otherwise ``PrepareError`` with the numbers and what holds the rest."""
-    promised = sum(outstanding.values())
-    available = gpu.free_bytes - promised
+    """Passes when ``claimed`` fits in ``gpu``'s free memory less ``outstanding`` and what
+    the prepares waiting ``ahead`` of it ask for; otherwise ``BytesNotFree`` with the
+    numbers and what holds the rest."""
+    promised, asked = sum(outstanding.values()), sum((ahead or {}).values())
+    available = gpu.free_bytes - promised - asked
     if claimed.memory_bytes <= available:
         return
     held = [f"{who}: {_bytes(n)} promised, not yet taken" for who, n in sorted(outstanding.items())]
+    held += [f"{who}: {_bytes(n)} asked, waiting ahead" for who, n in sorted((ahead or {}).items())]
     held += [f"pid {p.pid}: {_bytes(p.used_bytes or 0)}" for p in gpu.processes]
-    raise PrepareError(
+    waiters = f" and {_bytes(asked)} are asked by prepares waiting ahead of it" if asked else ""
+    raise BytesNotFree(
         f"claim {ref}: device {claimed.device} (GPU {gpu.index}, {gpu.uuid}) needs "
         f"{_bytes(claimed.memory_bytes)} but {_bytes(max(0, available))} are free for it: NVML "
         f"shows {_bytes(gpu.free_bytes)} free of {_bytes(gpu.total_bytes)} and "
-        f"{_bytes(promised)} are promised to prepared claims. Held: "
+        f"{_bytes(promised)} are promised to prepared claims{waiters}. Held: "
         f"{'; '.join(held) or 'nothing NVML reports per process'}. kubelet retries the "
         "prepare and the pod starts once the memory is free; stop what holds it, or delete "
         "the pod to have it placed again",
