@@ -95,6 +95,13 @@ def _add_plugin_options(p: Any) -> None:
         default=None,
         help="where the CDI specs of prepared claims go (default: the cdi_dir setting)",
     )
+    p.add_argument(
+        "--prepare-wait-seconds",
+        type=float,
+        default=None,
+        help="how long a prepare whose bytes are not free waits for them, at most 43 "
+        "(default: the prepare_wait_seconds setting, 30)",
+    )
 
 
 def _start_plugin(
@@ -128,6 +135,11 @@ def _start_plugin(
         size_rank=rank_sizer(model_resolver(settings), placement_policy(settings)),
         default_release=settings.default_vllm_version,
         count_prepare=prepares.count,
+        wait_seconds=(
+            settings.prepare_wait_seconds
+            if args.prepare_wait_seconds is None
+            else args.prepare_wait_seconds
+        ),
     )
     registry = args.registry_dir or settings.kubelet_registry_dir
     plugin = KubeletPlugin(driver, PluginSockets(plugin_dir, registry, DRIVER_NAME))
