@@ -28,7 +28,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from bench.cluster_fleet import Fleet, Workload
 from gatekeeper.cluster.agent import quantity_bytes
-from gatekeeper.k8s.workloads import CLAIM_ANNOTATION, pod_templates
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
+from gatekeeper.k8s.workloads import pod_templates
 
 Outcome = str
 """placed, pending (with the scheduler's reason), pending_without_reason, denied (with the

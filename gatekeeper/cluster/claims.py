@@ -49,7 +49,7 @@ from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.gpu_search import search
-from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.units import format_gib, round_up
 from gatekeeper.vllm.launch import floor_fraction
 
@@ -168,6 +168,9 @@ class RankSizing:
     gpu_memory_utilization: float
     min_capability: tuple[int, int] | None
     """The compute capability the quantization needs; None when any GPU runs it."""
+    predicted: Prediction | None = None
+    """Per component, the rank placement sized (its worst stage, with the KV cache above);
+    they add up to ``rank_bytes`` less the CUDA context. None: not sized here."""
 
     @property
     def request_bytes(self) -> int:
@@ -243,6 +246,7 @@ def size_ranks(
             MIN_FRACTION, floor_fraction(_in_budget(placement), _largest_total())
         ),
         min_capability=min_capability(spec, options),
+        predicted=placement.prediction,
     )
 
 

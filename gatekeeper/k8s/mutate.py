@@ -19,7 +19,7 @@ the flag table of the image's release), with no claims of its own:
    dry run, which is why the configuration says ``sideEffects: NoneOnDryRun``), and the
    response's JSON Patch puts the claim in the pod template (``spec.resourceClaims``, the
    container's ``resources.claims`` in place of ``nvidia.com/gpu``), the flags on the
-   command line and the annotation ``vllm-gatekeeper.io/claim`` recording what was written.
+   command line and the annotation ``vllm-gatekeeper.io/claim`` (``claim_annotation``).
 
 The claims mode (``mode``, setting ``webhook_claims_mode``) says whose GPUs the request
 names: ``gatekeeper`` (the template above, against gatekeeper's DeviceClass), ``nvidia-dra``
@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION, entry
 from gatekeeper.cluster.claims import (
     ClaimsMode,
     RankSizing,
@@ -58,7 +59,7 @@ from gatekeeper.cluster.claims import (
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
-from gatekeeper.k8s.claim_record import CLAIM_NAME, claim_record, intact, ours
+from gatekeeper.k8s.claim_record import CLAIM_NAME, intact, ours
 from gatekeeper.k8s.fit import Finding
 from gatekeeper.k8s.own_requests import asks_itself, check_own, template_reader
 from gatekeeper.k8s.pod_patch import (
@@ -74,7 +75,6 @@ from gatekeeper.k8s.pod_patch import (
 from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
 from gatekeeper.k8s.webhook import AdmissionWebhook
 from gatekeeper.k8s.workloads import (
-    CLAIM_ANNOTATION,
     SKIP_ANNOTATION,
     ContainerRequest,
     PodTemplate,
@@ -87,7 +87,7 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.vllm.command import VllmCommand
 from gatekeeper.vllm.launch import release_budget
 
-__all__ = ["CLAIM_ANNOTATION", "CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
+__all__ = ["CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,14 +266,14 @@ class Mutator:
                 continue
             if driver is None:
                 edits[c.index] = with_resources(edited, hami_resources(sizing))
-                record[c.request.name] = claim_record(None, sizing, self.mode)
+                record[c.request.name] = entry(None, sizing, self.mode)
                 continue
             spec = claim_template_spec(sizing, driver)
             name, claim = template_name(spec), CLAIM_NAME + (f"-{len(claims)}" if claims else "")
             m.templates.append(claim_template(namespace, spec))
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
-            record[c.request.name] = claim_record(name, sizing, self.mode)
+            record[c.request.name] = entry(name, sizing, self.mode)
         if edits:
             current = list(template.spec.get("resourceClaims") or [])
             kept = [e for e in current if not ours(e)]

@@ -15,17 +15,15 @@ LeaderWorkerSet    ``spec.leaderWorkerTemplate.leaderTemplate`` and ``.workerTem
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gatekeeper.cluster.claim_annotation import ANNOTATION_PREFIX, read_record
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 
 __all__ = [
-    "ANNOTATION_PREFIX",
-    "CLAIM_ANNOTATION",
     "GKE_ACCELERATOR_LABEL",
     "GPU_MEMORY_ANNOTATION",
     "GPU_PRODUCT_LABEL",
@@ -41,17 +39,8 @@ __all__ = [
     "vllm_containers",
 ]
 
-ANNOTATION_PREFIX = "vllm-gatekeeper.io/"
-"""gatekeeper's annotations and labels. Not ``gatekeeper.io/``: OPA Gatekeeper, the most
-installed admission controller, owns the ``gatekeeper`` names in a cluster
-(``gatekeeper-system``, ``*.gatekeeper.sh``), and an operator reading
-``gatekeeper.io/skip`` would take it for OPA's."""
 GPU_MEMORY_ANNOTATION = f"{ANNOTATION_PREFIX}gpu-memory"
 SKIP_ANNOTATION = f"{ANNOTATION_PREFIX}skip"
-CLAIM_ANNOTATION = f"{ANNOTATION_PREFIX}claim"
-"""Written by the mutating webhook on a pod template it gave a DRA claim: JSON, per
-container name, of what it wrote (``template``, ``ranks``, ``memoryBytes``,
-``kvCacheMemoryBytes``, ``gpuMemoryUtilization``)."""
 LEGACY_ANNOTATIONS = {
     "gatekeeper.io/gpu-memory": GPU_MEMORY_ANNOTATION,
     "gatekeeper.io/skip": SKIP_ANNOTATION,
@@ -114,7 +103,7 @@ class ContainerRequest:
     command: VllmCommand
     gpus: int | None
     """``resources.limits["nvidia.com/gpu"]`` (else requests), else the ranks the mutating
-    webhook's DRA claim gives it (``CLAIM_ANNOTATION``); None when neither."""
+    webhook's DRA claim gives it (``cluster.claim_annotation``); None when neither."""
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -193,13 +182,10 @@ def _gpus(container: Mapping[str, Any]) -> int | None:
 def _claimed_ranks(template: PodTemplate, name: object) -> int | None:
     """The devices the mutating webhook claimed for container ``name``, when its record
     is on the template and the container still uses a claim."""
-    try:
-        record = json.loads(template.annotations.get(CLAIM_ANNOTATION, "null"))
-    except ValueError:
-        return None
-    ranks = _map(_map(record).get(name) if isinstance(name, str) else None).get("ranks")
+    mine = read_record(template.annotations).get(name) if isinstance(name, str) else None
+    ranks = mine.ranks if mine is not None else None
     claimed = template.spec.get("resourceClaims")
-    return ranks if isinstance(ranks, int) and ranks > 0 and claimed else None
+    return ranks if ranks is not None and ranks > 0 and claimed else None
 
 
 def vllm_containers(

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gatekeeper.cli.entry import build_parser
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION, entry
 from gatekeeper.cluster.claims import (
     CLAIMS_MODES,
     GATEKEEPER_DRIVER,
@@ -29,9 +30,9 @@ from gatekeeper.cluster.claims import (
     claim_template_spec,
     hami_resources,
 )
-from gatekeeper.k8s.claim_record import claim_record, intact
+from gatekeeper.k8s.claim_record import intact
 from gatekeeper.k8s.pod_patch import template_ops, with_budget_flags, with_resources
-from gatekeeper.k8s.workloads import CLAIM_ANNOTATION, pod_templates, vllm_containers
+from gatekeeper.k8s.workloads import pod_templates, vllm_containers
 from gatekeeper.settings import Settings
 from tests.support.vllm_workloads import MODEL, deployment, patched
 
@@ -98,7 +99,7 @@ def _hami_deployment(requests: bool = False) -> dict[str, Any]:
     edited = with_budget_flags(container, SIZING.kv_cache_memory_bytes, 0.1172)
     assert isinstance(edited, dict)
     edited = with_resources(edited, hami_resources(SIZING))
-    note = json.dumps({"vllm": claim_record(None, SIZING, "hami")})
+    note = json.dumps({"vllm": entry(None, SIZING, "hami")})
     ops = template_ops(
         "/spec/template", manifest["spec"]["template"], {0: edited}, None, (CLAIM_ANNOTATION, note)
     )

@@ -33,8 +33,9 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.utils.quantity import parse_quantity
 
 from bench.cluster_fleet import webhook_configuration
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.cluster.claims import HAMI_GPU, HAMI_GPUMEM, NVIDIA_DRIVER
-from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, Mutator
+from gatekeeper.k8s.mutate import Mutator
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.settings import Settings

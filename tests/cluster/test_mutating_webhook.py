@@ -32,8 +32,9 @@ from lightkube.utils.quantity import parse_quantity
 
 from bench.cluster_fleet import webhook_configuration
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
-from gatekeeper.k8s.mutate import CLAIM_ANNOTATION, CLAIM_NAME
+from gatekeeper.k8s.mutate import CLAIM_NAME
 from gatekeeper.k8s.review import AdmissionRequest
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.types import PlacementPolicy

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from gatekeeper.cluster.agent import quantity_bytes
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.k8s.mutate import Mutator
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.webhook import AdmissionWebhook
 from gatekeeper.k8s.workloads import (
-    CLAIM_ANNOTATION,
     gpu_product_constraint,
     pod_templates,
     vllm_containers,
