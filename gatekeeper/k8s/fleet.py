@@ -98,6 +98,12 @@ class Fleet:
     shapes: tuple[Shape, ...] = ()
     error: str | None = None
     """Why the slices could not be read (None: read, maybe empty)."""
+    devices: tuple[PublishedDevice, ...] = ()
+    """The devices the shapes are made of (``node_scope`` narrows them to a pod's nodes)."""
+    nodes: Mapping[str, Mapping[str, str]] | None = None
+    """Each Node's labels by its name; None when the Nodes were not read."""
+    nodes_error: str | None = None
+    """Why the Nodes could not be read."""
 
 
 def _attribute(attributes: Mapping[str, Any], name: str, kind: str) -> Any:
@@ -194,9 +200,16 @@ def shapes(devices: Sequence[PublishedDevice]) -> tuple[Shape, ...]:
 
 
 def fleet_from_slices(
-    slices: Iterable[Mapping[str, Any]], to_bytes: Callable[[str], int], driver: str = DRIVER_NAME
+    slices: Iterable[Mapping[str, Any]],
+    to_bytes: Callable[[str], int],
+    driver: str = DRIVER_NAME,
+    *,
+    nodes: Mapping[str, Mapping[str, str]] | None = None,
+    nodes_error: str | None = None,
 ) -> Fleet:
-    return Fleet(shapes(devices_from_slices(slices, to_bytes, driver)))
+    """The fleet of the slices; ``nodes``: each Node's labels (None: not read, and why)."""
+    devices = tuple(devices_from_slices(slices, to_bytes, driver))
+    return Fleet(shapes(devices), devices=devices, nodes=nodes, nodes_error=nodes_error)
 
 
 def claim_shortfall(case: Case, shape: Shape) -> str | None:
@@ -234,11 +247,12 @@ def choice(shape: Shape) -> GpuChoice:
     return GpuChoice(shape.total_bytes, shape.product, origin, shape.compute_capability)
 
 
-def judge_published(who: str, case: Case, fleet: Sequence[Shape]) -> list[Finding]:
+def judge_published(who: str, case: Case, fleet: Sequence[Shape], nodes: str = "") -> list[Finding]:
     """The findings for one container against the published shapes (``case.gpu`` is
-    replaced by each shape's); ``fleet`` must not be empty."""
+    replaced by each shape's); ``fleet`` must not be empty. ``nodes`` (``node_scope``)
+    says which nodes the shapes are on when the pod's constraints left some out."""
     ranks = ranks_on_one_node(case)
-    published = "; ".join(s.label for s in fleet)
+    published = "; ".join(s.label for s in fleet) + nodes
     usable = [s for s in fleet if s.per_node >= ranks]
     if not usable:
         most = max(s.per_node for s in fleet)
@@ -264,11 +278,13 @@ def judge_published(who: str, case: Case, fleet: Sequence[Shape]) -> list[Findin
             return found
         unclaimable.append(short)
     if first is None:  # vLLM would start on some shape, but no device has a rank's claim
-        return [Finding("deny", f"{who}: {'; '.join(unclaimable)}")]
+        return [Finding("deny", f"{who}: {'; '.join(unclaimable)}{nodes}")]
     what = (
-        "no device the cluster publishes holds it"
-        if len(usable) == len(fleet)
-        else f"no device on a node with {ranks} of them holds it"
+        f"no device on a node with {ranks} of them holds it"
+        if len(usable) < len(fleet)
+        else "no device on the nodes it may land on holds it"
+        if nodes
+        else "no device the cluster publishes holds it"
     )
     return [
         *first,

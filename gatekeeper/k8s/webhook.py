@@ -52,7 +52,8 @@ from gatekeeper.k8s.fit import (
     judge,
     unknown_model_finding,
 )
-from gatekeeper.k8s.fleet import Fleet, choice, judge_published, unpublished_text
+from gatekeeper.k8s.fleet import Fleet, choice, judge_published
+from gatekeeper.k8s.node_scope import pod_scope
 from gatekeeper.k8s.review import (
     MAX_BODY_BYTES,
     AdmissionRequest,
@@ -241,9 +242,9 @@ class AdmissionWebhook:
         findings += _reading_findings(who, command)
         spec = self.model_spec(who, command.model, command.options)
         fleet = self._published() if self._published is not None else None
-        if fleet is not None and not fleet.shapes:
-            findings.append(Finding("warn", unpublished_text(who, fleet)))
-        shapes = fleet.shapes if fleet is not None else ()
+        scope = pod_scope(who, fleet, template.spec)
+        findings += [Finding("warn", scope.note)] if scope.note else []
+        shapes = scope.shapes
         gpu = (choice(shapes[0]), []) if shapes else self.gpu_choice(who, template)
         for part in (spec, gpu):
             if isinstance(part, list):
@@ -255,7 +256,9 @@ class AdmissionWebhook:
                 return [*findings, draft]
             case = Case(spec, command, gpu[0], self.config.fit, draft=draft,
                         multi_node=multi_node, max_node_gpus=self.config.max_node_gpus)  # fmt: skip
-            findings += judge_published(who, case, shapes) if shapes else judge(who, case)
+            findings += (
+                judge_published(who, case, shapes, scope.text) if shapes else judge(who, case)
+            )
         return findings
 
     def draft_spec(self, who: str, command: VllmCommand) -> ModelSpec | Finding | None:

@@ -25,7 +25,7 @@ from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from gatekeeper.cli.entry import build_parser
@@ -33,7 +33,7 @@ from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.k8s.published import PublishedDevices
 from gatekeeper.placement.types import PlacementPolicy
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port
 from tests.support.webhook_process import WebhookProcess, start_webhook
@@ -88,6 +88,13 @@ def dry_run(cluster: KubeCluster, manifest: dict[str, Any]) -> tuple[int, str, s
     return answer.status_code, message, "\n".join(answer.headers.get_list("warning"))
 
 
+def delete_slice(client: Client, node: str) -> None:
+    """Deletes ``node``'s slice if there is one."""
+    name = f"{node}-{DRIVER_NAME}"
+    if list(client.list(ResourceSlice, fields={"metadata.name": name})):
+        client.delete(ResourceSlice, name)
+
+
 @pytest.fixture(scope="module")
 def webhook(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
@@ -115,8 +122,7 @@ def api(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Client]:
     finally:
         client.delete(ValidatingWebhookConfiguration, config["metadata"]["name"])
         for name in NODES:
-            if client.list(ResourceSlice, fields={"metadata.name": f"{name}-{DRIVER_NAME}"}):
-                client.delete(ResourceSlice, f"{name}-{DRIVER_NAME}")
+            delete_slice(client, name)
         for other in others:
             other["metadata"] = {"name": other["metadata"]["name"]}
             client.create(from_dict(other))
@@ -171,7 +177,8 @@ def test_a_model_a_published_device_holds_is_allowed(
 
 def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> None:
     """The component adds --published-devices to the webhook's arguments, and its RBAC
-    lets the webhook list ResourceSlices (the one call ``PublishedDevices`` makes)."""
+    lets the webhook list ResourceSlices and Nodes (the two calls ``PublishedDevices``
+    makes)."""
     component = CONFIG.parent / "components" / "cluster"
     kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
     (patch,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "Deployment"]
@@ -183,9 +190,10 @@ def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> No
         for d in yaml.safe_load_all((component / "webhook-rbac.yaml").read_text())
         if d["kind"] == "ClusterRole"
     ]
-    slices = [r for r in role["rules"] if "resourceslices" in r["resources"]]
-    assert slices == [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
+    listed = [r for r in role["rules"] if r["verbs"] == ["list"]]
+    assert listed == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},  # node_scope's labels
     ]
 
 
@@ -214,3 +222,45 @@ def test_an_apiserver_that_cannot_be_reached_is_the_fleet_s_error(
     down = Client(KubeConfig.from_dict(config), trust_env=False)
     error = PublishedDevices(down)().error
     assert error is not None and error.startswith("the apiserver cannot be reached ("), error
+
+
+def test_a_pod_pinned_by_its_node_selector_is_judged_on_that_node_s_gpus_only(
+    api: Client, kube_cluster: KubeCluster
+) -> None:
+    """Two labelled Nodes, one publishing L4s, one an H100: a 14B fits the H100, so it
+    passed whatever its node selector said; pinned to the L4 node it is now denied, the
+    denial naming the node judged and why the others were left out."""
+    for name in NODES:  # the earlier tests' slices, of nodes with no Node object
+        delete_slice(api, name)
+    products = {"published-l4": ("2xL4", "NVIDIA-L4"),
+                "published-h100": ("1xH100-80GB", "NVIDIA-H100-80GB-HBM3")}  # fmt: skip
+    for name, (gpus, label) in products.items():
+        node = ready_node(name, ({"key": "published", "effect": "NoSchedule"},))
+        node["metadata"]["labels"]["nvidia.com/gpu.product"] = label
+        api.create(from_dict(node))
+        api.create(from_dict(resource_slice(name, parse_declared_node(gpus), PlacementPolicy())))
+    try:
+        assert dry_run(kube_cluster, deployment("qwen-14b", QWEN_14B))[:2] == (201, "")
+        pinned = deployment("qwen-14b-l4", QWEN_14B)
+        pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+        status, message, _ = dry_run(kube_cluster, pinned)
+        print(f"denied: {message}")
+        assert status == 403
+        assert "does not fit on L4 (published by the cluster: 2 x L4 (" in message
+        assert "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2" in message
+        assert (
+            "no device on the nodes it may land on holds it (published: 2 x L4 (21.11 GiB "
+            "claimable) on 1 node; judged on the nodes it may land on: published-l4; left "
+            "out: published-h100 (nodeSelector nvidia.com/gpu.product=NVIDIA-L4: the node's "
+            "is 'NVIDIA-H100-80GB-HBM3'))"
+        ) in message
+        away = deployment("qwen-14b-not-l4", QWEN_14B)
+        term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "NotIn",
+                                      "values": ["NVIDIA-L4"]}]}  # fmt: skip
+        required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        away["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": required}
+        assert dry_run(kube_cluster, away)[:2] == (201, "")
+    finally:
+        for name in products:
+            api.delete(ResourceSlice, f"{name}-{DRIVER_NAME}")
+            api.delete(Node, name)

@@ -193,10 +193,11 @@ def test_the_mutating_webhook_configuration():
     covered = {g: set(r["resources"]) for r in hook["rules"] for g in r["apiGroups"]}
     assert covered == {"": {"pods"}, "apps": {"deployments", "statefulsets"},
                        "leaderworkerset.x-k8s.io": {"leaderworkersets"}}  # fmt: skip
-    rule, slices = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
+    rule, slices, nodes = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
     assert rule["resources"] == ["resourceclaimtemplates"]
     assert set(rule["verbs"]) == {"get", "create"}
     assert (slices["resources"], slices["verbs"]) == (["resourceslices"], ["list"])
+    assert (nodes["apiGroups"], nodes["resources"], nodes["verbs"]) == ([""], ["nodes"], ["list"])
     binding = one("ClusterRoleBinding", "gatekeeper-webhook-claims")
     assert binding["subjects"][0]["name"] == "gatekeeper-webhook"
     component = yaml.safe_load(
