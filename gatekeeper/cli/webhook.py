@@ -114,9 +114,10 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     )
     client = _client(args) if args.mutate or args.published_devices else None
     published = _published(client, args) if args.published_devices else None
-    webhook = webhook_from_settings(settings, registry=registry, published=published)
     undersized = args.undersized_claims or settings.webhook_undersized_claims
     mode = args.claims_mode or settings.webhook_claims_mode
+    claims = mode if args.mutate else None
+    webhook = webhook_from_settings(settings, registry=registry, published=published, claims=claims)
     mutator = _mutator(client, webhook, registry, undersized, mode) if args.mutate else None
     reloader = CertReloader(args.cert, args.key, args.reload_seconds)
     host = args.host or settings.host

@@ -25,10 +25,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from gatekeeper.cluster.claims import ClaimsMode
 from gatekeeper.errors import GatekeeperError, HubError, ServeOptionsError, UnknownGpuError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus.products import lookup_gpu
+from gatekeeper.k8s.gpu_terms import give_text, gpus_text, has_text, nothing_nearby
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
     FP8_WEIGHTS_MIN_CAPABILITY,
@@ -50,6 +52,7 @@ __all__ = [
     "gpu_count_finding",
     "gpu_from_value",
     "judge",
+    "reading_findings",
     "suggestions",
     "unknown_model_finding",
 ]
@@ -105,37 +108,44 @@ def gpu_from_value(value: str, origin: str) -> GpuChoice:
 
 
 def gpu_count_finding(
-    who: str, command: VllmCommand, gpus: int | None, *, multi_node: bool = False
+    who: str,
+    command: VllmCommand,
+    gpus: int | None,
+    *,
+    multi_node: bool = False,
+    claims: ClaimsMode | None = None,
 ) -> Finding | None:
-    """Deny TP above the pod's ``nvidia.com/gpu``; warn when TP x PP x DP exceeds it,
-    unless the pods form a multi-node group (a LeaderWorkerSet's Ray cluster). Without
-    an ``nvidia.com/gpu`` request the GPUs may come another way (a DRA claim, a runtime
-    class): warn when vLLM needs more than one. Checked before the model is known, so
-    the count is the options' (``Estimate.gpus`` counts the same: dp x tp x pp)."""
+    """Deny TP above the pod's GPUs; warn when TP x PP x DP exceeds them, unless the pods
+    form a multi-node group (a LeaderWorkerSet's Ray cluster). Without GPUs the pod may get
+    them another way (a DRA claim, a runtime class): warn when vLLM needs more than one.
+    The pod's GPUs are its ``nvidia.com/gpu``, or, in a claims mode, the ranks its claim
+    gives it; the texts say what to change in that mode (``gpu_terms``). Checked before
+    the model is known, so the count is the options' (``Estimate.gpus``: dp x tp x pp)."""
     o = command.options
     tp = o.tensor_parallel_size
     world = o.data_parallel_size * tp * o.pipeline_parallel_size
     if gpus is None:
         if world == 1:
             return None
+        unless = " unless a DRA claim provides them" if claims is None else ""
         return Finding(
             "warn",
-            f"{who}: vLLM needs {world} GPUs (TP x PP x DP) but the pod requests no "
-            f"nvidia.com/gpu; set resources.limits nvidia.com/gpu: {world} unless a DRA claim "
-            "provides them",
+            f"{who}: vLLM needs {world} GPUs (TP x PP x DP) but {has_text(gpus, claims)}; "
+            f"{give_text(world, claims)}{unless}",
         )
     if tp > gpus:
+        sep = " or" if claims is None else ", or"
         return Finding(
             "deny",
-            f"{who}: --tensor-parallel-size {tp} needs {tp} GPUs in the pod but it requests "
-            f"{gpus} nvidia.com/gpu; set resources.limits nvidia.com/gpu: {max(world, tp)} "
-            f"or lower --tensor-parallel-size to {max(gpus, 1)}",
+            f"{who}: --tensor-parallel-size {tp} needs {tp} GPUs in the pod but "
+            f"{has_text(gpus, claims, 'it')}; {give_text(max(world, tp), claims)}{sep} lower "
+            f"--tensor-parallel-size to {max(gpus, 1)}",
         )
     if world > gpus and not multi_node:
         return Finding(
             "warn",
-            f"{who}: TP x PP x DP = {world} GPUs but the pod requests {gpus} nvidia.com/gpu; "
-            "vLLM starts only if a Ray cluster provides the rest",
+            f"{who}: TP x PP x DP = {world} GPUs but {has_text(gpus, claims)}; vLLM starts "
+            "only if a Ray cluster provides the rest",
         )
     return None
 
@@ -162,6 +172,24 @@ def unknown_model_finding(
     )
 
 
+def reading_findings(who: str, command: VllmCommand) -> list[Finding]:
+    """Warnings for what the command line holds that could not be read as vLLM reads it."""
+    findings = [Finding("warn", f"{who}: {command.version_note}")] if command.version_note else []
+    if command.unknown:
+        text = "; ".join(command.unknown)
+        findings.append(
+            Finding(
+                "warn",
+                f"{who}: {text}; vLLM would refuse an unknown flag unless the image's release "
+                "has it; checked without it",
+            )
+        )
+    if command.problems:
+        text = "; ".join(command.problems)
+        findings.append(Finding("warn", f"{who}: {text}; checked with vLLM's default instead"))
+    return findings
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     """One container to judge: its model, its command, the GPU it lands on and the rules."""
@@ -176,6 +204,9 @@ class Case:
     """The pod leads a group (a LeaderWorkerSet), so pipeline stages may span pods."""
     max_node_gpus: int = MAX_NODE_GPUS
     """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
+    claims: ClaimsMode | None = None
+    """How the pod gets its GPUs: ``nvidia.com/gpu`` (None), or the mutating webhook's
+    claims mode; the suggestions speak of what the operator changes in it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +293,7 @@ def _denial(who: str, case: Case, ev: _Eval, fixes: list[str]) -> str:
         f" PP={e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
     )
     graphs = f", CUDA graphs {format_gib(w.cuda_graph_bytes)}" if e.cuda_graphs_in_budget else ""
-    would = (
-        "Would fit: " + "; or ".join(fixes)
-        if fixes
-        else "Nothing nearby fits: pin a larger GPU (nodeSelector nvidia.com/gpu.product) "
-        "or use more GPUs with --tensor-parallel-size"
-    )
+    would = "Would fit: " + "; or ".join(fixes) if fixes else nothing_nearby(case.claims)
     return (
         f"{who}: {spec.name} does not fit on {gpu.label} ({gpu.origin}): at {shape} it needs "
         f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}"
@@ -353,7 +379,7 @@ def _parallel(case: Case, o: ServeOptions, length: int) -> list[str]:
         if case.multi_node:
             text = f"--pipeline-parallel-size {p} ({ev.e.gpus} GPUs in the group)"
         else:
-            text = f"--tensor-parallel-size {t} with nvidia.com/gpu: {ev.e.gpus}"
+            text = f"--tensor-parallel-size {t} {gpus_text(ev.e.gpus, case.claims)}"
         if ev.e.fits:
             return [*out, text]
         fit = ev.e.max_model_len_fit

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gatekeeper._version import __version__
+from gatekeeper.cluster.claims import ClaimsMode
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
 from gatekeeper.k8s.fleet import Fleet
@@ -53,16 +54,19 @@ def webhook_from_settings(
     *,
     registry: CollectorRegistry | None = None,
     published: Callable[[], Fleet] | None = None,
+    claims: ClaimsMode | None = None,
 ) -> AdmissionWebhook:
     """The webhook configured by ``settings``; raises ``GatekeeperError`` when
     ``webhook_default_gpu`` is neither a size nor a known GPU. ``published`` (cluster
-    mode: ``gatekeeper.k8s.published.PublishedDevices``) judges by the published devices."""
+    mode: ``gatekeeper.k8s.published.PublishedDevices``) judges by the published devices;
+    ``claims``: the mutating webhook's claims mode, when it runs beside."""
     default = settings.webhook_default_gpu
     config = WebhookConfig(
         fit=placement_policy(settings),
         default_gpu=gpu_from_value(default, "setting webhook_default_gpu") if default else None,
         unknown_model=settings.webhook_unknown_model,
         max_node_gpus=settings.webhook_max_gpus_per_node,
+        claims=claims,
     )
     resolve = resolve or model_resolver(settings)
     metrics = WebhookMetrics(registry) if registry is not None else None

@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gatekeeper.cluster.claims import ClaimsMode
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.k8s.fit import (
@@ -50,6 +51,7 @@ from gatekeeper.k8s.fit import (
     gpu_count_finding,
     gpu_from_value,
     judge,
+    reading_findings,
     unknown_model_finding,
 )
 from gatekeeper.k8s.fleet import Fleet, choice, judge_published
@@ -106,6 +108,8 @@ class WebhookConfig:
     unknown_model: Literal["warn", "deny"] = "warn"
     max_node_gpus: int = MAX_NODE_GPUS
     """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
+    claims: ClaimsMode | None = None
+    """The mutating webhook's claims mode when it runs (its texts speak of claims)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,11 +239,14 @@ class AdmissionWebhook:
         self, who: str, template: PodTemplate, container: ContainerRequest, multi_node: bool
     ) -> list[Finding]:
         command = container.command
-        count = gpu_count_finding(who, command, container.gpus, multi_node=multi_node)
+        claims = self.config.claims
+        count = gpu_count_finding(
+            who, command, container.gpus, multi_node=multi_node, claims=claims
+        )
         findings = [count] if count is not None else []
         if count is not None and count.outcome == "deny":
             return findings
-        findings += _reading_findings(who, command)
+        findings += reading_findings(who, command)
         spec = self.model_spec(who, command.model, command.options)
         fleet = self._published() if self._published is not None else None
         scope = pod_scope(who, fleet, template.spec)
@@ -254,8 +261,8 @@ class AdmissionWebhook:
             draft = self.draft_spec(who, command)
             if isinstance(draft, Finding):
                 return [*findings, draft]
-            case = Case(spec, command, gpu[0], self.config.fit, draft=draft,
-                        multi_node=multi_node, max_node_gpus=self.config.max_node_gpus)  # fmt: skip
+            case = Case(spec, command, gpu[0], self.config.fit, draft=draft, multi_node=multi_node,
+                        max_node_gpus=self.config.max_node_gpus, claims=claims)  # fmt: skip
             findings += (
                 judge_published(who, case, shapes, scope.text) if shapes else judge(who, case)
             )
@@ -343,24 +350,6 @@ class AdmissionWebhook:
                 "GATEKEEPER_WEBHOOK_DEFAULT_GPU",
             )
         ]
-
-
-def _reading_findings(who: str, command: VllmCommand) -> list[Finding]:
-    """Warnings for what the command line holds that could not be read as vLLM reads it."""
-    findings = [Finding("warn", f"{who}: {command.version_note}")] if command.version_note else []
-    if command.unknown:
-        text = "; ".join(command.unknown)
-        findings.append(
-            Finding(
-                "warn",
-                f"{who}: {text}; vLLM would refuse an unknown flag unless the image's release "
-                "has it; checked without it",
-            )
-        )
-    if command.problems:
-        text = "; ".join(command.problems)
-        findings.append(Finding("warn", f"{who}: {text}; checked with vLLM's default instead"))
-    return findings
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
