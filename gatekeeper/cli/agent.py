@@ -17,7 +17,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.errors import GatekeeperError
@@ -25,7 +25,10 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
 from gatekeeper.units import MIB
 
-__all__ = ["add_parser", "run"]
+if TYPE_CHECKING:
+    from gatekeeper.cluster.agent_metrics import PodCollector
+
+__all__ = ["add_parser", "pod_collector", "run"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -164,25 +167,46 @@ def _client(kubeconfig: str | None) -> Any:
     return Client(config, field_manager="gatekeeper-agent", trust_env=False)
 
 
-def _serve_metrics(
-    agent: Any, config: Any, port: int, client: Any, read: Any, prepares: Any
-) -> None:
-    """The agent's collector, and the per-pod figures (claims and cgroups read at scrape)."""
+def pod_collector(
+    client: Any,
+    node_name: str,
+    driver: str,
+    read: Callable[[], InventorySnapshot],
+    pod_of: Callable[[int], str | None],
+) -> PodCollector:
+    """The per-pod figures' collector on ``client``: the claims listed at most once per
+    ``CLAIMS_TTL_SECONDS``, each pod read once per UID for its recorded components."""
     from lightkube import ALL_NS
+    from lightkube.resources.core_v1 import Pod
     from lightkube.resources.resource_v1 import ResourceClaim
-    from prometheus_client import CollectorRegistry, start_http_server
 
     from gatekeeper.cluster.agent import quantity_bytes
-    from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector
-    from gatekeeper.cluster.dra_driver import pod_uid
+    from gatekeeper.cluster.agent_metrics import ClaimsCache, PodCollector
 
     def claims() -> list[dict[str, Any]]:
         return [c.to_dict() for c in client.list(ResourceClaim, namespace=ALL_NS)]
 
+    def pod(namespace: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = client.get(Pod, name, namespace=namespace).to_dict()
+        return found
+
+    listed = ClaimsCache(claims)
+    return PodCollector(node_name, driver, read, listed, pod_of, quantity_bytes, read_pod=pod)
+
+
+def _serve_metrics(
+    agent: Any, config: Any, port: int, client: Any, read: Any, prepares: Any
+) -> None:
+    """The agent's collector, and the per-pod figures (``pod_collector``; NVML and the
+    cgroups read at each scrape)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gatekeeper.cluster.agent_metrics import AgentCollector
+    from gatekeeper.cluster.dra_driver import pod_uid
+
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent, prepares))
-    node, driver = config.node_name, config.driver
-    registry.register(PodCollector(node, driver, read, claims, pod_uid, quantity_bytes))
+    registry.register(pod_collector(client, config.node_name, config.driver, read, pod_uid))
     start_http_server(port, registry=registry)
 
 

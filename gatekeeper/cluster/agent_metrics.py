@@ -19,13 +19,19 @@ exports per pod and device (``attribution``): the claim's bytes
 (``gatekeeper_worker_actual_bytes``), their difference
 (``gatekeeper_pod_memory_headroom_bytes``) and per device the memory of processes in no
 pod's claim (``gatekeeper_agent_foreign_memory_bytes``); ``gatekeeper_agent_pod_figures_success`` is 0
-when the GPUs or the claims could not be read (then no per-pod series).
+when the GPUs or the claims could not be read (then no per-pod series). With ``read_pod``,
+it also exports per pod, device and component the bytes the mutating webhook sized the rank
+by (``gatekeeper_worker_predicted_bytes{component}``: the pod's ``vllm-gatekeeper.io/claim``
+record, ``claim_annotation``), for pods whose record has them; each pod is read once per UID
+(``PodComponents``: a running pod's annotations do not change). ``ClaimsCache`` lists the
+claims at most once per ``CLAIMS_TTL_SECONDS``, however often the agent is scraped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, Protocol, get_args
@@ -35,10 +41,21 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.cluster.accounting import Orphans
 from gatekeeper.cluster.agent import Action, PassResult
-from gatekeeper.cluster.attribution import Attribution, attribute, pod_claims
+from gatekeeper.cluster.attribution import Attribution, PodClaim, attribute, pod_claims
+from gatekeeper.cluster.claim_annotation import claim_components
+from gatekeeper.estimator.components import ComponentName
 from gatekeeper.gpus.inventory import InventorySnapshot
 
-__all__ = ["AgentCollector", "AgentState", "PodCollector", "PrepareCounter", "PrepareOutcome"]
+__all__ = [
+    "CLAIMS_TTL_SECONDS",
+    "AgentCollector",
+    "AgentState",
+    "ClaimsCache",
+    "PodCollector",
+    "PodComponents",
+    "PrepareCounter",
+    "PrepareOutcome",
+]
 
 log = logging.getLogger("gatekeeper.cluster.agent_metrics")
 PrepareOutcome = Literal["prepared", "refused"]
@@ -46,6 +63,8 @@ POD_LABELS = ["namespace", "pod", "claim", "device"]
 
 OUTCOMES: tuple[str, ...] = (*get_args(Action), "failed")
 """A pass's actions, and ``failed`` (``NodeAgent.passes``)."""
+CLAIMS_TTL_SECONDS = 5.0
+"""How long the per-pod figures reuse one list of the cluster's ResourceClaims."""
 
 
 class AgentState(Protocol):
@@ -135,11 +154,78 @@ class AgentCollector(Collector):
         yield prepares
 
 
+class ClaimsCache:
+    """``list_claims`` (the cluster's ResourceClaims, API dicts) read again only once
+    ``ttl_seconds`` have passed since the last read that succeeded; a failed read raises
+    and is tried again at the next call. Scrapes come from several threads."""
+
+    def __init__(
+        self,
+        list_claims: Callable[[], Iterable[Mapping[str, Any]]],
+        ttl_seconds: float = CLAIMS_TTL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._list = list_claims
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._claims: list[Mapping[str, Any]] = []
+        self._read_at: float | None = None
+
+    def __call__(self) -> list[Mapping[str, Any]]:
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._ttl:
+                self._claims = list(self._list())
+                self._read_at = now
+            return self._claims
+
+
+class PodComponents:
+    """Per (pod, claim), the components recorded on the pod (``claim_components``), each
+    pod read once per UID through ``read_pod(namespace, name)``. A read that fails is
+    tried again at the next scrape; a pod read under another UID (made again under that
+    name) has none; pods no longer in a claim are forgotten."""
+
+    def __init__(self, read_pod: Callable[[str, str], Mapping[str, Any]]) -> None:
+        self._read_pod = read_pod
+        self._lock = threading.Lock()
+        self._found: dict[tuple[str, str], dict[ComponentName, int]] = {}
+
+    def of(self, claims: Iterable[PodClaim]) -> dict[tuple[str, str], dict[ComponentName, int]]:
+        """(pod UID, claim) -> components, for ``claims`` (empty where none is recorded)."""
+        wanted = {(c.pod_uid, c.claim): c for c in claims}
+        with self._lock:
+            self._found = {k: v for k, v in self._found.items() if k in wanted}
+            pods: dict[str, Mapping[str, Any] | None] = {}
+            for key, c in wanted.items():
+                if key in self._found:
+                    continue
+                if c.pod_uid not in pods:
+                    pods[c.pod_uid] = self._read(c)
+                pod = pods[c.pod_uid]
+                if pod is not None:
+                    self._found[key] = claim_components(pod, c.claim) if pod else {}
+            return dict(self._found)
+
+    def _read(self, c: PodClaim) -> Mapping[str, Any] | None:
+        """The pod of ``c``; {} when that name now holds another pod; None when unread."""
+        try:
+            pod = self._read_pod(c.namespace, c.pod)
+        except Exception as e:  # the apiserver, the network: no components this scrape
+            log.warning("pod %s/%s not read for its components: %s", c.namespace, c.pod, e)
+            return None
+        metadata = pod.get("metadata")
+        uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
+        return pod if uid == c.pod_uid else {}
+
+
 class PodCollector(Collector):
     """Per pod and device, the claim against NVML's usage; per device, foreign memory.
 
     ``read_gpus`` reads the GPUs, ``list_claims`` the ResourceClaims (API dicts),
-    ``pod_of`` a pid's pod UID (``dra_driver.pod_uid``); ``to_bytes`` parses a quantity.
+    ``pod_of`` a pid's pod UID (``dra_driver.pod_uid``); ``to_bytes`` parses a quantity;
+    ``read_pod`` (optional) a Pod by namespace and name, for its recorded components.
     Nothing is exported for a reading that failed."""
 
     def __init__(
@@ -150,6 +236,7 @@ class PodCollector(Collector):
         list_claims: Callable[[], Iterable[Mapping[str, Any]]],
         pod_of: Callable[[int], str | None],
         to_bytes: Callable[[str], int],
+        read_pod: Callable[[str, str], Mapping[str, Any]] | None = None,
     ) -> None:
         self._node_name = node_name
         self._driver = driver
@@ -157,6 +244,7 @@ class PodCollector(Collector):
         self._list_claims = list_claims
         self._pod_of = pod_of
         self._to_bytes = to_bytes
+        self._components = PodComponents(read_pod) if read_pod is not None else None
 
     def attribution(self) -> Attribution | None:
         """This moment's attribution; None when the GPUs or the claims cannot be read (a
@@ -175,37 +263,54 @@ class PodCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         figures = self.attribution()
-        predicted = GaugeMetricFamily(
+        pods = figures.pods if figures else ()
+        recorded = self._components.of(p.claim for p in pods) if self._components else {}
+        f = _pod_families()
+        for pod in pods:
+            c = pod.claim
+            labels = [c.namespace, c.pod, c.claim, c.device]
+            f["predicted_total"].add_metric(labels, c.claimed_bytes)
+            f["actual"].add_metric(labels, pod.used_bytes)
+            f["headroom"].add_metric(labels, pod.headroom_bytes)
+            for component, value in recorded.get((c.pod_uid, c.claim), {}).items():
+                f["predicted"].add_metric([*labels, component], value)
+        for device, value in (figures.foreign_bytes if figures else {}).items():
+            f["foreign"].add_metric([device], value)
+        f["success"].add_metric([], 1 if figures else 0)
+        yield from f.values()
+
+
+def _pod_families() -> dict[str, GaugeMetricFamily]:
+    """The per-pod families, empty, in the order they are exported."""
+    return {
+        "predicted": GaugeMetricFamily(
+            "gatekeeper_worker_predicted_bytes",
+            "Predicted bytes per component on each of the worker's GPUs (per rank; per pod: "
+            "the rank its claim was sized by, from the pod's vllm-gatekeeper.io/claim record)",
+            labels=[*POD_LABELS, "component"],
+        ),
+        "predicted_total": GaugeMetricFamily(
             "gatekeeper_worker_predicted_total_bytes",
             "Predicted NVML bytes on the GPU (the admission's promise; per pod: its claim)",
             labels=POD_LABELS,
-        )
-        actual = GaugeMetricFamily(
+        ),
+        "actual": GaugeMetricFamily(
             "gatekeeper_worker_actual_bytes",
             "NVML's usage of the worker's processes (per pod: those in the pod's cgroup)",
             labels=POD_LABELS,
-        )
-        headroom = GaugeMetricFamily(
+        ),
+        "headroom": GaugeMetricFamily(
             "gatekeeper_pod_memory_headroom_bytes",
             "The pod's claim on the device less its processes' NVML usage there",
             labels=POD_LABELS,
-        )
-        foreign = GaugeMetricFamily(
+        ),
+        "foreign": GaugeMetricFamily(
             "gatekeeper_agent_foreign_memory_bytes",
             "NVML usage of processes on the device that no pod's claim there accounts for",
             labels=["device"],
-        )
-        for pod in figures.pods if figures else ():
-            c = pod.claim
-            labels = [c.namespace, c.pod, c.claim, c.device]
-            predicted.add_metric(labels, c.claimed_bytes)
-            actual.add_metric(labels, pod.used_bytes)
-            headroom.add_metric(labels, pod.headroom_bytes)
-        for device, value in (figures.foreign_bytes if figures else {}).items():
-            foreign.add_metric([device], value)
-        success = GaugeMetricFamily(
+        ),
+        "success": GaugeMetricFamily(
             "gatekeeper_agent_pod_figures_success",
             "1 when this scrape read the GPUs and the claims for the per-pod figures, else 0",
-        )
-        success.add_metric([], 1 if figures else 0)
-        yield from (predicted, actual, headroom, foreign, success)
+        ),
+    }

@@ -1,10 +1,12 @@
 """The node agent's metrics over a fixed state, for the metrics doc, dashboard and alert
 tests: the pass that republished one GPU after the other vanished (generation 2), the
 one pod whose claim was on the vanished GPU, and the per-pod figures of one pod on the
-remaining GPU (a 24 GiB claim, 20 GiB used) beside 2 GiB of a process in no pod."""
+remaining GPU (a 24 GiB claim, 20 GiB used, the components the webhook recorded on the
+pod) beside 2 GiB of a process in no pod."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.accounting import Allocation, Orphans, orphan_key
 from gatekeeper.cluster.agent import PassResult, quantity_bytes
 from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector, PrepareCounter
+from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.cluster.slices import device_name
 from gatekeeper.gpus.inventory import InventorySnapshot
 from tests.support.snapshots import busy_gpu
@@ -58,11 +61,46 @@ CLAIM: dict[str, Any] = {
 }
 
 
+COMPONENTS = {"weights": 15 * 2**30, "kv_cache": 5 * 2**30, "activation": 2**30,
+              "non_torch": 2**29, "cuda_graph": 2**29}  # fmt: skip
+"""What the mutating webhook recorded for the pod's rank (22 GiB; the claim adds the CUDA
+context and rounds up)."""
+POD: dict[str, Any] = {
+    "metadata": {
+        "name": "qwen-1",
+        "namespace": "team-a",
+        "uid": POD_UID,
+        "annotations": {
+            CLAIM_ANNOTATION: json.dumps({"vllm": {"mode": "gatekeeper", "components": COMPONENTS}})
+        },
+    },
+    "spec": {
+        "containers": [
+            {"name": "vllm", "image": "vllm/vllm-openai:v0.32.0", "command": ["vllm", "serve"],
+             "args": ["Qwen/Qwen2.5-7B-Instruct"], "resources": {"claims": [{"name": "gpu"}]}}
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM["metadata"]["name"]}],
+    },
+}  # fmt: skip
+"""The pod ``CLAIM`` is reserved for, as the apiserver returns it."""
+
+
 def pod_collector() -> PodCollector:
-    """The per-pod figures of ``CLAIM`` on ``GPU``: pid 10 in the pod, 11 in none."""
+    """The per-pod figures of ``CLAIM`` on ``GPU``: pid 10 in the pod, 11 in none; the pod
+    read (``POD``) for its recorded components."""
     snapshot = InventorySnapshot(gpus=(GPU,), ok=True)
+
+    def read_pod(namespace: str, name: str) -> dict[str, Any]:
+        return POD
+
     return PodCollector(
-        NODE, DRIVER_NAME, lambda: snapshot, lambda: [CLAIM], {10: POD_UID}.get, quantity_bytes
+        NODE,
+        DRIVER_NAME,
+        lambda: snapshot,
+        lambda: [CLAIM],
+        {10: POD_UID}.get,
+        quantity_bytes,
+        read_pod=read_pod,
     )
 
 
