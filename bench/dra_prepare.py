@@ -147,7 +147,13 @@ def device_names(client: Client) -> dict[int, str]:
 
 
 def allocated_claim(
-    client: Client, name: str, memory_bytes: int, device: str, pod: tuple[str, str] | None = None
+    client: Client,
+    name: str,
+    memory_bytes: int,
+    device: str,
+    pod: tuple[str, str] | None = None,
+    namespace: str = NS,
+    node: str = NODE,
 ) -> ClaimRef:
     """A claim of ``memory_bytes`` with its allocation on ``device`` written into its
     status, and reserved for ``pod`` (name, UID: a pod that exists, or the resource-claim
@@ -160,7 +166,7 @@ def allocated_claim(
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"devices": {"requests": [{"name": "rank0", "exactly": request}]}},
     }
     made: Any = client.create(from_dict(claim))
@@ -168,7 +174,7 @@ def allocated_claim(
     result = {
         "request": "rank0",
         "driver": DRIVER_NAME,
-        "pool": NODE,
+        "pool": node,
         "device": device,
         "consumedCapacity": {"memory": str(memory_bytes)},
         "shareID": uid,
@@ -176,8 +182,10 @@ def allocated_claim(
     status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": [result]}}}}
     if pod is not None:
         status["status"]["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
-    client.patch(ResourceClaim.Status, name, status, namespace=NS, patch_type=PatchType.MERGE)
-    return ClaimRef(NS, name, uid)
+    client.patch(
+        ResourceClaim.Status, name, status, namespace=namespace, patch_type=PatchType.MERGE
+    )
+    return ClaimRef(namespace, name, uid)
 
 
 def timed_prepare(kubelet: Kubelet, ref: ClaimRef) -> tuple[float, str]:
@@ -241,15 +249,22 @@ def race(client: Client, kubelet: Kubelet, device: str, plan: Plan) -> dict[str,
     }
 
 
-def bound_pod(client: Client, name: str, claim: str) -> tuple[str, str]:
+def bound_pod(
+    client: Client,
+    name: str,
+    claim: str,
+    namespace: str = NS,
+    node: str = NODE,
+    labels: dict[str, str] | None = None,
+) -> tuple[str, str]:
     """A Pod bound to the bench's node that uses ``claim``: (name, UID). No kubelet runs
     it; its process is the bench's (``bench.pod_cgroups``)."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
         "spec": {
-            "nodeName": NODE,
+            "nodeName": node,
             "containers": [
                 {"name": "vllm", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}
             ],

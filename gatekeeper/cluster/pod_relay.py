@@ -118,9 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent-url", required=True, help="the node agent's /metrics URL")
     parser.add_argument("--vllm-url", default="http://127.0.0.1:8000/metrics")
     parser.add_argument("--port", type=int, default=9464)
+    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    server = serve(args.port, args.namespace, args.pod, args.agent_url, args.vllm_url or None)
+    server = serve(
+        args.port, args.namespace, args.pod, args.agent_url, args.vllm_url or None, args.host
+    )
     log.info("relaying %s/%s's headroom on port %d", args.namespace, args.pod, args.port)
     server.serve_forever()
     return 0

@@ -1,0 +1,56 @@
+"""The llm-d router for real behind Envoy, routing by gatekeeper's headroom (issue 30
+item 4): ``bench.llm_d_route`` on the session's control plane, small. The endpoint picker
+built from github.com/llm-d/llm-d-router runs with ``deploy/llm-d/endpoint-picker-config.yaml``
+as shipped; Envoy asks it over ext_proc; three Pods of an InferencePool answer at
+127.0.0.11-13 (the simulator and gatekeeper's relay), each with a claim of 8 GiB and a
+process in its own cgroup that the node agent attributes to it. A pod using more than its
+claim gets no request while the others share them; when the headroom moves to another
+pod, the traffic follows.
+
+Skipped, with the reason, without ``build/llm-d`` (``scripts/llm-d-router.sh``: the Go
+module proxy refuses the router's module, so CI never has it) or without root (cgroups)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.llm_d_route import Plan, measure, missing_reason
+from tests.support.kube_cluster import KubeCluster
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture(scope="module")
+def figures(
+    kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
+):
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    plan = Plan(pods=3, requests=20, watch_seconds=4.0, refresh_seconds=0.5)
+    return measure(kube_cluster, tmp_path_factory.mktemp("llm-d"), nvml_stub_lib, plan)
+
+
+def test_a_pod_over_its_claim_gets_no_request_while_the_others_share_them(figures) -> None:
+    before, over = figures["before"], figures["over_claim_before"]
+    assert before[over] == 0, before
+    others = [ip for ip in before if ip != over]
+    assert all(before[ip] > 0 for ip in others), before
+    assert sum(before.values()) == 20
+
+
+def test_traffic_follows_the_headroom_within_a_few_refreshes(figures) -> None:
+    after, was_over, now_over = (
+        figures["after"],
+        figures["over_claim_before"],
+        figures["over_claim_after"],
+    )
+    assert after[now_over] == 0 and after[was_over] > 0, figures
+    assert figures["after_requests"] >= 10, figures
+    assert figures["follow_seconds"] < 3.0, figures
+
+
+def test_the_router_adds_latency_but_answers(figures) -> None:
+    assert 0 < figures["direct_p50_seconds"] < figures["routed_p50_seconds"]
