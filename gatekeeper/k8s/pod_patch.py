@@ -5,9 +5,11 @@ Pure: plain dicts in, new dicts and patch operations out, nothing edited in plac
 - ``with_budget_flags`` writes ``--kv-cache-memory-bytes`` and ``--gpu-memory-utilization``
   into a container's vLLM command line: in an argument list (``command``/``args``) every
   earlier spelling of either flag is removed and both are appended; in a shell script
-  (``sh -c``) both are inserted after ``vllm serve`` (or after
-  ``-m vllm.entrypoints.openai.api_server``), and a script that sets either flag itself is
-  refused (its own value would come later and win);
+  (``sh -c``: ``gatekeeper.vllm.shell.script_index``, as the reader finds it) both are
+  inserted after the launcher the reader knows (``vllm serve``,
+  ``-m vllm.entrypoints.openai.api_server``, ``-m dynamo.vllm``: ``shell.launcher_end``),
+  and a script that sets either flag itself is refused (its own value would come later
+  and win);
 - ``with_claim`` makes the container use a pod claim (``resources.claims``) instead of
   whole GPUs (``nvidia.com/gpu`` leaves its limits and requests: the claim is its GPUs);
 - ``with_resources`` (``hami`` mode, no DRA) writes HAMi's ``nvidia.com/gpu`` and
@@ -27,6 +29,7 @@ from typing import Any
 
 from gatekeeper.k8s.workloads import GPU_RESOURCE
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.vllm.shell import launcher_end, script_index
 
 __all__ = [
     "BUDGET_FLAGS",
@@ -42,11 +45,6 @@ __all__ = [
 ]
 
 BUDGET_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
-_SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
-_LAUNCHER = re.compile(
-    r"(?:^|(?<=[\s;&|(]))(?:\S*/)?(?:vllm\s+serve|python3?\s+-m\s+"
-    r"vllm\.entrypoints\.openai\.api_server)(?=\s|$)"
-)
 _BUDGET_SPELLING = re.compile(r"--(kv[-_]cache[-_]memory[-_]bytes|gpu[-_]memory[-_]utilization)")
 
 
@@ -64,25 +62,13 @@ def _strings(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def _script_at(tokens: Sequence[str]) -> int | None:
-    """The index of the script in ``sh -c SCRIPT`` (``bash -lc`` …), else None."""
-    if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
-        return None
-    for i, token in enumerate(tokens[1:], start=1):
-        if not token.startswith("-") or token.startswith("--"):
-            return None
-        if "c" in token[1:]:
-            return i + 1 if i + 1 < len(tokens) else None
-    return None
-
-
 def unread_script(container: Mapping[str, Any]) -> str | None:
     """The shell script of a container whose script names ``vllm serve`` (the caller found
     no vLLM command line in it: it cannot be split as the shell would, an unbalanced quote),
     else None."""
     tokens = [*_strings(container.get("command")), *_strings(container.get("args"))]
-    at = _script_at(tokens)
-    return tokens[at] if at is not None and _LAUNCHER.search(tokens[at]) else None
+    at = script_index(tokens)
+    return tokens[at] if at is not None and launcher_end(tokens[at]) is not None else None
 
 
 def unread_scripts(containers: list[Any], read: set[int], where: str) -> list[str]:
@@ -124,7 +110,7 @@ def with_budget_flags(
     flags = [BUDGET_FLAGS[0], str(kv_bytes), BUDGET_FLAGS[1], f"{utilization:.4f}"]
     command, args = _strings(container.get("command")), _strings(container.get("args"))
     out = copy.deepcopy(dict(container))
-    at = _script_at([*command, *args])
+    at = script_index([*command, *args])
     if at is None:
         key = "args" if args or not command else "command"
         out[key] = [*_without_budget(args if key == "args" else command), *flags]
@@ -137,10 +123,10 @@ def with_budget_flags(
             "and a value written before it would lose; remove them from the script so that "
             "gatekeeper writes them, or write the claim yourself"
         )
-    found = _LAUNCHER.search(script)
-    if found is None:
+    end = launcher_end(script)
+    if end is None:
         return "its shell script has no 'vllm serve' gatekeeper can write flags after"
-    edited = f"{script[: found.end()]} {' '.join(flags)}{script[found.end() :]}"
+    edited = f"{script[:end]} {' '.join(flags)}{script[end:]}"
     lines = list(command if key == "command" else args)
     lines[index] = edited
     out[key] = lines

@@ -25,7 +25,14 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-__all__ = ["after_launcher", "expand_shell_vars", "script_arguments", "shell_script"]
+__all__ = [
+    "after_launcher",
+    "expand_shell_vars",
+    "launcher_end",
+    "script_arguments",
+    "script_index",
+    "shell_script",
+]
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 DYNAMO_WORKER = "dynamo.vllm"
@@ -36,6 +43,13 @@ _SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?)-([^}]*))?\}|\$([A-Za-z_]\w*)
 _SUBSTITUTION = re.compile(r"\$\(\([^()]*\)\)|\$\([^()]*\)")
 """``$((arithmetic))`` and ``$(command)`` without nested parentheses."""
 _HOLE = "\x00{}\x00"
+_LAUNCHER_TEXT = re.compile(
+    r"(?:^|(?<=[\s;&|(]))(?:(?:\S*/)?vllm\s+serve|-m\s+(?:"
+    + "|".join(re.escape(m) for m in sorted(_MODULES))
+    + r"))(?=\s|$)"
+)
+"""``after_launcher``'s launchers in a script's text: ``vllm serve`` (any path), ``-m`` and
+one of its modules."""
 
 
 def after_launcher(tokens: Sequence[str]) -> list[str] | None:
@@ -50,17 +64,31 @@ def after_launcher(tokens: Sequence[str]) -> list[str] | None:
     return None
 
 
-def shell_script(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
-    """The script of ``sh -c SCRIPT`` (also ``bash -lc``, ``bash -ec`` …) and its
-    positional arguments (the words after ``$0``), else None."""
+def launcher_end(script: str) -> int | None:
+    """Where, in a script's text, the first launcher ``after_launcher`` knows ends (the
+    flags after it are vLLM's); None when the text names none."""
+    found = _LAUNCHER_TEXT.search(script)
+    return found.end() if found is not None else None
+
+
+def script_index(tokens: Sequence[str]) -> int | None:
+    """The index of SCRIPT in ``sh -c SCRIPT`` (also ``bash -lc``, ``bash --login -c`` …),
+    else None."""
     if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
         return None
     for i, token in enumerate(tokens[1:], start=1):
         if not token.startswith("-"):
             return None
         if "c" in token[1:] and not token.startswith("--") and i + 1 < len(tokens):
-            return tokens[i + 1], list(tokens[i + 3 :])
+            return i + 1
     return None
+
+
+def shell_script(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
+    """The script of ``sh -c SCRIPT`` (``script_index``) and its positional arguments (the
+    words after ``$0``), else None."""
+    at = script_index(tokens)
+    return (tokens[at], list(tokens[at + 2 :])) if at is not None else None
 
 
 def expand_shell_vars(text: str, env: Mapping[str, str]) -> str:

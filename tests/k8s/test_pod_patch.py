@@ -41,8 +41,13 @@ def _read(container: dict[str, Any]) -> Any:
         {"command": ["/bin/bash", "-ec", "python3 -m vllm.entrypoints.openai.api_server --model m"]},
         {"command": ["sh", "-c", "vllm serve $(MODEL) --max-model-len 4096"],
          "env": [{"name": "MODEL", "value": "m"}]},
+        # NVIDIA Dynamo's worker takes vLLM's engine arguments (the reader reads it so)
+        {"command": ["/bin/sh", "-c"], "args": ["exec python3 -m dynamo.vllm --model m"]},
+        # a long option before -c: the shell still runs the script
+        {"command": ["bash", "--login", "-c", "vllm serve m --max-model-len 4096"]},
     ],
-    ids=["args", "command", "entrypoint", "api-server", "sh-c", "bash-ec", "k8s-var"],
+    ids=["args", "command", "entrypoint", "api-server", "sh-c", "bash-ec", "k8s-var",
+         "dynamo-script", "bash-login"],
 )  # fmt: skip
 def test_the_flags_are_written_once_and_read_back(container: dict[str, Any]) -> None:
     container = {"image": IMAGE, **container}
