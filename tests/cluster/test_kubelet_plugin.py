@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,6 @@ from tests.support.dra_kubelet import (
     CGROUP,
     NODE,
     NS,
-    Allocated,
     GiB,
     PluginNode,
     allocate,
@@ -208,36 +208,121 @@ def test_a_claim_of_another_node_or_not_allocated_is_refused(
     assert "the apiserver answered 404" in node.kubelet.prepare(gone)[gone.uid].error
 
 
-def test_two_prepares_racing_for_the_last_bytes_of_a_gpu_one_is_refused(
-    node: PluginNode, client: Client
-) -> None:
-    # GPU 0 has 20 GiB free; each claim needs 12.
-    free = node.inventory.snapshot().gpus[0].free_bytes  # type: ignore[union-attr]
-    set_gpus(node.fake, used=(free - 20 * GiB, 0))
-    claims = [allocate(client, f"racer-{i}", 12 * GiB, gpu=0) for i in range(2)]
-    socket = node.sockets.registration
-    answers: dict[str, dra.NodePrepareResourceResponse] = {}
-    start = threading.Barrier(2)
+def _with_free(node: PluginNode, free_bytes: int) -> None:
+    """GPU 0 with ``free_bytes`` free, the rest held by a process no claim books."""
+    total_free = node.inventory.snapshot().gpus[0].free_bytes  # type: ignore[union-attr]
+    held = total_free - free_bytes
+    set_gpus(node.fake, used=(held, 0), processes=[FakeProcess(0, 4242, held)])
 
-    def race(claim: Allocated) -> None:
-        kubelet = Kubelet(socket)
+
+class Prepare(threading.Thread):
+    """One kubelet's prepare of ``ref`` on its own connection, timed: ``answer`` and the
+    ``perf_counter`` it came back at."""
+
+    def __init__(self, node: PluginNode, ref: ClaimRef, start: threading.Barrier | None = None):
+        super().__init__()
+        self.node, self.ref, self.barrier = node, ref, start
+        self.answer: dra.NodePrepareResourceResponse | None = None
+        self.started = self.answered = 0.0
+
+    def run(self) -> None:
+        kubelet = Kubelet(self.node.sockets.registration)
         kubelet.register()
-        start.wait()
-        answers.update(kubelet.prepare(claim.ref))
+        if self.barrier is not None:
+            self.barrier.wait()
+        self.started = time.perf_counter()
+        self.answer = kubelet.prepare(self.ref)[self.ref.uid]
+        self.answered = time.perf_counter()
         kubelet.close()
 
-    threads = [threading.Thread(target=race, args=(c,)) for c in claims]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    won = [c for c in claims if answers[c.ref.uid].devices]
-    lost = [c for c in claims if answers[c.ref.uid].error]
+    def waited(self) -> float:
+        self.join(timeout=30)
+        assert self.answer is not None
+        return self.answered - self.started
+
+
+def _until_waiting(node: PluginNode, ref: ClaimRef) -> None:
+    assert node.plugin is not None
+    deadline = time.monotonic() + 10
+    while ref not in node.plugin.driver.waiting:
+        assert time.monotonic() < deadline, "the prepare never waited"
+        time.sleep(0.01)
+
+
+def test_two_prepares_racing_for_the_last_bytes_of_a_gpu_one_waits_then_is_refused(
+    node: PluginNode, client: Client
+) -> None:
+    node.wait_seconds = 0.6
+    node.restart()
+    _with_free(node, 20 * GiB)  # each claim needs 12
+    claims = [allocate(client, f"racer-{i}", 12 * GiB, gpu=0) for i in range(2)]
+    start = threading.Barrier(2)
+    racers = [Prepare(node, c.ref, start) for c in claims]
+    for racer in racers:
+        racer.start()
+    seconds = [r.waited() for r in racers]
+    answers = [r.answer for r in racers]
+    won = [c for c, a in zip(claims, answers, strict=True) if a is not None and a.devices]
+    lost = [(c, a, t) for c, a, t in zip(claims, answers, seconds, strict=True) if a and a.error]
     assert len(won) == 1 and len(lost) == 1
-    error = answers[lost[0].ref.uid].error
-    print(f"the race's loser: {error}")
-    assert f"{NS}/{won[0].ref.name}: 12884901888 bytes (12.00 GiB) promised, not yet taken" in error
-    assert "needs 12884901888 bytes (12.00 GiB) but 8589934592 bytes (8.00 GiB) are free" in error
+    _, answer, waited = lost[0]
+    assert answer is not None
+    print(f"the race's loser, after {waited:.2f} s: {answer.error}")
+    assert waited >= 0.6  # it waited the bound out: nobody unprepared
+    assert f"{NS}/{won[0].ref.name}: 12884901888 bytes (12.00 GiB) promised, not yet taken" in (
+        answer.error
+    )
+    assert "needs 12884901888 bytes (12.00 GiB) but 8589934592 bytes (8.00 GiB) are free" in (
+        answer.error
+    )
+    assert re.search(r"It waited 0\.[6-9]\d s|It waited [1-9]\.\d\d s", answer.error)
+    assert "--prepare-wait-seconds 0.6, within kubelet's 45 s deadline" in answer.error
+    for claim in claims:  # the slice's room, for the module's later claims
+        release(client, claim.ref.name)
+
+
+def test_a_waiting_prepare_is_admitted_as_soon_as_the_holder_is_unprepared(
+    node: PluginNode, client: Client
+) -> None:
+    # Polling NVML every 5 s: an admission within a second is the unprepare's wake-up.
+    node.wait_seconds, node.poll_seconds = 20.0, 5.0
+    kubelet = node.restart()
+    _with_free(node, 20 * GiB)
+    holder = allocate(client, "holder", 12 * GiB, gpu=0)
+    assert kubelet.prepare(holder.ref)[holder.ref.uid].devices
+    waiter = Prepare(node, allocate(client, "waiter", 12 * GiB, gpu=0).ref)
+    waiter.start()
+    _until_waiting(node, waiter.ref)
+    assert kubelet.unprepare(holder.ref)[holder.ref.uid].error == ""
+    unprepared = time.perf_counter()
+    waited = waiter.waited()
+    assert waiter.answer is not None and waiter.answer.devices, waiter.answer
+    after_ms = (waiter.answered - unprepared) * 1000
+    print(f"the waiter: admitted {after_ms:.1f} ms after the unprepare, {waited:.2f} s in all")
+    assert after_ms < 1000
+    assert node.plugin is not None and node.plugin.driver.waiting == ()
+    release(client, "holder")
+    release(client, "waiter")
+
+
+def test_a_waiting_prepare_sees_memory_freed_outside_the_claims(
+    node: PluginNode, client: Client
+) -> None:
+    """No unprepare: a foreign job exits, and NVML read again shows the bytes free."""
+    node.wait_seconds, node.poll_seconds = 20.0, 0.2
+    node.restart()
+    _with_free(node, 4 * GiB)
+    waiter = Prepare(node, allocate(client, "after-foreign", 12 * GiB, gpu=0).ref)
+    waiter.start()
+    _until_waiting(node, waiter.ref)
+    set_gpus(node.fake)  # the foreign process exited
+    freed = time.perf_counter()
+    waiter.waited()
+    assert waiter.answer is not None and waiter.answer.devices, waiter.answer
+    after = waiter.answered - freed
+    print(f"admitted {after * 1000:.0f} ms after the foreign memory was freed")
+    assert after < 5  # one poll (0.2 s) on a quiet machine; far from the 20 s bound
+    release(client, "after-foreign")
 
 
 def test_memory_a_prepared_claim_s_pod_already_holds_is_not_counted_twice(

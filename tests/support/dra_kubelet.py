@@ -159,6 +159,9 @@ class PluginNode:
     plugin: KubeletPlugin | None = None
     inventory: NvmlInventory | None = None
     kubelet: Kubelet | None = None
+    wait_seconds: float = 0.0
+    """The driver's wait for bytes not free (``DraDriver(wait_seconds=)``); set, then restart."""
+    poll_seconds: float = 0.5
 
     def start(self) -> Kubelet:
         self.inventory = NvmlInventory()
@@ -170,6 +173,8 @@ class PluginNode:
             quantity_bytes,
             read_pod=pod_reader(self.client),
             size_rank=rank_sizer(model_resolver(Settings()), PlacementPolicy()),
+            wait_seconds=self.wait_seconds,
+            poll_seconds=self.poll_seconds,
         )
         self.plugin = KubeletPlugin(driver, self.sockets)
         self.plugin.start()

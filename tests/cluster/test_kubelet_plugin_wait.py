@@ -1,0 +1,216 @@
+"""The DRA driver's wait for bytes not free (issue 30, "two prepares racing for the last
+bytes of a GPU: one waits"), without an apiserver: ``DraDriver`` on one stand-in GPU whose
+free memory the test sets, its claims plain dicts as the apiserver returns them. Over the
+kubelet plugin's socket the same waits are in ``test_kubelet_plugin.py``.
+
+Covered here: first come, first served among waiters; the call's deadline bounding the
+wait; a full line refused at once; two devices of one claim on one GPU adding up; the
+wait's bound checked against kubelet's deadline; and the vLLM flag sizing (model
+resolution) running outside the lock, so a slow one holds up no unprepare.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatekeeper.cluster import DRIVER_NAME
+from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
+from gatekeeper.cluster.prepared import ClaimRef, PreparedClaim, PrepareError
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.units import GIB
+
+NODE = "node-a"
+NS = "team-a"
+UUID = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
+DEVICE = "gpu-00000000aaaabbbbcccc000000000000"
+H100_TOTAL = 85520809984
+
+
+class Node:
+    """One GPU with ``free_bytes`` free (settable), the claims and pods the driver reads."""
+
+    def __init__(self, tmp_path: Path, free_bytes: int, **driver: Any) -> None:
+        self.free_bytes = free_bytes
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        paths = DriverPaths(tmp_path / "plugin", tmp_path / "cdi", tmp_path, tmp_path)
+        self.driver = DraDriver(
+            NODE, paths, self.read_claim, self.read_gpus, int, read_pod=self.read_pod, **driver
+        )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.claims[name]
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.pods[name]
+
+    def read_gpus(self) -> InventorySnapshot:
+        used = H100_TOTAL - self.free_bytes
+        gpu = GpuInfo(
+            0, UUID, "NVIDIA H100 80GB HBM3", "00000000:18:00.0", H100_TOTAL, self.free_bytes, used
+        )
+        return InventorySnapshot(gpus=(gpu,), ok=True)
+
+    def claim(self, name: str, *sizes: int, pod: str | None = None) -> ClaimRef:
+        """An allocated claim of one device result per size, all on the one GPU."""
+        results = [
+            {
+                "request": f"r{i}",
+                "driver": DRIVER_NAME,
+                "pool": NODE,
+                "device": DEVICE,
+                "consumedCapacity": {"memory": str(n)},
+            }
+            for i, n in enumerate(sizes)
+        ]
+        reserved = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}] if pod else []
+        self.claims[name] = {
+            "metadata": {"namespace": NS, "name": name, "uid": f"uid-{name}"},
+            "status": {"allocation": {"devices": {"results": results}}, "reservedFor": reserved},
+        }
+        return ClaimRef(NS, name, f"uid-{name}")
+
+
+class Call(threading.Thread):
+    """``prepare`` on its own thread: the claim or the refusal, and when it came back."""
+
+    def __init__(self, prepare: Callable[[], PreparedClaim]) -> None:
+        super().__init__()
+        self._prepare = prepare
+        self.result: PreparedClaim | PrepareError | None = None
+        self.answered = 0.0
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self._prepare()
+        except PrepareError as e:
+            self.result = e
+        self.answered = time.monotonic()
+
+    def outcome(self) -> PreparedClaim | PrepareError:
+        self.join(timeout=30)
+        assert self.result is not None
+        return self.result
+
+
+def _until_waiting(driver: DraDriver, *refs: ClaimRef) -> None:
+    deadline = time.monotonic() + 10
+    while driver.waiting != refs:
+        assert time.monotonic() < deadline, driver.waiting
+        time.sleep(0.005)
+
+
+def test_waiters_are_served_first_come_first_served(tmp_path: Path) -> None:
+    node = Node(tmp_path, 20 * GIB, wait_seconds=20.0, poll_seconds=0.05)
+    holder = node.claim("holder", 12 * GIB)
+    node.driver.prepare(holder)
+    first = node.claim("first", 12 * GIB)
+    waiting = Call(lambda: node.driver.prepare(first))
+    _until_waiting(node.driver, first)
+    # 8 GiB are free: enough for the later one, but the first came first.
+    later = node.claim("later", 6 * GIB)
+    behind = Call(lambda: node.driver.prepare(later))
+    _until_waiting(node.driver, first, later)
+    # 6 GiB freed outside the claims: 14 free for them, enough for either, not both.
+    node.free_bytes = 26 * GIB
+    assert isinstance(waiting.outcome(), PreparedClaim)
+    time.sleep(0.3)  # several polls: the later one still waits (14 - 12 = 2 < 6)
+    assert node.driver.waiting == (later,) and behind.result is None
+    node.driver.unprepare(holder)
+    assert isinstance(behind.outcome(), PreparedClaim)
+    assert list(node.driver.prepared) == [first.uid, later.uid]
+    assert not node.driver.waiting
+
+
+def test_a_later_prepare_is_refused_naming_the_waiter_ahead_of_it(tmp_path: Path) -> None:
+    node = Node(tmp_path, 20 * GIB, wait_seconds=20.0, poll_seconds=5.0)
+    node.driver.prepare(node.claim("holder", 12 * GIB))
+    waiting = Call(lambda: node.driver.prepare(node.claim("first", 12 * GIB)))
+    _until_waiting(node.driver, ClaimRef(NS, "first", "uid-first"))
+    late = node.claim("late", 8 * GIB)
+    start = time.monotonic()
+    with pytest.raises(PrepareError) as refused:
+        node.driver.prepare(late, deadline=time.monotonic() + 0.3)  # the call's deadline
+    assert 0.3 <= time.monotonic() - start < 5  # the call's deadline, not the 20 s
+    message = str(refused.value)
+    for part in (
+        "needs 8589934592 bytes (8.00 GiB) but 0 bytes (0.00 GiB) are free for it",
+        "12884901888 bytes (12.00 GiB) are asked by prepares waiting ahead of it",
+        f"{NS}/first: 12884901888 bytes (12.00 GiB) asked, waiting ahead",
+        f"{NS}/holder: 12884901888 bytes (12.00 GiB) promised, not yet taken",
+        "It waited 0.",
+    ):
+        assert part in message
+    node.free_bytes = 40 * GIB  # memory freed outside the claims: the first is admitted
+    assert isinstance(waiting.outcome(), PreparedClaim)
+
+
+def test_a_prepare_finding_the_line_full_is_refused_at_once(tmp_path: Path) -> None:
+    node = Node(tmp_path, 4 * GIB, wait_seconds=20.0, poll_seconds=0.1, max_waiters=1)
+    first = node.claim("first", 8 * GIB)
+    waiting = Call(lambda: node.driver.prepare(first))
+    _until_waiting(node.driver, first)
+    start = time.monotonic()
+    with pytest.raises(PrepareError, match="It did not wait: 1 prepares already wait"):
+        node.driver.prepare(node.claim("second", 2 * GIB))
+    assert time.monotonic() - start < 1
+    node.free_bytes = 8 * GIB
+    assert isinstance(waiting.outcome(), PreparedClaim)  # at its next poll of NVML
+
+
+def test_two_devices_of_one_claim_on_one_gpu_add_up(tmp_path: Path) -> None:
+    node = Node(tmp_path, 20 * GIB)
+    with pytest.raises(PrepareError) as refused:
+        node.driver.prepare(node.claim("both", 12 * GIB, 12 * GIB))
+    assert f"{NS}/both: 12884901888 bytes (12.00 GiB) promised" in str(refused.value)
+    assert len(node.driver.prepare(node.claim("fits", 12 * GIB, 8 * GIB)).devices) == 2
+
+
+def test_the_wait_must_stay_inside_kubelet_s_deadline(tmp_path: Path) -> None:
+    with pytest.raises(GatekeeperError, match=r"outside 0-43 s \(kubelet gives a prepare 45 s"):
+        Node(tmp_path, GIB, wait_seconds=44.0)
+    assert Node(tmp_path, GIB, wait_seconds=43.0).driver.wait_seconds == 43.0
+
+
+def test_sizing_a_pod_s_vllm_runs_outside_the_lock(tmp_path: Path) -> None:
+    """A model resolution that takes its time (config files read) holds up no unprepare."""
+    resolving, resolved = threading.Event(), threading.Event()
+
+    def slow_size(command: Any, total_bytes: int, gpu_name: str) -> int | None:
+        resolving.set()
+        assert resolved.wait(10)
+        return None  # not sized here: the KV cache alone counts
+
+    node = Node(tmp_path, 40 * GIB, size_rank=slow_size)
+    node.pods["vllm-0"] = {
+        "metadata": {"namespace": NS, "name": "vllm-0", "uid": "uid-vllm-0"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "sized"}],
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai:v0.11.0",
+                    "command": ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"],
+                    "args": ["--kv-cache-memory-bytes", "1G", "--gpu-memory-utilization", "0.05"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    held = node.claim("held", GIB)
+    node.driver.prepare(held)
+    sized = Call(lambda: node.driver.prepare(node.claim("sized", 2 * GIB, pod="vllm-0")))
+    assert resolving.wait(10)
+    start = time.monotonic()
+    node.driver.unprepare(held)  # would wait for the sizing if it held the lock
+    assert time.monotonic() - start < 1
+    resolved.set()
+    assert isinstance(sized.outcome(), PreparedClaim)
