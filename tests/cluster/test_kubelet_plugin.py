@@ -325,6 +325,26 @@ def test_a_waiting_prepare_sees_memory_freed_outside_the_claims(
     release(client, "after-foreign")
 
 
+def test_a_wait_ends_before_kubelet_s_deadline_on_the_call(
+    node: PluginNode, client: Client
+) -> None:
+    """kubelet's call carries a deadline (45 s in kubelet; 2.5 s here): the wait ends 2 s
+    before it, so kubelet gets the reason rather than DEADLINE_EXCEEDED."""
+    node.wait_seconds, node.poll_seconds = 20.0, 5.0
+    node.restart()
+    _with_free(node, 4 * GiB)
+    claim = allocate(client, "short-deadline", 12 * GiB, gpu=0)
+    kubelet = Kubelet(node.sockets.registration, timeout_seconds=2.5)
+    kubelet.register()
+    start = time.perf_counter()
+    error = kubelet.refused(claim.ref)
+    took = time.perf_counter() - start
+    kubelet.close()
+    assert 0.4 <= took < 2.5, took
+    assert "It waited 0." in error and "needs 12884901888 bytes" in error
+    release(client, "short-deadline")
+
+
 def test_memory_a_prepared_claim_s_pod_already_holds_is_not_counted_twice(
     node: PluginNode, client: Client
 ) -> None:
