@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 __all__ = [
+    "CLIENT_CLOSED",
     "FORM_ROUTES",
     "JSON_ROUTES",
     "NO_RETRY_STATUSES",
@@ -86,6 +87,8 @@ FORM_ROUTES: tuple[str, ...] = ("/v1/audio/transcriptions", "/v1/audio/translati
 
 NO_RETRY_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422, 507})
 """Answers a retry of the same request cannot change."""
+CLIENT_CLOSED = 499
+"""Status observed for a request the client abandoned (nginx's convention)."""
 
 _TYPES = {
     400: "BadRequestError",

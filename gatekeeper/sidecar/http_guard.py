@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gatekeeper.proxy.protocol import error_response
 from gatekeeper.proxy.relay import AnswerNow, Reply
-from gatekeeper.proxy.serving import LAUNCH_GUARD
+from gatekeeper.proxy.resolver import LAUNCH_GUARD
 
 __all__ = ["GUARDED_PREFIXES", "HttpGuard"]
 

@@ -28,7 +28,7 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.worker_states import RESERVING_STATES
 from gatekeeper.placement.gpu_search import search
 from gatekeeper.placement.types import PlacementRequest
-from gatekeeper.proxy.serving import Endpoint, RouteError
+from gatekeeper.proxy.resolver import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.manager import DeploymentManager

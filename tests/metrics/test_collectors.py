@@ -38,7 +38,7 @@ from gatekeeper.metrics.workers import (
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
-from gatekeeper.proxy.serving import ProxyMetrics
+from gatekeeper.proxy.resolver import ProxyMetrics
 from gatekeeper.sidecar.deployment import State
 from gatekeeper.units import GIB, MIB
 from gatekeeper.vllm.log import MemoryFigures

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
-from gatekeeper.proxy.serving import Endpoint, Proxy
+from gatekeeper.proxy import Endpoint, Proxy
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.settings import Settings
 from gatekeeper.sidecar.http_guard import HttpGuard

@@ -17,6 +17,7 @@ from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
+from gatekeeper.proxy import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.protocol import (
     FORM_ROUTES,
     JSON_ROUTES,
@@ -25,7 +26,6 @@ from gatekeeper.proxy.protocol import (
     form_boundary,
     form_field,
 )
-from gatekeeper.proxy.serving import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.sidecar.registry import ModelRegistry
 from gatekeeper.sidecar.rejection import rejection_text

@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from starlette.applications import Starlette
 
-from gatekeeper.proxy.serving import Endpoint, Proxy, RouteError
+from gatekeeper.proxy import Endpoint, Proxy, RouteError
 from gatekeeper.proxy.upstream import upstream_client
 from gatekeeper.settings import Settings
 from gatekeeper.sidecar.http_protocol import sidecar_http_protocol
