@@ -36,31 +36,17 @@ from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port
+from tests.support.webhook_configs import DEPLOY, VALIDATING, shipped_configuration
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
 
 NAMESPACE = "published"
-CONFIG = (
-    Path(__file__).resolve().parents[2] / "deploy/kubernetes/validatingwebhookconfiguration.yaml"
-)
 NODES = ("published-a", "published-b")
 LLAMA_70B = ["meta-llama/Llama-3.1-70B-Instruct", "--max-model-len", "8192"]
 QWEN_14B = ["Qwen/Qwen2.5-14B-Instruct", "--max-model-len", "8192"]
 QWEN_7B = ["Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192"]
 UNPUBLISHED = "cannot judge it by the cluster's GPUs: no node publishes a GPU"
-
-
-def configuration(webhook: WebhookProcess) -> dict[str, Any]:
-    """The shipped configuration, calling ``webhook``, for this namespace, ``Fail``."""
-    config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
-    config["metadata"] = {"name": f"{NAMESPACE}-{config['metadata']['name']}"}
-    (hook,) = config["webhooks"]
-    path = hook["clientConfig"]["service"]["path"]
-    hook["clientConfig"] = {"url": webhook.url(path), "caBundle": webhook.ca_bundle}
-    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
-    hook["failurePolicy"] = "Fail"
-    return config
 
 
 def deployment(name: str, args: list[str]) -> dict[str, Any]:
@@ -115,7 +101,9 @@ def api(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Client]:
     for other in others:
         client.delete(ResourceSlice, other["metadata"]["name"])
     client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    config = configuration(webhook)
+    config = shipped_configuration(
+        VALIDATING, webhook.url(""), webhook.ca_bundle, NAMESPACE, "Fail"
+    )
     client.create(from_dict(config))
     try:
         yield client
@@ -179,7 +167,7 @@ def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> No
     """The component adds --published-devices to the webhook's arguments, and its RBAC
     lets the webhook list ResourceSlices and Nodes (the two calls ``PublishedDevices``
     makes)."""
-    component = CONFIG.parent / "components" / "cluster"
+    component = DEPLOY / "components" / "cluster"
     kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
     (patch,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "Deployment"]
     added = [o["value"] for o in yaml.safe_load(patch["patch"]) if o["op"] == "add"]

@@ -41,14 +41,12 @@ from lightkube.types import PatchType
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from tests.support.kube_cluster import KubeCluster
 from tests.support.polling import wait_for
+from tests.support.webhook_configs import MUTATING, VALIDATING, shipped_configuration
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
 
 NAMESPACE = "faults"
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-VALIDATING = DEPLOY / "validatingwebhookconfiguration.yaml"
-MUTATING = DEPLOY / "components" / "cluster" / "mutatingwebhookconfiguration.yaml"
 KINDS: dict[Path, Any] = {VALIDATING: ValidatingWebhookConfiguration, MUTATING: MutatingWebhookConfiguration}  # fmt: skip
 VALIDATING_NAME = "memory.vllm-gatekeeper.io"
 MUTATING_NAME = "claims.vllm-gatekeeper.io"
@@ -58,17 +56,8 @@ FITS = ["Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192"]
 
 
 def configuration(path: Path, url: str, ca_bundle: str, policy: str) -> dict[str, Any]:
-    """The shipped configuration at ``path``, calling ``url`` with ``policy`` and a 1 s
-    timeout, for namespace ``faults`` only; named ``faults-<its name>``."""
-    config: dict[str, Any] = yaml.safe_load(path.read_text())
-    config["metadata"] = {"name": f"faults-{config['metadata']['name']}"}
-    (hook,) = config["webhooks"]
-    service_path = hook["clientConfig"]["service"]["path"]
-    hook["clientConfig"] = {"url": url + service_path, "caBundle": ca_bundle}
-    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
-    hook["failurePolicy"] = policy
-    hook["timeoutSeconds"] = 1
-    return config
+    """The shipped configuration at ``path`` for namespace ``faults``, a 1 s timeout."""
+    return shipped_configuration(path, url, ca_bundle, NAMESPACE, policy, timeout_seconds=1)
 
 
 def set_policy(api: Client, path: Path, policy: str) -> None:
@@ -179,6 +168,7 @@ def test_a_model_no_gpu_holds_is_denied_with_what_would_fit(api: Client, webhook
     assert f'admission webhook "{VALIDATING_NAME}" denied the request' in message
     assert re.search(r"at TP=1 it needs [\d.]+ GiB per GPU .* but the GPU has [\d.]+ GiB", message)
     assert re.search(r"Would fit: --tensor-parallel-size 2 .*; or --max-model-len \d+\.", message)
+    assert "--tensor-parallel-size 2 (2 ranks, one GPU of DeviceClass gpu.gatekeeper.dev" in message
     assert refusal(api, workload("fits", FITS)) is None  # the same webhook admits what fits
     assert [d.metadata.name for d in api.list(Deployment, namespace=NAMESPACE)] == ["fits"]  # type: ignore[union-attr]
 
