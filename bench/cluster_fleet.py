@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
@@ -42,6 +43,9 @@ from gatekeeper.models import catalog_entries
 
 POOL_LABEL = "bench.vllm-gatekeeper.io/pool"
 IMAGE = "vllm/vllm-openai:v0.32.0"
+DEVICE_CLASS = (
+    Path(__file__).resolve().parents[1] / "deploy/kubernetes/components/cluster/deviceclass.yaml"
+)
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 MAX_PARAMETERS = 75_000_000_000
 """Models up to a 70B; the catalog's 100B-670B models would only be denied."""
@@ -178,12 +182,10 @@ def tear_down(client: Client, f: Fleet) -> None:
 
 
 def device_class() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
+    """gatekeeper's DeviceClass as shipped (``DEVICE_CLASS``): the one source for the
+    bench and the tests."""
+    manifest: dict[str, Any] = yaml.safe_load(DEVICE_CLASS.read_text())
+    return manifest
 
 
 def _pod_spec(w: Workload, f: Fleet, whole_gpu: bool) -> dict[str, Any]:

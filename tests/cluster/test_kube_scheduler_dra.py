@@ -29,6 +29,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
+from bench.cluster_fleet import device_class
 from gatekeeper.cluster import DRIVER_NAME, device_name, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.placement.types import PlacementPolicy
@@ -46,15 +47,6 @@ POLICY = PlacementPolicy()
 RANK_BYTES = 12 * GiB
 PODS = 20
 BIND_TIMEOUT_SECONDS = 60.0
-
-
-def device_class() -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    }
 
 
 def node_gpus(node_name: str) -> InventorySnapshot:

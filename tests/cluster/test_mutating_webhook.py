@@ -30,7 +30,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from lightkube.utils.quantity import parse_quantity
 
-from bench.cluster_fleet import webhook_configuration
+from bench.cluster_fleet import device_class, webhook_configuration
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
@@ -94,15 +94,9 @@ def client(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Clien
 
 
 def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
-    for manifest in (device_class, ready_node(NODE, (TAINT,)), slice_, namespace):
+    for manifest in (device_class(), ready_node(NODE, (TAINT,)), slice_, namespace):
         create_unless_present(api, manifest)  # the DeviceClass may come from another module
     api.create(from_dict(_configuration(webhook)))
     yield api

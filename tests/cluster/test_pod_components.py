@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from prometheus_client import CollectorRegistry
 
+from bench.cluster_fleet import device_class
 from gatekeeper.cli.agent import pod_collector
 from gatekeeper.cluster import DRIVER_NAME, device_name, resource_slice, slice_name
 from gatekeeper.cluster.agent import quantity_bytes
@@ -61,14 +62,8 @@ def client(kube_cluster: KubeCluster) -> Iterator[Client]:
     """The node (tainted: only this module's pods land there), the DeviceClass and the
     namespace; the node and its slice are deleted at the end."""
     api = kube_cluster.client()
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    for manifest in (device_class, ready_node(NODE, (TAINT,)), namespace):
+    for manifest in (device_class(), ready_node(NODE, (TAINT,)), namespace):
         create_unless_present(api, manifest)
     try:
         yield api

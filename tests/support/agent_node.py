@@ -25,6 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
+from bench.cluster_fleet import device_class
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
 from tests.support.kube_cluster import KubeCluster
@@ -151,16 +152,10 @@ def registered(client: Client, node: AgentNode) -> Iterator[None]:
         "spec": {"taints": [node.taint]},
         "status": {"conditions": [ready], "capacity": capacity, "allocatable": capacity},
     }
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-    }
     client.create(from_dict(manifest))
     made_class = True
     try:
-        client.create(from_dict(device_class))
+        client.create(from_dict(device_class()))
     except ApiError as e:  # another cluster test module made it first
         assert e.status.code == 409, e
         made_class = False
