@@ -6,52 +6,36 @@ hold; an unknown preloaded model ends ``serve`` with one line and exit code 2.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from bench import serve_process
 from gatekeeper.sidecar.launcher import process_group_alive
-from tests.support.prometheus_server import free_port
-from tests.support.sidecar_harness import running_sidecar, settings_for
-
-GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
+from tests.support.sidecar_harness import free_port_block, running_sidecar, settings_for
 
 
-def _serve(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], str, dict[str, str]]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    port = free_port()
-    full = {**clean, "GATEKEEPER_STATE_DIR": str(tmp_path / "state"), **env}
-    with (tmp_path / "serve.log").open("w") as log:  # the child keeps its own copy
-        process = subprocess.Popen(
-            [str(GATEKEEPER), "serve", "--rehearsal", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=full,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, (tmp_path / "serve.log").read_text()
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "gatekeeper serve did not answer /healthz"
-        time.sleep(0.2)
-    token = (tmp_path / "state" / "rehearsal" / "admin-token").read_text().strip()
-    return process, url, {"Authorization": f"Bearer {token}"}
+@contextlib.contextmanager
+def _serve(tmp_path: Path, *, keep: bool) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The installed ``gatekeeper serve --rehearsal`` (``bench.serve_process.sidecar``),
+    its simulator workers kept when it exits if ``keep``; its log is ``sidecar.log``."""
+    port = free_port_block(100)  # and its workers' ports after it
+    with serve_process.sidecar(
+        tmp_path, port, preload=False, worker_env="{}", rehearsal=True, keep_workers=keep
+    ) as process:
+        yield process, f"http://127.0.0.1:{port}"
 
 
-def _deploy_ready(url: str, headers: dict[str, str]) -> int:
+def _deploy_ready(url: str) -> int:
+    headers = {"Authorization": f"Bearer {serve_process.TOKEN}"}
     body = {"model": "Qwen/Qwen3-0.6B", "options": {"max_model_len": 4096}}
     r = httpx.post(f"{url}/admin/deployments", json=body, headers=headers, timeout=60)
     assert r.status_code == 201, r.text
@@ -69,14 +53,13 @@ def _deploy_ready(url: str, headers: dict[str, str]) -> int:
 def test_ctrl_c_on_a_rehearsal_stops_its_simulators_or_says_they_keep_running(
     tmp_path: Path, keep: bool
 ) -> None:
-    env = {"GATEKEEPER_STOP_WORKERS_ON_EXIT": "false"} if keep else {}
-    process, url, headers = _serve(tmp_path, **env)
     pid = None
     try:
-        pid = _deploy_ready(url, headers)
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
-        out = (tmp_path / "serve.log").read_text()
+        with _serve(tmp_path, keep=keep) as (process, url):
+            pid = _deploy_ready(url)
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=60)  # exited: the block's end has nothing to stop
+        out = (tmp_path / "sidecar.log").read_text()
         if keep:
             assert "workers keep running when the sidecar exits" in out, out
             assert "gatekeeper undeploy ID" in out
@@ -85,9 +68,6 @@ def test_ctrl_c_on_a_rehearsal_stops_its_simulators_or_says_they_keep_running(
             assert "workers are stopped when the sidecar exits (Ctrl-C)" in out, out
             assert not process_group_alive(pid), "Ctrl-C left the simulator running"
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
         if pid is not None and process_group_alive(pid):
             os.killpg(pid, signal.SIGKILL)
 
@@ -102,7 +82,13 @@ def test_an_unknown_preloaded_model_ends_serve_with_one_line_and_exit_code_2(
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     env = {**clean, "GATEKEEPER_CONFIG_FILE": str(config), "GATEKEEPER_STATE_DIR": str(tmp_path)}
     done = subprocess.run(
-        [str(GATEKEEPER), "serve", "--rehearsal", "--port", str(free_port())],
+        [
+            *serve_process.gatekeeper_command(),
+            "serve",
+            "--rehearsal",
+            "--port",
+            str(free_port_block()),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
