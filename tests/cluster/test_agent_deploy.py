@@ -124,6 +124,7 @@ WEBHOOK_CALLS = [
     ("create", "resource.k8s.io", "resourceclaimtemplates"),
     ("get", "resource.k8s.io", "resourceclaimtemplates"),
     ("list", "resource.k8s.io", "resourceslices"),  # --published-devices
+    ("list", "", "nodes"),  # --published-devices: the labels a pod's node selector matches
 ]
 NOT_THE_WEBHOOKS = [
     ("update", "resource.k8s.io", "resourceclaimtemplates"),
@@ -132,6 +133,7 @@ NOT_THE_WEBHOOKS = [
     ("create", "resource.k8s.io", "resourceslices"),
     ("create", "", "pods"),
     ("get", "", "secrets"),
+    ("update", "", "nodes"),
 ]
 
 

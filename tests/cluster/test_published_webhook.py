@@ -228,6 +228,9 @@ def test_a_pod_pinned_by_its_node_selector_is_judged_on_that_node_s_gpus_only(
         api.create(from_dict(node))
         api.create(from_dict(resource_slice(name, parse_declared_node(gpus), PlacementPolicy())))
     try:
+        read = PublishedDevices(api)()  # the Nodes' labels read beside the slices
+        assert read.nodes is not None and read.nodes_error is None
+        assert read.nodes["published-l4"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
         assert dry_run(kube_cluster, deployment("qwen-14b", QWEN_14B))[:2] == (201, "")
         pinned = deployment("qwen-14b-l4", QWEN_14B)
         pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-L4"}
