@@ -10,7 +10,9 @@ of the bytes its ranks need (``gatekeeper.cluster.claims``) and the flags that h
 them (``pod_patch``), recording what it wrote (``claim_record``); ``template_store`` creates
 the claim templates through the API. In cluster mode (``--published-devices``) the
 validating webhook judges by the devices the node agents publish: ``published`` reads the
-ResourceSlices, ``fleet`` (pure) turns them into device shapes and judges with ``fit``.
+ResourceSlices and the Nodes' labels, ``fleet`` (pure) turns them into device shapes and
+judges with ``fit``, ``node_scope`` (pure) keeps the nodes a pod may land on; ``gpu_terms``
+words the GPU counts and suggestions for the mutating webhook's claims mode.
 
 May import: ``gatekeeper.cluster`` (its pure modules; ``template_store`` also the agent's
 quantity reader), ``gatekeeper.settings``, ``gatekeeper.metrics``,
