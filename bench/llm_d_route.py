@@ -25,6 +25,8 @@ picker (``build/llm-d/epp`` from github.com/llm-d/llm-d-router) runs with
    requests per pod after it (pod 1 none, pod 0 some).
 3. **Latency.** ``--requests`` completions straight to a pod's simulator and as many
    through Envoy and the picker: p50 of each and the difference (what the router adds).
+4. **All over.** Every pod at 10 GiB: the filter keeps none, so its ``fallbackOnEmpty``
+   keeps them all; ``--requests`` completions, counted per pod (each gets some).
 
 Run ``sudo .venv/bin/python -m bench.llm_d_route`` after ``scripts/llm-d-router.sh``
 (``--quick``: 20 requests, 5 s watch). The picker refreshes each pod's metrics every
@@ -290,6 +292,10 @@ def scenario(
         "after": {ip: switched["after"].get(ip, 0) for ip in ips},
     }
     figures |= latency(http, url, f"http://{ips[2]}:8000/v1/completions", plan.requests)
+    usage.set([OVER_BYTES] * plan.pods)
+    time.sleep(3 * plan.refresh_seconds)
+    everyone = Counter(routed(http, url, plan.requests))
+    figures["all_over"] = {ip: everyone.get(ip, 0) for ip in ips}
     return figures
 
 

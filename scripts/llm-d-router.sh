@@ -43,7 +43,11 @@ if [ -z "$src" ]; then
       "commit and run again" >&2
     exit 2
   fi
-  src=$dir
+  # The module cache is read-only: build from a copy.
+  src=$(mktemp -d)
+  trap 'rm -rf "$src"' EXIT
+  cp -r "$dir/." "$src"
+  chmod -R u+w "$src"
   commit=$pinned
 else
   src=$(cd "$src" && pwd)
@@ -52,7 +56,12 @@ else
       "point it at a checkout of https://github.com/llm-d/llm-d-router" >&2
     exit 2
   fi
-  commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo "${LLM_D_ROUTER_COMMIT:-unknown}")
+  # The tree's own commit only when it is the top of a git checkout (not a folder inside
+  # another repository); else what LLM_D_ROUTER_COMMIT says.
+  commit=${LLM_D_ROUTER_COMMIT:-unknown}
+  if [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = "$src" ]; then
+    commit=$(git -C "$src" rev-parse HEAD)
+  fi
 fi
 
 gie_version=$(awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" {print $2; exit}' "$src/go.mod")

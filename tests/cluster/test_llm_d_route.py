@@ -24,13 +24,14 @@ pytestmark = pytest.mark.k8s
 
 @pytest.fixture(scope="module")
 def figures(
-    kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
 ):
     reason = missing_reason()
-    if reason is not None:
+    if reason is not None:  # before the control plane is asked for
         pytest.skip(reason)
+    cluster: KubeCluster = request.getfixturevalue("kube_cluster")
     plan = Plan(pods=3, requests=20, watch_seconds=4.0, refresh_seconds=0.5)
-    return measure(kube_cluster, tmp_path_factory.mktemp("llm-d"), nvml_stub_lib, plan)
+    return measure(cluster, tmp_path_factory.mktemp("llm-d"), nvml_stub_lib, plan)
 
 
 def test_a_pod_over_its_claim_gets_no_request_while_the_others_share_them(figures) -> None:
@@ -54,3 +55,7 @@ def test_traffic_follows_the_headroom_within_a_few_refreshes(figures) -> None:
 
 def test_the_router_adds_latency_but_answers(figures) -> None:
     assert 0 < figures["direct_p50_seconds"] < figures["routed_p50_seconds"]
+
+
+def test_when_every_pod_is_over_its_claim_the_filter_falls_back_to_all(figures) -> None:
+    assert all(count > 0 for count in figures["all_over"].values()), figures["all_over"]
