@@ -23,8 +23,15 @@ kubelet does (``bench.dra_kubelet``: the registration handshake, then
 3. **Race.** GPU 0 holds a process no claim books (a foreign job) and has ``--race-free``
    bytes free (20 GiB); ``--racers`` claims (200) of ``--race-bytes`` (3 GiB) each on it are
    prepared at once, one call per claim from as many threads, released together by a
-   barrier. Printed: how many were admitted and refused, the bytes admitted against the
-   free bytes, and the bytes admitted beyond them (must be 0).
+   barrier. The agent runs with ``--prepare-wait-seconds`` ``--wait`` (2 s): a racer whose
+   bytes are not free waits for them in line (at most 12 wait; the rest are refused at
+   once), then is refused. Printed: how many were admitted, refused after waiting and
+   refused at once, the bytes admitted against the free bytes, and the bytes admitted
+   beyond them (must be 0).
+4. **Waiter.** One more claim of ``--race-bytes`` on the full GPU 0: its prepare waits;
+   once the agent's log says so, one admitted racer is unprepared. Printed: how long after
+   the unprepare's answer the waiter's admission came back (the unprepare wakes it; NVML
+   is otherwise read again every 0.5 s).
 
 The claims' allocations are written into their status as kube-scheduler writes them (the
 result's pool, device and ``consumedCapacity.memory``), not by the scheduler: the race
@@ -34,8 +41,8 @@ the taint still come). The prepared claims are reserved for no pod, so the vLLM 
 check is not part of these figures (the scrape's claims are reserved for their pods and
 never prepared).
 
-Run ``python -m bench.dra_prepare`` (about 10 s on 2 CPUs, most of it the control plane's
-start; ``--quick``: 10 claims and 40 racers, about 7 s). The last line is one JSON object with every
+Run ``python -m bench.dra_prepare`` (about 15 s on 2 CPUs, most of it the control plane's
+start and the racers' 2 s wait; ``--quick``: 10 claims and 40 racers, about 10 s). The last line is one JSON object with every
 figure (sizes in bytes, times in seconds).
 """
 
@@ -89,7 +96,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def agent_argv(
-    cluster: KubeCluster, sockets: PluginSockets, cdi: Path, metrics_port: int
+    cluster: KubeCluster, sockets: PluginSockets, cdi: Path, metrics_port: int, wait: float
 ) -> list[str]:
     return [
         str(Path(sys.executable).with_name("gatekeeper")),
@@ -103,12 +110,14 @@ def agent_argv(
         f"--registry-dir={sockets.registry_dir}",
         f"--cdi-dir={cdi}",
         f"--metrics-port={metrics_port}",
+        f"--prepare-wait-seconds={wait}",
+        "--log-format=json",  # with the INFO lines: a prepare's wait is seen in its log
     ]
 
 
 @contextmanager
 def agent(
-    cluster: KubeCluster, work: Path, state: Path, library: Path, metrics_port: int
+    cluster: KubeCluster, work: Path, state: Path, library: Path, metrics_port: int, wait: float
 ) -> Iterator[Kubelet]:
     """The installed agent with its kubelet plugin, registered; stopped with SIGTERM."""
     short = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths: 107 bytes
@@ -117,7 +126,7 @@ def agent(
     env = subprocess_env(library.parent, state)
     with log.open("ab") as out:
         process = subprocess.Popen(
-            agent_argv(cluster, sockets, work / "cdi", metrics_port),
+            agent_argv(cluster, sockets, work / "cdi", metrics_port, wait),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -212,7 +221,10 @@ def latency(client: Client, kubelet: Kubelet, names: dict[int, str], claims: int
     }
 
 
-def race(client: Client, kubelet: Kubelet, device: str, plan: Plan) -> dict[str, Any]:
+def race(
+    client: Client, kubelet: Kubelet, device: str, plan: Plan
+) -> tuple[dict[str, Any], list[ClaimRef]]:
+    """The figures, and the claims admitted."""
     claim_bytes, free = plan.race_claim_bytes, plan.race_free_bytes
     refs = [allocated_claim(client, f"race-{i}", claim_bytes, device) for i in range(plan.racers)]
     barrier = threading.Barrier(plan.racers)
@@ -229,23 +241,55 @@ def race(client: Client, kubelet: Kubelet, device: str, plan: Plan) -> dict[str,
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    admitted = [u for u, (_, e) in answers.items() if not e]
+    admitted = [r for r in refs if not answers[r.uid][1]]
     refused = [e for _, e in answers.values() if e]
     wrong = [e for e in refused if "are free for it" not in e]
     if wrong:
         raise RuntimeError(f"refused for another reason: {wrong[:3]}")
     admitted_bytes = len(admitted) * claim_bytes
-    return {
+    figures = {
         "racers": plan.racers,
         "race_claim_bytes": claim_bytes,
         "race_free_bytes": free,
         "admitted": len(admitted),
         "refused": len(refused),
+        "refused_after_waiting": sum("It waited" in e for e in refused),
+        "refused_at_once_line_full": sum("It did not wait" in e for e in refused),
         "fit": free // claim_bytes,
         "admitted_bytes": admitted_bytes,
         "over_admitted_bytes": max(0, admitted_bytes - free),
         "race_seconds": round(elapsed, 3),
         "race_prepare_p99_seconds": round(percentile([s for s, _ in answers.values()], 99), 4),
+    }
+    return figures, admitted
+
+
+def waiter(
+    client: Client, kubelet: Kubelet, device: str, plan: Plan, holder: ClaimRef, log: Path
+) -> dict[str, Any]:
+    """One more claim on the full GPU ``device`` waits; ``holder`` (admitted) is unprepared
+    once the agent's log shows the wait: how long after the unprepare's answer the
+    waiter's own answer came."""
+    ref = allocated_claim(client, "waiter", plan.race_claim_bytes, device)
+    answer: list[tuple[float, str, float]] = []
+    thread = threading.Thread(
+        target=lambda: answer.append((*timed_prepare(kubelet, ref), time.perf_counter()))
+    )
+    thread.start()
+    deadline = time.monotonic() + plan.wait_seconds
+    while f"claim {ref} waits up to" not in log.read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the waiter never waited:\n{log.read_text()[-2000:]}")
+        time.sleep(0.005)
+    kubelet.unprepare(holder)
+    unprepared = time.perf_counter()
+    thread.join()
+    (waited, error, answered) = answer[0]
+    if error:
+        raise RuntimeError(f"the waiter was refused after the unprepare: {error}")
+    return {
+        "waiter_admitted_after_unprepare_seconds": round(answered - unprepared, 4),
+        "waiter_waited_seconds": round(waited, 4),
     }
 
 
@@ -323,6 +367,8 @@ class Plan:
     race_free_bytes: int = 20 * GIB
     race_claim_bytes: int = 3 * GIB
     scrapes: int = 100
+    wait_seconds: float = 2.0
+    """The agent's ``--prepare-wait-seconds``: short, so that the race's waiters end soon."""
 
 
 def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict[str, Any]:
@@ -335,7 +381,7 @@ def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict
         client.create(Namespace(metadata=ObjectMeta(name=NS)))
     try:
         port = free_port()
-        with agent(cluster, work, state, library, port) as kubelet:
+        with agent(cluster, work, state, library, port, plan.wait_seconds) as kubelet:
             names = device_names(client)
             figures = latency(client, kubelet, names, plan.claims)
             print(f"latency: {json.dumps(figures)}")
@@ -348,9 +394,11 @@ def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict
             foreign = h100(0).total_bytes - h100(0).reserved_bytes - plan.race_free_bytes
             gpus = [h100(0, used_bytes=foreign), *(h100(i) for i in range(1, GPUS))]
             write_state(state, gpus, [FakeProcess(0, FOREIGN_PID, foreign)])
-            raced = race(client, kubelet, names[0], plan)
+            raced, admitted = race(client, kubelet, names[0], plan)
             print(f"race: {json.dumps(raced)}")
-            figures |= raced
+            waited = waiter(client, kubelet, names[0], plan, admitted[0], work / "agent.log")
+            print(f"waiter: {json.dumps(waited)}")
+            figures |= raced | waited
     finally:
         client.deletecollection(Pod, namespace=NS)
         client.deletecollection(ResourceClaim, namespace=NS)
@@ -370,10 +418,13 @@ def main() -> None:
         "--race-bytes", type=int, default=Plan.race_claim_bytes, help="each racer's claim"
     )
     parser.add_argument("--scrapes", type=int, default=Plan.scrapes, help="/metrics fetches")
+    parser.add_argument(
+        "--wait", type=float, default=Plan.wait_seconds, help="the agent's prepare wait, s"
+    )
     parser.add_argument("--quick", action="store_true", help="10 claims, 40 racers")
     args = parser.parse_args()
     claims, racers = (10, 40) if args.quick else (args.claims, args.racers)
-    plan = Plan(claims, racers, args.race_free, args.race_bytes, args.scrapes)
+    plan = Plan(claims, racers, args.race_free, args.race_bytes, args.scrapes, args.wait)
     reason = missing_reason(kube_bin_dir())
     if reason is not None:
         raise SystemExit(reason)

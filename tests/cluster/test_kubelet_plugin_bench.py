@@ -1,6 +1,7 @@
 """``bench.dra_prepare`` on the session's control plane, small: the installed agent's
 kubelet plugin prepares claims over its socket, and a race for GPU 0's last bytes admits
-exactly what fits; and, where cgroups can be made (root), the agent's ``/metrics``
+exactly what fits (the rest wait, then are refused) and a waiter is admitted when one
+racer is unprepared; and, where cgroups can be made (root), the agent's ``/metrics``
 attributes each bound pod's process in its pod's cgroup to the pod."""
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def test_the_race_admits_what_fits_and_no_byte_beyond_free_memory(
     figures = measure(kube_cluster, tmp_path, nvml_stub_lib, plan)
     assert (figures["admitted"], figures["refused"], figures["fit"]) == (2, 10, 2)
     assert (figures["admitted_bytes"], figures["over_admitted_bytes"]) == (4 * GIB, 0)
+    # the 10 that do not fit wait (the line holds 12) their 2 s out, then are refused
+    assert (figures["refused_after_waiting"], figures["refused_at_once_line_full"]) == (10, 0)
+    assert figures["race_seconds"] >= plan.wait_seconds
+    # the waiter is woken by the unprepare, not by the next read of NVML (0.5 s later)
+    assert figures["waiter_admitted_after_unprepare_seconds"] < 0.5
     assert 0 < figures["prepare_p50_seconds"] <= figures["prepare_max_seconds"]
     assert figures["again_p50_seconds"] > 0 and figures["claims"] == 4
     if cgroup_root() is not None:  # measure() raises when /metrics misses a pod's 1 GiB
