@@ -177,6 +177,7 @@ def test_the_issue_s_panels_are_there():
         "webhook denials, malformed reviews and fail-open admissions",
         "webhook review latency",
         "claims versus used per pod",
+        "predicted components versus used per pod",
         "memory headroom per pod",
         "headroom per node",
         "devices tainted by foreign memory",
