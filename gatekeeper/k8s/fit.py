@@ -118,9 +118,9 @@ def gpu_count_finding(
     """Deny TP above the pod's GPUs; warn when TP x PP x DP exceeds them, unless the pods
     form a multi-node group (a LeaderWorkerSet's Ray cluster). Without GPUs the pod may get
     them another way (a DRA claim, a runtime class): warn when vLLM needs more than one.
-    The pod's GPUs are its ``nvidia.com/gpu``, or, in a claims mode, the ranks its claim
-    gives it; the texts say what to change in that mode (``gpu_terms``). Checked before
-    the model is known, so the count is the options' (``Estimate.gpus``: dp x tp x pp)."""
+    The pod's GPUs are its ``nvidia.com/gpu`` or, in a claims mode, its claim's ranks, the
+    texts in the mode's words (``gpu_terms``). Checked before the model is known, so the
+    count is the options' (``Estimate.gpus``: dp x tp x pp)."""
     o = command.options
     tp = o.tensor_parallel_size
     world = o.data_parallel_size * tp * o.pipeline_parallel_size

@@ -255,16 +255,7 @@ def judge_published(who: str, case: Case, fleet: Sequence[Shape], nodes: str = "
     published = "; ".join(s.label for s in fleet) + nodes
     usable = [s for s in fleet if s.per_node >= ranks]
     if not usable:
-        most = max(s.per_node for s in fleet)
-        return [
-            Finding(
-                "deny",
-                f"{who}: needs {ranks} GPUs on one node but no node publishes more than "
-                f"{most} (published: {published}); lower --tensor-parallel-size (and "
-                f"--pipeline-parallel-size, --data-parallel-size) to use at most {most} GPUs, "
-                "or add nodes with more GPUs",
-            )
-        ]
+        return [_too_few(who, ranks, max(s.per_node for s in fleet), published)]
     first: list[Finding] | None = None
     unclaimable: list[str] = []
     for shape in usable:
@@ -293,6 +284,16 @@ def judge_published(who: str, case: Case, fleet: Sequence[Shape], nodes: str = "
             f"{who}: {what} (published: {published}); add nodes with larger GPUs or change the flags",
         ),
     ]
+
+
+def _too_few(who: str, ranks: int, most: int, published: str) -> Finding:
+    return Finding(
+        "deny",
+        f"{who}: needs {ranks} GPUs on one node but no node publishes more than "
+        f"{most} (published: {published}); lower --tensor-parallel-size (and "
+        f"--pipeline-parallel-size, --data-parallel-size) to use at most {most} GPUs, "
+        "or add nodes with more GPUs",
+    )
 
 
 def unpublished_text(who: str, fleet: Fleet) -> str:
