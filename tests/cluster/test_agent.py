@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client.parser import text_string_to_metric_families
 
 from gatekeeper.cluster.accounting import SHARED_TAINT_KEY, TAINT_KEY
@@ -229,9 +229,16 @@ def test_each_pod_s_claim_and_the_memory_of_no_pod_are_exported(
         key = ("gatekeeper_agent_foreign_memory_bytes", (("device", device),))
         return samples(agent.metrics()).get(key)
 
+    def every_pod() -> dict[Any, float] | None:
+        found = samples(agent.metrics())
+        pods = {k[1] for k in found if k[0] == "gatekeeper_pod_memory_headroom_bytes"}
+        return found if len(pods) == len(POD_NAMES) else None
+
     wait_for("the foreign bytes", lambda: foreign_of(device_of(0)) == foreign)
     assert foreign_of(device_of(1)) == 0
-    scraped = samples(agent.metrics())
+    # the agent lists the claims at most once per CLAIMS_TTL_SECONDS: the newest pod's
+    # reservation shows within that
+    scraped = wait_for("every pod's claim", every_pod)
     claims = claim_names(client)
     for pod in POD_NAMES:
         result = allocation(client, pod)["devices"]["results"][0]
