@@ -299,7 +299,7 @@ def test_a_waiting_prepare_is_admitted_as_soon_as_the_holder_is_unprepared(
     assert waiter.answer is not None and waiter.answer.devices, waiter.answer
     after_ms = (waiter.answered - unprepared) * 1000
     print(f"the waiter: admitted {after_ms:.1f} ms after the unprepare, {waited:.2f} s in all")
-    assert after_ms < 1000
+    assert after_ms < 2500  # half the poll: only the wake-up can admit it so soon
     assert node.plugin is not None and node.plugin.driver.waiting == ()
     release(client, "holder")
     release(client, "waiter")
