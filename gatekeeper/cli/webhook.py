@@ -15,9 +15,12 @@ what happens to a hand-written claim smaller than a rank needs (``deny``, the de
 request names: ``gatekeeper`` (the default), ``nvidia-dra`` or ``hami``.
 
 ``--published-devices`` (cluster mode) judges workloads on ``POST /k8s/validate`` against
-the GPUs gatekeeper's node agents publish as ResourceSlices, read through the same client
-at most every ``--published-refresh-seconds`` (``gatekeeper.k8s.published``), instead of a
-node selector's GPU product; with nothing published it warns and judges as before.
+the GPUs gatekeeper's node agents publish as ResourceSlices on the nodes a pod may land on
+(the Nodes' labels against its node selector and affinity), both read through the same
+client at most every ``--published-refresh-seconds`` (``gatekeeper.k8s.published``),
+instead of a node selector's GPU product; with nothing published it warns and judges as
+before. With ``--mutate`` the validating webhook's suggestions speak of the claims mode's
+claims, not of ``nvidia.com/gpu`` counts.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def add_parser(subparsers: Any) -> None:
         "--published-refresh-seconds",
         type=float,
         default=10.0,
-        help="with --published-devices: how often the ResourceSlices are read again (default 10)",
+        help="with --published-devices: how often the ResourceSlices and Nodes are read again "
+        "(default 10)",
     )
     w.add_argument(
         "--undersized-claims",
