@@ -206,27 +206,31 @@ class DraDriver:
         reserved = [r for r in reserved if r.get("resource") == "pods"]
         pods = tuple(str(r.get("uid", "")) for r in reserved)
         self._check_flags(ref, claimed, self._users(ref, reserved))
-        until = time.monotonic() + self.wait_seconds
+        start = time.monotonic()
+        until = start + self.wait_seconds
         until = until if deadline is None else min(until, deadline)
         with self._changed:
-            prepared = self._admit(ref, claimed, pods, until)
+            prepared = self._admit(ref, claimed, pods, (start, until))
         devices = ", ".join(d.cdi_device_id for d in prepared.devices)
         log.info("prepared claim %s: %s", ref, devices)
         return prepared
 
     def _admit(
-        self, ref: ClaimRef, claimed: tuple[ClaimedDevice, ...], pods: tuple[str, ...], until: float
+        self,
+        ref: ClaimRef,
+        claimed: tuple[ClaimedDevice, ...],
+        pods: tuple[str, ...],
+        span: tuple[float, float],
     ) -> PreparedClaim:
         """Under the lock: the claim prepared once its bytes are free (step 4), waiting in
-        line for them until ``until`` (step 5)."""
+        line for them within ``span`` (its start and end, step 5)."""
         waiter = Waiter(ref, claimed)
-        start = time.monotonic()
         try:
             while (done := self.prepared.get(ref.uid)) is None:
                 try:
                     devices = self._fit(ref, claimed, waiter)
                 except BytesNotFree as e:
-                    self._wait(e, waiter, start, until)
+                    self._wait(e, waiter, span)
                     continue
                 done = PreparedClaim(ref, pods, devices)
                 self._write_spec(done)
@@ -236,7 +240,7 @@ class DraDriver:
             if waiter in self._line:
                 self._line.remove(waiter)
                 self._changed.notify_all()  # those behind it no longer count its bytes
-                log.info("claim %s left the line after %.2f s", ref, time.monotonic() - start)
+                log.info("claim %s left the line after %.2f s", ref, time.monotonic() - span[0])
         return done
 
     def _fit(
@@ -260,10 +264,11 @@ class DraDriver:
             devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))
         return tuple(devices)
 
-    def _wait(self, refused: BytesNotFree, waiter: Waiter, start: float, until: float) -> None:
+    def _wait(self, refused: BytesNotFree, waiter: Waiter, span: tuple[float, float]) -> None:
         """Waits, the lock released, until bytes may have come free (an unprepare, a waiter
         leaving) or ``poll_seconds`` pass, ``waiter`` in line; raises ``refused`` once past
-        ``until``, or at once when no wait is allowed or the line is full."""
+        ``span``'s end, or at once when no wait is allowed or the line is full."""
+        start, until = span
         left = until - time.monotonic()
         queued = waiter in self._line
         if left <= 0 and not queued:
