@@ -7,7 +7,9 @@ what the claims book on a pool's devices and taints a device that holds memory n
 books; ``agent`` (``gatekeeper agent``) publishes, taints and republishes through the
 apiserver. ``claims`` (pure) sizes a vLLM container's ranks as placement would and writes
 the ResourceClaimTemplate the mutating webhook (``gatekeeper.k8s.mutate``) creates, and
-reads a hand-written template's requests back as bytes. ``attribution`` (pure) gives each
+reads a hand-written template's requests back as bytes; ``claim_annotation`` (pure) writes
+and reads the record the webhook leaves on a pod (``vllm-gatekeeper.io/claim``: the flags,
+the bytes and the rank's components). ``attribution`` (pure) gives each
 GPU process to its pod's claim, the rest as foreign memory; ``agent_metrics`` exports the
 agent's state and those per-pod figures; ``pod_relay`` serves a pod's headroom at the pod's
 own address for the llm-d router (``deploy/llm-d``).
