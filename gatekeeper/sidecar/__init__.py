@@ -4,8 +4,9 @@
 (``gatekeeper.proxy``) with the ``router`` as its resolver (its 507 message:
 ``rejection``), the ``admin_api`` (with its
 ``openapi`` schema), ``/metrics`` and the webhook. The ``manager`` admits
-(``admission``: placement and reservation in one ``ledger`` transaction), launches
-(``launcher``), supervises, restarts, stops and adopts (``adoption``) ``deployment``s of
+(``admitter``, bounded in time, around ``admission``: placement and reservation in one
+``ledger`` transaction), launches (``launcher``), supervises and restarts
+(``supervisor``), stops and adopts (``adoption``) ``deployment``s of
 the models the ``registry`` allows, and probes the ready ones' ``/health`` (liveness); a
 deployment's ``records`` survive a restart; the ledger's SQLite file is
 ``ledger_file``, and what its rows mean per GPU is ``ledger_view``; the
