@@ -33,7 +33,7 @@ from bench.cluster_fleet import device_class
 from gatekeeper.cluster import DRIVER_NAME, device_name, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.placement.types import PlacementPolicy
-from tests.support.kube_cluster import KubeCluster, ready_node
+from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
 
 pytestmark = pytest.mark.k8s
 
@@ -97,7 +97,8 @@ def cluster_client(kube_cluster: KubeCluster) -> Iterator[Client]:
     """A client on a cluster with the two nodes, the DeviceClass and the two slices."""
     client = kube_cluster.client()
     slices = [resource_slice(name, node_gpus(name), POLICY) for name in NODES]
-    for manifest in (*map(ready_node, NODES), device_class(), *slices):
+    create_unless_present(client, device_class())  # another module may have made it
+    for manifest in (*map(ready_node, NODES), *slices):
         client.create(from_dict(manifest))
     yield client
     client.close()
