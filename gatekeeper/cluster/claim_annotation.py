@@ -136,9 +136,11 @@ def _int(value: Mapping[str, Any], key: str) -> int | None:
 
 def _fraction(value: Mapping[str, Any], key: str) -> float | None:
     found = value.get(key)
-    if isinstance(found, float):
+    if found is None or isinstance(found, float):
         return found
-    return None if found is None else float(_int(value, key) or 0)
+    if isinstance(found, int) and not isinstance(found, bool):
+        return float(found)
+    raise _Unread(key)
 
 
 def _components(raw: Mapping[str, Any]) -> dict[ComponentName, int]:

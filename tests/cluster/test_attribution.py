@@ -31,7 +31,7 @@ from gatekeeper.gpus import StaticInventory
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
-from tests.support.agent_state import AgentState
+from tests.support.agent_state import COMPONENTS, DEVICE, POD, AgentState, pod_collector
 from tests.support.snapshots import busy_gpu
 
 GiB = 2**30
@@ -249,3 +249,38 @@ def test_the_claims_are_listed_at_most_once_per_ttl_and_a_failed_list_is_not_kep
     assert registry.get_sample_value("gatekeeper_agent_pod_figures_success") == 0
     reachable[0] = True  # each of the two scrapes above listed, and failed; this one lists
     assert scrape() == 4 * GiB and lists == [100.0, 105.0, 105.0, 105.0]
+
+
+def test_a_pod_not_read_has_no_components_until_it_is_and_another_uid_has_none() -> None:
+    """``read_pod`` failing (the apiserver unreachable) leaves the pod's components out of
+    that scrape, not the claim's series, and the pod is read again at the next; a pod of
+    that name read under another UID (made again) has no components."""
+    reads: list[str] = []
+    answers = [None, POD, {**POD, "metadata": {**POD["metadata"], "uid": "another"}}]
+
+    def read_pod(namespace: str, name: str) -> dict[str, Any]:
+        reads.append(name)
+        answer = answers[len(reads) - 1]
+        if answer is None:
+            with urllib.request.urlopen("http://127.0.0.1:9/api", timeout=2):
+                pass
+        return dict(answer or {})
+
+    def scrape(collector: PodCollector) -> tuple[float | None, float | None]:
+        """(the weights component, the claim's bytes) of one scrape (one collect)."""
+        found = {
+            (s.name, s.labels.get("component")): s.value
+            for family in collector.collect()
+            for s in family.samples
+            if s.labels.get("pod") == "qwen-1" and s.labels.get("device") == DEVICE
+        }
+        return (
+            found.get(("gatekeeper_worker_predicted_bytes", "weights")),
+            found.get(("gatekeeper_worker_predicted_total_bytes", None)),
+        )
+
+    collector = pod_collector(read_pod)
+    assert scrape(collector) == (None, 24 * GiB) and reads == ["qwen-1"]
+    assert scrape(collector) == scrape(collector) == (COMPONENTS["weights"], 24 * GiB)
+    assert reads == ["qwen-1", "qwen-1"]
+    assert scrape(pod_collector(read_pod)) == (None, 24 * GiB)  # the third answer: another UID

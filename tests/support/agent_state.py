@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,14 +86,16 @@ POD: dict[str, Any] = {
 """The pod ``CLAIM`` is reserved for, as the apiserver returns it."""
 
 
-def pod_collector() -> PodCollector:
+def _read_pod(namespace: str, name: str) -> dict[str, Any]:
+    return POD
+
+
+def pod_collector(
+    read_pod: Callable[[str, str], Mapping[str, Any]] = _read_pod,
+) -> PodCollector:
     """The per-pod figures of ``CLAIM`` on ``GPU``: pid 10 in the pod, 11 in none; the pod
-    read (``POD``) for its recorded components."""
+    read (``POD``, unless ``read_pod`` reads another) for its recorded components."""
     snapshot = InventorySnapshot(gpus=(GPU,), ok=True)
-
-    def read_pod(namespace: str, name: str) -> dict[str, Any]:
-        return POD
-
     return PodCollector(
         NODE,
         DRIVER_NAME,
