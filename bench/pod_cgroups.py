@@ -2,7 +2,7 @@
 
 kubelet puts each pod's processes in a cgroup whose path names the pod's UID
 (``.../pod<uid>/...`` with the cgroupfs driver, ``...-pod<uid>.slice`` with systemd's);
-the agent reads it back from ``/proc/PID/cgroup`` (``gatekeeper.cluster.dra_driver.pod_uid``).
+the agent reads it back from ``/proc/PID/cgroup`` (``gatekeeper.cluster.pod_cgroup.pod_uid``).
 Here one ``sleep`` per pod is moved into ``<root>/gatekeeper-bench-<pid>/pod<uid>``, under
 the first writable hierarchy of cgroup v1's ``pids`` controller or cgroup v2's unified
 one: root is needed, and nothing is made under kubelet's own ``kubepods``. Everything

@@ -202,7 +202,7 @@ def _serve_metrics(
     from prometheus_client import CollectorRegistry, start_http_server
 
     from gatekeeper.cluster.agent_metrics import AgentCollector
-    from gatekeeper.cluster.dra_driver import pod_uid
+    from gatekeeper.cluster.pod_cgroup import pod_uid
 
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent, prepares))

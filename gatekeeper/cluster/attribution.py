@@ -2,7 +2,7 @@
 item 3, ``docs/cluster.md`` "Per-pod figures and routing").
 
 The node agent reads NVML's running processes per GPU (``InventorySnapshot``), the pod
-UID of each process (``/proc/PID/cgroup``, ``dra_driver.pod_uid``) and the
+UID of each process (``/proc/PID/cgroup``, ``pod_cgroup.pod_uid``) and the
 ResourceClaims allocated on its pool. Here, with no I/O:
 
 - ``pod_claims`` lists, per allocation result on the pool, each pod the claim is reserved

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +49,7 @@ from typing import Any, Literal
 
 from gatekeeper.cluster.cdi import CONTROL_NODES, cdi_device_id, cdi_spec, spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint, write_atomically
+from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import (
     BytesNotFree,
     ClaimedDevice,
@@ -79,14 +79,9 @@ __all__ = [
     "KUBELET_CALL_TIMEOUT_SECONDS",
     "DraDriver",
     "DriverPaths",
-    "pod_uid",
 ]
 
 log = logging.getLogger("gatekeeper.cluster.dra_driver")
-# kubepods-burstable-pod1a2b_3c4d.slice (systemd) or /kubepods/besteffort/pod1a2b-3c4d/ (cgroupfs)
-_POD_IN_CGROUP = re.compile(
-    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
-)
 KUBELET_CALL_TIMEOUT_SECONDS = 45.0
 """kubelet's deadline on each call to a DRA plugin (prepare included): the constant
 ``defaultClientCallTimeout = 45 * time.Second`` in k8s.io/kubernetes v1.37.2
@@ -112,16 +107,6 @@ class DriverPaths:
     @property
     def checkpoint(self) -> Path:
         return self.plugin_dir / "checkpoint.json"
-
-
-def pod_uid(pid: int, proc_dir: Path = Path("/proc")) -> str | None:
-    """The UID of the pod whose cgroup holds ``pid``; None outside a pod or when unreadable."""
-    try:
-        text = (proc_dir / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    match = _POD_IN_CGROUP.search(text)
-    return match.group(1).replace("_", "-") if match else None
 
 
 class DraDriver:

@@ -1,7 +1,7 @@
 """Per-pod predicted against actual (issue 30 item 3): each GPU process to its pod's claim
 (``gatekeeper.cluster.attribution``), and the agent's ``PodCollector`` over the NVML
 stand-in with processes declared in its state. A process's pod comes from
-``/proc/PID/cgroup`` read by ``dra_driver.pod_uid``; the tests write those files, in the
+``/proc/PID/cgroup`` read by ``pod_cgroup.pod_uid``; the tests write those files, in the
 format kubelet's cgroup drivers give them, under a temporary proc root (the same reader
 and format, since real pod cgroups cannot be made here)."""
 
@@ -24,7 +24,8 @@ from gatekeeper.cluster.agent_metrics import (
     PrepareCounter,
 )
 from gatekeeper.cluster.attribution import attribute, pod_claims
-from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths, pod_uid
+from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
+from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
 from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import StaticInventory

@@ -20,7 +20,7 @@ from typing import IO, Any
 import pytest
 
 from gatekeeper.cluster.checkpoint import Checkpoint, CheckpointError
-from gatekeeper.cluster.dra_driver import pod_uid
+from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimedDevice, ClaimRef, PreparedDevice, PrepareError
 from gatekeeper.cluster.reserves import check_reserves, claim_users, vllm_takes
 from gatekeeper.units import GIB, MIB
