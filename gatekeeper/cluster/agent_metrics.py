@@ -1,7 +1,8 @@
 """The node agent's metrics (``gatekeeper agent --metrics-port``), read at scrape time.
 
 - ``gatekeeper_agent_devices{state}``: devices in the last published slice
-  (``published``) and those tainted for memory no claim books (``tainted``);
+  (``published``), those tainted for memory no claim books (``tainted``) and those whose
+  GPU another DRA driver also publishes on the node (``shared``);
 - ``gatekeeper_agent_pool_generation``: the pool's generation;
 - ``gatekeeper_agent_passes_total{outcome}``: passes by outcome (created, updated,
   unchanged, kept, failed);
@@ -110,6 +111,7 @@ class AgentCollector(Collector):
         )
         devices.add_metric(["published"], len(last.devices) if last else 0)
         devices.add_metric(["tainted"], len(last.tainted) if last else 0)
+        devices.add_metric(["shared"], len(last.shared) if last else 0)
         yield devices
         generation = GaugeMetricFamily(
             "gatekeeper_agent_pool_generation", "The published pool's generation"
@@ -224,7 +226,7 @@ class PodCollector(Collector):
     """Per pod and device, the claim against NVML's usage; per device, foreign memory.
 
     ``read_gpus`` reads the GPUs, ``list_claims`` the ResourceClaims (API dicts),
-    ``pod_of`` a pid's pod UID (``dra_driver.pod_uid``); ``to_bytes`` parses a quantity;
+    ``pod_of`` a pid's pod UID (``pod_cgroup.pod_uid``); ``to_bytes`` parses a quantity;
     ``read_pod`` (optional) a Pod by namespace and name, for its recorded components.
     Nothing is exported for a reading that failed."""
 

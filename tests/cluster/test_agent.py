@@ -105,6 +105,11 @@ def tainted_gauges(agent: AgentProcess) -> list[float | None]:
     return [scraped.get((name, (("device", device_of(i)),))) for i in (0, 1)]
 
 
+def shared_gauge(agent: AgentProcess) -> float | None:
+    """``gatekeeper_agent_devices{state="shared"}``, as the agent serves it."""
+    return samples(agent.metrics()).get(("gatekeeper_agent_devices", (("state", "shared"),)))
+
+
 def published(client: Client) -> dict[str, Any] | None:
     return agent_node.published(client, AGENT)
 
@@ -208,10 +213,12 @@ def test_a_gpu_another_driver_publishes_is_tainted_while_it_does(
         values = {d["name"]: [t["value"] for t in d.get("taints") or []] for d in taint}
         assert values[device_of(0)] == ["gpu.nvidia.com"]
         assert tainted_gauges(agent) == [0, 0], "not memory no claim books"
+        wait_for("one shared device in /metrics", lambda: shared_gauge(agent) == 1)
         assert "another DRA driver publishes the same GPUs" in agent.log.read_text()
     finally:
         client.delete(ResourceSlice, name)
     wait_for("taint lifted", lambda: not any(_taints(client).values()))
+    wait_for("no shared device in /metrics", lambda: shared_gauge(agent) == 0)
 
 
 def test_each_pod_s_claim_and_the_memory_of_no_pod_are_exported(

@@ -258,6 +258,7 @@ def test_alert_rules_are_complete():
         "GatekeeperPodOnVanishedGpu",
         "GatekeeperPodOverClaim",
         "GatekeeperDeviceTaintedForForeignMemory",
+        "GatekeeperGpuPublishedByTwoDrivers",
         "GatekeeperPreparesRefused",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
