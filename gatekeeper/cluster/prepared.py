@@ -216,13 +216,16 @@ def outstanding_bytes(
 ) -> dict[str, int]:
     """Bytes promised on ``gpu_uuid`` to each prepared claim and not yet taken, by the
     claim's ``namespace/name``: its bytes there less ``taken[(claim uid, gpu uuid)]``
-    (what its pods' processes hold there now), at least 0; claims with none left out."""
+    (what its pods' processes hold there now), at least 0; claims with none left out.
+    Two prepared claims of one name (deleted and made again, the old one not yet
+    unprepared) add up under it."""
     out: dict[str, int] = {}
     for claim in prepared:
         promised = sum(d.claimed.memory_bytes for d in claim.devices if d.gpu_uuid == gpu_uuid)
         left = promised - taken.get((claim.ref.uid, gpu_uuid), 0)
         if left > 0:
-            out[f"{claim.ref.namespace}/{claim.ref.name}"] = left
+            who = f"{claim.ref.namespace}/{claim.ref.name}"
+            out[who] = out.get(who, 0) + left
     return out
 
 

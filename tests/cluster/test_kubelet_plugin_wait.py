@@ -4,9 +4,10 @@ free memory the test sets, its claims plain dicts as the apiserver returns them.
 kubelet plugin's socket the same waits are in ``test_kubelet_plugin.py``.
 
 Covered here: first come, first served among waiters; the call's deadline bounding the
-wait; a full line refused at once; two devices of one claim on one GPU adding up; the
-wait's bound checked against kubelet's deadline; and the vLLM flag sizing (model
-resolution) running outside the lock, so a slow one holds up no unprepare.
+wait; a full line refused at once; two devices of one claim on one GPU adding up, and a
+claim made again under its name adding to the old one still prepared; the wait's bound
+checked against kubelet's deadline; and the vLLM flag sizing (model resolution) running
+outside the lock, so a slow one holds up no unprepare.
 """
 
 from __future__ import annotations
@@ -172,6 +173,27 @@ def test_two_devices_of_one_claim_on_one_gpu_add_up(tmp_path: Path) -> None:
         node.driver.prepare(node.claim("both", 12 * GIB, 12 * GIB))
     assert f"{NS}/both: 12884901888 bytes (12.00 GiB) promised" in str(refused.value)
     assert len(node.driver.prepare(node.claim("fits", 12 * GIB, 8 * GIB)).devices) == 2
+
+
+def test_a_claim_made_again_under_its_name_adds_to_the_old_one_still_prepared(
+    tmp_path: Path,
+) -> None:
+    """Deleted and made again (another uid) before kubelet unprepared the old one: both
+    claims' bytes count under their one name, neither replaces the other."""
+    node = Node(tmp_path, 20 * GIB)
+    node.driver.prepare(node.claim("a", 12 * GIB))
+
+    def again(*sizes: int) -> ClaimRef:
+        node.claim("a", *sizes)
+        node.claims["a"]["metadata"]["uid"] = "uid-a-again"
+        return ClaimRef(NS, "a", "uid-a-again")
+
+    with pytest.raises(PrepareError, match="needs 6442450944 bytes"):  # 20 - 12 - 6 < 6
+        node.driver.prepare(again(6 * GIB, 6 * GIB))
+    node.driver.prepare(again(4 * GIB))  # 20 - 12 = 8 free for it
+    with pytest.raises(PrepareError) as refused:  # 20 - 12 - 4 = 4 free for it
+        node.driver.prepare(node.claim("b", 10 * GIB))
+    assert f"{NS}/a: 17179869184 bytes (16.00 GiB) promised" in str(refused.value)
 
 
 def test_the_wait_must_stay_inside_kubelet_s_deadline(tmp_path: Path) -> None:
