@@ -37,7 +37,7 @@ LOG_FIELDS = ("deployment_id", "model")
 deployment_context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "gatekeeper_deployment", default=None
 )
-"""The deployment the running task works for (set by the manager's supervising task)."""
+"""The deployment the running task works for (set by its supervising task, ``Supervisor.run``)."""
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
