@@ -8,13 +8,14 @@
 of ``/v1/responses/{id}`` routed by a ``?model=`` query parameter (nothing else in them names
 the model), ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
-- **Routing.** The body is read and parsed once (``request_body``); its ``model`` goes to the ``Resolver``, which
-  answers with the ready workers serving it (launching one on demand if it may) or raises
-  ``RouteError`` (``resolver``). The worker with the fewest requests in flight through
-  this proxy wins (ties: the resolver's order; ``resolver.least_busy``); one that refuses
-  the connection is skipped for the next (each try a ``worker_call.WorkerCall``).
-  The body is forwarded byte for byte, and re-serialised only when the client used an
-  alias (its ``model`` becomes the worker's served name).
+- **Routing.** The body is read and parsed once (``request_body``); its ``model`` goes to
+  the ``Resolver``, which answers with the ready workers serving it (launching one on
+  demand if it may) or raises ``RouteError`` (``resolver``). The worker with the fewest
+  requests in flight through this proxy wins (ties: the resolver's order;
+  ``resolver.least_busy``); one that refuses the connection is skipped for the next (each
+  try a ``worker_call.WorkerCall``). The body is forwarded byte for byte, and
+  re-serialised only when the client used an alias (its ``model`` becomes the worker's
+  served name).
 - **Streaming.** With ``"stream": true`` the worker's server-sent events are relayed
   as they arrive, what one read from the worker brought in one send; nothing waits.
 - **Cancellation.** When the client goes away the connection to the worker is closed,
