@@ -14,8 +14,9 @@ them with its GPUs (design: ``../shared/reference/cluster.md``):
   until the memory is free again (kubernetes ``pkg/apis/resource/types.go``, DeviceTaint;
   DRADeviceTaints is GA and on by default in 1.37, beta and on from 1.36);
 - ``shared_devices`` finds the devices whose GPU another DRA driver publishes on the same
-  node (NVIDIA's ``gpu.nvidia.com``, a second gatekeeper driver): its scheduler books that
-  GPU's memory without seeing gatekeeper's claims, and the reverse; ``with_taints`` puts
+  node (NVIDIA's ``gpu.nvidia.com``, a second gatekeeper driver), whole (``uuid``) or as
+  MIG devices (``parentUUID``): its scheduler books that GPU's memory without seeing
+  gatekeeper's claims, and the reverse; ``with_taints`` puts
   the ``NoSchedule`` taint ``SHARED_TAINT_KEY`` on them, so that only one driver's claims
   land there (claims already allocated keep running: ``NoSchedule`` evicts nothing);
 - ``vanished`` lists the allocations on devices the new slice no longer has;
@@ -160,12 +161,18 @@ def with_taints(
     return tainted
 
 
+_GPU_UUID_ATTRIBUTES = frozenset({"uuid", "parentUUID"})
+"""A device's attributes naming a whole GPU's uuid: its own, or (NVIDIA's MIG devices,
+``k8s-dra-driver-gpu`` ``MigDeviceInfo.GetDevice``) the GPU it is a slice of."""
+
+
 def _uuid_attributes(device: Mapping[str, Any]) -> set[str]:
-    """The string values of a device's ``uuid`` attributes (``uuid`` in the driver's own
-    domain, or qualified: ``gpu.nvidia.com/uuid``)."""
+    """The string values of a device's ``uuid`` and ``parentUUID`` attributes (in the
+    driver's own domain, or qualified: ``gpu.nvidia.com/uuid``): a MIG device of NVIDIA's
+    driver books memory of its parent GPU, so it shares that GPU too."""
     found = set()
     for name, value in (device.get("attributes") or {}).items():
-        if str(name).rsplit("/", 1)[-1] == "uuid" and isinstance(value, Mapping):
+        if str(name).rsplit("/", 1)[-1] in _GPU_UUID_ATTRIBUTES and isinstance(value, Mapping):
             text = value.get("string")
             if isinstance(text, str) and text:
                 found.add(text)

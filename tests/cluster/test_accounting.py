@@ -133,6 +133,27 @@ def test_a_gpu_another_driver_publishes_is_tainted_with_that_driver() -> None:
     assert shared_devices(uuids, [_nvidia_slice(["GPU-not-ours"])], DRIVER) == {}
 
 
+def test_a_gpu_another_driver_publishes_as_mig_devices_is_shared() -> None:
+    """NVIDIA's driver publishes a GPU in MIG mode as MIG devices whose ``uuid`` is the
+    MIG instance's and ``parentUUID`` the GPU's: their memory is that GPU's."""
+    published = _slice()
+    uuids = {d["name"]: d["attributes"]["uuid"]["string"] for d in published["spec"]["devices"]}
+    name = list(uuids)[2]
+    mig = _nvidia_slice([])
+    mig["spec"]["devices"] = [
+        {
+            "name": f"gpu-0-mig-9-{i}-1",
+            "attributes": {
+                "type": {"string": "mig"},
+                "uuid": {"string": f"MIG-0000000{i}-aaaa-bbbb-cccc-000000000000"},
+                "parentUUID": {"string": uuids[name]},
+            },
+        }
+        for i in range(2)
+    ]
+    assert shared_devices(uuids, [mig], DRIVER) == {name: "gpu.nvidia.com"}
+
+
 def test_vanished_lists_allocations_on_devices_no_longer_published() -> None:
     found = [
         Allocation("ns", "a", "gpu-0", GiB, ("pod-a",)),
