@@ -15,7 +15,9 @@ Formats (``shared/reference/vllm-memory.md`` §5), after vLLM's
   CUDAGraph memory.`` (v0.19) or ``… Actual usage is X GiB for consumed memory (weights +
   non-torch), Y GiB for peak activation, and Z GiB for CUDAGraph memory.`` (v0.33)
 - ``Explicitly set (0.25/23.54) GiB for KV cache on node 0.`` (the CPU worker given
-  ``--kv-cache-memory-bytes``: the KV cache, then the NUMA node's total memory)
+  ``--kv-cache-memory-bytes`` or ``VLLM_CPU_KVCACHE_SPACE``: the KV cache, then the NUMA
+  node's total memory) or ``Auto set (3.25/23.54) GiB for KV cache on node 0, with …``
+  (without them: ``--gpu-memory-utilization`` of the node less what the worker holds)
 - ``Starting vLLM server on http://…``
 """
 
@@ -40,7 +42,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights", re.compile(rf"Loading model weights took {_NUM} ?GB")),
     ("kv_cache", re.compile(rf"Available KV cache memory: {_NUM} ?GiB")),
     ("kv_cache", re.compile(rf"reserved {_NUM} GiB memory for KV Cache")),
-    ("kv_cache", re.compile(rf"Explicitly set \({_NUM}/[\d.]+\) GiB for KV cache")),
+    ("kv_cache", re.compile(rf"(?:Explicitly|Auto) set \({_NUM}/[\d.]+\) GiB for KV cache")),
     ("cuda_graph", re.compile(rf"Graph capturing finished in [\d.]+ secs?, took {_NUM} GiB")),
     ("activation_peak", re.compile(rf"torch peak memory increase: {_NUM} ?GiB")),
     ("non_torch", re.compile(rf"non-torch forward increase memory: {_NUM} ?GiB")),
@@ -83,6 +85,14 @@ _FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
         "max_model_len check",
     ),
     (re.compile(r"No available memory for the cache blocks"), "no KV cache memory"),
+    (  # the CPU worker (v1/worker/cpu_worker.py): its node has less free than the KV cache
+        re.compile(r"on kv cache allocation is less than requested memory for kv"),
+        "no KV cache memory",
+    ),
+    (  # the CPU worker's free-memory check: --gpu-memory-utilization of the node's memory
+        re.compile(r"on startup is less than desired CPU memory utilization"),
+        "free-memory check",
+    ),
     (re.compile(r"Failed to load model - not enough GPU memory"), "out of memory while loading"),
     (
         re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError"),

@@ -82,15 +82,30 @@ def test_v033_summary_line_gives_activation_without_the_graph_estimate():
             "ValueError: No available memory for the cache blocks. Try increasing",
             "no KV cache memory",
         ),
+        (  # vLLM 0.32's v1/worker/cpu_worker.py, with --kv-cache-memory-bytes
+            "ValueError: Available memory on node 0 (1.2/23.54 GiB) on kv cache allocation is "
+            "less than requested memory for kv (4.0 GiB). Decrease --kv-cache-memory-bytes, "
+            "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+            "no KV cache memory",
+        ),
+        (  # the same, without it: --gpu-memory-utilization's share less what the worker holds
+            "ValueError: Available memory on node 0 (1.2/23.54 GiB) on kv cache allocation is "
+            "less than requested memory for kv (3.5/4.0 GiB). Reduce CPU memory used by other "
+            "processes.",
+            "no KV cache memory",
+        ),
+        (
+            "ValueError: Available memory on node 0 (1.2/23.54 GiB) on startup is less than "
+            "desired CPU memory utilization (0.9, 21.19 GiB). On the CPU backend, the "
+            "`--gpu-memory-utilization` flag controls the fraction of CPU memory reserved",
+            "free-memory check",
+        ),
     ],
 )
 def test_vllm_memory_errors_are_recognised(line, kind):
     reason = failure_reason(PREFIX + line)
-    assert reason is not None and reason.startswith(kind)
-    assert (
-        StartupLog().feed(line).failure == reason.replace(PREFIX, "")
-        or StartupLog().feed(line).failure
-    )
+    assert reason is not None and reason.startswith(kind + ": ")
+    assert StartupLog().feed(PREFIX + line).failure == reason
 
 
 def test_ordinary_lines_are_not_failures():
@@ -117,3 +132,16 @@ def test_the_cpu_worker_s_explicit_kv_cache_line_gives_the_kv_figure(kv_bytes, t
     log = StartupLog().feed(line)
     assert log.memory.kv_cache == round(round(kv_bytes / GIB, 2) * GIB)
     assert log.memory.components() == {"kv_cache": log.memory.kv_cache}
+
+
+def test_the_cpu_worker_s_auto_kv_cache_line_gives_the_kv_figure():
+    # vLLM 0.32's cpu_worker.py without --kv-cache-memory-bytes (and VLLM_CPU_KVCACHE_SPACE):
+    # --gpu-memory-utilization of the node's memory, less what the worker already holds.
+    line = (
+        "(EngineCore_DP0 pid=4242) INFO 12-02 10:00:00 [cpu_worker.py:260] "
+        "Auto set (3.25/23.54) GiB for KV cache on node 0, with 4.0 GiB requested memory for "
+        "the worker. 0.75 GiB memory was consumed by non-kv usages."
+    )
+    log = StartupLog().feed(line)
+    assert log.memory.components() == {"kv_cache": round(3.25 * GIB)}
+    assert log.failure is None
