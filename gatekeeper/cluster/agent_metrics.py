@@ -45,6 +45,7 @@ from gatekeeper.cluster.agent import Action, PassResult
 from gatekeeper.cluster.attribution import Attribution, PodClaim, attribute, pod_claims
 from gatekeeper.cluster.claim_annotation import claim_components
 from gatekeeper.estimator.components import ComponentName
+from gatekeeper.gpus.cached import CachedReading
 from gatekeeper.gpus.inventory import InventorySnapshot
 
 __all__ = [
@@ -156,10 +157,11 @@ class AgentCollector(Collector):
         yield prepares
 
 
-class ClaimsCache:
+class ClaimsCache(CachedReading[list[Mapping[str, Any]]]):
     """``list_claims`` (the cluster's ResourceClaims, API dicts) read again only once
     ``ttl_seconds`` have passed since the last read that succeeded; a failed read raises
-    and is tried again at the next call. Scrapes come from several threads."""
+    and is tried again at the next call (``CachedReading``'s raise policy). Scrapes come
+    from several threads."""
 
     def __init__(
         self,
@@ -167,20 +169,9 @@ class ClaimsCache:
         ttl_seconds: float = CLAIMS_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._list = list_claims
-        self._ttl = ttl_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._claims: list[Mapping[str, Any]] = []
-        self._read_at: float | None = None
-
-    def __call__(self) -> list[Mapping[str, Any]]:
-        with self._lock:
-            now = self._clock()
-            if self._read_at is None or now - self._read_at >= self._ttl:
-                self._claims = list(self._list())
-                self._read_at = now
-            return self._claims
+        super().__init__(
+            lambda: list(list_claims()), ttl_seconds, clock=clock, name="the ResourceClaims"
+        )
 
 
 class PodComponents:
