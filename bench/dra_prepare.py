@@ -34,16 +34,16 @@ kubelet does (``bench.dra_kubelet``: the registration handshake, then
    is otherwise read again every 0.5 s).
 
 The claims' allocations are written into their status as kube-scheduler writes them (the
-result's pool, device and ``consumedCapacity.memory``), not by the scheduler: the race
-needs more claims on one GPU than the slice's capacity, which is what the node sees when
-memory no claim books is in use (the agent taints such a GPU, but claims allocated before
-the taint still come). The prepared claims are reserved for no pod, so the vLLM flag
-check is not part of these figures (the scrape's claims are reserved for their pods and
-never prepared).
+result's pool, device and ``consumedCapacity.memory``: ``bench.dra_objects``), not by the
+scheduler: the race needs more claims on one GPU than the slice's capacity, which is what
+the node sees when memory no claim books is in use (the agent taints such a GPU, but
+claims allocated before the taint still come). The prepared claims are reserved for no
+pod, so the vLLM flag check is not part of these figures (the scrape's claims are
+reserved for their pods and never prepared).
 
 Run ``python -m bench.dra_prepare`` (about 15 s on 2 CPUs, most of it the control plane's
-start and the racers' 2 s wait; ``--quick``: 10 claims and 40 racers, about 10 s). The last line is one JSON object with every
-figure (sizes in bytes, times in seconds).
+start and the racers' 2 s wait; ``--quick``: 10 claims and 40 racers, about 10 s). The
+last line is one JSON object with every figure (sizes in bytes, times in seconds).
 """
 
 from __future__ import annotations
@@ -67,13 +67,12 @@ from typing import Any
 
 import httpx
 from lightkube import ApiError, Client
-from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
-from lightkube.types import PatchType
 
 from bench.dra_kubelet import Kubelet, registered
+from bench.dra_objects import allocated_claim, bound_pod, device_names
 from bench.kube_control_plane import KubeCluster, kube_bin_dir, missing_reason, start_cluster
 from bench.pod_cgroups import cgroup_root, pod_processes
 from bench.serve_process import free_port
@@ -142,61 +141,6 @@ def agent(
         shutil.rmtree(short)
 
 
-def device_names(client: Client) -> dict[int, str]:
-    """The published devices' names by NVML index, from the agent's ResourceSlice."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = list(client.list(ResourceSlice))
-        for item in (s.to_dict() for s in found):
-            if item["metadata"]["name"] == slice_name(NODE):
-                devices = item["spec"]["devices"]
-                return {d["attributes"]["index"]["int"]: d["name"] for d in devices}
-        time.sleep(0.2)
-    raise RuntimeError(f"the agent published no slice {slice_name(NODE)} in 60 s")
-
-
-def allocated_claim(
-    client: Client,
-    name: str,
-    memory_bytes: int,
-    device: str,
-    pod: tuple[str, str] | None = None,
-    namespace: str = NS,
-    node: str = NODE,
-) -> ClaimRef:
-    """A claim of ``memory_bytes`` with its allocation on ``device`` written into its
-    status, and reserved for ``pod`` (name, UID: a pod that exists, or the resource-claim
-    controller takes the reservation back) when one is given, as kube-scheduler writes
-    both."""
-    request = {
-        "deviceClassName": DRIVER_NAME,
-        "capacity": {"requests": {"memory": str(memory_bytes)}},
-    }
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "rank0", "exactly": request}]}},
-    }
-    made: Any = client.create(from_dict(claim))
-    uid = str(made.metadata.uid)
-    result = {
-        "request": "rank0",
-        "driver": DRIVER_NAME,
-        "pool": node,
-        "device": device,
-        "consumedCapacity": {"memory": str(memory_bytes)},
-        "shareID": uid,
-    }
-    status: dict[str, Any] = {"status": {"allocation": {"devices": {"results": [result]}}}}
-    if pod is not None:
-        status["status"]["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
-    client.patch(
-        ResourceClaim.Status, name, status, namespace=namespace, patch_type=PatchType.MERGE
-    )
-    return ClaimRef(namespace, name, uid)
-
-
 def timed_prepare(kubelet: Kubelet, ref: ClaimRef) -> tuple[float, str]:
     start = time.perf_counter()
     answer = kubelet.prepare(ref)[ref.uid]
@@ -204,7 +148,10 @@ def timed_prepare(kubelet: Kubelet, ref: ClaimRef) -> tuple[float, str]:
 
 
 def latency(client: Client, kubelet: Kubelet, names: dict[int, str], claims: int) -> dict[str, Any]:
-    refs = [allocated_claim(client, f"lat-{i}", GIB, names[i % GPUS]) for i in range(claims)]
+    refs = [
+        allocated_claim(client, f"lat-{i}", GIB, names[i % GPUS], namespace=NS, node=NODE)
+        for i in range(claims)
+    ]
     first = [timed_prepare(kubelet, r) for r in refs]
     again = [timed_prepare(kubelet, r) for r in refs]
     errors = [e for _, e in first + again if e]
@@ -226,7 +173,10 @@ def race(
 ) -> tuple[dict[str, Any], list[ClaimRef]]:
     """The figures, and the claims admitted."""
     claim_bytes, free = plan.race_claim_bytes, plan.race_free_bytes
-    refs = [allocated_claim(client, f"race-{i}", claim_bytes, device) for i in range(plan.racers)]
+    refs = [
+        allocated_claim(client, f"race-{i}", claim_bytes, device, namespace=NS, node=NODE)
+        for i in range(plan.racers)
+    ]
     barrier = threading.Barrier(plan.racers)
     answers: dict[str, tuple[float, str]] = {}
 
@@ -270,7 +220,7 @@ def waiter(
     """One more claim on the full GPU ``device`` waits; ``holder`` (admitted) is unprepared
     once the agent's log shows the wait: how long after the unprepare's answer the
     waiter's own answer came."""
-    ref = allocated_claim(client, "waiter", plan.race_claim_bytes, device)
+    ref = allocated_claim(client, "waiter", plan.race_claim_bytes, device, namespace=NS, node=NODE)
     answer: list[tuple[float, str, float]] = []
     thread = threading.Thread(
         target=lambda: answer.append((*timed_prepare(kubelet, ref), time.perf_counter()))
@@ -293,32 +243,6 @@ def waiter(
     }
 
 
-def bound_pod(
-    client: Client,
-    name: str,
-    claim: str,
-    namespace: str = NS,
-    node: str = NODE,
-    labels: dict[str, str] | None = None,
-) -> tuple[str, str]:
-    """A Pod bound to the bench's node that uses ``claim``: (name, UID). No kubelet runs
-    it; its process is the bench's (``bench.pod_cgroups``)."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {"name": "vllm", "image": "vllm", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-        },
-    }
-    made: Any = client.create(from_dict(pod))
-    return name, str(made.metadata.uid)
-
-
 def scrape(
     client: Client, state: Path, names: dict[int, str], port: int, plan: Plan
 ) -> dict[str, Any]:
@@ -327,9 +251,12 @@ def scrape(
     claim's GPU in the stand-in's process list; then the agent's ``/metrics`` fetched
     ``plan.scrapes`` times over HTTP, as Prometheus does (NVML, the claims and the
     cgroups read at each scrape)."""
-    pods = [bound_pod(client, f"vllm-{i}", f"pod-{i}") for i in range(plan.claims)]
+    pods = [
+        bound_pod(client, f"vllm-{i}", f"pod-{i}", namespace=NS, node=NODE)
+        for i in range(plan.claims)
+    ]
     for i, pod in enumerate(pods):
-        allocated_claim(client, f"pod-{i}", 2 * GIB, names[i % GPUS], pod)
+        allocated_claim(client, f"pod-{i}", 2 * GIB, names[i % GPUS], pod, namespace=NS, node=NODE)
     with pod_processes([u for _, u in pods]) as pids:
         used = [FakeProcess(i % GPUS, pids[u], GIB) for i, (_, u) in enumerate(pods)]
         gpus = [h100(g, used_bytes=GIB * sum(p.gpu == g for p in used)) for g in range(GPUS)]
@@ -382,7 +309,7 @@ def measure(cluster: KubeCluster, work: Path, library: Path, plan: Plan) -> dict
     try:
         port = free_port()
         with agent(cluster, work, state, library, port, plan.wait_seconds) as kubelet:
-            names = device_names(client)
+            names = device_names(client, NODE)
             figures = latency(client, kubelet, names, plan.claims)
             print(f"latency: {json.dumps(figures)}")
             if cgroup_root() is None:

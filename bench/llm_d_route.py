@@ -6,7 +6,7 @@ CRD (gateway-api-inference-extension, at the version the router requires) and on
 InferencePool selecting ``--pods`` Pods (3). The Pods are bound to a node that no kubelet
 runs: the bench writes their ``status.podIP`` (127.0.0.11, .12, ...) and Ready condition
 through the status subresource, as kubelet would. Each pod has a ResourceClaim of 8 GiB
-allocated on its own GPU and reserved for it (``bench.dra_prepare.allocated_claim``), and
+allocated on its own GPU and reserved for it (``bench.dra_objects.allocated_claim``), and
 a real process in a real cgroup named after its UID (``bench.pod_cgroups``: root only)
 that the NVML stand-in lists on that GPU with bytes the bench sets. The installed
 ``gatekeeper agent`` (on the stand-in) attributes each process to its pod and serves
@@ -64,7 +64,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.dra_prepare import allocated_claim, bound_pod, percentile
+from bench.dra_objects import allocated_claim, bound_pod
+from bench.dra_prepare import percentile
 from bench.kube_control_plane import KubeCluster, kube_bin_dir, start_cluster
 from bench.kube_control_plane import missing_reason as kube_missing
 from bench.llm_d_stack import LLM_D, MODEL, RELAY_PORT, SERVED_BY, Ports, envoy, epp, pod_servers
