@@ -53,7 +53,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -75,7 +74,7 @@ from bench.dra_kubelet import Kubelet, registered
 from bench.dra_objects import allocated_claim, bound_pod, device_names
 from bench.kube_control_plane import KubeCluster, kube_bin_dir, missing_reason, start_cluster
 from bench.pod_cgroups import cgroup_root, pod_processes
-from bench.serve_process import free_port
+from bench.serve_process import free_port, stop
 from gatekeeper.cluster import DRIVER_NAME, slice_name
 from gatekeeper.cluster.kubelet_plugin import PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef
@@ -118,7 +117,8 @@ def agent_argv(
 def agent(
     cluster: KubeCluster, work: Path, state: Path, library: Path, metrics_port: int, wait: float
 ) -> Iterator[Kubelet]:
-    """The installed agent with its kubelet plugin, registered; stopped with SIGTERM."""
+    """The installed agent with its kubelet plugin, registered; stopped with SIGTERM (then
+    SIGKILL), also when it never registers."""
     short = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # unix socket paths: 107 bytes
     sockets = PluginSockets(short / "plugins", short / "registry", DRIVER_NAME)
     log = work / "agent.log"
@@ -130,14 +130,15 @@ def agent(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    kubelet = registered(sockets, process, log)
-    kubelet.timeout_seconds = 120.0
-    try:
+    kubelet: Kubelet | None = None
+    try:  # the agent stopped however this ends: registration that fails included
+        kubelet = registered(sockets, process, log)
+        kubelet.timeout_seconds = 120.0
         yield kubelet
     finally:
-        kubelet.close()
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
+        if kubelet is not None:
+            kubelet.close()
+        stop(process, 30)
         shutil.rmtree(short)
 
 

@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -71,7 +70,7 @@ from bench.kube_control_plane import missing_reason as kube_missing
 from bench.llm_d_stack import LLM_D, MODEL, RELAY_PORT, SERVED_BY, Ports, envoy, epp, pod_servers
 from bench.llm_d_stack import missing_reason as router_missing
 from bench.pod_cgroups import cgroup_root, pod_processes
-from bench.serve_process import free_port
+from bench.serve_process import free_port, stop
 from gatekeeper.cluster import slice_name
 from gatekeeper.cluster.pod_relay import HEADROOM
 from gatekeeper.cluster.slices import uuid_device_name
@@ -155,7 +154,7 @@ def node_agent(
     cluster: KubeCluster, work: Path, library: Path, state: Path, port: int
 ) -> Iterator[None]:
     """The installed ``gatekeeper agent`` on the NVML stand-in (built at ``library``),
-    serving /metrics on ``port``; stopped with SIGTERM."""
+    serving /metrics on ``port``; stopped with SIGTERM (then SIGKILL)."""
     argv = [str(Path(sys.executable).with_name("gatekeeper")), "agent", f"--node-name={NODE}"]
     argv += ["--gpus=nvml", f"--kubeconfig={cluster.kubeconfig}", "--interval=3600"]
     argv += ["--no-kubelet-plugin", f"--metrics-port={port}"]
@@ -173,8 +172,7 @@ def node_agent(
             time.sleep(0.2)
         yield
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
+        stop(process, 30)
 
 
 def _answers(url: str) -> bool:
