@@ -176,9 +176,11 @@ class ClaimsCache(CachedReading[list[Mapping[str, Any]]]):
 
 class PodComponents:
     """Per (pod, claim), the components recorded on the pod (``claim_components``), each
-    pod read once per UID through ``read_pod(namespace, name)``. A read that fails is
-    tried again at the next scrape; a pod read under another UID (made again under that
-    name) has none; pods no longer in a claim are forgotten."""
+    pod read once per UID through ``read_pod(namespace, name)``. The reads run outside the
+    lock (a slow apiserver holds up no other scrape) and stop at the first that fails:
+    the others are left to the next scrape, so an unreachable apiserver costs a scrape one
+    timeout, not one per pod. A pod read under another UID (made again under that name)
+    has none; pods no longer in a claim are forgotten."""
 
     def __init__(self, read_pod: Callable[[str, str], Mapping[str, Any]]) -> None:
         self._read_pod = read_pod
@@ -190,23 +192,37 @@ class PodComponents:
         wanted = {(c.pod_uid, c.claim): c for c in claims}
         with self._lock:
             self._found = {k: v for k, v in self._found.items() if k in wanted}
-            pods: dict[str, Mapping[str, Any] | None] = {}
+            unread = {c.pod_uid: c for k, c in wanted.items() if k not in self._found}
+        pods = self._read_all(unread.values())
+        with self._lock:
             for key, c in wanted.items():
-                if key in self._found:
-                    continue
-                if c.pod_uid not in pods:
-                    pods[c.pod_uid] = self._read(c)
-                pod = pods[c.pod_uid]
-                if pod is not None:
+                pod = pods.get(c.pod_uid)
+                if key not in self._found and pod is not None:
                     self._found[key] = claim_components(pod, c.claim) if pod else {}
-            return dict(self._found)
+            return {k: v for k, v in self._found.items() if k in wanted}
+
+    def _read_all(self, claims: Iterable[PodClaim]) -> dict[str, Mapping[str, Any]]:
+        """Each claim's pod by UID, until a read fails (the rest wait for the next scrape)."""
+        pods: dict[str, Mapping[str, Any]] = {}
+        for c in claims:
+            pod = self._read(c)
+            if pod is None:
+                break
+            pods[c.pod_uid] = pod
+        return pods
 
     def _read(self, c: PodClaim) -> Mapping[str, Any] | None:
         """The pod of ``c``; {} when that name now holds another pod; None when unread."""
         try:
             pod = self._read_pod(c.namespace, c.pod)
         except Exception as e:  # the apiserver, the network: no components this scrape
-            log.warning("pod %s/%s not read for its components: %s", c.namespace, c.pod, e)
+            log.warning(
+                "pod %s/%s not read for its components (pods not yet read wait for the next "
+                "scrape): %s",
+                c.namespace,
+                c.pod,
+                e,
+            )
             return None
         metadata = pod.get("metadata")
         uid = metadata.get("uid") if isinstance(metadata, Mapping) else None

@@ -7,6 +7,8 @@ and format, since real pod cgroups cannot be made here)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +23,10 @@ from gatekeeper.cluster.agent_metrics import (
     AgentCollector,
     ClaimsCache,
     PodCollector,
+    PodComponents,
     PrepareCounter,
 )
-from gatekeeper.cluster.attribution import attribute, pod_claims
+from gatekeeper.cluster.attribution import PodClaim, attribute, pod_claims
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
 from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
@@ -285,3 +288,53 @@ def test_a_pod_not_read_has_no_components_until_it_is_and_another_uid_has_none()
     assert scrape(collector) == scrape(collector) == (COMPONENTS["weights"], 24 * GiB)
     assert reads == ["qwen-1", "qwen-1"]
     assert scrape(pod_collector(read_pod)) == (None, 24 * GiB)  # the third answer: another UID
+
+
+def _unreachable() -> None:
+    """What reading a pod from an apiserver that is down raises (nothing listens on 9)."""
+    with urllib.request.urlopen("http://127.0.0.1:9/api", timeout=2):
+        pass
+
+
+def test_pod_reads_stop_at_the_first_failure_and_the_rest_come_at_the_next_scrape() -> None:
+    """An unreachable apiserver costs a scrape one failed read, not one per pod."""
+    claims = [PodClaim("ns", f"p{i}", f"uid-p{i}", f"c{i}", DEVICE, GiB) for i in range(3)]
+    reads: list[str] = []
+    up = [False]
+
+    def read_pod(namespace: str, name: str) -> dict[str, Any]:
+        reads.append(name)
+        if not up[0]:
+            _unreachable()
+        return {"metadata": {"name": name, "uid": f"uid-{name}"}}
+
+    components = PodComponents(read_pod)
+    assert components.of(claims) == {} and reads == ["p0"]
+    up[0] = True
+    assert len(components.of(claims)) == 3 and reads == ["p0", "p0", "p1", "p2"]
+    assert len(components.of(claims)) == 3 and len(reads) == 4  # each read once
+
+
+def test_a_slow_pod_read_holds_up_no_other_scrape() -> None:
+    """The reads run outside the lock: a scrape waiting on the apiserver for one pod does
+    not make a scrape of other pods wait for it."""
+    reading, release = threading.Event(), threading.Event()
+
+    def read_pod(namespace: str, name: str) -> dict[str, Any]:
+        if name == "slow":
+            reading.set()
+            release.wait(10)
+        return {"metadata": {"name": name, "uid": f"uid-{name}"}}
+
+    slow, fast = (PodClaim("ns", n, f"uid-{n}", f"c-{n}", DEVICE, GiB) for n in ("slow", "fast"))
+    components = PodComponents(read_pod)
+    first = threading.Thread(target=components.of, args=([slow, fast],))
+    first.start()
+    assert reading.wait(10)
+    start = time.monotonic()
+    assert list(components.of([fast])) == [("uid-fast", "c-fast")]
+    elapsed = time.monotonic() - start
+    release.set()
+    first.join(10)
+    assert elapsed < 2, elapsed
+    assert set(components.of([slow, fast])) == {("uid-slow", "c-slow"), ("uid-fast", "c-fast")}
