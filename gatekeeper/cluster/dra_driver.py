@@ -166,10 +166,12 @@ class DraDriver:
     def prepare(self, ref: ClaimRef, deadline: float | None = None) -> PreparedClaim:
         """Prepare ``ref``'s devices (see the module's steps); ``PrepareError`` when not now.
         ``deadline`` (``time.monotonic()``) bounds the wait for bytes. Each outcome is
-        counted: ``refused`` for a ``PrepareError``, else ``prepared``."""
+        counted: ``refused`` for any error (a ``PrepareError``, or one the plugin answers
+        kubelet with all the same: the apiserver unreachable, a CDI spec not written), else
+        ``prepared``."""
         try:
             prepared = self._prepare(ref, deadline)
-        except PrepareError:
+        except Exception:
             self._count_prepare("refused")
             raise
         self._count_prepare("prepared")

@@ -157,7 +157,9 @@ def test_the_collector_exports_per_pod_figures_from_the_stand_in_nvml(
 def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) -> None:
     """``DraDriver`` tells the agent's ``PrepareCounter`` each outcome: a claim that fits
     its GPU is prepared (and its repeat, answered from the checkpoint, too); one allocated
-    on another node's pool is refused. The GPUs are a recorded node's (StaticInventory)."""
+    on another node's pool is refused, and so is one whose read fails (the apiserver
+    unreachable: the plugin answers kubelet with that error too). The GPUs are a recorded
+    node's (StaticInventory)."""
     snapshot = StaticInventory.from_json(FIXTURES / "gpus" / "h100_80g_x8.json").snapshot()
     device = uuid_device_name(snapshot.gpus[0].uuid)
     here = claim("fits", {"p": UID_A}, {device: "8Gi"})
@@ -169,10 +171,16 @@ def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) ->
     paths = DriverPaths(plugin_dir=tmp_path / "plugin", cdi_dir=tmp_path / "cdi")
     for folder in (paths.plugin_dir, paths.cdi_dir):
         folder.mkdir()
+
+    def read_claim(namespace: str, name: str) -> dict[str, Any]:
+        if name == "unread":
+            _unreachable()
+        return claims[name]
+
     driver = DraDriver(
         NODE,
         paths,
-        lambda namespace, name: claims[name],
+        read_claim,
         lambda: snapshot,
         quantity_bytes,
         count_prepare=counter.count,
@@ -181,11 +189,13 @@ def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) ->
     driver.prepare(ClaimRef("team-a", "fits", "uid-fits"))
     with pytest.raises(PrepareError, match="node-b"):
         driver.prepare(ClaimRef("team-a", "away", "uid-away"))
-    assert counter.counts() == {"prepared": 2, "refused": 1}
+    with pytest.raises(OSError):  # urllib's URLError: connection refused
+        driver.prepare(ClaimRef("team-a", "unread", "uid-unread"))
+    assert counter.counts() == {"prepared": 2, "refused": 2}
     registry = CollectorRegistry()
     registry.register(AgentCollector(AgentState(), counter))
     refused = {"outcome": "refused"}
-    assert registry.get_sample_value("gatekeeper_agent_prepares_total", refused) == 1
+    assert registry.get_sample_value("gatekeeper_agent_prepares_total", refused) == 2
 
 
 def test_claims_that_cannot_be_read_leave_the_per_pod_series_out_not_the_scrape() -> None:
