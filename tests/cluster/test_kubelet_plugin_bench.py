@@ -28,7 +28,10 @@ def test_the_race_admits_what_fits_and_no_byte_beyond_free_memory(
     # the 10 that do not fit wait (the line holds 12) their 2 s out, then are refused
     assert (figures["refused_after_waiting"], figures["refused_at_once_line_full"]) == (10, 0)
     assert figures["race_seconds"] >= plan.wait_seconds
-    # the waiter is woken by the unprepare, not by the next read of NVML (0.5 s later)
+    # admitted within one read of NVML (every 0.5 s in the installed agent) of the
+    # unprepare: this cannot tell the unprepare's wake-up from that read; the wake-up is
+    # shown where NVML is read every 5 s (test_kubelet_plugin's waiting prepare admitted
+    # as soon as the holder is unprepared)
     assert figures["waiter_admitted_after_unprepare_seconds"] < 0.5
     assert 0 < figures["prepare_p50_seconds"] <= figures["prepare_max_seconds"]
     assert figures["again_p50_seconds"] > 0 and figures["claims"] == 4
