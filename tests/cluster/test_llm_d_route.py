@@ -48,6 +48,9 @@ def test_traffic_follows_the_headroom_within_a_few_refreshes(figures) -> None:
         figures["over_claim_before"],
         figures["over_claim_after"],
     )
+    # ``after`` starts after the last request to the pod now over, so that pod has none
+    # in it by construction: the routing followed when that last one came soon and many
+    # came after it, the pod over before among them
     assert after[now_over] == 0 and after[was_over] > 0, figures
     assert figures["after_requests"] >= 10, figures
     assert figures["follow_seconds"] < 3.0, figures
