@@ -33,7 +33,8 @@
    IDs returned.
 
 ``unprepare`` removes the claim's CDI spec and its checkpoint entry, and wakes the waiters;
-a claim not prepared is already unprepared.
+a claim not prepared is already unprepared. ``close`` (the agent stopping) refuses the
+waiters at once.
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class DraDriver:
         self._changed = threading.Condition(self._lock)
         """Notified when bytes may have come free: an unprepare, a waiter leaving the line."""
         self._line: list[Waiter] = []
+        self._closed = False
         self._checkpoint = Checkpoint(paths.checkpoint)
         self.prepared: dict[str, PreparedClaim] = self._checkpoint.load()
         """The prepared claims by uid, as checkpointed."""
@@ -257,6 +259,10 @@ class DraDriver:
         leaving) or ``poll_seconds`` pass, ``waiter`` in line; raises ``refused`` once past
         ``span``'s end, or at once when no wait is allowed or the line is full."""
         start, until = span
+        if self._closed:
+            raise refused.noting(
+                "The agent is stopping: kubelet retries the prepare with the agent that starts next"
+            ) from None
         left = until - time.monotonic()
         queued = waiter in self._line
         if left <= 0 and not queued:
@@ -316,6 +322,13 @@ class DraDriver:
                 estimated = size(user.command, gpu.total_bytes, gpu.name) if size else None
                 takes.append((user, vllm_takes(user.command, gpu.total_bytes, estimated)))
             check_reserves(ref, prepared, gpu.total_bytes, takes)
+
+    def close(self) -> None:
+        """The waiting prepares are refused now, and later ones do not wait: the agent
+        stops, and none keeps its gRPC thread (and so the process) until its bound."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Release ``ref``: its CDI spec and its checkpoint entry go; waiters wake."""

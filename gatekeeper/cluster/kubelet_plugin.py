@@ -146,7 +146,11 @@ class KubeletPlugin:
         return server
 
     def stop(self, grace_seconds: float = 1.0) -> None:
-        """Stop serving (registration first, so kubelet stops calling) and remove the sockets."""
+        """Stop serving (registration first, so kubelet stops calling) and remove the
+        sockets. The prepares waiting for bytes are refused first (``DraDriver.close``):
+        grpc cannot end a handler, and a waiter left alone would keep the process up to
+        its bound (30 s by default) after the servers stop."""
+        self.driver.close()
         for server in reversed(self._servers):
             server.stop(grace_seconds).wait()
         self._servers.clear()

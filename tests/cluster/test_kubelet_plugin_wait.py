@@ -5,13 +5,16 @@ kubelet plugin's socket the same waits are in ``test_kubelet_plugin.py``.
 
 Covered here: first come, first served among waiters; the call's deadline bounding the
 wait; a full line refused at once; two devices of one claim on one GPU adding up, and a
-claim made again under its name adding to the old one still prepared; the wait's bound
-checked against kubelet's deadline; and the vLLM flag sizing (model resolution) running
-outside the lock, so a slow one holds up no unprepare.
+claim made again under its name adding to the old one still prepared; the waiters refused
+when the plugin stops; the wait's bound checked against kubelet's deadline; and the vLLM
+flag sizing (model resolution) running outside the lock, so a slow one holds up no
+unprepare.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ import pytest
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
+from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef, PreparedClaim, PrepareError
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
@@ -194,6 +198,30 @@ def test_a_claim_made_again_under_its_name_adds_to_the_old_one_still_prepared(
     with pytest.raises(PrepareError) as refused:  # 20 - 12 - 4 = 4 free for it
         node.driver.prepare(node.claim("b", 10 * GIB))
     assert f"{NS}/a: 17179869184 bytes (16.00 GiB) promised" in str(refused.value)
+
+
+def test_stopping_the_plugin_refuses_the_waiters_at_once(tmp_path: Path) -> None:
+    """grpc cannot end a handler: a waiter left alone would keep the stopping agent up to
+    its bound. The plugin's stop refuses it first, and a later prepare does not wait."""
+    node = Node(tmp_path, 4 * GIB, wait_seconds=30.0, poll_seconds=5.0)
+    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))  # unix socket paths: 107 bytes
+    plugin = KubeletPlugin(node.driver, PluginSockets(short, short, DRIVER_NAME))
+    plugin.start()
+    try:
+        first = node.claim("first", 8 * GIB)
+        waiting = Call(lambda: node.driver.prepare(first))
+        _until_waiting(node.driver, first)
+        stopped = time.monotonic()
+        plugin.stop()
+        refused = waiting.outcome()
+        assert isinstance(refused, PrepareError) and "The agent is stopping" in str(refused)
+        assert waiting.answered - stopped < 2  # not the 30 s bound, nor a 5 s poll
+        start = time.monotonic()
+        with pytest.raises(PrepareError, match="The agent is stopping"):
+            node.driver.prepare(node.claim("later", 8 * GIB))
+        assert time.monotonic() - start < 1 and not node.driver.waiting
+    finally:
+        shutil.rmtree(short)
 
 
 def test_the_wait_must_stay_inside_kubelet_s_deadline(tmp_path: Path) -> None:
