@@ -175,7 +175,8 @@ def test_the_kubelet_plugin_s_prepares_are_counted_by_outcome(tmp_path: Path) ->
     def read_claim(namespace: str, name: str) -> dict[str, Any]:
         if name == "unread":
             _unreachable()
-        return claims[name]
+        found: dict[str, Any] = claims[name]
+        return found
 
     driver = DraDriver(
         NODE,
