@@ -32,17 +32,25 @@ python_bin="${PYTHON:-$root/.venv/bin/python}"
 
 mkdir -p "$out/crd"
 
-src="${LLM_D_ROUTER_SRC:-}"
-if [ -z "$src" ]; then
-  answer=$(cd /tmp && "$go_bin" mod download -json "$module@$pinned" 2>&1) || true
+# The directory of Go module version $1 in the module cache, from the proxy; else one line
+# saying why, with what to do ($2...), and exit 2.
+module_dir() {
+  local answer dir why
+  answer=$(cd /tmp && "$go_bin" mod download -json "$1" 2>&1) || true
   dir=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Dir" {print $4}')
   if [ -z "$dir" ]; then
     why=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Error" {print $4}' | sed 's/\\n.*//')
-    echo "llm-d-router.sh: the Go module proxy did not give $module@$pinned (${why:-no answer});" \
-      "set LLM_D_ROUTER_SRC to a checkout of https://github.com/llm-d/llm-d-router at that" \
-      "commit and run again" >&2
+    echo "llm-d-router.sh: the Go module proxy did not give $1 (${why:-no answer});" \
+      "${@:2}" >&2
     exit 2
   fi
+  printf '%s\n' "$dir"
+}
+
+src="${LLM_D_ROUTER_SRC:-}"
+if [ -z "$src" ]; then
+  dir=$(module_dir "$module@$pinned" "set LLM_D_ROUTER_SRC to a checkout of" \
+    "https://github.com/llm-d/llm-d-router at that commit and run again")
   # The module cache is read-only: build from a copy.
   src=$(mktemp -d)
   trap 'rm -rf "$src"' EXIT
@@ -80,16 +88,9 @@ if [ -x "$out/epp" ] && [ -x "$out/envoy" ] && [ -f "$out/crd/inferencepools.yam
 fi
 rm -f "$stamp"
 
-gie=sigs.k8s.io/gateway-api-inference-extension
-answer=$(cd /tmp && "$go_bin" mod download -json "$gie@$gie_version" 2>&1) || true
-gie_dir=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Dir" {print $4}')
-if [ -z "$gie_dir" ]; then
-  why=$(printf '%s\n' "$answer" | awk -F'"' '$2 == "Error" {print $4}' | sed 's/\\n.*//')
-  echo "llm-d-router.sh: the Go module proxy did not give $gie@$gie_version, the InferencePool" \
-    "CRD's module at the version $src/go.mod requires (${why:-no answer}); check GOPROXY and" \
-    "the network, and run again" >&2
-  exit 2
-fi
+gie_dir=$(module_dir "sigs.k8s.io/gateway-api-inference-extension@$gie_version" \
+  "the InferencePool CRD's module, at the version $src/go.mod requires; check GOPROXY and" \
+  "the network, and run again")
 cp "$gie_dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/crd/inferencepools.yaml"
 chmod u+w "$out/crd/inferencepools.yaml"
 echo "InferencePool CRD from gateway-api-inference-extension $gie_version"
