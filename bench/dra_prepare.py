@@ -58,7 +58,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -359,17 +359,29 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"bench.dra_prepare: {GPUS} stand-in H100s, {claims} claims, {racers} racers; "
           f"{os.cpu_count()} CPUs, load {load:.2f}")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="bench-dra-") as tmp:
+    figures = on_control_plane(
+        "bench-dra-",
+        load,
+        lambda cluster, work: measure(cluster, work, build_stub(work / "lib"), plan),
+    )
+    print(json.dumps(figures))
+
+
+def on_control_plane(
+    prefix: str, load: float, run: Callable[[KubeCluster, Path], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run(cluster, work)`` on a control plane started in a temporary directory
+    ``work`` (``prefix``), stopped after; its figures with the 1-minute load average
+    ``load`` (before) and now."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
-        library = build_stub(work / "lib")
         (work / "kube").mkdir()
         cluster = start_cluster(kube_bin_dir(), work / "kube")
         try:
-            figures = measure(cluster, work, library, plan)
+            figures = run(cluster, work)
         finally:
             cluster.stop()
-    figures["load_average_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-    print(json.dumps(figures))
+    return figures | {"load_average_1m": [round(load, 2), round(os.getloadavg()[0], 2)]}
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -64,8 +63,8 @@ from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.dra_objects import allocated_claim, bound_pod
-from bench.dra_prepare import percentile
-from bench.kube_control_plane import KubeCluster, kube_bin_dir, start_cluster
+from bench.dra_prepare import on_control_plane, percentile
+from bench.kube_control_plane import KubeCluster, kube_bin_dir
 from bench.kube_control_plane import missing_reason as kube_missing
 from bench.llm_d_stack import LLM_D, MODEL, RELAY_PORT, SERVED_BY, Ports, envoy, epp, pod_servers
 from bench.llm_d_stack import missing_reason as router_missing
@@ -355,20 +354,18 @@ def main() -> None:
         raise SystemExit(reason)
     load = os.getloadavg()[0]
     print(f"bench.llm_d_route: {plan.pods} pods, {requests} requests; load {load:.2f}")
-    with tempfile.TemporaryDirectory(prefix="bench-llm-d-") as tmp:
-        work = Path(tmp)
-        (work / "kube").mkdir()
-        cluster = start_cluster(kube_bin_dir(), work / "kube")
-        try:
-            figures = measure(cluster, work, build_stub(work / "lib"), plan)
-        except BaseException:
-            for log in sorted(work.glob("*.log")):
-                print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-2000:]}")
-            raise
-        finally:
-            cluster.stop()
-    figures["load_average_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-    print(json.dumps(figures))
+    print(json.dumps(on_control_plane("bench-llm-d-", load, lambda c, w: run(c, w, plan))))
+
+
+def run(cluster: KubeCluster, work: Path, plan: Plan) -> dict[str, Any]:
+    """``measure`` with the stand-in built in ``work``; the processes' logs printed when
+    it fails."""
+    try:
+        return measure(cluster, work, build_stub(work / "lib"), plan)
+    except BaseException:
+        for log in sorted(work.glob("*.log")):
+            print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-2000:]}")
+        raise
 
 
 if __name__ == "__main__":
