@@ -6,8 +6,8 @@ least-busy choice), streams server-sent events through unbuffered (``relay``),
 propagates the client's cancellation, and answers errors in vLLM's OpenAI-compatible
 shape (``protocol``; docs/openai.md). ``request_body`` reads and parses the request once;
 ``worker_call`` is one try at one worker and its single report. ``upstream`` is the
-keep-alive HTTP client to the workers (``httpx_pool`` adapts any httpx client instead);
-``headers`` says which header fields pass each way.
+keep-alive HTTP client to the workers, a pool of ``worker_connection``s (``httpx_pool``
+adapts any httpx client instead); ``headers`` says which header fields pass each way.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units`` and the HTTP libraries. Nothing of
 the sidecar: the proxy knows workers only through the ``Resolver`` it is given.

@@ -1,11 +1,10 @@
 """A lean HTTP/1.1 client for the proxy's calls to its workers, with a keep-alive pool.
 
-Each connection is an ``asyncio.Protocol`` whose answers httptools parses (llhttp, the
-C parser under uvicorn's ``httptools`` protocol): status, headers, ``Content-Length``,
-chunked (extensions, trailers) or read-to-close bodies, interim 1xx answers, keep-alive.
-It sends ``POST`` with a body already in memory, over plain TCP, which is all a vLLM
-worker on the node needs. The body is handed on as it arrives: what one read from the
-socket brought (several streamed events, when they came together) is one item of
+Each connection is a ``worker_connection.WorkerConnection`` (an ``asyncio.Protocol``
+whose answers httptools parses); this module is the pool of them and the answers read
+from them. It sends ``POST`` with a body already in memory, over plain TCP, which is all
+a vLLM worker on the node needs. The body is handed on as it arrives: what one read from
+the socket brought (several streamed events, when they came together) is one item of
 ``chunks()``, and nothing waits for more.
 
 Why this client and not a library's (issue #15): ``python -m bench.upstream_clients``
@@ -34,10 +33,8 @@ Errors (all ``UpstreamError``):
   ``connect_timeout_seconds``; nothing reached it, so another worker may be tried.
 - ``UpstreamClosed``: the worker closed the connection or sent something that is not
   HTTP/1.1 before the answer was complete (it died mid-request), or answered what is no
-  answer to a POST: a status outside 100-599 or a 101 upgrade (which httptools reports
-  by an ``HttpParserUpgrade`` out of ``feed_data``). The head is bounded
-  (``_HEAD_LIMIT_BYTES``, interim 1xx answers included); a chunked body's trailer fields
-  are dropped, never added to the headers.
+  answer to a POST (a status outside 100-599, a 101 upgrade, a head over the bound:
+  ``worker_connection``).
 
 A pooled connection the worker closed while idle (uvicorn's keep-alive timeout is 5 s)
 is detected, and a request that finds the connection closed before any byte of the
@@ -54,12 +51,13 @@ proxy's usual case, a non-streaming request to a ready worker, goes this way
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
-from typing import Any, Protocol, cast
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import httptools
 import httpx
+
+from gatekeeper.proxy.worker_connection import WorkerConnection, post_message
 
 __all__ = [
     "WHOLE_ANSWER_LIMIT_BYTES",
@@ -77,13 +75,8 @@ __all__ = [
 ]
 
 _Headers = list[tuple[bytes, bytes]]
-_HEAD_LIMIT_BYTES = 1 << 20
-"""Longest answer head the client accepts."""
-_PAUSE_ABOVE_BYTES = 1 << 20
-"""Body bytes received and not yet taken above which the socket is not read."""
 WHOLE_ANSWER_LIMIT_BYTES = 8 * 1024 * 1024
 """The default bound on a body ``Exchange`` holds before handing the answer on."""
-_ODD_STATUS = {101: "it answered 101 Switching Protocols, an upgrade the proxy never asks for"}
 
 
 class UpstreamError(Exception):
@@ -102,171 +95,6 @@ class _NothingSent(Exception):
     """The connection was found closed before any byte of an answer."""
 
 
-def _post(host_header: bytes, path: str, body: bytes, headers: _Headers) -> bytes:
-    """A whole HTTP/1.1 POST: request line, ``host``, ``content-length``, the headers, the
-    body."""
-    return b"".join(
-        [
-            b"POST ",
-            path.encode(),
-            b" HTTP/1.1\r\nhost: ",
-            host_header,
-            b"\r\ncontent-length: ",
-            str(len(body)).encode(),
-            b"\r\n",
-            *[name + b": " + value + b"\r\n" for name, value in headers],
-            b"\r\n",
-            body,
-        ]
-    )
-
-
-class _Connection(asyncio.Protocol):
-    """One connection to a worker, answering one request at a time; httptools calls the
-    ``on_*`` methods as it parses what ``data_received`` brings."""
-
-    __slots__ = (
-        "_buffered", "_loop", "_parser", "_paused", "_to_close", "_transport", "_waiter",
-        "body", "broken", "complete", "head_done", "headers", "keep_alive", "listener",
-        "lost", "received", "status",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
-        self.lost: BaseException | None = None
-        """Why the connection ended (``ConnectionError`` when the worker closed it)."""
-        self.broken: str | None = None
-        """What was wrong with the answer, when it was not HTTP/1.x."""
-        self.listener: Callable[[], None] | None = None
-        """Called where a waiter is woken: after each read and when the connection ends."""
-        self._reset()
-
-    def _reset(self) -> None:
-        self.received = 0
-        self.status = 0
-        self.headers: _Headers = []
-        self.head_done = False
-        self.complete = False
-        self.keep_alive = False
-        self._to_close = False
-        self.body: list[bytes] = []
-        """Body bytes received and not yet taken."""
-        self._buffered = 0
-
-    # asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-
-    def data_received(self, data: bytes) -> None:
-        self.received += len(data)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            self._break(f"not an HTTP/1.x answer ({e})")
-        except httptools.HttpParserUpgrade:
-            self._break(_ODD_STATUS[101])
-        if not self.head_done and self.received > _HEAD_LIMIT_BYTES:
-            self._break(f"an answer head longer than {_HEAD_LIMIT_BYTES} bytes")
-        self._pause_if_full()
-        self._wake()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc or ConnectionResetError("the worker closed the connection")
-        if self._to_close and exc is None and self.broken is None:
-            self.complete = True  # a body read to close ends when the worker closes
-        self._wake()
-
-    # httptools callbacks
-
-    def on_header(self, name: bytes, value: bytes | None) -> None:
-        if not self.head_done:  # a chunked body's trailer fields are never headers
-            self.headers.append((name.lower(), value or b""))
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if status == 101 or not 100 <= status < 600:
-            self._break(_ODD_STATUS.get(status, f"it answered status {status}, not 100-599"))
-            return
-        if status < 200:  # interim answers (100 Continue): skip
-            self.headers = []
-            return
-        self.status = status
-        self.head_done = True
-        names = {name for name, _ in self.headers}
-        sized = b"content-length" in names or b"transfer-encoding" in names
-        self._to_close = not sized and status not in (204, 304)
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-        self._buffered += len(body)
-
-    def on_message_complete(self) -> None:
-        if self.head_done:
-            self.complete = True
-            self.keep_alive = self._parser.should_keep_alive()
-
-    # for the pool and the answer
-
-    def usable(self) -> bool:
-        return (
-            self.lost is None and self._transport is not None and not self._transport.is_closing()
-        )
-
-    def send(self, data: bytes) -> None:
-        assert self._transport is not None
-        self._reset()
-        self._transport.write(data)
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def hold(self, parts: list[bytes]) -> None:
-        """Put ``parts`` back before the body not yet taken (reading pauses above the
-        bound, as for bytes received)."""
-        self.body[:0] = parts
-        self._buffered += sum(len(part) for part in parts)
-        self._pause_if_full()
-
-    def _pause_if_full(self) -> None:
-        """Stop reading the socket while more than ``_PAUSE_ABOVE_BYTES`` wait untaken."""
-        if self._buffered > _PAUSE_ABOVE_BYTES and not self._paused and self._transport:
-            self._paused = True
-            self._transport.pause_reading()
-
-    def take(self) -> bytes:
-        """The body bytes received since the last ``take``."""
-        body, self.body, self._buffered = self.body, [], 0
-        if self._paused and self._transport is not None:
-            self._paused = False
-            self._transport.resume_reading()
-        return body[0] if len(body) == 1 else b"".join(body)
-
-    async def wait(self) -> None:
-        """Until ``data_received`` or ``connection_lost`` next runs."""
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if self.listener is not None:
-            self.listener()
-
-    def _break(self, what: str) -> None:
-        self.broken = self.broken or what
-        self.close()
-
-
 class UpstreamResponse:
     """A worker's answer: status and headers read, the body still on the connection.
 
@@ -276,10 +104,10 @@ class UpstreamResponse:
 
     __slots__ = ("_conn", "_key", "_pool", "headers", "status")
 
-    def __init__(self, pool: Upstream, key: tuple[str, int], conn: _Connection) -> None:
+    def __init__(self, pool: Upstream, key: tuple[str, int], conn: WorkerConnection) -> None:
         self._pool = pool
         self._key = key
-        self._conn: _Connection | None = conn
+        self._conn: WorkerConnection | None = conn
         self.status = conn.status
         self.headers = conn.headers
         """Lower-case names, in the worker's order."""
@@ -371,13 +199,13 @@ class Exchange:
         self,
         pool: Upstream,
         key: tuple[str, int],
-        conn: _Connection,
+        conn: WorkerConnection,
         sink: AnswerSink,
         limit_bytes: int,
     ) -> None:
         self._pool = pool
         self._key = key
-        self._conn: _Connection | None = conn
+        self._conn: WorkerConnection | None = conn
         self._sink = sink
         self._limit = limit_bytes
         self._size = 0
@@ -389,7 +217,7 @@ class Exchange:
         if conn is not None:
             conn.close()
 
-    def _detach(self) -> _Connection | None:
+    def _detach(self) -> WorkerConnection | None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.listener = None
@@ -457,7 +285,7 @@ class Upstream:
     ) -> None:
         self._connect_timeout = connect_timeout_seconds
         self._max_idle = max_idle_per_worker
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int], list[WorkerConnection]] = {}
         self._origins: dict[str, tuple[str, int, bytes]] = {}
 
     async def request(
@@ -465,7 +293,7 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to ``base_url + path``; the answer's head is read, not its body."""
         host, port, host_header = self._origin(base_url)
-        message = _post(host_header, path, body, headers)
+        message = post_message(host_header, path, body, headers)
         key = (host, port)
         conn = self._checkout(key)
         if conn is not None:
@@ -498,7 +326,7 @@ class Upstream:
         if conn is None:
             return None
         exchange = Exchange(self, key, conn, sink, limit_bytes)
-        conn.send(_post(host_header, path, body, headers))
+        conn.send(post_message(host_header, path, body, headers))
         return exchange
 
     async def aclose(self) -> None:
@@ -518,7 +346,7 @@ class Upstream:
             self._origins[base_url] = origin
         return origin
 
-    def _checkout(self, key: tuple[str, int]) -> _Connection | None:
+    def _checkout(self, key: tuple[str, int]) -> WorkerConnection | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
@@ -527,24 +355,24 @@ class Upstream:
             conn.close()
         return None
 
-    def _release(self, key: tuple[str, int], conn: _Connection) -> None:
+    def _release(self, key: tuple[str, int], conn: WorkerConnection) -> None:
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._max_idle and conn.usable():
             idle.append(conn)
         else:
             conn.close()
 
-    async def _connect(self, key: tuple[str, int]) -> _Connection:
+    async def _connect(self, key: tuple[str, int]) -> WorkerConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(_Connection, *key)
+                _, conn = await loop.create_connection(WorkerConnection, *key)
         except (OSError, TimeoutError) as e:
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]} ({e!r})") from e
         return conn
 
     async def _exchange(
-        self, key: tuple[str, int], conn: _Connection, message: bytes
+        self, key: tuple[str, int], conn: WorkerConnection, message: bytes
     ) -> UpstreamResponse:
         try:
             conn.send(message)

@@ -1,7 +1,8 @@
-"""The proxy's lean HTTP/1.1 client (``gatekeeper.proxy.upstream``) against raw asyncio servers
-on loopback that answer in ways uvicorn does not: HTTP/1.0 read to close, chunked with
-extensions and trailers, a kept connection closed unanswered, a body cut short, an
-interim 100, an answer that is not HTTP, a body larger than the read-ahead bound."""
+"""The proxy's lean HTTP/1.1 client (``gatekeeper.proxy.upstream`` and its
+``worker_connection``) against raw asyncio servers on loopback that answer in ways
+uvicorn does not: HTTP/1.0 read to close, chunked with extensions and trailers, a kept
+connection closed unanswered, a body cut short, an interim 100, an answer that is not
+HTTP, a body larger than the read-ahead bound."""
 
 from __future__ import annotations
 
