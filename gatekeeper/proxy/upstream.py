@@ -45,7 +45,8 @@ idle pooled connection (None when there is none), its answer taken by the connec
 callbacks and handed to an ``AnswerSink`` when it is whole (``Exchange``), or, once its
 body passes a bound, handed on as an ``UpstreamResponse`` to read as it comes. The
 proxy's usual case, a non-streaming request to a ready worker, goes this way
-(``serving``). ``read_within`` is the same bound with a task.
+(``serving.Proxy.answer_now``, ``worker_call.WorkerCall.now``). ``read_within`` is the
+same bound with a task.
 """
 
 from __future__ import annotations

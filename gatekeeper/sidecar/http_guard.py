@@ -12,7 +12,7 @@
 - **No key, no launch**: in vLLM those open routes cannot start anything; here a request
   naming a model may launch a worker, wait for one, or evict idle ones. So a request to
   an open forwarding route without a right key reaches only a model that has a ready
-  worker (``serving.LAUNCH_GUARD``); for any other it gets the same 401 as a guarded
+  worker (``resolver.LAUNCH_GUARD``); for any other it gets the same 401 as a guarded
   path, saying that starting the model needs a key. With a right key it is served as on
   a guarded path.
 - **Direct routes** (``direct``: exact path to ASGI app, for ``POST``): the proxy's
