@@ -38,6 +38,8 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 DYNAMO_WORKER = "dynamo.vllm"
 _MODULES = frozenset({API_SERVER, DYNAMO_WORKER})
 _SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
+_LONG_WITH_ARGUMENT = frozenset({"--rcfile", "--init-file"})
+"""bash's long options that take the next word."""
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n", "(", ")", ";;"})
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?)-([^}]*))?\}|\$([A-Za-z_]\w*)")
 _SUBSTITUTION = re.compile(r"\$\(\([^()]*\)\)|\$\([^()]*\)")
@@ -72,15 +74,24 @@ def launcher_end(script: str) -> int | None:
 
 
 def script_index(tokens: Sequence[str]) -> int | None:
-    """The index of SCRIPT in ``sh -c SCRIPT`` (also ``bash -lc``, ``bash --login -c`` …),
-    else None."""
+    """The index of SCRIPT in ``sh -c SCRIPT`` (also ``bash -lc``, ``bash --login -c``,
+    ``bash -o pipefail -c``, ``bash -eo pipefail -c`` …), else None. The shell's options
+    before ``-c`` are skipped with their arguments: ``-o``/``+o`` and bash's ``-O``/``+O``
+    take the next word (one each in a cluster: ``-eo pipefail``), as do ``--rcfile`` and
+    ``--init-file``; ``--`` ends the options (a word after it is a script file)."""
     if not tokens or tokens[0].rsplit("/", 1)[-1] not in _SHELLS:
         return None
-    for i, token in enumerate(tokens[1:], start=1):
-        if not token.startswith("-"):
+    i = 1
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--" or not token.startswith(("-", "+")) or len(token) < 2:
             return None
-        if "c" in token[1:] and not token.startswith("--") and i + 1 < len(tokens):
-            return i + 1
+        if token.startswith("--"):
+            i += 2 if token in _LONG_WITH_ARGUMENT else 1
+            continue
+        if token.startswith("-") and "c" in token[1:]:
+            return i + 1 if i + 1 < len(tokens) else None
+        i += 1 + token.count("o") + token.count("O")
     return None
 
 

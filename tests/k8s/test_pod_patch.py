@@ -45,9 +45,11 @@ def _read(container: dict[str, Any]) -> Any:
         {"command": ["/bin/sh", "-c"], "args": ["exec python3 -m dynamo.vllm --model m"]},
         # a long option before -c: the shell still runs the script
         {"command": ["bash", "--login", "-c", "vllm serve m --max-model-len 4096"]},
+        # an option with its argument before -c (bash -o pipefail, -eo pipefail)
+        {"command": ["bash", "-eo", "pipefail", "-c"], "args": ["vllm serve m | tee /log"]},
     ],
     ids=["args", "command", "entrypoint", "api-server", "sh-c", "bash-ec", "k8s-var",
-         "dynamo-script", "bash-login"],
+         "dynamo-script", "bash-login", "bash-pipefail"],
 )  # fmt: skip
 def test_the_flags_are_written_once_and_read_back(container: dict[str, Any]) -> None:
     container = {"image": IMAGE, **container}

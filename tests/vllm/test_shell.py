@@ -17,6 +17,26 @@ def test_the_script_and_its_positional_arguments():
     assert shell_script(["python3", "-c", "x"]) is None
 
 
+@pytest.mark.parametrize(
+    "shell",
+    [
+        ["bash", "-o", "pipefail", "-c"],
+        ["/bin/bash", "-eo", "pipefail", "-c"],
+        ["bash", "-O", "extglob", "+o", "posix", "--noprofile", "-c"],
+        ["bash", "--rcfile", "/etc/vllm.rc", "-lc"],
+        ["sh", "+e", "-xc"],
+    ],
+)
+def test_the_shell_s_options_before_c_are_skipped_with_their_arguments(shell):
+    assert shell_script([*shell, "exec vllm serve $@", "sh", "M"]) == ("exec vllm serve $@", ["M"])
+
+
+def test_no_script_after_the_end_of_the_options_or_an_option_s_missing_word():
+    assert shell_script(["bash", "--", "-c", "x"]) is None  # -c there is a file's name
+    assert shell_script(["bash", "-o", "pipefail"]) is None
+    assert shell_script(["bash", "-c"]) is None
+
+
 def test_positional_arguments_and_unquoted_expansions_are_words():
     env = {"ARGS": "--max-model-len 8192  --enforce-eager", "EMPTY": ""}
     words = script_arguments("exec vllm serve $@ $ARGS $EMPTY --port 1", ["Qwen/Qwen3-8B"], env)
