@@ -9,7 +9,7 @@ ResourceClaims allocated on its pool. Here, with no I/O:
   for (``status.reservedFor``: name and UID) with the device and the bytes the scheduler
   booked (``consumedCapacity.memory``);
 - ``attribute`` adds each process's usage to the (pod, device) whose claim books that
-  device. A process whose cgroup names no pod, a pod no claim here is reserved for, or a
+  device (several claims of the pod there count as one, their bytes added). A process whose cgroup names no pod, a pod no claim here is reserved for, or a
   pod on a device its claims do not book is **foreign** memory of that device: it is
   never attributed to a pod.
 
@@ -20,6 +20,7 @@ has 24 GiB predicted, 20 GiB actual, 4 GiB headroom; ``gpu-a`` has 2 GiB foreign
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,8 +96,10 @@ def attribute(
 ) -> Attribution:
     """Each process of ``gpus`` to the claim of its pod (``pod_of(pid)``: the pod UID, or
     None) on its device; the rest is foreign. A process whose usage NVML does not report
-    counts 0."""
-    by_key = {(c.pod_uid, c.device): c for c in claims}
+    counts 0. Several claims of one pod on one device (a container each, or a claim's two
+    requests) are one figure there: a process is the pod's, not a claim's, so their bytes
+    add up against its usage, under their names joined (``draft,main``)."""
+    by_key = _per_pod_device(claims)
     used = dict.fromkeys(by_key, 0)
     foreign: dict[str, int] = {}
     for gpu in gpus:
@@ -111,3 +114,18 @@ def attribute(
                 foreign[device] += process.used_bytes or 0
     pods = tuple(PodFigures(claim, used[key]) for key, claim in by_key.items())
     return Attribution(pods, foreign)
+
+
+def _per_pod_device(claims: Iterable[PodClaim]) -> dict[tuple[str, str], PodClaim]:
+    """``claims`` by (pod UID, device), those sharing one added up into one."""
+    grouped: dict[tuple[str, str], list[PodClaim]] = {}
+    for c in claims:
+        grouped.setdefault((c.pod_uid, c.device), []).append(c)
+    return {
+        key: dataclasses.replace(
+            same[0],
+            claim=",".join(sorted({c.claim for c in same})),
+            claimed_bytes=sum(c.claimed_bytes for c in same),
+        )
+        for key, same in grouped.items()
+    }

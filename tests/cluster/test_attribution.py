@@ -99,6 +99,24 @@ def test_a_pod_s_processes_are_summed_on_its_claimed_device_and_the_rest_is_fore
     assert result.foreign_bytes == {d0: 2 * GiB, d1: 5 * GiB}
 
 
+def test_two_claims_of_one_pod_on_one_device_add_up_against_its_usage(tmp_path: Path) -> None:
+    """A pod's processes are the pod's, not a claim's: a draft model's container and the
+    main one, each with its claim on the same GPU, are one figure there. Keyed by pod and
+    device alone, one claim replaced the other: 8 GiB claimed against 20 GiB used."""
+    gpu = busy_gpu(0, 20 * GiB, (10, 14 * GiB), (11, 6 * GiB))
+    device = uuid_device_name(gpu.uuid)
+    claims = [
+        claim("main", {"qwen-0": UID_A}, {device: "16Gi"}),
+        claim("draft", {"qwen-0": UID_A}, {device: "8Gi"}),
+    ]
+    found = pod_claims(claims, DRIVER_NAME, NODE, quantity_bytes)
+    result = attribute([gpu], found, cgroups(tmp_path, {10: UID_A, 11: UID_A}))
+    (figures,) = result.pods
+    assert (figures.claim.claim, figures.claim.claimed_bytes) == ("draft,main", 24 * GiB)
+    assert (figures.used_bytes, figures.headroom_bytes) == (20 * GiB, 4 * GiB)
+    assert result.foreign_bytes == {device: 0}
+
+
 def test_a_pod_over_its_claim_has_negative_headroom_and_an_idle_pod_all_of_it() -> None:
     gpu = busy_gpu(0, 30 * GiB, (10, 30 * GiB))
     device = uuid_device_name(gpu.uuid)
