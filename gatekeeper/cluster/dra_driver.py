@@ -62,6 +62,7 @@ from gatekeeper.cluster.prepared import (
     check_free,
     claimed_devices,
     outstanding_bytes,
+    spread_taken,
     waiting_ahead,
 )
 from gatekeeper.cluster.reserves import (
@@ -368,16 +369,22 @@ class DraDriver:
         )
 
     def _taken(self, snapshot: InventorySnapshot) -> dict[tuple[str, str], int]:
-        """What each prepared claim's pods hold on each GPU, by (claim uid, GPU uuid)."""
-        claim_of_pod = {pod: uid for uid, c in self.prepared.items() for pod in c.pod_uids}
+        """What each prepared claim's pods hold on each GPU, by (claim uid, GPU uuid); a
+        pod's usage spread over its claims there (``prepared.spread_taken``)."""
+        claims_of: dict[str, list[PreparedClaim]] = {}
+        for c in self.prepared.values():
+            for pod in c.pod_uids:
+                claims_of.setdefault(pod, []).append(c)
         taken: dict[tuple[str, str], int] = {}
         for gpu in snapshot.gpus:
+            held: dict[str, int] = {}
             for process in gpu.processes:
-                pod = pod_uid(process.pid, self._paths.proc_dir)
-                claim = claim_of_pod.get(pod) if pod else None
-                if claim is not None:
-                    key = (claim, gpu.uuid)
-                    taken[key] = taken.get(key, 0) + (process.used_bytes or 0)
+                uid = pod_uid(process.pid, self._paths.proc_dir)
+                if uid is not None and uid in claims_of:
+                    held[uid] = held.get(uid, 0) + (process.used_bytes or 0)
+            for pod, used in held.items():
+                for key, share in spread_taken(claims_of[pod], gpu.uuid, used).items():
+                    taken[key] = taken.get(key, 0) + share
         return taken
 
     def _write_spec(self, prepared: PreparedClaim) -> None:

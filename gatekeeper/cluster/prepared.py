@@ -45,6 +45,7 @@ __all__ = [
     "check_free",
     "claimed_devices",
     "outstanding_bytes",
+    "spread_taken",
     "waiting_ahead",
 ]
 
@@ -227,6 +228,29 @@ def outstanding_bytes(
             who = f"{claim.ref.namespace}/{claim.ref.name}"
             out[who] = out.get(who, 0) + left
     return out
+
+
+def spread_taken(
+    claims: Sequence[PreparedClaim], gpu_uuid: str, used_bytes: int
+) -> dict[tuple[str, str], int]:
+    """What one pod's processes hold on ``gpu_uuid`` (``used_bytes``), spread over its
+    prepared ``claims`` there, by (claim uid, GPU uuid): a process is the pod's, not one
+    claim's, so each claim in turn is filled to its bytes on that GPU and the last takes
+    the rest. Their outstanding bytes then add up to the pod's promise there less its
+    usage, never one claim's whole promise beside usage counted against the other.
+
+    e.g. claims of 16 and 8 GiB, the pod holding 20 GiB: 16 and 4 GiB taken (0 and 4 GiB
+    outstanding), where giving all 20 to one of them left the other's 8 or 16 outstanding.
+    """
+    here = [c for c in claims if any(d.gpu_uuid == gpu_uuid for d in c.devices)]
+    taken: dict[tuple[str, str], int] = {}
+    left = used_bytes
+    for i, claim in enumerate(here):
+        promised = sum(d.claimed.memory_bytes for d in claim.devices if d.gpu_uuid == gpu_uuid)
+        share = left if i == len(here) - 1 else min(left, promised)
+        taken[(claim.ref.uid, gpu_uuid)] = share
+        left -= share
+    return taken
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -5,10 +5,10 @@ kubelet plugin's socket the same waits are in ``test_kubelet_plugin.py``.
 
 Covered here: first come, first served among waiters; the call's deadline bounding the
 wait; a full line refused at once; two devices of one claim on one GPU adding up, and a
-claim made again under its name adding to the old one still prepared; the waiters refused
-when the plugin stops; the wait's bound checked against kubelet's deadline; and the vLLM
-flag sizing (model resolution) running outside the lock, so a slow one holds up no
-unprepare.
+claim made again under its name adding to the old one still prepared; a pod's usage
+counted against all its claims on the GPU; the waiters refused when the plugin stops;
+the wait's bound checked against kubelet's deadline; and the vLLM flag sizing (model
+resolution) running outside the lock, so a slow one holds up no unprepare.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
 from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef, PreparedClaim, PrepareError
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.gpus.inventory import GpuInfo, GpuProcess, InventorySnapshot
 from gatekeeper.units import GIB
 
 NODE = "node-a"
@@ -43,6 +43,7 @@ class Node:
 
     def __init__(self, tmp_path: Path, free_bytes: int, **driver: Any) -> None:
         self.free_bytes = free_bytes
+        self.processes: tuple[GpuProcess, ...] = ()
         self.claims: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         paths = DriverPaths(tmp_path / "plugin", tmp_path / "cdi", tmp_path, tmp_path)
@@ -59,7 +60,14 @@ class Node:
     def read_gpus(self) -> InventorySnapshot:
         used = H100_TOTAL - self.free_bytes
         gpu = GpuInfo(
-            0, UUID, "NVIDIA H100 80GB HBM3", "00000000:18:00.0", H100_TOTAL, self.free_bytes, used
+            0,
+            UUID,
+            "NVIDIA H100 80GB HBM3",
+            "00000000:18:00.0",
+            H100_TOTAL,
+            self.free_bytes,
+            used,
+            processes=self.processes,
         )
         return InventorySnapshot(gpus=(gpu,), ok=True)
 
@@ -198,6 +206,26 @@ def test_a_claim_made_again_under_its_name_adds_to_the_old_one_still_prepared(
     with pytest.raises(PrepareError) as refused:  # 20 - 12 - 4 = 4 free for it
         node.driver.prepare(node.claim("b", 10 * GIB))
     assert f"{NS}/a: 17179869184 bytes (16.00 GiB) promised" in str(refused.value)
+
+
+def test_a_pod_s_usage_counts_against_all_its_claims_on_the_gpu(tmp_path: Path) -> None:
+    """A pod with two claims on the GPU (a draft model's container and the main one): its
+    processes' 20 GiB count against both claims' 24 GiB, 4 GiB still promised. Given all
+    to one claim, the other's whole promise stayed outstanding (8 or 16 GiB), and a
+    16 GiB claim that fits was refused."""
+    node = Node(tmp_path, 40 * GIB)
+    pod = "1a2b3c4d-0000-4000-8000-00000000000a"
+    node.pods["qwen-0"] = {"metadata": {"name": "qwen-0", "uid": pod}, "spec": {}}
+    for name, size in (("main", 16 * GIB), ("draft", 8 * GIB)):
+        ref = node.claim(name, size, pod="qwen-0")
+        node.claims[name]["status"]["reservedFor"][0]["uid"] = pod
+        node.driver.prepare(ref)
+    for pid in (10, 11):  # the pod's two containers' processes, in its cgroup
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::/kubepods/burstable/pod{pod}/c{pid}\n")
+    node.processes = (GpuProcess(10, 14 * GIB), GpuProcess(11, 6 * GIB))
+    node.free_bytes = 20 * GIB
+    assert node.driver.prepare(node.claim("next", 16 * GIB)).devices  # 20 - 4 = 16 free
 
 
 def test_stopping_the_plugin_refuses_the_waiters_at_once(tmp_path: Path) -> None:
