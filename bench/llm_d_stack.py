@@ -256,7 +256,9 @@ def envoy(work: Path, ports: Ports) -> Iterator[Component]:
     config = work / "envoy.json"
     config.write_text(json.dumps(envoy_config(ports), indent=1))
     argv = [str(LLM_D / "envoy"), "-c", str(config), "--concurrency", "1"]
-    argv += ["--log-level", "warn", "--base-id", str(ports.admin)]
+    # No hot restart: its shared memory (/dev/shm/envoy_shared_memory_<base id>) would
+    # outlive each run; --base-id keeps runs side by side apart all the same.
+    argv += ["--log-level", "warn", "--base-id", str(ports.admin), "--disable-hot-restart"]
     component = _spawn(work, "envoy", argv)
     with running([component]):
         _wait_port(component, "127.0.0.1", ports.admin)
