@@ -293,7 +293,7 @@ class Mutator:
                 "write the claim yourself or annotate vllm-gatekeeper.io/skip"
             )
             return None
-        edited = with_budget_flags(c.raw, kv, u)
+        edited = with_budget_flags(c.raw, kv, u, lambda e: reads_back(e, c.request.command, kv, u))
         if isinstance(edited, str):
             m.denials.append(f"{c.who}: cannot write the flags: {edited}")
             return None

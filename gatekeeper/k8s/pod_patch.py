@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gatekeeper.k8s.workloads import GPU_RESOURCE
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.shell import launcher_end, script_index
+from gatekeeper.vllm.shell import launcher_end, launcher_ends, script_index
 
 __all__ = [
     "BUDGET_FLAGS",
@@ -103,10 +103,15 @@ def _without_budget(tokens: Sequence[str]) -> list[str]:
 
 
 def with_budget_flags(
-    container: Mapping[str, Any], kv_bytes: int, utilization: float
+    container: Mapping[str, Any],
+    kv_bytes: int,
+    utilization: float,
+    reads: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any] | str:
     """The container with the two budget flags on its vLLM command line, or why they
-    cannot be written there."""
+    cannot be written there. In a script, after the first launcher whose flags ``reads``
+    accepts (``reads_back``: a launcher's text in a comment or an echoed string is not
+    the one the shell runs), else the first."""
     flags = [BUDGET_FLAGS[0], str(kv_bytes), BUDGET_FLAGS[1], f"{utilization:.4f}"]
     command, args = _strings(container.get("command")), _strings(container.get("args"))
     out = copy.deepcopy(dict(container))
@@ -123,14 +128,16 @@ def with_budget_flags(
             "and a value written before it would lose; remove them from the script so that "
             "gatekeeper writes them, or write the claim yourself"
         )
-    end = launcher_end(script)
-    if end is None:
-        return "its shell script has no 'vllm serve' gatekeeper can write flags after"
-    edited = f"{script[:end]} {' '.join(flags)}{script[end:]}"
     lines = list(command if key == "command" else args)
-    lines[index] = edited
-    out[key] = lines
-    return out
+    tried: list[dict[str, Any]] = []
+    for end in launcher_ends(script):
+        lines[index] = f"{script[:end]} {' '.join(flags)}{script[end:]}"
+        tried.append({**out, key: list(lines)})
+        if reads is None or reads(tried[-1]):
+            return tried[-1]
+    if not tried:
+        return "its shell script has no 'vllm serve' gatekeeper can write flags after"
+    return tried[0]
 
 
 def reads_back(

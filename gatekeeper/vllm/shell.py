@@ -29,6 +29,7 @@ __all__ = [
     "after_launcher",
     "expand_shell_vars",
     "launcher_end",
+    "launcher_ends",
     "script_arguments",
     "script_index",
     "shell_script",
@@ -69,8 +70,15 @@ def after_launcher(tokens: Sequence[str]) -> list[str] | None:
 def launcher_end(script: str) -> int | None:
     """Where, in a script's text, the first launcher ``after_launcher`` knows ends (the
     flags after it are vLLM's); None when the text names none."""
-    found = _LAUNCHER_TEXT.search(script)
-    return found.end() if found is not None else None
+    ends = launcher_ends(script)
+    return ends[0] if ends else None
+
+
+def launcher_ends(script: str) -> list[int]:
+    """Where each launcher ``after_launcher`` knows ends in a script's text, in order. The
+    text is not the shell's reading: one may be in a comment or an echoed string
+    (``echo "starting vllm serve"``), so a writer tries them in turn."""
+    return [found.end() for found in _LAUNCHER_TEXT.finditer(script)]
 
 
 def script_index(tokens: Sequence[str]) -> int | None:

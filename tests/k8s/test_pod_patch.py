@@ -68,6 +68,29 @@ def test_the_flags_are_written_once_and_read_back(container: dict[str, Any]) -> 
     assert container != edited  # the input is not edited in place
 
 
+@pytest.mark.parametrize(
+    "script",
+    [
+        "echo 'starting vllm serve now'; exec vllm serve m --max-model-len 4096",
+        "# runs vllm serve below\nexec vllm serve m --max-model-len 4096",
+    ],
+    ids=["echoed", "commented"],
+)
+def test_the_flags_go_after_the_launcher_the_shell_runs_not_one_in_a_string(script: str) -> None:
+    """The first ``vllm serve`` in the text is an echoed string or a comment: written
+    there, the flags never reached vLLM and the pod was denied as not reading back."""
+    container = {"image": IMAGE, "command": ["sh", "-c", script]}
+    before = _read(container)
+    edited = with_budget_flags(container, KV, U, lambda e: reads_back(e, before, KV, U))
+    assert isinstance(edited, dict) and reads_back(edited, before, KV, U)
+    assert edited["command"][2].endswith(
+        f"exec vllm serve --kv-cache-memory-bytes {KV} --gpu-memory-utilization {U:.4f} m "
+        "--max-model-len 4096"
+    )
+    first = with_budget_flags(container, KV, U)  # without the check: the first in the text
+    assert isinstance(first, dict) and not reads_back(first, before, KV, U)
+
+
 def test_a_script_that_sets_the_budget_itself_is_refused() -> None:
     why = with_budget_flags(
         {"command": ["sh", "-c", "vllm serve m --gpu-memory-utilization 0.9"]}, KV, U
