@@ -21,14 +21,14 @@
    claim has taken is its pods' processes' usage, a process's pod read from
    ``/proc/<pid>/cgroup``;
 5. bytes not free now (``BytesNotFree``): the prepare waits for them, at most
-   ``wait_seconds`` and never past the call's ``deadline`` (kubelet's, less a margin:
-   ``kubelet_plugin``), in line: first come, first served, a later prepare never taking
-   bytes an earlier waiter waits for. It waits on a condition of the lock, so it holds
-   nothing unprepare and other prepares need; an unprepare wakes it at once, and it reads
-   NVML again every ``poll_seconds`` for memory freed outside the claims. Admitted once the
-   bytes are free, else refused with the same reason once the wait is over; with
-   ``max_waiters`` already in line a prepare is refused at once (each waiter holds one of
-   the plugin's gRPC threads);
+   ``wait_seconds``, never past the call's ``deadline`` (kubelet's, less a margin:
+   ``kubelet_plugin``) nor its end (``alive``), in line: first come, first served, a
+   later prepare never taking bytes an earlier waiter waits for. It waits on a condition
+   of the lock, so it holds nothing unprepare and other prepares need; an unprepare wakes
+   it at once, and it reads NVML again every ``poll_seconds`` for memory freed outside the
+   claims. Admitted once the bytes are free, else refused with the same reason once the
+   wait is over; with ``max_waiters`` in line a prepare is refused at once (each waiter
+   holds one of the plugin's gRPC threads);
 6. the CDI spec is written (``cdi.cdi_spec``), then the checkpoint, and the CDI device
    IDs returned.
 
@@ -166,14 +166,20 @@ class DraDriver:
         self.prepared: dict[str, PreparedClaim] = self._checkpoint.load()
         """The prepared claims by uid, as checkpointed."""
 
-    def prepare(self, ref: ClaimRef, deadline: float | None = None) -> PreparedClaim:
+    def prepare(
+        self,
+        ref: ClaimRef,
+        deadline: float | None = None,
+        alive: Callable[[], bool] | None = None,
+    ) -> PreparedClaim:
         """Prepare ``ref``'s devices (see the module's steps); ``PrepareError`` when not now.
-        ``deadline`` (``time.monotonic()``) bounds the wait for bytes. Each outcome is
+        ``deadline`` (``time.monotonic()``) bounds the wait for bytes, and so does ``alive``
+        (grpc's ``context.is_active``): false once kubelet's call ended. Each outcome is
         counted: ``refused`` for any error (a ``PrepareError``, or one the plugin answers
         kubelet with all the same: the apiserver unreachable, a CDI spec not written), else
         ``prepared``."""
         try:
-            prepared = self._prepare(ref, deadline)
+            prepared = self._prepare(ref, deadline, alive)
         except Exception:
             self._count_prepare("refused")
             raise
@@ -186,7 +192,9 @@ class DraDriver:
         with self._lock:
             return tuple(w.ref for w in self._line)
 
-    def _prepare(self, ref: ClaimRef, deadline: float | None) -> PreparedClaim:
+    def _prepare(
+        self, ref: ClaimRef, deadline: float | None, alive: Callable[[], bool] | None
+    ) -> PreparedClaim:
         done = self.prepared.get(ref.uid)
         if done is not None:
             return done
@@ -200,21 +208,17 @@ class DraDriver:
         until = start + self.wait_seconds
         until = until if deadline is None else min(until, deadline)
         with self._changed:
-            prepared = self._admit(ref, claimed, pods, (start, until))
+            prepared = self._admit(Waiter(ref, claimed, alive), pods, (start, until))
         devices = ", ".join(d.cdi_device_id for d in prepared.devices)
         log.info("prepared claim %s: %s", ref, devices)
         return prepared
 
     def _admit(
-        self,
-        ref: ClaimRef,
-        claimed: tuple[ClaimedDevice, ...],
-        pods: tuple[str, ...],
-        span: tuple[float, float],
+        self, waiter: Waiter, pods: tuple[str, ...], span: tuple[float, float]
     ) -> PreparedClaim:
-        """Under the lock: the claim prepared once its bytes are free (step 4), waiting in
-        line for them within ``span`` (its start and end, step 5)."""
-        waiter = Waiter(ref, claimed)
+        """Under the lock: ``waiter``'s claim prepared once its bytes are free (step 4),
+        waiting in line for them within ``span`` (its start and end, step 5)."""
+        ref, claimed = waiter.ref, waiter.claimed
         try:
             while (done := self.prepared.get(ref.uid)) is None:
                 try:
@@ -264,6 +268,8 @@ class DraDriver:
             raise refused.noting(
                 "The agent is stopping: kubelet retries the prepare with the agent that starts next"
             ) from None
+        if waiter.alive is not None and not waiter.alive():
+            raise refused.noting("kubelet's call ended (cancelled, or kubelet restarted)") from None
         left = until - time.monotonic()
         queued = waiter in self._line
         if left <= 0 and not queued:
@@ -297,11 +303,8 @@ class DraDriver:
             found, others = claim_users(pod, ref.name, self._release)
             users += found
             if others and not found:
-                log.info(
-                    "claim %s: %s run no vLLM; prepared without the flag check",
-                    ref,
-                    ", ".join(others),
-                )
+                without = "prepared without the flag check"
+                log.info("claim %s: %s run no vLLM; %s", ref, ", ".join(others), without)
         if not users and not reserved:
             log.info("claim %s: reserved for no pod; prepared without the flag check", ref)
         return users

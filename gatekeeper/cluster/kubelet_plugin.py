@@ -187,7 +187,7 @@ class KubeletPlugin:
             ref = ClaimRef(claim.namespace, claim.name, claim.uid)
             answer = response.claims[claim.uid]
             try:
-                prepared = self.driver.prepare(ref, deadline)
+                prepared = self.driver.prepare(ref, deadline, context.is_active)
             except Exception as e:  # each claim's failure is its own answer
                 log.warning("prepare of claim %s refused: %s", ref, e)
                 answer.error = _reason(e)

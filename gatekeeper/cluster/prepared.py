@@ -259,6 +259,8 @@ class Waiter:
 
     ref: ClaimRef
     claimed: tuple[ClaimedDevice, ...]
+    alive: Callable[[], bool] | None = None
+    """False once the call that asked ended (kubelet cancelled it): it leaves the line."""
 
 
 def waiting_ahead(line: Sequence[Waiter], waiter: Waiter | None, device: str) -> dict[str, int]:

@@ -6,26 +6,31 @@ kubelet plugin's socket the same waits are in ``test_kubelet_plugin.py``.
 Covered here: first come, first served among waiters; the call's deadline bounding the
 wait; a full line refused at once; two devices of one claim on one GPU adding up, and a
 claim made again under its name adding to the old one still prepared; a pod's usage
-counted against all its claims on the GPU; the waiters refused when the plugin stops;
-the wait's bound checked against kubelet's deadline; and the vLLM flag sizing (model
-resolution) running outside the lock, so a slow one holds up no unprepare.
+counted against all its claims on the GPU; the waiters refused when the plugin stops, and
+one leaving the line when kubelet cancels its call; the wait's bound checked against
+kubelet's deadline; and the vLLM flag sizing (model resolution) running outside the lock,
+so a slow one holds up no unprepare.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc  # type: ignore[import-untyped]
 import pytest
 
+from bench.dra_kubelet import claim_message
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
-from gatekeeper.cluster.kubelet_plugin import KubeletPlugin, PluginSockets
+from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
+from gatekeeper.cluster.kubelet_plugin import DRA_SERVICE, KubeletPlugin, PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef, PreparedClaim, PrepareError
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, GpuProcess, InventorySnapshot
@@ -228,28 +233,57 @@ def test_a_pod_s_usage_counts_against_all_its_claims_on_the_gpu(tmp_path: Path) 
     assert node.driver.prepare(node.claim("next", 16 * GIB)).devices  # 20 - 4 = 16 free
 
 
+@contextlib.contextmanager
+def serving(node: Node) -> Iterator[KubeletPlugin]:
+    """The kubelet plugin on ``node``'s driver, its sockets in a short directory (unix
+    socket paths: 107 bytes); stopped and removed after."""
+    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))
+    plugin = KubeletPlugin(node.driver, PluginSockets(short, short, DRIVER_NAME))
+    plugin.start()
+    try:
+        yield plugin
+    finally:
+        plugin.stop()
+        shutil.rmtree(short)
+
+
 def test_stopping_the_plugin_refuses_the_waiters_at_once(tmp_path: Path) -> None:
     """grpc cannot end a handler: a waiter left alone would keep the stopping agent up to
     its bound. The plugin's stop refuses it first, and a later prepare does not wait."""
     node = Node(tmp_path, 4 * GIB, wait_seconds=30.0, poll_seconds=5.0)
-    short = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))  # unix socket paths: 107 bytes
-    plugin = KubeletPlugin(node.driver, PluginSockets(short, short, DRIVER_NAME))
-    plugin.start()
-    try:
+    with serving(node) as plugin:
         first = node.claim("first", 8 * GIB)
         waiting = Call(lambda: node.driver.prepare(first))
         _until_waiting(node.driver, first)
         stopped = time.monotonic()
         plugin.stop()
-        refused = waiting.outcome()
-        assert isinstance(refused, PrepareError) and "The agent is stopping" in str(refused)
-        assert waiting.answered - stopped < 2  # not the 30 s bound, nor a 5 s poll
-        start = time.monotonic()
-        with pytest.raises(PrepareError, match="The agent is stopping"):
-            node.driver.prepare(node.claim("later", 8 * GIB))
-        assert time.monotonic() - start < 1 and not node.driver.waiting
-    finally:
-        shutil.rmtree(short)
+    refused = waiting.outcome()
+    assert isinstance(refused, PrepareError) and "The agent is stopping" in str(refused)
+    assert waiting.answered - stopped < 2  # not the 30 s bound, nor a 5 s poll
+    start = time.monotonic()
+    with pytest.raises(PrepareError, match="The agent is stopping"):
+        node.driver.prepare(node.claim("later", 8 * GIB))
+    assert time.monotonic() - start < 1 and not node.driver.waiting
+
+
+def test_a_waiter_whose_call_kubelet_cancelled_leaves_the_line(tmp_path: Path) -> None:
+    """kubelet cancels the call (or restarts): the waiter leaves the line, and the place it
+    held, at its next read of NVML, not at its 30 s bound."""
+    node = Node(tmp_path, 4 * GIB, wait_seconds=30.0, poll_seconds=0.1)
+    first = node.claim("first", 8 * GIB)
+    with serving(node) as plugin, grpc.insecure_channel(f"unix://{plugin.sockets.dra}") as ch:
+        call = ch.unary_unary(
+            f"/{DRA_SERVICE}/NodePrepareResources",
+            request_serializer=dra.NodePrepareResourcesRequest.SerializeToString,
+            response_deserializer=dra.NodePrepareResourcesResponse.FromString,
+        )
+        future = call.future(dra.NodePrepareResourcesRequest(claims=[claim_message(first)]))
+        _until_waiting(node.driver, first)
+        cancelled = time.monotonic()
+        assert future.cancel()
+        while node.driver.waiting:
+            assert time.monotonic() - cancelled < 2, "the waiter stayed in line"
+            time.sleep(0.01)
 
 
 def test_the_wait_must_stay_inside_kubelet_s_deadline(tmp_path: Path) -> None:
