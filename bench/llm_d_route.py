@@ -270,13 +270,27 @@ def relay_headroom(http: httpx.Client, ips: list[str]) -> dict[str, int | None]:
     return found
 
 
+def served_headroom(http: httpx.Client, ips: list[str], over: str) -> dict[str, int | None]:
+    """Until every pod's relay serves a headroom, negative for ``over`` only: the agent
+    attributes a pod once its claims are read (cached up to 5 s) and its process seen; a
+    pod without a sample passes the filter (``onMissing: Pass``) and scores nothing."""
+    deadline = time.monotonic() + 60
+    while True:
+        found = relay_headroom(http, ips)
+        if all(v is not None and (v < 0) == (ip == over) for ip, v in found.items()):
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the relays never served the expected headroom: {found}")
+        time.sleep(0.25)
+
+
 def scenario(
     http: httpx.Client, url: str, ips: list[str], usage: Usage, plan: Plan
 ) -> dict[str, Any]:
     """Before, switch and latency (module docstring) on a running stack."""
     wait_routing(http, url)
-    time.sleep(2 * plan.refresh_seconds)
-    headroom_before = relay_headroom(http, ips)
+    headroom_before = served_headroom(http, ips, ips[0])
+    time.sleep(2 * plan.refresh_seconds)  # the picker scrapes each relay in that time
     before = Counter(routed(http, url, plan.requests))
     usage.set([WITHIN_BYTES, OVER_BYTES, *[WITHIN_BYTES] * (plan.pods - 2)])
     switched = follow(http, url, ips[1], plan.watch_seconds)
