@@ -213,8 +213,11 @@ class KubeletPlugin:
             answer = response.claims[claim.uid]
             try:
                 self.driver.unprepare(ref)
-            except OSError as e:
-                answer.error = f"claim {ref}: unprepare failed ({e}); kubelet retries it"
+            except Exception as e:  # each claim's failure is its own answer, as in prepare
+                log.warning("unprepare of claim %s failed: %s", ref, e)
+                answer.error = (
+                    f"claim {ref}: unprepare failed ({type(e).__name__}: {e}); kubelet retries it"
+                )
         return response
 
 

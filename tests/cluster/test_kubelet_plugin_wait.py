@@ -8,7 +8,8 @@ wait; a full line refused at once; two devices of one claim on one GPU adding up
 claim made again under its name adding to the old one still prepared; a pod's usage
 counted against all its claims on the GPU; the waiters refused when the plugin stops, and
 one leaving the line when kubelet cancels its call; the wait's bound checked against
-kubelet's deadline; and the vLLM flag sizing (model resolution) running outside the lock,
+kubelet's deadline; an unprepare failing for one claim of a request answering that claim
+alone; and the vLLM flag sizing (model resolution) running outside the lock,
 so a slow one holds up no unprepare.
 """
 
@@ -28,6 +29,7 @@ import pytest
 
 from bench.dra_kubelet import claim_message
 from gatekeeper.cluster import DRIVER_NAME
+from gatekeeper.cluster.cdi import spec_file_name
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_plugin import DRA_SERVICE, KubeletPlugin, PluginSockets
@@ -284,6 +286,32 @@ def test_a_waiter_whose_call_kubelet_cancelled_leaves_the_line(tmp_path: Path) -
         while node.driver.waiting:
             assert time.monotonic() - cancelled < 2, "the waiter stayed in line"
             time.sleep(0.01)
+
+
+def test_an_unprepare_failing_for_one_claim_answers_that_claim_alone(tmp_path: Path) -> None:
+    """Each claim of kubelet's NodeUnprepareResources gets its own answer: one whose CDI
+    spec cannot be removed (a directory stands at its path) gets an error naming it, and
+    the other claim of the same request is unprepared all the same."""
+    node = Node(tmp_path, 40 * GIB)
+    stuck, fine = node.claim("stuck", GIB), node.claim("fine", GIB)
+    for ref in (stuck, fine):
+        node.driver.prepare(ref)
+    spec = tmp_path / "cdi" / spec_file_name(DRIVER_NAME, stuck.uid)
+    spec.unlink()
+    (spec / "held").mkdir(parents=True)
+    with serving(node) as plugin, grpc.insecure_channel(f"unix://{plugin.sockets.dra}") as ch:
+        call = ch.unary_unary(
+            f"/{DRA_SERVICE}/NodeUnprepareResources",
+            request_serializer=dra.NodeUnprepareResourcesRequest.SerializeToString,
+            response_deserializer=dra.NodeUnprepareResourcesResponse.FromString,
+        )
+        claims = [claim_message(stuck), claim_message(fine)]
+        answer = call(dra.NodeUnprepareResourcesRequest(claims=claims), timeout=10)
+    error = answer.claims[stuck.uid].error
+    assert error.startswith(f"claim {stuck}: unprepare failed (IsADirectoryError: "), error
+    assert error.endswith("kubelet retries it"), error
+    assert answer.claims[fine.uid].error == ""
+    assert set(node.driver.prepared) == {stuck.uid}, "fine is unprepared, stuck is kept"
 
 
 def test_the_wait_must_stay_inside_kubelet_s_deadline(tmp_path: Path) -> None:
