@@ -14,18 +14,20 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from gatekeeper._version import __version__
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.k8s.server import webhook_from_settings
+from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.metrics.wiring import MetricSources, register_collectors
 from gatekeeper.models.spec import ModelSpec
@@ -96,15 +98,113 @@ def build_app(
     """For the sidecar's own calls (worker health); the proxy has its own pool."""
     upstream = upstream_client()
     resolve = resolve_spec or model_resolver(settings)
-    holder: dict[str, DeploymentManager] = {}
     if rehearsal:
         inventory = RehearsalInventory(inventory, lambda: _held(ledger))
+    parts = _wire(settings, inventory, ledger, client, upstream, base_env, resolve, deploy_body)
+    lifespan = _lifespan(
+        settings, ledger, parts, (client, upstream), warm_model_cards=warm_model_cards
+    )
+    app = Starlette(
+        routes=_routes(settings, parts, resolve, rehearsal=rehearsal, deploy_body=deploy_body),
+        lifespan=lifespan,
+        exception_handlers={404: _no_route, 405: _no_route},
+    )
+    _install_guard(app, settings, parts.proxy)
+    app.state.manager = parts.manager
+    app.state.router = parts.router
+    app.state.proxy = parts.proxy
+    app.state.metrics_registry = parts.registry_metrics
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What ``build_app`` wires before it builds the app's routes."""
+
+    manager: DeploymentManager
+    registry: ModelRegistry
+    router: ModelRouter
+    proxy: Proxy
+    admin: AdminApi
+    registry_metrics: CollectorRegistry
+    node: str
+
+
+def _wire(
+    settings: Settings,
+    inventory: GpuInventory,
+    ledger: Ledger,
+    client: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    base_env: Mapping[str, str] | None,
+    resolve: Callable[[str], ModelSpec],
+    deploy_body: type[DeployBody],
+) -> _Parts:
+    """The metrics, deployment manager, model registry, router, proxy and admin API."""
+    holder: dict[str, DeploymentManager] = {}
     registry_metrics = CollectorRegistry()
     calibrator = Calibrator.in_state_dir(
         settings.state_dir.expanduser(), enabled=settings.calibration
     )
     node = settings.node_name or socket.gethostname()
-    metrics = register_collectors(
+    metrics = _register_metrics(
+        registry_metrics, settings, inventory, ledger, holder, calibrator, node
+    )
+    manager = DeploymentManager(
+        manager_config(settings),
+        inventory,
+        ledger,
+        client,
+        base_env=dict(base_env) if base_env is not None else None,
+        metrics=metrics,
+        calibrator=calibrator,
+    )
+    holder["manager"] = manager
+    registry = ModelRegistry.create(
+        settings.models, settings.allowed_models, resolve, settings.default_vllm_version
+    )
+    router = ModelRouter(manager, registry, _router_config(settings))
+    proxy = Proxy(
+        router, upstream, metrics=metrics, max_whole_answer_bytes=settings.max_whole_answer_bytes
+    )
+    manager.in_flight = proxy.outstanding
+    admin = AdminApi(manager, registry, settings.admin_token, deploy_body)
+    return _Parts(manager, registry, router, proxy, admin, registry_metrics, node)
+
+
+def _routes(
+    settings: Settings,
+    parts: _Parts,
+    resolve: Callable[[str], ModelSpec],
+    *,
+    rehearsal: bool,
+    deploy_body: type[DeployBody],
+) -> list[BaseRoute]:
+    """The proxy's routes, the admin API's, then the sidecar's own (in that order)."""
+    discovery = _discovery_endpoint(settings, parts.manager, parts.node)
+    return [
+        *parts.proxy.routes(),
+        *parts.admin.routes(),
+        Route("/healthz", _healthz_endpoint(parts.manager, rehearsal), methods=["GET"]),
+        Route("/metrics", metrics_endpoint(parts.registry_metrics), methods=["GET"]),
+        Route("/discovery/workers", discovery, methods=["GET"]),
+        Route("/openapi.json", _openapi_endpoint(deploy_body), methods=["GET"]),
+        Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
+    ]
+
+
+def _register_metrics(
+    registry_metrics: CollectorRegistry,
+    settings: Settings,
+    inventory: GpuInventory,
+    ledger: Ledger,
+    holder: dict[str, DeploymentManager],
+    calibrator: Calibrator,
+    node: str,
+) -> SidecarMetrics:
+    """The sidecar's collectors on ``registry_metrics``; the workers are read from
+    ``holder["manager"]`` at scrape time (the manager is built after its metrics)."""
+    return register_collectors(
         registry_metrics,
         MetricSources(
             inventory,
@@ -120,41 +220,30 @@ def build_app(
             node=node,
         ),
     ).metrics
-    manager = DeploymentManager(
-        manager_config(settings),
-        inventory,
-        ledger,
-        client,
-        base_env=dict(base_env) if base_env is not None else None,
-        metrics=metrics,
-        calibrator=calibrator,
-    )
-    holder["manager"] = manager
-    registry = ModelRegistry.create(
-        settings.models, settings.allowed_models, resolve, settings.default_vllm_version
-    )
-    router = ModelRouter(
-        manager,
-        registry,
-        RouterConfig(
-            on_demand=settings.on_demand,
-            request_wait_seconds=settings.request_wait_seconds,
-            idle_eviction=settings.idle_eviction,
-            idle_seconds=settings.idle_seconds,
-            start_failure_backoff_seconds=settings.start_failure_backoff_seconds,
-        ),
-    )
-    proxy = Proxy(
-        router, upstream, metrics=metrics, max_whole_answer_bytes=settings.max_whole_answer_bytes
-    )
-    manager.in_flight = proxy.outstanding
-    admin = AdminApi(manager, registry, settings.admin_token, deploy_body)
 
-    async def discovery(request: Request) -> Response:
-        """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""
-        host = advertised_host(settings.worker_host, request.url.hostname or "127.0.0.1")
-        workers = list(manager.deployments.values())
-        return JSONResponse(worker_targets(workers, host=host, node=node))
+
+def _router_config(settings: Settings) -> RouterConfig:
+    return RouterConfig(
+        on_demand=settings.on_demand,
+        request_wait_seconds=settings.request_wait_seconds,
+        idle_eviction=settings.idle_eviction,
+        idle_seconds=settings.idle_seconds,
+        start_failure_backoff_seconds=settings.start_failure_backoff_seconds,
+    )
+
+
+def _lifespan(
+    settings: Settings,
+    ledger: Ledger,
+    parts: _Parts,
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    *,
+    warm_model_cards: bool,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """Start-up (prune the ledger, adopt workers, preload models, warm the model cards)
+    and shutdown (close the manager and ``clients``: the sidecar's own and the proxy's)."""
+
+    manager, registry, router = parts.manager, parts.registry, parts.router
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -175,9 +264,15 @@ def build_app(
             if warm is not None:
                 warm.cancel()
             await manager.close(stop_workers=settings.stop_workers_on_exit)
-            await client.aclose()
-            await upstream.aclose()
+            for client in clients:
+                await client.aclose()
 
+    return lifespan
+
+
+def _healthz_endpoint(
+    manager: DeploymentManager, rehearsal: bool
+) -> Callable[[Request], Awaitable[Response]]:
     async def healthz(request: Request) -> Response:
         # "rehearsal" as the admin API means it (simulator workers); "declared_gpus" for a
         # node read from GATEKEEPER_GPUS instead of NVML.
@@ -194,23 +289,29 @@ def build_app(
             }
         )
 
+    return healthz
+
+
+def _discovery_endpoint(
+    settings: Settings, manager: DeploymentManager, node: str
+) -> Callable[[Request], Awaitable[Response]]:
+    async def discovery(request: Request) -> Response:
+        """Prometheus http_sd: the serving workers' /metrics (sidecar/discovery.py)."""
+        host = advertised_host(settings.worker_host, request.url.hostname or "127.0.0.1")
+        workers = list(manager.deployments.values())
+        return JSONResponse(worker_targets(workers, host=host, node=node))
+
+    return discovery
+
+
+def _openapi_endpoint(deploy_body: type[DeployBody]) -> Callable[[Request], Awaitable[Response]]:
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_schema(__version__, deploy_body))
 
-    routes = [
-        *proxy.routes(),
-        *admin.routes(),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint(registry_metrics), methods=["GET"]),
-        Route("/discovery/workers", discovery, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        Route("/k8s/validate", webhook_from_settings(settings, resolve).endpoint, methods=["POST"]),
-    ]
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={404: _no_route, 405: _no_route},
-    )
+    return openapi
+
+
+def _install_guard(app: Starlette, settings: Settings, proxy: Proxy) -> None:
     # The guard is outermost, so the proxy's POSTs skip Starlette's error middleware and
     # router (http_guard: direct routes; issue #15).
     guard = HttpGuard(
@@ -219,11 +320,6 @@ def build_app(
     app.middleware_stack = guard
     # The same routes behind the key check, for the HTTP protocol's lean path (server_config).
     app.state.direct_routes = guard.direct_routes()
-    app.state.manager = manager
-    app.state.router = router
-    app.state.proxy = proxy
-    app.state.metrics_registry = registry_metrics
-    return app
 
 
 async def _no_route(request: Request, exc: Exception) -> Response:
