@@ -93,17 +93,20 @@ def _proxy_paths(openai: dict[str, str]) -> dict[str, Any]:
     return paths
 
 
+_ADMIN_ERRORS = {"401": "no or wrong bearer token", "403": "admin API off, or model not allowed"}
+
+_OPENAI = {
+    "200": "the worker's answer (SSE when stream is true)",
+    "400": "malformed request",
+    "404": "unknown model",
+    "502": "the worker failed",
+    "503": "loading or over capacity (Retry-After)",
+    "507": "the model does not fit",
+}
+
+
 def openapi_schema(version: str, body: type[DeployBody] = DeployBody) -> dict[str, Any]:
     """The sidecar's OpenAPI document; ``body``: the admin API's deploy body type."""
-    admin_errors = {"401": "no or wrong bearer token", "403": "admin API off, or model not allowed"}
-    openai = {
-        "200": "the worker's answer (SSE when stream is true)",
-        "400": "malformed request",
-        "404": "unknown model",
-        "502": "the worker failed",
-        "503": "loading or over capacity (Retry-After)",
-        "507": "the model does not fit",
-    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -119,77 +122,98 @@ def openapi_schema(version: str, body: type[DeployBody] = DeployBody) -> dict[st
             "schemas": {"DeployBody": body.model_json_schema()},
         },
         "paths": {
-            "/admin/deployments": {
-                "post": _op(
-                    "Admit and launch a worker",
-                    {
-                        "201": "admitted: placement, flags, prediction",
-                        "400": "bad body",
-                        "409": "name already deployed",
-                        "507": "does not fit: reasons and suggestions",
-                        **admin_errors,
-                    },
-                    body=True,
-                ),
-                "get": _op(
-                    "List deployments with state, GPUs, predicted and actual memory",
-                    {"200": "deployments", **admin_errors},
-                ),
-            },
-            "/admin/deployments/{id}": {
-                "get": _op(
-                    "One deployment",
-                    {"200": "the deployment", "404": "unknown id", **admin_errors},
-                    path_id=True,
-                ),
-                "delete": _op(
-                    "Drain, then stop a deployment",
-                    {"200": "stopped", "404": "unknown id", **admin_errors},
-                    path_id=True,
-                ),
-            },
-            "/admin/deployments/{id}/log": {
-                "get": _op(
-                    "The worker's log from a byte offset, with its start-up phase",
-                    {"200": "lines and the next offset", "404": "unknown id", **admin_errors},
-                    path_id=True,
-                )
-            },
-            "/admin/deployments/{id}/record": {
-                "delete": _op(
-                    "Forget a stopped or failed deployment: drop it from the list",
-                    {"200": "forgotten", "404": "unknown id", "409": "still live", **admin_errors},
-                    path_id=True,
-                )
-            },
-            "/admin/gpus": {
-                "get": _op(
-                    "The GPU snapshot with gatekeeper's reservations",
-                    {"200": "snapshot", **admin_errors},
-                )
-            },
-            **_proxy_paths(openai),
-            "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
-            "/metrics": {
-                "get": _op(
-                    "Prometheus metrics (text or OpenMetrics)", {"200": "metrics"}, secured=False
-                )
-            },
-            "/discovery/workers": {
-                "get": _op(
-                    "Prometheus HTTP service discovery: the serving workers' /metrics as "
-                    "target groups with model, worker, gpu, UUID, Hostname and node labels",
-                    {"200": "a JSON list of target groups"},
-                    secured=False,
-                )
-            },
-            "/openapi.json": {"get": _op("This schema", {"200": "the schema"}, secured=False)},
-            "/k8s/validate": {
-                "post": _op(
-                    "Kubernetes validating admission webhook (AdmissionReview v1)",
-                    {"200": "AdmissionReview with the verdict", "400": "not an AdmissionReview"},
-                    secured=False,
-                )
-            },
+            **_deployments_paths(),
+            **_deployment_detail_paths(),
+            **_proxy_paths(_OPENAI),
+            **_sidecar_paths(),
+        },
+    }
+
+
+def _deployments_paths() -> dict[str, Any]:
+    """``/admin/deployments`` and ``/admin/deployments/{id}``."""
+    return {
+        "/admin/deployments": {
+            "post": _op(
+                "Admit and launch a worker",
+                {
+                    "201": "admitted: placement, flags, prediction",
+                    "400": "bad body",
+                    "409": "name already deployed",
+                    "507": "does not fit: reasons and suggestions",
+                    **_ADMIN_ERRORS,
+                },
+                body=True,
+            ),
+            "get": _op(
+                "List deployments with state, GPUs, predicted and actual memory",
+                {"200": "deployments", **_ADMIN_ERRORS},
+            ),
+        },
+        "/admin/deployments/{id}": {
+            "get": _op(
+                "One deployment",
+                {"200": "the deployment", "404": "unknown id", **_ADMIN_ERRORS},
+                path_id=True,
+            ),
+            "delete": _op(
+                "Drain, then stop a deployment",
+                {"200": "stopped", "404": "unknown id", **_ADMIN_ERRORS},
+                path_id=True,
+            ),
+        },
+    }
+
+
+def _deployment_detail_paths() -> dict[str, Any]:
+    """A deployment's log and record, and ``/admin/gpus``."""
+    return {
+        "/admin/deployments/{id}/log": {
+            "get": _op(
+                "The worker's log from a byte offset, with its start-up phase",
+                {"200": "lines and the next offset", "404": "unknown id", **_ADMIN_ERRORS},
+                path_id=True,
+            )
+        },
+        "/admin/deployments/{id}/record": {
+            "delete": _op(
+                "Forget a stopped or failed deployment: drop it from the list",
+                {"200": "forgotten", "404": "unknown id", "409": "still live", **_ADMIN_ERRORS},
+                path_id=True,
+            )
+        },
+        "/admin/gpus": {
+            "get": _op(
+                "The GPU snapshot with gatekeeper's reservations",
+                {"200": "snapshot", **_ADMIN_ERRORS},
+            )
+        },
+    }
+
+
+def _sidecar_paths() -> dict[str, Any]:
+    """The sidecar's own routes: health, metrics, discovery, this schema, the webhook."""
+    return {
+        "/healthz": {"get": _op("The sidecar is up", {"200": "ok"}, secured=False)},
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics (text or OpenMetrics)", {"200": "metrics"}, secured=False
+            )
+        },
+        "/discovery/workers": {
+            "get": _op(
+                "Prometheus HTTP service discovery: the serving workers' /metrics as "
+                "target groups with model, worker, gpu, UUID, Hostname and node labels",
+                {"200": "a JSON list of target groups"},
+                secured=False,
+            )
+        },
+        "/openapi.json": {"get": _op("This schema", {"200": "the schema"}, secured=False)},
+        "/k8s/validate": {
+            "post": _op(
+                "Kubernetes validating admission webhook (AdmissionReview v1)",
+                {"200": "AdmissionReview with the verdict", "400": "not an AdmissionReview"},
+                secured=False,
+            )
         },
     }
