@@ -13,6 +13,7 @@ bytes. Suggestions for a rejection are worked out after the transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decision import decide
@@ -46,16 +47,34 @@ def admit(
     view = ledger.view()
     workers = view.workers
     cache = cache if cache is not None else EstimateCache()
-    search(
-        request,
-        snapshot,
-        reserved=view.promised,
-        workers=workers,
-        policy=policy,
-        cache=cache,
-    )
-
+    search(request, snapshot, reserved=view.promised, workers=workers, policy=policy, cache=cache)
     counted: dict[str, int] = {}
+    decision = ledger.admit(
+        deployment_id,
+        request.model.name,
+        _decide_locked(request, snapshot, workers, policy, cache, counted),
+        ttl_seconds=ttl_seconds,
+        payload=lambda d: json.dumps(d.to_json()),
+        since=since,
+    )
+    if decision.admitted:
+        return decision
+    # The suggestions are worked out against what the transaction counted: re-reading
+    # the ledger could find less (rows released or turned ready since) and turn the
+    # refusal into an admission that reserved nothing.
+    return decide(request, snapshot, reserved=counted, workers=workers, policy=policy, cache=cache)
+
+
+def _decide_locked(
+    request: PlacementRequest,
+    snapshot: InventorySnapshot,
+    workers: Mapping[str, int],
+    policy: PlacementPolicy,
+    cache: EstimateCache,
+    counted: dict[str, int],
+) -> Callable[[tuple[Reservation, ...]], tuple[Decision, tuple[Promise, ...]]]:
+    """The decision ``Ledger.admit`` runs inside its transaction, without suggestions;
+    it leaves in ``counted`` the promised bytes per GPU it decided against."""
 
     def decide_locked(outstanding: tuple[Reservation, ...]) -> tuple[Decision, tuple[Promise, ...]]:
         counted.clear()
@@ -71,24 +90,4 @@ def admit(
         )
         return d, tuple(Promise(gpu, num_bytes) for gpu, num_bytes in d.promises())
 
-    decision = ledger.admit(
-        deployment_id,
-        request.model.name,
-        decide_locked,
-        ttl_seconds=ttl_seconds,
-        payload=lambda d: json.dumps(d.to_json()),
-        since=since,
-    )
-    if decision.admitted:
-        return decision
-    # The suggestions are worked out against what the transaction counted: re-reading
-    # the ledger could find less (rows released or turned ready since) and turn the
-    # refusal into an admission that reserved nothing.
-    return decide(
-        request,
-        snapshot,
-        reserved=counted,
-        workers=workers,
-        policy=policy,
-        cache=cache,
-    )
+    return decide_locked
