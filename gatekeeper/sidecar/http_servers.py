@@ -22,12 +22,15 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import Settings
+
+if TYPE_CHECKING:  # granian is optional (the http-alt extra), imported when chosen
+    from granian.http import HTTP1Settings
 
 __all__ = ["GRANIAN_MIN_BUFFER_BYTES", "LISTEN_BACKLOG", "missing_limits", "server"]
 
@@ -165,26 +168,11 @@ def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> 
             value="granian",
         ) from None
 
-    # granian's stub gives SocketHolder one argument, the extension three (fd, uds, backlog)
-    holder: Any = SocketHolder
-
     class _OnOurSocket(Server):
         def _init_shared_socket(self) -> None:
-            # a copy of the descriptor: granian's holder may close its own
-            fd = os.dup(sock.fileno())
-            # Accepted sockets inherit it (Linux): without it each streamed chunk waited
-            # for the client's delayed ACK, 40 ms (uvicorn's asyncio sets it per socket).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            shared: Any = self
-            shared._ssp, shared._shd = None, holder(fd, False, LISTEN_BACKLOG)
-            shared._sfd = fd
+            _share_socket(self, SocketHolder, sock)
 
     host, port = sock.getsockname()[:2]
-    header_ms = round(1000 * settings.request_header_timeout_seconds)
-    http1 = HTTP1Settings(
-        header_read_timeout=max(1, min(header_ms, GRANIAN_MAX_HEADER_MS)),
-        max_buffer_size=max(GRANIAN_MIN_BUFFER_BYTES, settings.max_request_head_bytes),
-    )
     embedded = _OnOurSocket(
         app,
         address=host,
@@ -192,9 +180,30 @@ def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> 
         interface=Interfaces.ASGI,
         http=HTTPModes.http1,
         websockets=False,
-        http1_settings=http1,
+        http1_settings=_granian_http1(HTTP1Settings, settings),
         # granian's lines go to the sidecar's own log handlers, errors only
         log_level=LogLevels.error,
         log_dictconfig={"loggers": {"_granian": {"propagate": True}}},
     )
     return embedded
+
+
+def _share_socket(server: Any, socket_holder: Any, sock: socket.socket) -> None:
+    """Points granian's embedded ``server`` at ``sock`` (its ``_init_shared_socket``)."""
+    # a copy of the descriptor: granian's holder may close its own
+    fd = os.dup(sock.fileno())
+    # Accepted sockets inherit it (Linux): without it each streamed chunk waited
+    # for the client's delayed ACK, 40 ms (uvicorn's asyncio sets it per socket).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # granian's stub gives SocketHolder one argument, the extension three (fd, uds, backlog)
+    server._ssp, server._shd = None, socket_holder(fd, False, LISTEN_BACKLOG)
+    server._sfd = fd
+
+
+def _granian_http1(http1_settings: type[HTTP1Settings], settings: Settings) -> HTTP1Settings:
+    """granian's HTTP/1 settings: the header timeout and head size, within its bounds."""
+    header_ms = round(1000 * settings.request_header_timeout_seconds)
+    return http1_settings(
+        header_read_timeout=max(1, min(header_ms, GRANIAN_MAX_HEADER_MS)),
+        max_buffer_size=max(GRANIAN_MIN_BUFFER_BYTES, settings.max_request_head_bytes),
+    )
