@@ -42,6 +42,7 @@ from starlette.routing import Route
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.components import deprecated_actual_keys
 from gatekeeper.proxy.protocol import error_response
+from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 from gatekeeper.sidecar.manager import DeploymentManager
@@ -251,32 +252,10 @@ class AdminApi:
         )
 
     async def create(self, request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return self._fail(
-                413,
-                f"the body is {len(raw)} bytes, more than the {MAX_BODY_BYTES} the admin API "
-                f"reads; send only the deployment: {EXAMPLE}",
-                kind="bad_request",
-                field="body",
-            )
-        try:
-            body = self.body.model_validate_json(raw)
-        except ValidationError as e:
-            message, field = body_error(e, self.field_help)
-            first = e.errors()[0]
-            given = first.get("input") if field != "body" and first["type"] != "missing" else None
-            return self._fail(400, message, kind="bad_request", field=field, value=_plain(given))
-        entry = self.registry.allowed(body.model)
-        if body.name:
-            entry = entry.model_copy(update={"name": body.name})
-        if body.min_sequences or body.min_kv_tokens:
-            entry = entry.model_copy(
-                update={
-                    "min_sequences": body.min_sequences or entry.min_sequences,
-                    "min_kv_tokens": body.min_kv_tokens or entry.min_kv_tokens,
-                }
-            )
+        body = await self._deploy_body(request)
+        if isinstance(body, Response):
+            return body
+        entry = self._entry(body)
         placement_request = await asyncio.to_thread(self.registry.request, entry, body.options)
         decision, deployment = await self.manager.deploy(
             entry.name, placement_request, body=body.model_dump(mode="json")
@@ -292,6 +271,39 @@ class AdminApi:
         return self._answer(
             {"deployment": summary(deployment), "decision": decision.to_json()}, status=201
         )
+
+    async def _deploy_body(self, request: Request) -> DeployBody | Response:
+        """The deploy body, or the 413 or 400 that says what to send instead."""
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            return self._fail(
+                413,
+                f"the body is {len(raw)} bytes, more than the {MAX_BODY_BYTES} the admin API "
+                f"reads; send only the deployment: {EXAMPLE}",
+                kind="bad_request",
+                field="body",
+            )
+        try:
+            return self.body.model_validate_json(raw)
+        except ValidationError as e:
+            message, field = body_error(e, self.field_help)
+            first = e.errors()[0]
+            given = first.get("input") if field != "body" and first["type"] != "missing" else None
+            return self._fail(400, message, kind="bad_request", field=field, value=_plain(given))
+
+    def _entry(self, body: DeployBody) -> ModelEntry:
+        """The allowed model's entry, with the body's name and minimums over its own."""
+        entry = self.registry.allowed(body.model)
+        if body.name:
+            entry = entry.model_copy(update={"name": body.name})
+        if body.min_sequences or body.min_kv_tokens:
+            entry = entry.model_copy(
+                update={
+                    "min_sequences": body.min_sequences or entry.min_sequences,
+                    "min_kv_tokens": body.min_kv_tokens or entry.min_kv_tokens,
+                }
+            )
+        return entry
 
     async def list(self, request: Request) -> Response:
         m = self.manager
