@@ -27,7 +27,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.worker_states import RESERVING_STATES
 from gatekeeper.placement.gpu_search import search
-from gatekeeper.placement.types import PlacementRequest
+from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.proxy.resolver import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
@@ -219,33 +219,37 @@ class ModelRouter:
                     code="model_not_running",
                     should_retry=False,
                 )
-            try:
-                entry = self.registry.allowed(model)
-                request = self.registry.request(entry)
-                decision, d = await self.manager.deploy(entry.name, request)
-                if (
-                    not decision.admitted
-                    and self.config.idle_eviction
-                    and await self.evict_for(request)
-                ):
-                    decision, d = await self.manager.deploy(entry.name, request)
-                if d is not None:
-                    self._on_demand.add(d.id)
-            except DeploymentError as e:
-                if e.status == 409:  # deployed meanwhile (admin API): route to it
-                    return
-                raise RouteError(
-                    e.status, str(e), type="ServiceUnavailableError", retry_after=5
-                ) from e
-            except GatekeeperError as e:
-                raise RouteError(400, str(e), type="BadRequestError", code="bad_model") from e
-            if not decision.admitted:
+            decision = await self._deploy(model)
+            if decision is not None and not decision.admitted:
                 raise RouteError(
                     507,
                     rejection_text(model, decision, self._served_as(model)),
                     type="Insufficient Storage",
                     code="model_does_not_fit",
                 )
+
+    async def _deploy(self, model: str) -> Decision | None:
+        """``model`` deployed, after evicting idle workers for it when it does not fit
+        (``idle_eviction``); None when it was deployed meanwhile (409: route to it)."""
+        try:
+            entry = self.registry.allowed(model)
+            request = self.registry.request(entry)
+            decision, d = await self.manager.deploy(entry.name, request)
+            if (
+                not decision.admitted
+                and self.config.idle_eviction
+                and await self.evict_for(request)
+            ):
+                decision, d = await self.manager.deploy(entry.name, request)
+            if d is not None:
+                self._on_demand.add(d.id)
+        except DeploymentError as e:
+            if e.status == 409:  # deployed meanwhile (admin API): route to it
+                return None
+            raise RouteError(e.status, str(e), type="ServiceUnavailableError", retry_after=5) from e
+        except GatekeeperError as e:
+            raise RouteError(400, str(e), type="BadRequestError", code="bad_model") from e
+        return decision
 
     def _served_as(self, model: str) -> list[str]:
         """The other names this node configures or runs ``model`` (a repo id) under."""
