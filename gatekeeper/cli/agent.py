@@ -173,29 +173,27 @@ def pod_collector(
     driver: str,
     read: Callable[[], InventorySnapshot],
     pod_of: Callable[[int], str | None],
+    list_claims: Callable[[], Any] | None = None,
 ) -> PodCollector:
-    """The per-pod figures' collector on ``client``: the claims listed at most once per
-    ``CLAIMS_TTL_SECONDS``, each pod read once per UID for its recorded components."""
-    from lightkube import ALL_NS
+    """The per-pod figures' collector on ``client``: the claims from ``list_claims`` (the
+    agent's ``ClaimsWatch``; where none is given, a watch never started, which lists at
+    each scrape), each pod read once per UID for its recorded components."""
     from lightkube.resources.core_v1 import Pod
-    from lightkube.resources.resource_v1 import ResourceClaim
 
     from gatekeeper.cluster.agent import quantity_bytes
-    from gatekeeper.cluster.agent_metrics import ClaimsCache, PodCollector
-
-    def claims() -> list[dict[str, Any]]:
-        return [c.to_dict() for c in client.list(ResourceClaim, namespace=ALL_NS)]
+    from gatekeeper.cluster.agent_metrics import PodCollector
+    from gatekeeper.cluster.claims_watch import ClaimsWatch
 
     def pod(namespace: str, name: str) -> dict[str, Any]:
         found: dict[str, Any] = client.get(Pod, name, namespace=namespace).to_dict()
         return found
 
-    listed = ClaimsCache(claims)
-    return PodCollector(node_name, driver, read, listed, pod_of, quantity_bytes, read_pod=pod)
+    claims = list_claims or ClaimsWatch(client)
+    return PodCollector(node_name, driver, read, claims, pod_of, quantity_bytes, read_pod=pod)
 
 
 def _serve_metrics(
-    agent: Any, config: Any, port: int, client: Any, read: Any, prepares: Any
+    agent: Any, config: Any, port: int, client: Any, read: Any, prepares: Any, claims: Any
 ) -> None:
     """The agent's collector, and the per-pod figures (``pod_collector``; NVML and the
     cgroups read at each scrape)."""
@@ -206,7 +204,8 @@ def _serve_metrics(
 
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent, prepares))
-    registry.register(pod_collector(client, config.node_name, config.driver, read, pod_uid))
+    per_pod = pod_collector(client, config.node_name, config.driver, read, pod_uid, claims)
+    registry.register(per_pod)
     start_http_server(port, registry=registry)
 
 
@@ -220,6 +219,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         )
     from gatekeeper.cluster.agent import AgentConfig, NodeAgent
     from gatekeeper.cluster.agent_metrics import PrepareCounter
+    from gatekeeper.cluster.claims_watch import ClaimsWatch
 
     log_format = start_logging(args, settings)
     config = AgentConfig(
@@ -230,19 +230,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     )
     client = _client(args.kubeconfig)
     read = _reader(settings, args.gpus)
-    agent = NodeAgent(client, config, read)
-    prepares = PrepareCounter()
     if args.once:
-        result = agent.publish()
-        print(f"slice {agent.slice_name} {result.action}: generation {result.generation}")
+        once = NodeAgent(client, config, read)
+        result = once.publish()
+        print(f"slice {once.slice_name} {result.action}: generation {result.generation}")
         return 0
+    claims = ClaimsWatch(client).start()
+    agent = NodeAgent(client, config, read, claims)
+    prepares = PrepareCounter()
     announce(
         [f"gatekeeper agent: node {config.node_name}, slice {agent.slice_name}"],
         log_format,
         "gatekeeper.cluster.agent",
     )
     if args.metrics_port is not None:
-        _serve_metrics(agent, config, args.metrics_port, client, read, prepares)
+        _serve_metrics(agent, config, args.metrics_port, client, read, prepares, claims)
     plugin = _start_plugin(args, settings, client, read, prepares)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -252,4 +254,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if plugin is not None:
             plugin.stop()
+        claims.stop()
     return 0

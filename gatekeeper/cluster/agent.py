@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -181,10 +181,12 @@ class NodeAgent:
         client: Client,
         config: AgentConfig,
         read_gpus: Callable[[], InventorySnapshot],
+        list_claims: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self._client = client
         self._config = config
         self._read_gpus = read_gpus
+        self._list_claims = list_claims or self._list_all_claims
         self.slice_name = slice_name(config.node_name, config.driver)
         self.last: PassResult | None = None
         """The last pass that succeeded."""
@@ -207,8 +209,13 @@ class NodeAgent:
         published: dict[str, Any] = found.to_dict()
         return published
 
+    def _list_all_claims(self) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
+
     def _allocations(self) -> list[Allocation]:
-        claims = [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
+        """The allocations on our pool, from ``list_claims`` (the agent's ``ClaimsWatch``;
+        a direct list of every claim where none is given, as ``--once`` does)."""
+        claims = self._list_claims()
         return allocations(claims, self._config.driver, self._config.node_name, quantity_bytes)
 
     def _other_slices(self) -> list[dict[str, Any]]:

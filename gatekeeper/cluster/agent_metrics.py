@@ -24,15 +24,14 @@ when the GPUs or the claims could not be read (then no per-pod series). With ``r
 it also exports per pod, device and component the bytes the mutating webhook sized the rank
 by (``gatekeeper_worker_predicted_bytes{component}``: the pod's ``vllm-gatekeeper.io/claim``
 record, ``claim_annotation``), for pods whose record has them; each pod is read once per UID
-(``PodComponents``: a running pod's annotations do not change). ``ClaimsCache`` lists the
-claims at most once per ``CLAIMS_TTL_SECONDS``, however often the agent is scraped.
+(``PodComponents``: a running pod's annotations do not change). The agent passes its
+``ClaimsWatch`` as ``list_claims``: a scrape reads the watched claims and lists nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, Protocol, get_args
@@ -45,14 +44,11 @@ from gatekeeper.cluster.agent import Action, PassResult
 from gatekeeper.cluster.attribution import Attribution, PodClaim, attribute, pod_claims
 from gatekeeper.cluster.claim_annotation import claim_components
 from gatekeeper.estimator.components import ComponentName
-from gatekeeper.gpus.cached import CachedReading
 from gatekeeper.gpus.inventory import InventorySnapshot
 
 __all__ = [
-    "CLAIMS_TTL_SECONDS",
     "AgentCollector",
     "AgentState",
-    "ClaimsCache",
     "PodCollector",
     "PodComponents",
     "PrepareCounter",
@@ -65,8 +61,6 @@ POD_LABELS = ["namespace", "pod", "claim", "device"]
 
 OUTCOMES: tuple[str, ...] = (*get_args(Action), "failed")
 """A pass's actions, and ``failed`` (``NodeAgent.passes``)."""
-CLAIMS_TTL_SECONDS = 5.0
-"""How long the per-pod figures reuse one list of the cluster's ResourceClaims."""
 
 
 class AgentState(Protocol):
@@ -155,23 +149,6 @@ class AgentCollector(Collector):
         for outcome, value in self._prepares.counts().items():
             prepares.add_metric([outcome], value)
         yield prepares
-
-
-class ClaimsCache(CachedReading[list[Mapping[str, Any]]]):
-    """``list_claims`` (the cluster's ResourceClaims, API dicts) read again only once
-    ``ttl_seconds`` have passed since the last read that succeeded; a failed read raises
-    and is tried again at the next call (``CachedReading``'s raise policy). Scrapes come
-    from several threads."""
-
-    def __init__(
-        self,
-        list_claims: Callable[[], Iterable[Mapping[str, Any]]],
-        ttl_seconds: float = CLAIMS_TTL_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(
-            lambda: list(list_claims()), ttl_seconds, clock=clock, name="the ResourceClaims"
-        )
 
 
 class PodComponents:

@@ -6,7 +6,7 @@
 and the others take that reading. What a failed read does is its ``on_failure`` policy:
 
 - ``None`` (raise): the exception reaches the caller and nothing of it is kept; the next
-  call reads again (``CachedInventory``; the node agent's ``ClaimsCache``);
+  call reads again (``CachedInventory``);
 - ``KeepLastGood(errors, describe, otherwise)``: an exception among ``errors`` serves the
   last good reading again, logged, for another ``ttl_seconds``; with none yet,
   ``otherwise(describe(e))`` (the failure as a value, never kept as good) for

@@ -243,8 +243,8 @@ def test_each_pod_s_claim_and_the_memory_of_no_pod_are_exported(
 
     wait_for("the foreign bytes", lambda: foreign_of(device_of(0)) == foreign)
     assert foreign_of(device_of(1)) == 0
-    # the agent lists the claims at most once per CLAIMS_TTL_SECONDS: the newest pod's
-    # reservation shows within that
+    # the agent's claims watch brings the newest pod's reservation within the watch's
+    # latency
     scraped = wait_for("every pod's claim", every_pod)
     claims = claim_names(client)
     for pod in POD_NAMES:

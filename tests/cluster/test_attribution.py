@@ -21,7 +21,6 @@ from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.agent_metrics import (
     AgentCollector,
-    ClaimsCache,
     PodCollector,
     PodComponents,
     PrepareCounter,
@@ -243,45 +242,6 @@ def test_claims_that_cannot_be_read_leave_the_per_pod_series_out_not_the_scrape(
     registry = CollectorRegistry()
     registry.register(collector(read, list))
     assert registry.get_sample_value("gatekeeper_agent_pod_figures_success") == 1
-
-
-def test_the_claims_are_listed_at_most_once_per_ttl_and_a_failed_list_is_not_kept() -> None:
-    """However often the agent is scraped, one list of the cluster's claims serves the
-    per-pod figures for ``ttl_seconds`` (a clock the test moves); a list that fails (the
-    apiserver unreachable) is tried again at the next scrape, not remembered."""
-    gpu = busy_gpu(0, 4 * GiB, (10, 4 * GiB))
-    snapshot = InventorySnapshot(gpus=(gpu,), ok=True)
-    lists: list[float] = []
-    now = [100.0]
-    reachable = [True]
-
-    def list_claims() -> list[dict[str, Any]]:
-        lists.append(now[0])
-        if not reachable[0]:
-            with urllib.request.urlopen("http://127.0.0.1:9/apis", timeout=2):
-                pass
-        return [claim("c", {"p": UID_A}, {uuid_device_name(gpu.uuid): "8Gi"})]
-
-    cache = ClaimsCache(list_claims, ttl_seconds=5.0, clock=lambda: now[0])
-    collector = PodCollector(
-        NODE, DRIVER_NAME, lambda: snapshot, cache, {10: UID_A}.get, quantity_bytes
-    )
-    registry = CollectorRegistry()
-    registry.register(collector)
-    headroom = {"namespace": "team-a", "pod": "p", "claim": "c"}
-    headroom["device"] = uuid_device_name(gpu.uuid)
-
-    def scrape() -> float | None:
-        return registry.get_sample_value("gatekeeper_pod_memory_headroom_bytes", headroom)
-
-    assert [scrape() for _ in range(3)] == [4 * GiB] * 3 and lists == [100.0]
-    now[0], reachable[0] = 104.9, False
-    assert scrape() == 4 * GiB and lists == [100.0]
-    now[0] = 105.0
-    assert scrape() is None and lists == [100.0, 105.0]  # unreachable: no per-pod series
-    assert registry.get_sample_value("gatekeeper_agent_pod_figures_success") == 0
-    reachable[0] = True  # each of the two scrapes above listed, and failed; this one lists
-    assert scrape() == 4 * GiB and lists == [100.0, 105.0, 105.0, 105.0]
 
 
 def test_a_pod_not_read_has_no_components_until_it_is_and_another_uid_has_none() -> None:

@@ -1,0 +1,132 @@
+"""The cluster's ResourceClaims, kept by one watch per agent (an informer).
+
+``ClaimsWatch`` lists the claims once, keeps the list's ``resourceVersion`` and watches
+from it (``Client.watch(ResourceClaim, namespace=ALL_NS, resource_version=...)``) in a
+thread of its own, applying ADDED and MODIFIED (replace by uid) and DELETED (drop by
+uid) to a dict. A stream the apiserver closes cleanly is resumed by lightkube from the
+last event's version; a 410 Gone (the version expired) re-lists at once; a broken stream
+or a failed list re-lists after a backoff (``BACKOFF_SECONDS`` doubling to
+``BACKOFF_MAX_SECONDS``). Reads (calling the watch) return the current set at once and
+never wait on the apiserver once the first list has succeeded; before that a read lists
+directly and raises as a list does, so each caller keeps its failure behaviour (the
+publishing pass fails and retries; a scrape skips the per-pod series). The set is as
+stale as the watch's latency (an event reaches the agent within tens of milliseconds on
+loopback; docs/cluster.md), and, after a broken stream, the backoff and a list.
+
+``stop`` ends the thread at its next event or reconnect; it is a daemon thread, so it
+never holds the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+from lightkube import ALL_NS, ApiError, Client
+from lightkube.resources.resource_v1 import ResourceClaim
+
+__all__ = ["BACKOFF_MAX_SECONDS", "BACKOFF_SECONDS", "ClaimsWatch"]
+
+log = logging.getLogger("gatekeeper.cluster.claims_watch")
+
+BACKOFF_SECONDS = 0.5
+"""The first wait before re-listing after a broken stream or a failed list."""
+BACKOFF_MAX_SECONDS = 30.0
+"""The longest wait between re-lists while the apiserver cannot be reached."""
+
+
+def _uid(claim: Mapping[str, Any]) -> str:
+    uid: str = claim["metadata"]["uid"]
+    return uid
+
+
+class ClaimsWatch:
+    """The cluster's ResourceClaims (API dicts) through ``client``, kept current by a
+    watch once ``start`` is called; call the watch to read them."""
+
+    def __init__(self, client: Client, server_timeout_seconds: int | None = None) -> None:
+        self._client = client
+        self._server_timeout = server_timeout_seconds
+        self._lock = threading.Lock()
+        self._claims: dict[str, dict[str, Any]] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="claims-watch", daemon=True)
+        self.lists = 0
+        """How many times the watch has listed the claims (once, plus once per re-list)."""
+
+    @property
+    def synced(self) -> bool:
+        """True once a list has succeeded: reads no longer reach the apiserver."""
+        with self._lock:
+            return self._claims is not None
+
+    def start(self) -> ClaimsWatch:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_seconds: float = 0.0) -> None:
+        """Ends the watch at its next event or reconnect (waiting up to
+        ``timeout_seconds`` for it)."""
+        self._stop.set()
+        if timeout_seconds > 0 and self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+
+    def __call__(self) -> list[dict[str, Any]]:
+        """The claims now: the watch's set once synced, else a direct list (raising as
+        a list does)."""
+        with self._lock:
+            if self._claims is not None:
+                return list(self._claims.values())
+        return [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
+
+    def _run(self) -> None:
+        delay = BACKOFF_SECONDS
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                delay = BACKOFF_SECONDS
+                self._follow(version)
+            except ApiError as e:
+                if e.status.code == 410:
+                    log.info("the claims' watch expired (410 Gone), re-listing: %s", e)
+                    continue
+                log.warning("the claims' watch failed, re-listing in %.1f s: %s", delay, e)
+            except (httpx2.HTTPError, OSError) as e:
+                log.warning("the claims' watch broke, re-listing in %.1f s: %s", delay, e)
+            self._stop.wait(delay)
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+    def _relist(self) -> str:
+        listed = self._client.list(ResourceClaim, namespace=ALL_NS)
+        claims = {}
+        for claim in listed:
+            found = claim.to_dict()
+            claims[_uid(found)] = found
+        with self._lock:
+            self._claims = claims
+            self.lists += 1
+        return listed.resourceVersion
+
+    def _follow(self, version: str) -> None:
+        events = self._client.watch(
+            ResourceClaim,
+            namespace=ALL_NS,
+            resource_version=version,
+            server_timeout=self._server_timeout,
+        )
+        for kind, claim in events:
+            if self._stop.is_set():
+                return
+            self._apply(kind, claim.to_dict())
+
+    def _apply(self, kind: str, claim: dict[str, Any]) -> None:
+        with self._lock:
+            if self._claims is None:
+                return
+            if kind == "DELETED":
+                self._claims.pop(_uid(claim), None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self._claims[_uid(claim)] = claim
