@@ -36,6 +36,7 @@ BACKOFF_SECONDS = 0.5
 """The first wait before re-listing after a broken stream or a failed list."""
 BACKOFF_MAX_SECONDS = 30.0
 """The longest wait between re-lists while the apiserver cannot be reached."""
+ERRORS = (ApiError, httpx2.HTTPError, OSError)
 
 
 def _uid(claim: Mapping[str, Any]) -> str:
@@ -89,15 +90,23 @@ class ClaimsWatch:
                 version = self._relist()
                 delay = BACKOFF_SECONDS
                 self._follow(version)
-            except ApiError as e:
-                if e.status.code == 410:
-                    log.info("the claims' watch expired (410 Gone), re-listing: %s", e)
+            except ERRORS as e:
+                if self._stop.is_set():
+                    return
+                self._failed(e, delay)
+                if isinstance(e, ApiError) and e.status.code == 410:
                     continue
-                log.warning("the claims' watch failed, re-listing in %.1f s: %s", delay, e)
-            except (httpx2.HTTPError, OSError) as e:
-                log.warning("the claims' watch broke, re-listing in %.1f s: %s", delay, e)
             self._stop.wait(delay)
             delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+
+    @staticmethod
+    def _failed(e: Exception, delay: float) -> None:
+        if isinstance(e, ApiError) and e.status.code == 410:
+            log.info("the claims' watch expired (410 Gone), re-listing: %s", e)
+        elif isinstance(e, ApiError):
+            log.warning("the claims' watch failed, re-listing in %.1f s: %s", delay, e)
+        else:
+            log.warning("the claims' watch broke, re-listing in %.1f s: %s", delay, e)
 
     def _relist(self) -> str:
         listed = self._client.list(ResourceClaim, namespace=ALL_NS)
