@@ -79,7 +79,9 @@ def test_created_modified_and_deleted_claims_show_within_a_second(client: Client
         seen_within("a created", lambda: "a" in labels_of(watch), WITHIN_SECONDS)
         patch = {"metadata": {"labels": {"step": "2"}}}
         client.patch(ResourceClaim, "a", patch, namespace=NAMESPACE)
-        seen_within("a modified", lambda: labels_of(watch).get("a") == {"step": "2"}, 1.0)
+        seen_within(
+            "a modified", lambda: labels_of(watch).get("a") == {"step": "2"}, WITHIN_SECONDS
+        )
         client.delete(ResourceClaim, "a", namespace=NAMESPACE)
         seen_within("a deleted", lambda: "a" not in labels_of(watch), WITHIN_SECONDS)
         assert watch.lists == 1  # every change came by the watch, none by a list
@@ -146,8 +148,8 @@ def test_a_broken_stream_re_lists_and_the_watch_follows_again(
         ClaimsWatch(client_at(kube_cluster, f"https://127.0.0.1:{relay.port}", tmp_path)).start()
     )
     try:
-        make_claim(client, "b")  # made while the stream is down, seen by the re-list
         relay.cut()
+        make_claim(client, "b")  # made in the backoff (0.5 s) with no stream: the re-list's
         seen_within("the re-list", lambda: watch.lists == 2, 10.0)
         assert "b" in labels_of(watch)
         client.delete(ResourceClaim, "b", namespace=NAMESPACE)
