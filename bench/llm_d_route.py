@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,14 +270,16 @@ def relay_headroom(http: httpx.Client, ips: list[str]) -> dict[str, int | None]:
     return found
 
 
-def served_headroom(http: httpx.Client, ips: list[str], over: str) -> dict[str, int | None]:
-    """Until every pod's relay serves a headroom, negative for ``over`` only: the agent
+def served_headroom(
+    http: httpx.Client, ips: list[str], over: Collection[str]
+) -> dict[str, int | None]:
+    """Until every pod's relay serves a headroom, negative for those ``over`` only: the agent
     attributes a pod once its claims are read (cached up to 5 s) and its process seen; a
     pod without a sample passes the filter (``onMissing: Pass``) and scores nothing."""
     deadline = time.monotonic() + 60
     while True:
         found = relay_headroom(http, ips)
-        if all(v is not None and (v < 0) == (ip == over) for ip, v in found.items()):
+        if all(v is not None and (v < 0) == (ip in over) for ip, v in found.items()):
             return found
         if time.monotonic() > deadline:
             raise RuntimeError(f"the relays never served the expected headroom: {found}")
@@ -289,7 +291,7 @@ def scenario(
 ) -> dict[str, Any]:
     """Before, switch and latency (module docstring) on a running stack."""
     wait_routing(http, url)
-    headroom_before = served_headroom(http, ips, ips[0])
+    headroom_before = served_headroom(http, ips, {ips[0]})
     time.sleep(2 * plan.refresh_seconds)  # the picker scrapes each relay in that time
     before = Counter(routed(http, url, plan.requests))
     usage.set([WITHIN_BYTES, OVER_BYTES, *[WITHIN_BYTES] * (plan.pods - 2)])
@@ -305,7 +307,8 @@ def scenario(
     }
     figures |= latency(http, url, f"http://{ips[2]}:8000/v1/completions", plan.requests)
     usage.set([OVER_BYTES] * plan.pods)
-    time.sleep(3 * plan.refresh_seconds)
+    served_headroom(http, ips, set(ips))
+    time.sleep(2 * plan.refresh_seconds)  # the picker scrapes each relay in that time
     everyone = Counter(routed(http, url, plan.requests))
     figures["all_over"] = {ip: everyone.get(ip, 0) for ip in ips}
     return figures
