@@ -245,7 +245,6 @@ class DraDriver:
         claim's earlier devices on the same GPU take."""
         snapshot = self._read_gpus()
         taken = self._taken(snapshot)
-        line = self._line if waiter in self._line else [*self._line, waiter]
         devices: list[PreparedDevice] = []
         for device in claimed:
             gpu = self._gpu(ref, device.device, snapshot)
@@ -254,7 +253,7 @@ class DraDriver:
             if mine:  # its other requests there (added: a claim of its name may be prepared)
                 who = f"{ref.namespace}/{ref.name}"
                 others[who] = others.get(who, 0) + mine
-            check_free(ref, device, gpu, others, waiting_ahead(line, waiter, device.device))
+            check_free(ref, device, gpu, others, waiting_ahead(self._line, waiter, device.device))
             device_id = cdi_device_id(self.driver, ref.uid, device.device)
             devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))
         return tuple(devices)

@@ -263,10 +263,10 @@ class Waiter:
     """False once the call that asked ended (kubelet cancelled it): it leaves the line."""
 
 
-def waiting_ahead(line: Sequence[Waiter], waiter: Waiter | None, device: str) -> dict[str, int]:
-    """What the waiters before ``waiter`` in ``line`` (all of them for a prepare not in
-    line yet) ask for on ``device``, by the claim's ``namespace/name``."""
-    before = line[: line.index(waiter)] if waiter is not None else line
+def waiting_ahead(line: Sequence[Waiter], waiter: Waiter, device: str) -> dict[str, int]:
+    """What the waiters before ``waiter`` in ``line`` (all of them while it is not in line
+    yet) ask for on ``device``, by the claim's ``namespace/name``."""
+    before = line[: line.index(waiter)] if waiter in line else line
     out: dict[str, int] = {}
     for w in before:
         asked = sum(d.memory_bytes for d in w.claimed if d.device == device)
