@@ -73,6 +73,10 @@ class WorkerCall:
         self._exchange: Exchange | None = None
         self._reply: Reply | None = None
 
+    def _enter(self) -> None:
+        outstanding, worker_id = self._calls.outstanding, self._endpoint.worker_id
+        outstanding[worker_id] = outstanding.get(worker_id, 0) + 1
+
     def _leave(self) -> None:
         outstanding, worker_id = self._calls.outstanding, self._endpoint.worker_id
         left = outstanding[worker_id] - 1
@@ -110,7 +114,7 @@ class WorkerCall:
         if exchange is None:
             return False
         self._exchange = exchange
-        calls.outstanding[endpoint.worker_id] = calls.outstanding.get(endpoint.worker_id, 0) + 1
+        self._enter()
         reply.watch_disconnect(self._gone)
         return True
 
@@ -165,7 +169,7 @@ class WorkerCall:
     ) -> ASGIApp | None:
         """The response for the client; None when the worker refused the connection."""
         calls, endpoint = self._calls, self._endpoint
-        calls.outstanding[endpoint.worker_id] = calls.outstanding.get(endpoint.worker_id, 0) + 1
+        self._enter()
         watch = DisconnectWatch(receive, scope)
         answer: Answer | None = None
         try:
