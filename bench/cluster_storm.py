@@ -12,7 +12,6 @@ against the device's capacity in its ResourceSlice.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter, defaultdict
@@ -28,7 +27,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from bench.cluster_fleet import Fleet, Workload
 from gatekeeper.cluster.agent import quantity_bytes
-from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
+from gatekeeper.cluster.claim_annotation import read_record
 from gatekeeper.k8s.workloads import pod_templates
 
 Outcome = str
@@ -81,9 +80,9 @@ def _need(created: Any) -> int | None:
     template (read as the webhooks read it), else None."""
     body = created.to_dict()
     for template in pod_templates(str(body.get("kind", "")), body):
-        record = template.annotations.get(CLAIM_ANNOTATION)
-        if record is not None:
-            return int(next(iter(json.loads(record).values()))["memoryBytes"])
+        record = read_record(template.annotations)
+        if record:
+            return next(iter(record.values())).memory_bytes
     return None
 
 
