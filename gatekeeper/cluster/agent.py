@@ -39,9 +39,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx2
-from lightkube import ALL_NS, ApiError, Client
+from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
 from gatekeeper.cluster.accounting import (
@@ -60,6 +60,7 @@ from gatekeeper.cluster.accounting import (
     vanished,
     with_taints,
 )
+from gatekeeper.cluster.claims_watch import ClaimsWatch
 from gatekeeper.cluster.slices import (
     DRIVER_NAME,
     device_name,
@@ -186,7 +187,7 @@ class NodeAgent:
         self._client = client
         self._config = config
         self._read_gpus = read_gpus
-        self._list_claims = list_claims or self._list_all_claims
+        self._list_claims = list_claims or ClaimsWatch(client)
         self.slice_name = slice_name(config.node_name, config.driver)
         self.last: PassResult | None = None
         """The last pass that succeeded."""
@@ -209,12 +210,10 @@ class NodeAgent:
         published: dict[str, Any] = found.to_dict()
         return published
 
-    def _list_all_claims(self) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
-
     def _allocations(self) -> list[Allocation]:
         """The allocations on our pool, from ``list_claims`` (the agent's ``ClaimsWatch``;
-        a direct list of every claim where none is given, as ``--once`` does)."""
+        where none is given, a watch never started, which lists every claim at each pass,
+        as ``--once`` does)."""
         claims = self._list_claims()
         return allocations(claims, self._config.driver, self._config.node_name, quantity_bytes)
 
