@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "FINISHED_STATES",
     "PENDING_STATES",
     "RESERVING_STATES",
     "SERVING_STATES",
@@ -40,3 +41,7 @@ SERVING_STATES: frozenset[State] = frozenset({"ready", "unhealthy"})
 
 RESERVING_STATES: frozenset[State] = PENDING_STATES | SERVING_STATES
 """States whose deployment holds a reservation, pending or ready."""
+
+FINISHED_STATES: frozenset[State] = frozenset({"stopped", "failed"})
+"""States of a deployment that is over: its worker has exited (its port is free), ``ps``
+lists it with ``--all`` only and ``forget`` drops it; every other state is live."""

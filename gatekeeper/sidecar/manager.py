@@ -33,6 +33,7 @@ import httpx
 
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.metrics.worker_states import FINISHED_STATES
 from gatekeeper.placement.gpu_search import EstimateCache
 from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.sidecar.admitter import Admitter
@@ -60,9 +61,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FINISHED = ("stopped", "failed")
-"""The states of a deployment that is over: ``ps`` lists them with ``--all`` only, and
-``forget`` drops them."""
+FINISHED = FINISHED_STATES
+"""The states of a deployment that is over (``worker_states.FINISHED_STATES``)."""
 
 
 class DeploymentManager:

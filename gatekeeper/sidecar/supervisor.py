@@ -25,6 +25,7 @@ import httpx
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.metrics.events import SidecarMetrics
+from gatekeeper.metrics.worker_states import FINISHED_STATES
 from gatekeeper.placement.types import Prediction
 from gatekeeper.sidecar.admitter import Admitter
 from gatekeeper.sidecar.calibrator import Calibrator
@@ -110,7 +111,7 @@ class Supervisor:
                 return
 
     async def _launch_once(self, d: Deployment) -> bool:
-        taken = {x.port for x in self.deployments.values() if x.state not in ("stopped", "failed")}
+        taken = {x.port for x in self.deployments.values() if x.state not in FINISHED_STATES}
         try:
             d.port = free_port(
                 self.config.worker_host, self.config.port_min, self.config.port_max, taken
