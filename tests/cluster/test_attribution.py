@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from gatekeeper.cluster.agent_metrics import (
 )
 from gatekeeper.cluster.attribution import PodClaim, attribute, pod_claims
 from gatekeeper.cluster.dra_driver import DraDriver, DriverPaths
-from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
 from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import StaticInventory
@@ -35,6 +33,7 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
 from tests.support.agent_state import COMPONENTS, DEVICE, POD, AgentState, pod_collector
+from tests.support.dra_kubelet import cgroups
 from tests.support.snapshots import busy_gpu
 
 GiB = 2**30
@@ -42,7 +41,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NODE = "node-a"
 UID_A = "1a2b3c4d-0000-4000-8000-00000000000a"
 UID_B = "1a2b3c4d-0000-4000-8000-00000000000b"
-SYSTEMD = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri.scope\n"
 
 
 def claim(name: str, pods: dict[str, str], devices: dict[str, str], pool: str = NODE) -> Any:
@@ -66,15 +64,6 @@ def claim(name: str, pods: dict[str, str], devices: dict[str, str], pool: str = 
             ],
         },
     }
-
-
-def cgroups(root: Path, pods: dict[int, str | None]) -> Callable[[int], str | None]:
-    """``/proc/PID/cgroup`` under ``root`` for each pid (its pod's uid, or a host cgroup)."""
-    for pid, uid in pods.items():
-        (root / str(pid)).mkdir(parents=True)
-        text = SYSTEMD.format(uid.replace("-", "_")) if uid else "0::/system.slice/ssh.service\n"
-        (root / str(pid) / "cgroup").write_text(text)
-    return lambda pid: pod_uid(pid, root)
 
 
 def test_a_pod_s_processes_are_summed_on_its_claimed_device_and_the_rest_is_foreign(

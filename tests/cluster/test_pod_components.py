@@ -9,7 +9,7 @@ hold memory on both. ``gatekeeper.cli.agent.pod_collector``, the agent's own wir
 ``gatekeeper_worker_predicted_bytes{component}`` per device with the record's bytes,
 beside the claim and NVML's usage. A pod with a claim of its own and no record has the
 claim's series and no component series. A process's pod comes from cgroup files under a
-temporary proc root (``test_attribution.cgroups``)."""
+temporary proc root (``tests.support.dra_kubelet.cgroups``)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
-from tests.cluster.test_attribution import cgroups
 from tests.support import vllm_workloads
+from tests.support.dra_kubelet import cgroups
 from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
 
 pytestmark = pytest.mark.k8s

@@ -14,7 +14,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from gatekeeper.cluster.kubelet_plugin import (
     claim_reader,
     pod_reader,
 )
+from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimRef
 from gatekeeper.cluster.reserves import rank_sizer
 from gatekeeper.gpus import StaticInventory
@@ -60,6 +61,15 @@ TIMEOUT_SECONDS = 30.0
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # A pod's cgroup as kubelet's systemd driver names it (the uid with underscores).
 CGROUP = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri.scope\n"
+
+
+def cgroups(root: Path, pods: dict[int, str | None]) -> Callable[[int], str | None]:
+    """``/proc/PID/cgroup`` under ``root`` for each pid (its pod's uid, or a host cgroup)."""
+    for pid, uid in pods.items():
+        (root / str(pid)).mkdir(parents=True)
+        text = CGROUP.format(uid.replace("-", "_")) if uid else "0::/system.slice/ssh.service\n"
+        (root / str(pid) / "cgroup").write_text(text)
+    return lambda pid: pod_uid(pid, root)
 
 
 @dataclasses.dataclass
