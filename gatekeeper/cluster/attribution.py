@@ -9,9 +9,10 @@ ResourceClaims allocated on its pool. Here, with no I/O:
   for (``status.reservedFor``: name and UID) with the device and the bytes the scheduler
   booked (``consumedCapacity.memory``);
 - ``attribute`` adds each process's usage to the (pod, device) whose claim books that
-  device (several claims of the pod there count as one, their bytes added). A process whose cgroup names no pod, a pod no claim here is reserved for, or a
-  pod on a device its claims do not book is **foreign** memory of that device: it is
-  never attributed to a pod.
+  device (several claims of the pod there count as one, their bytes added). A process
+  whose cgroup names no pod, a pod no claim here is reserved for, or a pod on a device
+  its claims do not book is **foreign** memory of that device: it is never attributed to
+  a pod.
 
 e.g. a claim of 24 GiB on ``gpu-a`` reserved for pod ``qwen-0`` (uid ``u1``); on
 ``gpu-a`` pid 10 (cgroup of ``u1``) holds 20 GiB and pid 11 (no pod) 2 GiB: ``qwen-0``
