@@ -42,13 +42,14 @@ _Headers = list[tuple[bytes, bytes]]
 
 
 class WholeAnswer:
-    """A worker's whole answer, sent as received."""
+    """A worker's whole answer, sent as received, with its ``content-length`` (which
+    ``headers``, already without the hop-by-hop fields, does not carry)."""
 
     __slots__ = ("body", "headers", "status")
 
     def __init__(self, status: int, headers: _Headers, body: bytes) -> None:
         self.status = status
-        self.headers = headers
+        self.headers = [*headers, (b"content-length", str(len(body)).encode())]
         self.body = body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -213,8 +213,7 @@ class Proxy:
         if content is None:  # too large to hold: relayed as it comes
             return StreamRelay(answer, headers, _unreported, events=False)
         await answer.aclose()
-        length = (b"content-length", str(len(content)).encode())
-        return WholeAnswer(answer.status, [*headers, length], content)
+        return WholeAnswer(answer.status, headers, content)
 
     async def forward(
         self, scope: Scope, receive: Receive, path: str, kind: type[OpenAIRequest]

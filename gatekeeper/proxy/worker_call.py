@@ -197,5 +197,4 @@ class WorkerCall:
             if answer is not None:
                 await answer.aclose()
         self._finish("upstream_error" if answer.status >= 500 else "ok")
-        length = (b"content-length", str(len(content)).encode())
-        return WholeAnswer(answer.status, [*response_headers(answer), length], content)
+        return WholeAnswer(answer.status, response_headers(answer), content)
