@@ -34,6 +34,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from bench.kube_control_plane import KubeCluster
+from bench.webhook_configs import MUTATING, shipped_configuration
 from bench.webhook_process import WebhookProcess
 from bench.webhook_process import start_webhook as start_process
 from gatekeeper.cluster import DRIVER_NAME, slice_name
@@ -249,29 +250,11 @@ def start_webhook(cluster: KubeCluster, directory: Path) -> WebhookProcess:
 
 
 def webhook_configuration(name: str, hook: WebhookProcess, namespace: str) -> dict[str, Any]:
-    """A MutatingWebhookConfiguration sending ``namespace``'s Pods and Deployments to
-    ``hook``, ``failurePolicy: Fail`` (a workload the webhook did not see is not
-    admitted, so none slips past the count)."""
-    rules = [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-         "resources": ["pods"], "scope": "Namespaced"},
-        {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-         "resources": ["deployments"], "scope": "Namespaced"},
-    ]  # fmt: skip
-    webhook = {
-        "name": f"{name}.vllm-gatekeeper.io",
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "NoneOnDryRun",
-        "failurePolicy": "Fail",
-        "reinvocationPolicy": "IfNeeded",
-        "timeoutSeconds": 10,
-        "clientConfig": {"url": hook.url("/k8s/mutate"), "caBundle": hook.ca_bundle},
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "rules": rules,
-    }
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [webhook],
-    }
+    """The shipped MutatingWebhookConfiguration (its rules) named ``name``, its webhook
+    ``<name>.vllm-gatekeeper.io``, sending ``namespace``'s workloads to ``hook`` with
+    ``failurePolicy: Fail`` (a workload the webhook did not see is not admitted, so none
+    slips past the count)."""
+    config = shipped_configuration(MUTATING, hook.url(""), hook.ca_bundle, namespace, "Fail")
+    config["metadata"] = {"name": name}
+    config["webhooks"][0]["name"] = f"{name}.vllm-gatekeeper.io"
+    return config

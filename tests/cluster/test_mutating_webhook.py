@@ -60,16 +60,6 @@ def _gpus() -> InventorySnapshot:
     return dataclasses.replace(recorded, gpus=gpus)
 
 
-def _configuration(webhook: WebhookProcess) -> dict[str, Any]:
-    """The bench's configuration (Pods, Deployments; ``Fail``) for this namespace, with
-    StatefulSets too; its webhook is ``claims.vllm-gatekeeper.io``."""
-    config = webhook_configuration(CONFIGURATION, webhook, NAMESPACE)
-    (hook,) = config["webhooks"]
-    (apps,) = (rule for rule in hook["rules"] if rule["apiGroups"] == ["apps"])
-    apps["resources"].append("statefulsets")
-    return config
-
-
 @pytest.fixture(scope="module")
 def webhook(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
@@ -98,7 +88,7 @@ def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
     slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
     for manifest in (device_class(), ready_node(NODE, (TAINT,)), slice_, namespace):
         create_unless_present(api, manifest)  # the DeviceClass may come from another module
-    api.create(from_dict(_configuration(webhook)))
+    api.create(from_dict(webhook_configuration(CONFIGURATION, webhook, NAMESPACE)))
     yield api
     api.delete(MutatingWebhookConfiguration, CONFIGURATION)
 

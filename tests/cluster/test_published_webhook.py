@@ -28,6 +28,7 @@ from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfig
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from bench.webhook_configs import DEPLOY, VALIDATING, shipped_configuration
 from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus.declared import parse_declared_node
@@ -36,7 +37,6 @@ from gatekeeper.placement.types import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port
-from tests.support.webhook_configs import DEPLOY, VALIDATING, shipped_configuration
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s

@@ -38,10 +38,10 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.types import PatchType
 
+from bench.webhook_configs import MUTATING, VALIDATING, shipped_configuration
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from tests.support.kube_cluster import KubeCluster
 from tests.support.polling import wait_for
-from tests.support.webhook_configs import MUTATING, VALIDATING, shipped_configuration
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s

@@ -1,5 +1,6 @@
-"""The shipped webhook configurations, as the cluster tests point them at a webhook on
-loopback: one rewrite for every module that registers them with the real apiserver.
+"""The shipped webhook configurations, as the cluster tests and ``bench.cluster`` point
+them at a webhook on loopback: one rewrite for every module that registers them with the
+real apiserver.
 
 ``shipped_configuration`` reads a configuration from ``deploy/kubernetes`` (its rules as
 shipped) and gives it a name of the test's, its ``clientConfig`` as a URL (the base URL
@@ -17,7 +18,7 @@ import yaml
 
 __all__ = ["DEPLOY", "MUTATING", "VALIDATING", "shipped_configuration"]
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 VALIDATING = DEPLOY / "validatingwebhookconfiguration.yaml"
 MUTATING = DEPLOY / "components" / "cluster" / "mutatingwebhookconfiguration.yaml"
 
