@@ -7,7 +7,7 @@ Pure: plain dicts in, new dicts and patch operations out, nothing edited in plac
   earlier spelling of either flag is removed and both are appended; in a shell script
   (``sh -c``: ``gatekeeper.vllm.shell.script_index``, as the reader finds it) both are
   inserted after the launcher the reader knows (``vllm serve``,
-  ``-m vllm.entrypoints.openai.api_server``, ``-m dynamo.vllm``: ``shell.launcher_end``),
+  ``-m vllm.entrypoints.openai.api_server``, ``-m dynamo.vllm``: ``shell.launcher_ends``),
   and a script that sets either flag itself is refused (its own value would come later
   and win);
 - ``with_claim`` makes the container use a pod claim (``resources.claims``) instead of
@@ -29,7 +29,7 @@ from typing import Any
 
 from gatekeeper.k8s.workloads import GPU_RESOURCE
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.shell import launcher_end, launcher_ends, script_index
+from gatekeeper.vllm.shell import launcher_ends, script_index
 
 __all__ = [
     "BUDGET_FLAGS",
@@ -68,7 +68,7 @@ def unread_script(container: Mapping[str, Any]) -> str | None:
     else None."""
     tokens = [*_strings(container.get("command")), *_strings(container.get("args"))]
     at = script_index(tokens)
-    return tokens[at] if at is not None and launcher_end(tokens[at]) is not None else None
+    return tokens[at] if at is not None and launcher_ends(tokens[at]) else None
 
 
 def unread_scripts(containers: list[Any], read: set[int], where: str) -> list[str]:

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 __all__ = [
     "after_launcher",
     "expand_shell_vars",
-    "launcher_end",
     "launcher_ends",
     "script_arguments",
     "script_index",
@@ -65,13 +64,6 @@ def after_launcher(tokens: Sequence[str]) -> list[str] | None:
         if token == "-m" and i + 1 < len(tokens) and tokens[i + 1] in _MODULES:
             return list(tokens[i + 2 :])
     return None
-
-
-def launcher_end(script: str) -> int | None:
-    """Where, in a script's text, the first launcher ``after_launcher`` knows ends (the
-    flags after it are vLLM's); None when the text names none."""
-    ends = launcher_ends(script)
-    return ends[0] if ends else None
 
 
 def launcher_ends(script: str) -> list[int]:
