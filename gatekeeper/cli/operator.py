@@ -30,13 +30,11 @@ from gatekeeper.cli.output import (
 )
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.components import MEMORY_COMPONENTS
+from gatekeeper.metrics.worker_states import FINISHED_STATES
 from gatekeeper.settings import Settings
 from gatekeeper.units import format_gib
 
 __all__ = ["SidecarClient", "add_parser"]
-
-FINISHED = ("stopped", "failed")
-"""The states ``ps`` shows only with ``--all``, and ``forget`` drops."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -272,7 +270,7 @@ def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
 def run_ps(args: argparse.Namespace, settings: Settings) -> int:
     data = SidecarClient(args, settings).call("GET", "/admin/deployments")
     rehearsal = bool(data.get("rehearsal"))
-    shown = [d for d in data["deployments"] if args.all or d["state"] not in FINISHED]
+    shown = [d for d in data["deployments"] if args.all or d["state"] not in FINISHED_STATES]
     if args.json:
         print_json({"deployments": shown, "rehearsal": rehearsal})
         return 0
@@ -313,7 +311,7 @@ def run_forget(args: argparse.Namespace, settings: Settings) -> int:
     ids = list(args.ids)
     if args.all:
         listed = client.call("GET", "/admin/deployments")["deployments"]
-        ids += [d["id"] for d in listed if d["state"] in FINISHED and d["id"] not in ids]
+        ids += [d["id"] for d in listed if d["state"] in FINISHED_STATES and d["id"] not in ids]
     elif not ids:
         raise UsageError(
             "forget: no deployment given; name IDs (gatekeeper ps --all lists them) or pass "
