@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
+from bench.node_list_bytes import lightkube_labels
 from gatekeeper.k8s.fleet import Fleet
 from gatekeeper.k8s.published import METADATA_ONLY, PublishedDevices, node_labels
 from tests.support.kube_cluster import KubeCluster, ready_node
@@ -46,13 +47,6 @@ def api(kube_cluster: KubeCluster) -> Iterator[Client]:
     client.close()
 
 
-def full_list(api: Client) -> dict[str, dict[str, str]]:
-    """What the webhook read before: lightkube's list of the whole Node objects."""
-    return {
-        str(n.metadata.name): dict(n.metadata.labels or {}) for n in api.list(Node) if n.metadata
-    }
-
-
 def test_the_labels_read_as_metadata_in_pages_are_the_full_list_s(api: Client) -> None:
     pages: list[httpx2.Request] = []
     kinds: list[str] = []
@@ -66,7 +60,7 @@ def test_the_labels_read_as_metadata_in_pages_are_the_full_list_s(api: Client) -
     with HttpClient(api.config, params) as http:
         http.event_hooks["response"] = [seen]
         read = node_labels(http, page_size=2)
-    expected = full_list(api)
+    expected = lightkube_labels(api)
     assert read == expected and set(NODES) <= set(read)
     assert read["paged-3"] == {
         "kubernetes.io/hostname": "paged-3", "nvidia.com/gpu.product": "product-3", "zone": ""
@@ -83,7 +77,7 @@ def test_the_labels_read_as_metadata_in_pages_are_the_full_list_s(api: Client) -
 def test_the_published_fleet_carries_the_labels_read_in_pages(api: Client) -> None:
     fleet = PublishedDevices(api, nodes_page_size=2)()
     assert fleet.error is None and fleet.nodes_error is None
-    assert fleet.nodes == full_list(api)
+    assert fleet.nodes == lightkube_labels(api)
 
 
 READER = "published-reader"
@@ -130,7 +124,7 @@ def test_nodes_refused_keep_the_last_labels_read_and_with_none_say_why(
     before keeps them (logged), a new one has none and the apiserver's refusal."""
     reader = PublishedDevices(reader_client, refresh_seconds=0, nodes_page_size=2)
     before = reader()
-    assert before.error is None and before.nodes == full_list(api)
+    assert before.error is None and before.nodes == lightkube_labels(api)
     api.patch(ClusterRole, READER, {"rules": [SLICES_RULE]}, patch_type=PatchType.MERGE)
 
     def refused() -> Fleet | None:  # once the apiserver's RBAC has the narrower role
