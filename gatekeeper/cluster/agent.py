@@ -200,15 +200,14 @@ class NodeAgent:
         claim, device); kept until the claim is deallocated (its pod deleted), and recorded on
         the slice (``VANISHED_ANNOTATION``) so that a restarted agent keeps them."""
 
-    def _published(self) -> dict[str, Any] | None:
-        try:
-            found = self._client.get(ResourceSlice, self.slice_name)
-        except ApiError as e:
-            if e.status.code == 404:
-                return None
-            raise
-        published: dict[str, Any] = found.to_dict()
-        return published
+    def _published(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Our slice (None before it is created) and every driver's slices on this node
+        (``shared_devices`` skips ours), from one list per pass."""
+        node = self._config.node_name
+        listed = self._client.list(ResourceSlice, fields={"spec.nodeName": node})
+        slices = [s.to_dict() for s in listed]
+        ours = [s for s in slices if s["metadata"]["name"] == self.slice_name]
+        return (ours[0] if ours else None), slices
 
     def _allocations(self) -> list[Allocation]:
         """The allocations on our pool, from ``list_claims`` (the agent's ``ClaimsWatch``;
@@ -217,15 +216,12 @@ class NodeAgent:
         claims = self._list_claims()
         return allocations(claims, self._config.driver, self._config.node_name, quantity_bytes)
 
-    def _other_slices(self) -> list[dict[str, Any]]:
-        """This node's ResourceSlices (every driver's; ``shared_devices`` skips ours)."""
-        node = self._config.node_name
-        return [
-            s.to_dict() for s in self._client.list(ResourceSlice, fields={"spec.nodeName": node})
-        ]
-
     def _desired(
-        self, snapshot: InventorySnapshot, found: list[Allocation], generation: int
+        self,
+        snapshot: InventorySnapshot,
+        found: list[Allocation],
+        generation: int,
+        node_slices: list[dict[str, Any]],
     ) -> dict[str, Any]:
         cfg = self._config
         desired = resource_slice(
@@ -233,7 +229,7 @@ class NodeAgent:
         )
         used = {device_name(gpu): gpu.used_bytes for gpu in snapshot.gpus}
         unaccounted = unaccounted_bytes(used, booked_bytes(found))
-        shared = shared_devices(_identities(desired), self._other_slices(), cfg.driver)
+        shared = shared_devices(_identities(desired), node_slices, cfg.driver)
         if shared != self.shared:
             self._say_shared(shared)
         self.shared = shared
@@ -268,13 +264,13 @@ class NodeAgent:
 
     def _pass(self) -> PassResult:
         snapshot = self._read_gpus()
-        current = self._published()
+        current, node_slices = self._published()
         generation = int(current["spec"]["pool"]["generation"]) if current else 1
         if not snapshot.ok:
             log.warning("GPU reading failed, slice %s kept: %s", self.slice_name, snapshot.error)
             return PassResult("kept", generation)
         found = self._allocations()
-        desired = self._desired(snapshot, found, generation)
+        desired = self._desired(snapshot, found, generation, node_slices)
         identities = _identities(desired)
         names = tuple(sorted(identities))
         tainted = tuple(
