@@ -35,7 +35,13 @@ from gatekeeper.cluster.slices import DRIVER_NAME
 from gatekeeper.gpus.cached import CachedReading, KeepLastGood
 from gatekeeper.k8s.fleet import Fleet, fleet_from_slices
 
-__all__ = ["METADATA_ONLY", "NODES_PAGE_SIZE", "PublishedDevices", "node_labels"]
+__all__ = [
+    "METADATA_ONLY",
+    "NODES_PAGE_SIZE",
+    "PublishedDevices",
+    "node_labels",
+    "read_node_labels",
+]
 
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 """The ``Accept`` that lists objects as their metadata alone (client-go's metadata client)."""
@@ -90,9 +96,15 @@ class PublishedDevices:
         )
 
     def _read_nodes(self) -> NodeLabels:
-        params = ConnectionParams(timeout=httpx2.Timeout(10.0), trust_env=False)
-        with HttpClient(self._client.config, params) as http:
-            return node_labels(http, self._page_size), None
+        return read_node_labels(self._client, self._page_size), None
+
+
+def read_node_labels(client: Client, page_size: int = NODES_PAGE_SIZE) -> dict[str, dict[str, str]]:
+    """``node_labels`` over one connection made from ``client``'s config for this read (a
+    refresh's: lightkube cannot ask for metadata only)."""
+    params = ConnectionParams(timeout=httpx2.Timeout(10.0), trust_env=False)
+    with HttpClient(client.config, params) as http:
+        return node_labels(http, page_size)
 
 
 def node_labels(http: httpx2.Client, page_size: int = NODES_PAGE_SIZE) -> dict[str, dict[str, str]]:
