@@ -251,8 +251,7 @@ class DraDriver:
             others = outstanding_bytes(self.prepared.values(), gpu.uuid, taken)
             mine = sum(d.claimed.memory_bytes for d in devices if d.gpu_uuid == gpu.uuid)
             if mine:  # its other requests there (added: a claim of its name may be prepared)
-                who = f"{ref.namespace}/{ref.name}"
-                others[who] = others.get(who, 0) + mine
+                others[ref.named] = others.get(ref.named, 0) + mine
             check_free(ref, device, gpu, others, waiting_ahead(self._line, waiter, device.device))
             device_id = cdi_device_id(self.driver, ref.uid, device.device)
             devices.append(PreparedDevice(device, gpu.index, gpu.uuid, device_id))

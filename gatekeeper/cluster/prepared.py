@@ -73,6 +73,12 @@ class ClaimRef:
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} (uid {self.uid})"
 
+    @property
+    def named(self) -> str:
+        """``namespace/name``: how a refusal lists what holds a GPU's bytes (two claims of
+        one name, deleted and made again, add up under it)."""
+        return f"{self.namespace}/{self.name}"
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedDevice:
@@ -225,8 +231,7 @@ def outstanding_bytes(
         promised = sum(d.claimed.memory_bytes for d in claim.devices if d.gpu_uuid == gpu_uuid)
         left = promised - taken.get((claim.ref.uid, gpu_uuid), 0)
         if left > 0:
-            who = f"{claim.ref.namespace}/{claim.ref.name}"
-            out[who] = out.get(who, 0) + left
+            out[claim.ref.named] = out.get(claim.ref.named, 0) + left
     return out
 
 
@@ -271,8 +276,7 @@ def waiting_ahead(line: Sequence[Waiter], waiter: Waiter, device: str) -> dict[s
     for w in before:
         asked = sum(d.memory_bytes for d in w.claimed if d.device == device)
         if asked > 0:
-            who = f"{w.ref.namespace}/{w.ref.name}"
-            out[who] = out.get(who, 0) + asked
+            out[w.ref.named] = out.get(w.ref.named, 0) + asked
     return out
 
 
