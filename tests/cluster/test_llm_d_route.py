@@ -43,15 +43,11 @@ def test_a_pod_over_its_claim_gets_no_request_while_the_others_share_them(figure
 
 
 def test_traffic_follows_the_headroom_within_a_few_refreshes(figures) -> None:
-    after, was_over, now_over = (
-        figures["after"],
-        figures["over_claim_before"],
-        figures["over_claim_after"],
-    )
-    # ``after`` starts after the last request to the pod now over, so that pod has none
-    # in it by construction: the routing followed when that last one came soon and many
-    # came after it, the pod over before among them
-    assert after[now_over] == 0 and after[was_over] > 0, figures
+    after, was_over = figures["after"], figures["over_claim_before"]
+    # ``after`` starts after the last request to the pod now over (none of its own, by
+    # construction, so not asserted): the routing followed when that last one came soon
+    # and many came after it, the pod over before among them
+    assert after[was_over] > 0, figures
     assert figures["after_requests"] >= 10, figures
     assert figures["follow_seconds"] < 5.0, figures  # 10 refreshes: a loaded 2-core machine
 
