@@ -346,3 +346,12 @@ CASES: dict[str, dict[str, Any]] = {
     "inc/llama": _case("inc", "llama", {"quant_method": "inc", "bits": 4, "group_size": 128, "sym": True,
                                         "packing_format": "auto_round:auto_gptq", "data_type": "int"}),
 }  # fmt: skip
+
+# --- #36 named cases, one section per family group (each section adds to FAMILIES, WRAPPERS
+# and CASES with `|=`) ---
+
+# -- Qwen3.5 / Qwen3.6 (dense and MoE, GatedDeltaNet mixer, MTP) --
+
+# -- Gemma 4 (dense and MoE, global layers, parallel dense MLP) --
+
+# -- gpt-oss MXFP4 backends, Nemotron-H, MiniMax-M3 --
