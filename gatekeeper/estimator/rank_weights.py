@@ -19,6 +19,7 @@ the experts, norms), ``head_bytes`` the LM head, ``rope_cache_bytes`` the rotary
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gatekeeper.estimator.state import mixer_weight_bytes
@@ -30,11 +31,14 @@ from gatekeeper.units import cdiv, round_up
 __all__ = [
     "FLOAT32_ROPE_ARCHITECTURES",
     "VOCAB_PADDING",
+    "LayerPart",
     "RankWeights",
     "WeightOptions",
     "attention_bytes",
     "decoder_layer_bytes",
     "head_bytes",
+    "head_scheme",
+    "layer_parts",
     "mla_copy_bytes",
     "rope_cache_bytes",
     "vocab_rows",
@@ -224,30 +228,60 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
     return total
 
 
-def decoder_layer_bytes(c: RankWeights, i: int) -> int:
+LayerPart = tuple[str, Callable[[RankWeights, int], int]]
+"""One part of a decoder layer: its module group (``weight_groups.GROUPS``) and the
+function that sizes it on a rank."""
+
+
+def _norms_bytes(c: RankWeights, i: int) -> int:
+    return c.vec(c.spec.norms_per_layer * c.spec.hidden_size)
+
+
+def _mixer_bytes(c: RankWeights, i: int) -> int:
+    return mixer_weight_bytes(c.spec, c.tp, c.dtype_bytes)
+
+
+def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
     s = c.spec
-    total = c.vec(s.norms_per_layer * s.hidden_size)
-    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
-        total += attention_bytes(c, i)
-    if s.has_state(i):
-        total += mixer_weight_bytes(s, c.tp, c.dtype_bytes)
-    if not s.has_mlp(i):
-        return total
-    if s.moe is not None and s.layer_moe[i]:
-        return total + _moe_bytes(c, i)
-    return total + _mlp_bytes(
+    return _mlp_bytes(
         c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
     )
+
+
+def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
+    """Layer ``i``'s parts, each with its module group: the norms, attention, the state
+    mixer, the MLP or the experts (whose shared experts ``weight_groups`` counts as MLP
+    by their names). ``decoder_layer_bytes`` is their sum."""
+    s = c.spec
+    parts: list[LayerPart] = [("other", _norms_bytes)]
+    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
+        parts.append(("attention", attention_bytes))
+    if s.has_state(i):
+        parts.append(("mixer", _mixer_bytes))
+    if not s.has_mlp(i):
+        return parts
+    if s.moe is not None and s.layer_moe[i]:
+        return [*parts, ("experts", _moe_bytes)]
+    return [*parts, ("mlp", _dense_mlp_bytes)]
+
+
+def decoder_layer_bytes(c: RankWeights, i: int) -> int:
+    return sum(size(c, i) for _, size in layer_parts(c, i))
 
 
 def vocab_rows(spec: ModelSpec, tp: int) -> int:
     return round_up(spec.vocab_size, VOCAB_PADDING) // tp
 
 
+def head_scheme(c: RankWeights) -> QuantSpec | None:
+    """The LM head's scheme, or None for the model dtype."""
+    lm_head = c.quant is not None and c.quant.lm_head
+    return c.quant.scheme_for(c.names.lm_head, lm_head=True) if c.quant and lm_head else None
+
+
 def head_bytes(c: RankWeights, vocab: int | None = None) -> int:
     rows = round_up(vocab, VOCAB_PADDING) // c.tp if vocab else vocab_rows(c.spec, c.tp)
-    lm_head = c.quant is not None and c.quant.lm_head
-    q = c.quant.scheme_for(c.names.lm_head, lm_head=True) if c.quant and lm_head else None
+    q = head_scheme(c)
     if q is not None:
         return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
     return rows * c.spec.hidden_size * c.dtype_bytes
