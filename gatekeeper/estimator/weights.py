@@ -19,12 +19,14 @@ import re
 from dataclasses import dataclass
 
 from gatekeeper.estimator.rank_weights import (
+    FLOAT32_ROPE_ARCHITECTURES,
     VOCAB_PADDING,
     RankWeights,
     WeightOptions,
     attention_bytes,
     decoder_layer_bytes,
     head_bytes,
+    head_scheme,
     mla_copy_bytes,
     rope_cache_bytes,
     vocab_rows,
@@ -34,11 +36,14 @@ from gatekeeper.models.spec import CheckpointWeights, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
 __all__ = [
+    "TensorShare",
     "WeightPlan",
     "layer_bytes",
     "lm_head_bytes",
     "parameter_count",
     "pp_partition",
+    "stage_parts",
+    "tensor_shares",
     "weight_plan",
 ]
 
@@ -71,20 +76,31 @@ def pp_partition(num_layers: int, pp: int) -> list[range]:
     return out
 
 
-def _stage_bytes(c: RankWeights, layers: range, *, first: bool, last: bool) -> int:
+def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, str, int]]:
+    """A stage's weights outside its decoder layers as (module group, format, bytes): the
+    embedding (first stage), the vision encoder, the final norm and the LM head (last
+    stage), the rotary cache. Format ``""`` is the model dtype, else a scheme's method
+    (the LM head's) or ``float32``."""
     s = c.spec
-    total = sum(decoder_layer_bytes(c, i) for i in layers)
+    parts = []
     if first:
-        total += vocab_rows(s, c.tp) * s.hidden_size * c.dtype_bytes
-        total += s.learned_position_embeddings * s.hidden_size * c.dtype_bytes
+        embedding = vocab_rows(s, c.tp) + s.learned_position_embeddings
+        parts.append(("embedding", "", embedding * s.hidden_size * c.dtype_bytes))
         if c.opts.vision:
             shards = 1 if c.opts.vision_replicated else c.tp
-            total += cdiv(s.vision_parameters, shards) * c.dtype_bytes
+            parts.append(("vision", "", cdiv(s.vision_parameters, shards) * c.dtype_bytes))
     if last:
-        total += c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))
+        parts.append(("other", "", c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))))
         if c.opts.lm_head and (not s.tie_word_embeddings or not first):
-            total += head_bytes(c)
-    return total + rope_cache_bytes(s, c.dtype_bytes)
+            scheme = head_scheme(c)
+            parts.append(("lm_head", scheme.method if scheme else "", head_bytes(c)))
+    rope = "float32" if s.architecture in FLOAT32_ROPE_ARCHITECTURES else ""
+    return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes))]
+
+
+def _stage_bytes(c: RankWeights, layers: range, *, first: bool, last: bool) -> int:
+    total = sum(decoder_layer_bytes(c, i) for i in layers)
+    return total + sum(size for _, _, size in stage_parts(c, first=first, last=last))
 
 
 def layer_bytes(
@@ -227,14 +243,41 @@ def _loaded(spec: ModelSpec, name: str, layer: int | None, opts: WeightOptions) 
     return opts.vision or not any(key in name for key in _VISION)
 
 
+@dataclass(frozen=True, slots=True)
+class TensorShare:
+    """One rank's share of a checkpoint tensor (or of what vLLM adds beside them)."""
+
+    name: str
+    stage: int
+    rank_bytes: int
+    layer: int | None
+    form: str
+    """``""``: held in the model dtype (a float tensor cast to it); ``stored``: as the
+    checkpoint stores it (packed weights, scales); or a dtype (``float32``)."""
+
+
 def _from_tensors(
     ctx: RankWeights, ckpt: CheckpointWeights, stages: list[range]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(bytes per stage, of which in decoder layers) from the checkpoint's tensors."""
-    spec, tp, dtype_bytes, quant, opts = ctx.spec, ctx.tp, ctx.dtype_bytes, ctx.quant, ctx.opts
-    stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
     totals = [0] * len(stages)
     in_layers = [0] * len(stages)
+    for share in tensor_shares(ctx, ckpt, stages):
+        totals[share.stage] += share.rank_bytes
+        if share.layer is not None:
+            in_layers[share.stage] += share.rank_bytes
+    return tuple(totals), tuple(in_layers)
+
+
+def tensor_shares(
+    ctx: RankWeights, ckpt: CheckpointWeights, stages: list[range]
+) -> list[TensorShare]:
+    """Each loaded checkpoint tensor's bytes on one rank of its stage, then what vLLM
+    holds beside them: a tied LM head on a later stage (``lm_head.weight``), MLA's copies
+    of a quantized ``kv_b_proj`` (``...W_UK_T+W_UV``), the rotary cache (``rotary_emb``)."""
+    spec, tp, dtype_bytes, quant, opts = ctx.spec, ctx.tp, ctx.dtype_bytes, ctx.quant, ctx.opts
+    stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
+    out = []
     has_lm_head = any("lm_head" in t.name for t in ckpt.tensors)
     for t in ckpt.tensors:
         num_bytes = t.num_bytes
@@ -243,6 +286,7 @@ def _from_tensors(
             num_bytes = kept
         elif t.dtype in _FLOAT_BYTES:
             num_bytes = num_bytes * dtype_bytes // _FLOAT_BYTES[t.dtype]
+        form = "" if kept is None and t.dtype in _FLOAT_BYTES else "stored"
         if (
             quant is not None
             and quant.moe_intermediate_multiple > 1
@@ -262,17 +306,25 @@ def _from_tensors(
                 len(stages) - 1 if ("lm_head" in t.name or t.name.endswith("norm.weight")) else 0
             )
         rank_bytes = _tensor_rank_bytes(spec, t.name, num_bytes, tp, opts)
-        totals[stage] += rank_bytes
-        if layer is not None:
-            in_layers[stage] += rank_bytes
+        out.append(TensorShare(t.name, stage, rank_bytes, layer, form))
     if spec.tie_word_embeddings and not has_lm_head and len(stages) > 1 and opts.lm_head:
-        totals[-1] += (
-            round_up(spec.vocab_size, VOCAB_PADDING) // tp * spec.hidden_size * dtype_bytes
+        rows = round_up(spec.vocab_size, VOCAB_PADDING) // tp
+        out.append(
+            TensorShare(
+                "lm_head.weight", len(stages) - 1, rows * spec.hidden_size * dtype_bytes, None, ""
+            )
         )
-    extras = rope_cache_bytes(spec, dtype_bytes)
     for k, layers in enumerate(stages):
-        totals[k] += sum(mla_copy_bytes(ctx, i) for i in layers)
-    return tuple(b + extras for b in totals), tuple(in_layers)
+        for i in layers:
+            if copies := mla_copy_bytes(ctx, i):
+                name = ctx.module(i, f"{ctx.names.attention}.W_UK_T+W_UV")
+                out.append(TensorShare(name, k, copies, None, ""))
+    rope = rope_cache_bytes(spec, dtype_bytes)
+    form = "float32" if spec.architecture in FLOAT32_ROPE_ARCHITECTURES else ""
+    out += [
+        TensorShare("rotary_emb.cos_sin_cache", k, rope, None, form) for k in range(len(stages))
+    ]
+    return out
 
 
 def parameter_count(spec: ModelSpec) -> int:
