@@ -14,7 +14,10 @@ the experts, norms), ``head_bytes`` the LM head, ``rope_cache_bytes`` the rotary
   quantized vLLM also keeps dequantized ``W_UK_T``/``W_UV`` copies of it in the model
   dtype (unquantized, they are views of it).
 - Buffers: the rotary cos/sin cache, ``positions x rotary_dim`` in the model dtype
-  (Llama 3.1: 131072 x 128 x 2 B = 32 MiB).
+  (Llama 3.1: 131072 x 128 x 2 B = 32 MiB); one per layer type where the types' widths
+  differ (Gemma 4 31B: 262144 x (256 + 512) x 2 B = 384 MiB).
+- Layers with their own heads (``ModelSpec.attention_shape``: Gemma 4's global layers,
+  ``global_head_dim`` and their own KV heads) size QKV, o_proj and the q/k norms by them.
 """
 
 from __future__ import annotations
@@ -126,11 +129,12 @@ def attention_bytes(c: RankWeights, i: int) -> int:
     h = s.hidden_size
     if s.mla is not None:
         return _mla_bytes(c, i)
-    q_rank = cdiv(s.num_attention_heads, tp) * s.head_dim
-    kv_heads = max(1, s.num_kv_heads // tp)
-    k_rank = kv_heads * s.head_dim
-    v_rank = kv_heads * s.value_head_dim
-    o_in = cdiv(s.num_attention_heads, tp) * s.value_head_dim
+    shape = s.attention_shape(i)  # the layer's own heads (Gemma 4's global layers)
+    q_rank = cdiv(s.num_attention_heads, tp) * shape.head_dim
+    kv_heads = max(1, shape.num_kv_heads // tp)
+    k_rank = kv_heads * shape.head_dim
+    v_rank = kv_heads * shape.v_head_dim
+    o_in = cdiv(s.num_attention_heads, tp) * shape.v_head_dim
     if s.attention_output_gate:
         q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
     qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
@@ -140,7 +144,7 @@ def attention_bytes(c: RankWeights, i: int) -> int:
     if s.output_bias:
         total += c.vec(h)
     if s.qk_norm:
-        total += c.vec(2 * s.head_dim)
+        total += c.vec(2 * shape.head_dim)
     if s.attention_sinks:
         total += cdiv(s.num_attention_heads, tp) * 4
     return total
@@ -200,6 +204,8 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
     h = s.hidden_size
     router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
     total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)
+    if moe.router_scales:  # Gemma 4's router.scale and router.per_expert_scale
+        total += c.vec(h + moe.num_experts)
     ep = c.opts.ep_size
     # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
     inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
@@ -234,7 +240,9 @@ function that sizes it on a rank."""
 
 
 def _norms_bytes(c: RankWeights, i: int) -> int:
-    return c.vec(c.spec.norms_per_layer * c.spec.hidden_size)
+    s = c.spec
+    moe_norms = s.moe.norms if s.moe is not None and s.layer_moe[i] else 0
+    return c.vec((s.norms_per_layer + moe_norms) * s.hidden_size)
 
 
 def _mixer_bytes(c: RankWeights, i: int) -> int:
@@ -246,6 +254,14 @@ def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
     return _mlp_bytes(
         c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
     )
+
+
+def _dense_beside_experts_bytes(c: RankWeights, i: int) -> int:
+    """The dense MLP an MoE layer runs beside its experts (Gemma 4's ``mlp``)."""
+    moe = c.spec.moe
+    assert moe is not None
+    inter = moe.dense_intermediate_size
+    return _mlp_bytes(c, i, c.module(i, c.names.mlp), inter, gated=True, bias=c.spec.mlp_bias)
 
 
 def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
@@ -261,6 +277,8 @@ def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
     if not s.has_mlp(i):
         return parts
     if s.moe is not None and s.layer_moe[i]:
+        if s.moe.dense_intermediate_size:
+            parts.append(("mlp", _dense_beside_experts_bytes))
         return [*parts, ("experts", _moe_bytes)]
     return [*parts, ("mlp", _dense_mlp_bytes)]
 
@@ -296,4 +314,5 @@ the conformance test (a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache).
 def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
     if spec.architecture in FLOAT32_ROPE_ARCHITECTURES:
         dtype_bytes = 4
-    return spec.rope_caches * spec.rope_cache_positions * spec.rotary_dim * dtype_bytes
+    width = sum(spec.rope_widths) or spec.rope_caches * spec.rotary_dim
+    return spec.rope_cache_positions * width * dtype_bytes

@@ -66,15 +66,18 @@ QK_NORM: dict[str, str] = {
     "qwen3_moe": "vllm qwen3_moe.py Qwen3MoeAttention (q_norm, k_norm)",
     "gemma3": "vllm gemma3.py Gemma3Attention (q_norm, k_norm)",
     "gemma3_text": "vllm gemma3.py Gemma3Attention (q_norm, k_norm)",
+    "gemma4_text": "vllm gemma4.py Gemma4Attention (q_norm, k_norm; v_norm has no weight)",
     "qwen3_vl_text": "vllm qwen3.py Qwen3DecoderLayer (qwen3_vl.py's language model)",
     "qwen3_vl_moe_text": "vllm qwen3_moe.py Qwen3MoeDecoderLayer (qwen3_vl_moe.py's)",
     "olmo2": "transformers modeling_olmo2.py Olmo2Attention (q_norm, k_norm)",
 }
 """Model types that normalize queries and keys per head."""
 
-NORMS_PER_LAYER: dict[str, int] = {"gemma2": 4, "gemma3": 4, "gemma3_text": 4, "phi": 1, "gptj": 1}
-"""Norm modules per decoder layer where not two: Gemma 2/3 add pre/post-feedforward norms
-(vllm gemma2.py, gemma3.py); Phi and GPT-J run attention and MLP in parallel after one
+NORMS_PER_LAYER: dict[str, int] = {
+    "gemma2": 4, "gemma3": 4, "gemma3_text": 4, "gemma4_text": 4, "phi": 1, "gptj": 1,
+}  # fmt: skip
+"""Norm modules per decoder layer where not two: Gemma 2/3/4 add pre/post-feedforward norms
+(vllm gemma2.py, gemma3.py, gemma4.py); Phi and GPT-J run attention and MLP in parallel after one
 norm (transformers modeling_phi.py ``input_layernorm``; vllm gpt_j.py ``ln_1``)."""
 
 _LAYER_NORM_EPS = ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")

@@ -19,14 +19,33 @@ from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.architecture import architecture_facts
 from gatekeeper.models.catalog import find_in_catalog
 from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
-from gatekeeper.models.config_fields import check_shapes, field_value, normalize, positive
+from gatekeeper.models.config_fields import (
+    check_shapes,
+    field_value,
+    layer_count,
+    normalize,
+    positive,
+)
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, hybrid_layout
-from gatekeeper.models.layer_kinds import attention_kinds, mla_spec, moe_layers, mtp_layers
+from gatekeeper.models.layer_kinds import (
+    attention_kinds,
+    layer_shapes,
+    mla_spec,
+    moe_layers,
+    mtp_layers,
+)
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
-from gatekeeper.models.rope import DEFAULT_MAX_LEN, LENGTH_KEYS, derived_max_len, rope_cache
+from gatekeeper.models.rope import (
+    DEFAULT_MAX_LEN,
+    LENGTH_KEYS,
+    derived_max_len,
+    rope_cache,
+    rope_widths,
+)
 from gatekeeper.models.sentence_transformers import PoolingFiles
 from gatekeeper.models.spec import (
     DTYPE_BYTES,
+    AttentionShape,
     CheckpointWeights,
     ModelSpec,
 )
@@ -201,10 +220,7 @@ def _read(
     pooling: PoolingFiles | None = None,
 ) -> ModelSpec:
     text: Mapping[str, Any] = config.get("text_config") or config
-    layers = positive(
-        "num_hidden_layers",
-        field_value(text, "layers", "num_hidden_layers", "n_layer", "num_layers"),
-    )
+    layers = layer_count(text)
     text = normalize(text, layers)
     hidden = positive(
         "hidden_size", field_value(text, "hidden_size", "hidden_size", "n_embd", "d_model")
@@ -223,6 +239,7 @@ def _read(
     # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
     written_head_dim = None if mla else text.get("head_dim")
     head_dim = positive("head_dim", written_head_dim or hidden // heads)
+    shapes = () if mla else layer_shapes(text, layers, AttentionShape(head_dim, kv_heads, head_dim))
     # the position tables (rotary cache, learned positions) take the model's own length
     # key, the first of vLLM's length keys present (Whisper's decoder: max_target_positions);
     # the served length is vLLM's smallest of them (derived_max_len)
@@ -237,6 +254,7 @@ def _read(
     moe, layer_moe = moe_layers(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = rope_cache(text, head_dim, mla, max_pos)
+    widths = rope_widths(text, shapes)
     if facts.learned_positions:
         rotary, rope_positions, rope_caches = 0, 0, 0  # absolute positions, no rotary cache
     hybrid = hybrid_layout(text, layers, model_type)
@@ -268,6 +286,7 @@ def _read(
         num_attention_heads=heads,
         num_kv_heads=1 if mla else kv_heads,
         head_dim=head_dim,
+        layer_shapes=shapes,
         intermediate_size=int(dense_inter or 0),
         vocab_size=positive(
             "vocab_size",
@@ -298,6 +317,7 @@ def _read(
         rotary_dim=rotary,
         rope_cache_positions=rope_positions,
         rope_caches=rope_caches,
+        rope_widths=widths if rope_positions else (),
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
         mtp_layers=mtp_layers(text),

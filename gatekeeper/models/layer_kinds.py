@@ -6,8 +6,10 @@ classes read it: ``layer_types`` first; else Llama 4's ``no_rope_layers`` (chunk
 Gemma 2's alternation, Gemma 3's ``sliding_window_pattern``, or one window for every
 layer when it is shorter than the model's positions; MoE layers from
 ``moe_layer_freq``/``first_k_dense_replace``, ``interleave_moe_layer_step`` or
-``decoder_sparse_step``/``mlp_only_layers``. A field of the wrong shape raises
-``ModelSpecError`` naming it.
+``decoder_sparse_step``/``mlp_only_layers``; each layer's heads where layers differ, from
+transformers' ``per_layer_config`` (Gemma4TextConfig writes ``global_head_dim`` and
+``num_global_key_value_heads`` into it for its full-attention layers). A field of the wrong
+shape raises ``ModelSpecError`` naming it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,45 @@ from typing import Any
 
 from gatekeeper.models.config_fields import bad_field, field_value, positive
 from gatekeeper.models.hybrid import HybridLayout
-from gatekeeper.models.spec import AttentionKind, MlaSpec, MoeSpec
+from gatekeeper.models.spec import AttentionKind, AttentionShape, MlaSpec, MoeSpec
 
-__all__ = ["attention_kinds", "mla_spec", "moe_layers", "mtp_layers"]
+__all__ = ["attention_kinds", "layer_shapes", "mla_spec", "moe_layers", "mtp_layers"]
+
+DENSE_BESIDE_EXPERTS: dict[str, str] = {
+    "gemma4_text": "vllm gemma4.py Gemma4DecoderLayer: mlp (intermediate_size) runs in every "
+    "layer, experts (moe_intermediate_size) and a router beside it, and three more norms",
+}
+"""Model types whose MoE layers keep a dense MLP beside the experts."""
+MOE_BLOCK_NORMS = 3
+"""Gemma 4's MoE block: post_feedforward_layernorm_1/_2 and pre_feedforward_layernorm_2."""
+
+
+def layer_shapes(
+    text: Mapping[str, Any], layers: int, base: AttentionShape
+) -> tuple[AttentionShape, ...]:
+    """Each layer's heads when ``per_layer_config`` (transformers' heterogeneous configs:
+    ``{layer: {field: value}}``) gives some layers their own ``head_dim`` or
+    ``num_key_value_heads``; () when every layer has ``base``."""
+    overrides = text.get("per_layer_config")
+    if not overrides:
+        return ()
+    if not isinstance(overrides, Mapping):
+        raise bad_field("per_layer_config", overrides, "a mapping of layer index to fields")
+    shapes = [base] * layers
+    for key, fields in overrides.items():
+        index = int(key) if str(key).isdigit() else -1
+        if not 0 <= index < layers or not isinstance(fields, Mapping):
+            raise bad_field(
+                f"per_layer_config.{key}", fields, f"fields of a layer in 0..{layers - 1}"
+            )
+        head_dim = positive(
+            f"per_layer_config.{key}.head_dim", fields.get("head_dim", base.head_dim)
+        )
+        kv = fields.get("num_key_value_heads", base.num_kv_heads)
+        kv = positive(f"per_layer_config.{key}.num_key_value_heads", kv)
+        # a layer's own head_dim sizes its values too (Gemma 4: K and V of one width)
+        shapes[index] = AttentionShape(head_dim, kv, head_dim)
+    return () if all(s == base for s in shapes) else tuple(shapes)
 
 
 def mtp_layers(text: Mapping[str, Any]) -> int:
@@ -95,6 +133,7 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
     model_type = str(cfg.get("model_type", ""))
     if model_type.startswith("llama4"):
         shared = inter
+    beside = model_type in DENSE_BESIDE_EXPERTS
     moe = MoeSpec(
         num_experts=positive("num_experts", experts),
         experts_per_token=per_token,
@@ -103,6 +142,9 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
         shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
         expert_bias=model_type == "gpt_oss",
         router_bias=model_type == "gpt_oss",
+        dense_intermediate_size=int(cfg.get("intermediate_size") or 0) if beside else 0,
+        router_scales=beside,
+        norms=MOE_BLOCK_NORMS if beside else 0,
     )
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list) and len(freq) != layers:

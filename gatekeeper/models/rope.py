@@ -18,12 +18,19 @@ in ``vllm/transformers_utils/model_arch_config_convertor.py``):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from gatekeeper.models.spec import MlaSpec
+from gatekeeper.models.spec import AttentionShape, MlaSpec
 
-__all__ = ["DEFAULT_MAX_LEN", "LENGTH_KEYS", "derived_max_len", "rope_cache", "rope_parameters"]
+__all__ = [
+    "DEFAULT_MAX_LEN",
+    "LENGTH_KEYS",
+    "derived_max_len",
+    "rope_cache",
+    "rope_parameters",
+    "rope_widths",
+]
 
 LENGTH_KEYS = (
     "max_position_embeddings",
@@ -123,3 +130,24 @@ def _local_rope(cfg: Mapping[str, Any]) -> bool:
     per_type = cfg.get("rope_parameters")
     two = isinstance(per_type, Mapping) and {"sliding_attention", "full_attention"} <= set(per_type)
     return bool(cfg.get("rope_local_base_freq")) or two
+
+
+def rope_widths(cfg: Mapping[str, Any], shapes: Sequence[AttentionShape]) -> tuple[int, ...]:
+    """The width of each layer type's rotary cache where layers have their own head_dim
+    (``shapes``) and each type its own ``rope_parameters`` (Gemma 4): vLLM's attention builds
+    ``get_rope(head_dim, rope_parameters=config.rope_parameters[layer_type])``, one cache per
+    distinct set, ``head_dim x partial_rotary_factor`` wide, except the "proportional" rope
+    (``Gemma4RotaryEmbedding``), which spans the whole head and pads the unrotated part.
+    () when the caches share one width (``rope_cache`` then says it)."""
+    per_type, types = cfg.get("rope_parameters"), cfg.get("layer_types")
+    if not shapes or not isinstance(per_type, Mapping) or not isinstance(types, list):
+        return ()
+    dims = {str(t): shapes[i].head_dim for i, t in enumerate(types) if i < len(shapes)}
+    caches: dict[tuple[str, int], int] = {}
+    for kind, rope in per_type.items():
+        if kind not in dims or not isinstance(rope, Mapping):
+            continue
+        whole = _kind(rope) == "proportional"
+        factor = 1.0 if whole else float(rope.get("partial_rotary_factor") or 1.0)
+        caches[(repr(sorted(rope.items())), dims[kind])] = int(dims[kind] * factor)
+    return tuple(caches.values())

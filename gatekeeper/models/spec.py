@@ -16,6 +16,7 @@ from gatekeeper.models.quantization import QuantSpec
 __all__ = [
     "DTYPE_BYTES",
     "AttentionKind",
+    "AttentionShape",
     "CheckpointTensor",
     "CheckpointWeights",
     "MixerKind",
@@ -76,6 +77,15 @@ class MlaSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """One attention layer's heads: what its QKV, its norms and its KV cache are sized by."""
+
+    head_dim: int
+    num_kv_heads: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
 class MoeSpec:
     """Mixture of experts: routed experts, optional shared experts, a router."""
 
@@ -87,6 +97,14 @@ class MoeSpec:
     shared_expert_gate: bool = False
     expert_bias: bool = False
     router_bias: bool = False
+    dense_intermediate_size: int = 0
+    """A dense MLP each MoE layer runs beside its experts, this wide; 0 when none (Gemma 4:
+    ``mlp`` of ``intermediate_size`` beside ``experts`` of ``moe_intermediate_size``)."""
+    router_scales: bool = False
+    """The router scales its input per dimension and its output per expert (Gemma 4's
+    ``router.scale`` and ``router.per_expert_scale``): ``hidden + experts`` more elements."""
+    norms: int = 0
+    """Norm vectors of hidden width the MoE block adds to its layer (Gemma 4: three)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +191,10 @@ class ModelSpec:
     vLLM's auto runner then serves even a ``*ForCausalLM`` as a pooling model, without
     its LM head (``ModelConfig._get_default_runner_type``, ``get_pooling_config``)."""
     v_head_dim: int | None = None
+    layer_shapes: tuple[AttentionShape, ...] = ()
+    """Each layer's heads where layers differ (transformers' ``per_layer_config``: Gemma 4's
+    global layers have ``global_head_dim`` and ``num_global_key_value_heads``); empty when
+    every layer has ``head_dim`` and ``num_kv_heads``. ``attention_shape(i)`` reads it."""
     layer_attention: tuple[AttentionKind, ...] = ()
     layer_moe: tuple[bool, ...] = ()
     layer_state: tuple[bool, ...] = ()
@@ -202,6 +224,10 @@ class ModelSpec:
     rotary_dim: int = 0
     rope_cache_positions: int = 0
     rope_caches: int = 1
+    rope_widths: tuple[int, ...] = ()
+    """Each rotary cache's width where the caches differ (Gemma 4: the sliding layers'
+    ``head_dim``, the global layers' ``global_head_dim``); empty: ``rope_caches`` caches of
+    ``rotary_dim``."""
     learned_position_embeddings: int = 0
     """Rows of a learned absolute position table (OPT, GPT-2), 0 for rotary models."""
     vision: VisionSpec | None = None
@@ -247,6 +273,12 @@ class ModelSpec:
     @property
     def serve_reference(self) -> str:
         return self.reference or self.name
+
+    def attention_shape(self, i: int) -> AttentionShape:
+        """Layer ``i``'s heads (the model's own unless ``layer_shapes`` says otherwise)."""
+        if self.layer_shapes:
+            return self.layer_shapes[i]
+        return AttentionShape(self.head_dim, self.num_kv_heads, self.value_head_dim)
 
     def has_state(self, i: int) -> bool:
         return bool(self.layer_state) and self.layer_state[i]

@@ -170,10 +170,10 @@ def test_qk_norm_is_in_the_model_code(model_type):
     assert "q_norm" in text and "k_norm" in text
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3", "gemma4_text"])
 def test_four_norms_are_in_the_model_code(model_type):
     assert NORMS_PER_LAYER[model_type] == 4
-    text = _source(VLLM_MODELS / f"{model_type}.py")
+    text = _source(VLLM_MODELS / f"{model_type.removesuffix('_text')}.py")
     assert "pre_feedforward_layernorm" in text and "post_feedforward_layernorm" in text
 
 

@@ -142,7 +142,8 @@ def predict(case: dict[str, Any]) -> int:
 
 def _quantized_by_gatekeeper(spec: Any, quant: QuantSpec | None, module: str) -> bool:
     names = module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
-    if quant is None or (module.endswith((".gate", ".router")) and not names.quantized_router):
+    router = module.endswith((".gate", ".router", ".router.proj"))  # Gemma 4: router.proj
+    if quant is None or (router and not names.quantized_router):
         return False  # routers built with quant_config=None
     q = quant.for_model(names)
     if module.endswith("lm_head"):

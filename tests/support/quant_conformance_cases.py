@@ -353,5 +353,101 @@ CASES: dict[str, dict[str, Any]] = {
 # -- Qwen3.5 / Qwen3.6 (dense and MoE, GatedDeltaNet mixer, MTP) --
 
 # -- Gemma 4 (dense and MoE, global layers, parallel dense MLP) --
+# Gemma 4 (vLLM 0.32 gemma4.py, gemma4_mm.py; transformers' Gemma4TextConfig): sliding
+# layers of head_dim 256 and num_key_value_heads, every sixth layer global (full) with
+# global_head_dim and num_global_key_value_heads (the class writes them into per_layer_config;
+# attention_k_eq_v: K and V one projection in the checkpoint, two shards of qkv_proj in
+# vLLM), per-layer-type rope (the global layers' "proportional" rope, partial factor 0.25),
+# and in the MoE model a dense MLP (`mlp`, intermediate_size) beside the experts (`experts`,
+# moe_intermediate_size) in every layer. PLE (hidden_size_per_layer_input) is the small
+# models' (E2B/E4B); 0 here as in the 31B and 26B-A4B configs.
+def _gemma4_layer_types(layers: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+
+
+def _gemma4_text(layers: int, **fields: Any) -> dict[str, Any]:
+    return {"model_type": "gemma4_text", "num_hidden_layers": layers,
+            "layer_types": _gemma4_layer_types(layers), "hidden_activation": "gelu_pytorch_tanh",
+            "attention_k_eq_v": True, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+            "rms_norm_eps": 1e-6, "attention_bias": False, "final_logit_softcapping": 30.0,
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                                                   "partial_rotary_factor": 0.25}},
+            **fields}  # fmt: skip
+
+
+_GEMMA4_TINY = _gemma4_text(
+    6, vocab_size=1000, hidden_size=256, intermediate_size=512, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=128, global_head_dim=256, num_global_key_value_heads=1,
+    sliding_window=128, max_position_embeddings=1024, tie_word_embeddings=True,
+)  # fmt: skip
+_GEMMA4_VISION_TINY = {"model_type": "gemma4_vision", "hidden_size": 128, "intermediate_size": 256,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                       "head_dim": 64, "patch_size": 16}  # fmt: skip
+# google/gemma-4-31B-it and google/gemma-4-26B-A4B-it, config.json as published (April 2026;
+# no hub here: the values as this author knows them, the rest the config classes' defaults):
+# text: hidden 5376, 60 layers, 32 heads, 16 KV heads of 256 on sliding layers (window 1024),
+# 4 KV heads of 512 on global ones, MLP 21504, vocabulary 262144, 262144 positions, tied; and
+# hidden 2816, 30 layers, 16 heads, 8 KV heads of 256, 2 global KV heads of 512, dense MLP 2112
+# beside 128 experts of 704 (top 8). Vision (both): SigLIP-like, 27 layers of 1152 (16 heads
+# of 72), MLP 4304, patch 16, pooled 3x3, 280 soft tokens per image.
+_GEMMA4_VISION = {"model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304,
+                  "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+                  "head_dim": 72, "patch_size": 16, "pooling_kernel_size": 3,
+                  "position_embedding_size": 10240, "standardize": True,
+                  "default_output_length": 280}  # fmt: skip
+_GEMMA4_31B = _gemma4_text(
+    60, vocab_size=262144, hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
+    num_key_value_heads=16, head_dim=256, global_head_dim=512, num_global_key_value_heads=4,
+    sliding_window=1024, max_position_embeddings=262144, tie_word_embeddings=True,
+)  # fmt: skip
+_GEMMA4_26B_A4B = _gemma4_text(
+    30, vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
+    sliding_window=1024, max_position_embeddings=262144, tie_word_embeddings=True,
+    enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+)  # fmt: skip
+_GEMMA4_MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+               "moe_intermediate_size": 256}  # fmt: skip
+
+
+def _gemma4(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
+    # the wrapper's tie_word_embeddings as published (True), copied into the language model
+    return {**_wrapper("Gemma4ForConditionalGeneration", "gemma4", text, vision_config=vision,
+                       audio_config=None), "tie_word_embeddings": True, "image_token_id": 258880}  # fmt: skip
+
+
+FAMILIES |= {
+    "gemma4": _gemma4(_GEMMA4_TINY, _GEMMA4_VISION_TINY),
+    "gemma4_moe": _gemma4({**_GEMMA4_TINY, **_GEMMA4_MOE}, _GEMMA4_VISION_TINY),
+    "gemma4_31b": _gemma4(_GEMMA4_31B, _GEMMA4_VISION),
+    "gemma4_26b_a4b": _gemma4(_GEMMA4_26B_A4B, _GEMMA4_VISION),
+}
+_GEMMA4_LM = ("gemma4_mm.py", "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
+WRAPPERS |= {f: _GEMMA4_LM for f in ("gemma4", "gemma4_moe", "gemma4_31b", "gemma4_26b_a4b")}
+
+
+def _gemma4_nvfp4(layers: int) -> dict[str, Any]:
+    """ModelOpt NVFP4 as the published Gemma 4 NVFP4 checkpoints carry it: attention of every
+    layer, the vision tower and its embedder, and the LM head left in bf16."""
+    attention = [f"model.language_model.layers.{i}.self_attn*" for i in range(layers)]
+    return _modelopt("NVFP4", ["lm_head", *attention, "model.vision_tower*", "model.embed_vision*"],
+                     group_size=16)  # fmt: skip
+
+
+CASES |= {
+    "bf16/gemma4": _case("unquantized", "gemma4"),
+    "bf16/gemma4_moe": _case("unquantized", "gemma4_moe"),
+    "modelopt-nvfp4/gemma4": _case("ModelOpt NVFP4", "gemma4", _gemma4_nvfp4(6)),
+    "modelopt-nvfp4/gemma4_moe": _case("ModelOpt NVFP4", "gemma4_moe", _gemma4_nvfp4(6)),
+    "ct-nvfp4/gemma4_moe": _case("compressed-tensors NVFP4", "gemma4_moe", {**CT_NVFP4, "ignore": [
+        "lm_head", "re:.*self_attn.*", "re:.*router.*", "re:.*vision_tower.*", "re:.*embed_vision.*"]}),
+    "bf16/gemma4_31b": _case("unquantized", "gemma4_31b"),
+    "modelopt-nvfp4/gemma4_31b": _case("ModelOpt NVFP4", "gemma4_31b", _gemma4_nvfp4(60)),
+    "bf16/gemma4_26b_a4b": _case("unquantized", "gemma4_26b_a4b"),
+    "modelopt-nvfp4/gemma4_26b_a4b": _case("ModelOpt NVFP4", "gemma4_26b_a4b", _gemma4_nvfp4(30)),
+}  # fmt: skip
+
+
 
 # -- gpt-oss MXFP4 backends, Nemotron-H, MiniMax-M3 --
