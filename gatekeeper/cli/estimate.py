@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from typing import Any
 
 from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_REJECTED
@@ -17,6 +18,7 @@ from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.estimator.simple_method import simple_estimate
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
+from gatekeeper.estimator.weight_groups import GROUPS, WeightGroups
 from gatekeeper.estimator.weights import parameter_count
 from gatekeeper.gpus.products import lookup_gpu
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
@@ -160,7 +162,9 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         ("budget (utilization x total)", w.budget_bytes),
         ("NVML total for the worker", w.nvml_bytes),
     ]
-    lines += [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
+    table = [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
+    weights_rows = 1 + sum(1 for name, _ in rows if name.startswith("  "))
+    lines += [*table[:weights_rows], *_group_lines(w.weights_by_group), *table[weights_rows:]]
     lines += [
         "",
         f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
@@ -175,6 +179,45 @@ def render(e: Estimate, spec: ModelSpec) -> str:
     lines += [f"    ! {n}" for n in spec.notes]
     lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
     return "\n".join(lines)
+
+
+def _group_lines(groups: WeightGroups) -> list[str]:
+    """The weights by module group and format, wrapped: ``of which: attention 1.91 GiB
+    bfloat16, experts 60.59 GiB mxfp4, embedding+head 2.16 GiB bfloat16, ...``; the
+    embedding and the LM head as one when they share one format."""
+    by_group = groups.by_group()
+    embedding, head = by_group.get("embedding", {}), by_group.get("lm_head", {})
+    if len(embedding) == 1 and embedding.keys() == head.keys():
+        fmt = next(iter(embedding))
+        merged = {"embedding+head": {fmt: embedding[fmt] + head[fmt]}}
+        by_group = {
+            **{g: f for g, f in by_group.items() if g not in ("embedding", "lm_head")},
+            **merged,
+        }
+        by_group = dict(sorted(by_group.items(), key=lambda kv: _GROUP_ORDER.get(kv[0], 99)))
+    items = [
+        f"{group} " + " + ".join(f"{gib(size):.2f} GiB {fmt}" for fmt, size in shown.items())
+        for group, formats in by_group.items()
+        if (shown := _shown(formats))
+    ]
+    if not items:
+        return []
+    return textwrap.wrap(
+        "of which: " + ", ".join(items),
+        width=100,
+        initial_indent="    ",
+        subsequent_indent="      ",
+        break_on_hyphens=False,
+    )
+
+
+def _shown(formats: dict[str, int]) -> dict[str, int]:
+    """A group's formats of 0.01 GiB or more (the largest one whatever its size)."""
+    top = max(formats, key=lambda f: formats[f])
+    return {f: b for f, b in formats.items() if f == top or gib(b) >= 0.005}
+
+
+_GROUP_ORDER = {g: k for k, g in enumerate(GROUPS)} | {"embedding+head": GROUPS.index("embedding")}
 
 
 CATALOG_SOURCE = "embedded catalog"

@@ -154,4 +154,9 @@ def _scale_stage(stage: StageEstimate, factors: Mapping[str, float]) -> StageEst
         _STAGE_FIELDS[c]: math.ceil(getattr(stage, _STAGE_FIELDS[c]) * f)
         for c, f in factors.items()
     }
+    groups = stage.weights_by_group
+    if "weights_bytes" in changes and groups.entries:
+        return replace(
+            stage, **changes, weights_by_group=groups.scaled_to(changes["weights_bytes"])
+        )
     return replace(stage, **changes)

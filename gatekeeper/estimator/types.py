@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from gatekeeper.estimator.accounting import accounting_by_name
 from gatekeeper.estimator.overhead import pre_init_bytes
+from gatekeeper.estimator.weight_groups import WeightGroups
 
 __all__ = ["Estimate", "GpuTarget", "StageEstimate"]
 
@@ -48,6 +49,13 @@ class StageEstimate:
     """The speculative drafter's weights, part of ``weights_bytes`` (last stage)."""
     cpu_offloaded_bytes: int = 0
     """Weights kept in host memory by ``--cpu-offload-gb``, not in ``weights_bytes``."""
+    weights_by_group: WeightGroups = field(default_factory=WeightGroups)
+    """``weights_bytes`` by module group and storage format (``weight_groups``): what
+    is quantized and what stayed in the model dtype; the entries add up to it."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in StageEstimate.__slots__}
+        return {**out, "weights_by_group": self.weights_by_group.by_group()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,7 @@ class Estimate:
             "accounting": self.accounting,
             "accounting_description": accounting_by_name(self.accounting).description,
             "weights_bytes": w.weights_bytes,
+            "weights_by_group": w.weights_by_group.by_group(),
             "non_torch_bytes": w.non_torch_bytes,
             "activation_peak_bytes": w.activation_peak_bytes,
             "cuda_graph_bytes": w.cuda_graph_bytes,
@@ -183,5 +192,5 @@ class Estimate:
                 "speculative_method": self.speculative_method,
                 "cuda_graph_capture_size": self.cuda_graph_capture_size,
             },
-            "stages": [{k: getattr(s, k) for k in StageEstimate.__slots__} for s in self.stages],
+            "stages": [s.to_json() for s in self.stages],
         }

@@ -41,6 +41,7 @@ from gatekeeper.estimator.state import state_bytes
 from gatekeeper.estimator.types import Estimate as Estimate
 from gatekeeper.estimator.types import GpuTarget as GpuTarget
 from gatekeeper.estimator.types import StageEstimate as StageEstimate
+from gatekeeper.estimator.weight_groups import WeightGroups, weight_groups
 from gatekeeper.estimator.weights import pp_partition, weight_plan
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import format_gib
@@ -80,9 +81,26 @@ def _lora_activation(p: Plan) -> int:
     return 3 * p.shape.max_num_batched_tokens * lora.rank * 4 if lora else 0
 
 
+def _draft_format(p: Plan, draft: ModelSpec | None) -> str:
+    """The drafter's format: its quantization's method (an MTP head the target's), else
+    the model dtype."""
+    sp = p.features.speculative
+    quant = p.quant if sp is not None and sp.method == "mtp" else None
+    quant = draft.quantization if draft is not None else quant
+    return quant.method if quant is not None else p.dtype
+
+
 def _stage(
-    p: Plan, k: int, layers: range, weights: int, offloaded: int, drafter: DraftCost
+    p: Plan,
+    k: int,
+    layers: range,
+    share: tuple[int, int, WeightGroups],
+    draft: tuple[DraftCost, str],
 ) -> StageEstimate:
+    """Stage ``k``'s rank; ``share``: (bytes, offloaded bytes, bytes by group) from the
+    weight plan; ``draft``: the drafter's cost and format."""
+    weights_bytes, offloaded, groups = share
+    drafter, draft_format = draft
     f = p.features
     last = k == p.pp - 1
     forward = forward_peak_bytes(
@@ -119,7 +137,8 @@ def _stage(
     draft_weights = drafter.weights_bytes if last else 0
     if last:
         graphs += drafter.cuda_graph_bytes
-    weights += lora + draft_weights
+    weights = weights_bytes + lora + draft_weights
+    groups = groups.plus("lora", p.dtype, lora).plus("drafter", draft_format, draft_weights)
     non_torch = non_torch_bytes(p.acc, p.tp, p.pp, embedded=p.opts.embedded)
     budget = math.ceil(p.utilization * p.gpu.total_bytes)
     in_budget = graphs if p.acc.cuda_graphs_in_budget else 0
@@ -149,6 +168,7 @@ def _stage(
         lora_bytes=lora,
         draft_weights_bytes=draft_weights,
         cpu_offloaded_bytes=offloaded,
+        weights_by_group=groups,
     )
 
 
@@ -257,9 +277,13 @@ def estimate(
         options=p.features.weights,
     )
     offloaded = plan.offloaded_bytes or (0,) * p.pp
+    groups = weight_groups(spec, plan, p.dtype, tp=p.tp, quant=p.quant, opts=p.features.weights)
     parts = pp_partition(spec.num_layers, p.pp)
+    draft_format = _draft_format(p, draft)
     stages = tuple(
-        _stage(p, k, layers, plan.stage_bytes[k], offloaded[k], drafter)
+        _stage(
+            p, k, layers, (plan.stage_bytes[k], offloaded[k], groups[k]), (drafter, draft_format)
+        )
         for k, layers in enumerate(parts)
     )
     worst = min(stages, key=lambda s: (s.num_blocks, s.kv_cache_bytes))

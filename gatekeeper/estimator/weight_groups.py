@@ -1,0 +1,257 @@
+"""One TP rank's weight bytes by module group and storage format: what is quantized.
+
+Groups (``GROUPS``): ``attention`` (MLA included), ``mlp`` (dense MLPs and shared
+experts), ``experts`` (routed experts and their router), ``mixer`` (Mamba, GatedDeltaNet
+and other state mixers), ``embedding``, ``lm_head``, ``vision`` (tower and projector),
+``drafter`` (an EAGLE/MTP/draft model's weights), ``lora`` (LoRA slots), ``other``
+(norms, the rotary cache). A format is the model dtype (``bfloat16``) or the method of
+the scheme that holds the module (``QuantSpec.method``: ``modelopt:nvfp4``, ``fp8``,
+``awq``, ``compressed-tensors:w4a16`` ...), or ``float32`` for a buffer vLLM keeps so.
+
+The groups add up exactly to ``weight_plan``'s bytes per stage: each decoder layer's
+parts come from ``rank_weights.layer_parts`` (each sized by the estimate's own function,
+every linear's scheme recorded as it is asked), the rest from ``weights.stage_parts``;
+with a checkpoint, each tensor is classified by its name (``module_group``), or, when
+only the index's ``total_size`` is known, the architecture's split is scaled to it as
+``weight_plan`` scales it. ``--cpu-offload-gb`` takes the offloaded bytes out of the
+decoder layers' groups in proportion (the offloader moves whole layers, first first).
+
+Worked example: a Llama with ModelOpt NVFP4 and ``exclude_modules: ["*self_attn*",
+"lm_head"]`` comes out as ``attention: {bfloat16: ...}``, ``mlp: {modelopt:nvfp4: ...}``,
+``embedding`` and ``lm_head`` in ``bfloat16``: attention stayed bf16.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gatekeeper.estimator.rank_weights import (
+    RankWeights,
+    WeightOptions,
+    layer_parts,
+)
+from gatekeeper.estimator.weights import WeightPlan, pp_partition, stage_parts, tensor_shares
+from gatekeeper.models.quantization import QuantSpec
+from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
+
+__all__ = ["GROUPS", "WeightGroups", "module_group", "weight_groups"]
+
+GROUPS = (
+    "attention",
+    "mlp",
+    "experts",
+    "mixer",
+    "embedding",
+    "lm_head",
+    "vision",
+    "drafter",
+    "lora",
+    "other",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightGroups:
+    """Bytes by (module group, format), in ``GROUPS`` order, no zero entries."""
+
+    entries: tuple[tuple[str, str, int], ...] = ()
+
+    @classmethod
+    def of(cls, counts: Mapping[tuple[str, str], int]) -> WeightGroups:
+        rows = [(g, f, b) for (g, f), b in counts.items() if b]
+        return cls(tuple(sorted(rows, key=lambda r: (GROUPS.index(r[0]), -r[2], r[1]))))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b for _, _, b in self.entries)
+
+    def plus(self, group: str, fmt: str, num_bytes: int) -> WeightGroups:
+        counts = Counter({(g, f): b for g, f, b in self.entries})
+        counts[(group, fmt)] += num_bytes
+        return WeightGroups.of(counts)
+
+    def scaled_to(self, total_bytes: int) -> WeightGroups:
+        """The same split scaled to ``total_bytes`` (a calibrated weights figure)."""
+        counts = {(g, f): b for g, f, b in self.entries}
+        return WeightGroups.of(_scaled(counts, total_bytes)) if counts else self
+
+    def by_group(self) -> dict[str, dict[str, int]]:
+        """``{group: {format: bytes}}``, as ``estimate --json`` prints it."""
+        out: dict[str, dict[str, int]] = {}
+        for group, fmt, num_bytes in self.entries:
+            out.setdefault(group, {})[fmt] = num_bytes
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorder(RankWeights):
+    """A ``RankWeights`` that notes every linear (name, format, bytes) and every vector
+    (no name, the model dtype) the sizing functions ask it for."""
+
+    log: list[tuple[str | None, str, int]] = field(default_factory=list)
+
+    def fused(
+        self, name: str, in_f: int, outs: tuple[int, ...], *, quantizable: bool = True
+    ) -> int:
+        size = RankWeights.fused(self, name, in_f, outs, quantizable=quantizable)
+        scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
+        self.log.append((name, scheme.method if scheme else "", size))
+        return size
+
+    def vec(self, numel: int) -> int:
+        size = RankWeights.vec(self, numel)
+        self.log.append((None, "", size))
+        return size
+
+
+_K = TypeVar("_K")
+_Key = tuple[str, str, bool]
+"""(group, format, inside a decoder layer); format ``""`` is the model dtype."""
+
+
+def _layer(c: _Recorder, i: int, out: Counter[_Key]) -> None:
+    """Layer ``i`` by group and format: what each part's linears and vectors were, the
+    rest of the part (routed experts, MLA's copies, a mixer sized whole) in the experts'
+    scheme for the experts, else the model dtype."""
+    mlp = c.module(i, c.names.mlp)
+    shared = f"{mlp}.{c.names.shared_experts}"
+    for group, size in layer_parts(c, i):
+        c.log.clear()
+        rest = size(c, i)
+        for name, fmt, num_bytes in c.log:
+            in_shared = name is not None and name.startswith(shared)
+            out[("mlp" if in_shared else group, fmt, True)] += num_bytes
+            rest -= num_bytes
+        if rest:
+            experts = c.quant.scheme_for(f"{mlp}.experts", experts=True) if c.quant else None
+            fmt = experts.method if experts is not None and group == "experts" else ""
+            out[(group, fmt, True)] += rest
+
+
+def _architecture(c: _Recorder, stages: list[range]) -> list[Counter[_Key]]:
+    out = []
+    for k, layers in enumerate(stages):
+        counts: Counter[_Key] = Counter()
+        for i in layers:
+            _layer(c, i, counts)
+        for group, fmt, num_bytes in stage_parts(c, first=k == 0, last=k == len(stages) - 1):
+            counts[(group, fmt, False)] += num_bytes
+        out.append(counts)
+    return out
+
+
+_VISION = ("visual.", "vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
+_LAYER = re.compile(r"(?:layers|h|blocks)\.\d+\.")
+_MIXER = re.compile(
+    r"linear_attn|mamba|\.ssm|conv1d|\.conv\.|A_log|\.D$|dt_bias|dt_proj|x_proj|in_proj|short_conv"
+)
+_ATTENTION = re.compile(r"attn|attention|[qkv]_proj|qkv|[qk]_norm|kv_[ab]_|q_[ab]_|\.o_proj|sinks")
+_EXPERTS = re.compile(
+    r"\.experts\.|\.router\.|\.gate\.(weight|bias|e_score)|block_sparse_moe\.gate"
+)
+
+
+def module_group(name: str) -> str:
+    """The group of a checkpoint tensor (or a vLLM parameter) by its name."""
+    if any(key in name for key in _VISION):
+        return "vision"
+    if "lm_head" in name:
+        return "lm_head"
+    if any(key in name for key in ("embed_tokens", "wte.", "wpe.", "embed_positions")):
+        return "embedding"
+    if not _LAYER.search(name):
+        return "other"
+    if "shared_expert" in name:
+        return "mlp"
+    if _EXPERTS.search(name):
+        return "experts"
+    if _MIXER.search(name):
+        return "mixer"
+    if _ATTENTION.search(name):
+        return "attention"
+    if any(key in name for key in ("mlp", "feed_forward", "ffn", "_proj", "fc1", "fc2")):
+        return "mlp"
+    return "other"
+
+
+def _stored(c: RankWeights, name: str) -> str:
+    """The scheme a checkpoint tensor stored as-is (packed weights, scales) belongs to."""
+    q = c.quant
+    if q is None:
+        return "checkpoint"
+    scheme = q.scheme_for(c.names.to_vllm(name.rsplit(".", 1)[0]))
+    return (scheme or q).method
+
+
+def _checkpoint(c: RankWeights, stages: list[range]) -> list[Counter[_Key]]:
+    assert c.spec.checkpoint is not None
+    out: list[Counter[_Key]] = [Counter() for _ in stages]
+    for share in tensor_shares(c, c.spec.checkpoint, stages):
+        fmt = _stored(c, share.name) if share.form == "stored" else share.form
+        key = (module_group(share.name), fmt, share.layer is not None)
+        out[share.stage][key] += share.rank_bytes
+    return out
+
+
+def _scaled(counts: Mapping[_K, int], target: int) -> Counter[_K]:
+    """``counts`` scaled to add up to ``target`` exactly (largest remainders)."""
+    total = sum(counts.values())
+    if not total:
+        return Counter()
+    exact = {k: v * target / total for k, v in counts.items()}
+    out: Counter[_K] = Counter({k: int(v) for k, v in exact.items()})
+    short = target - sum(out.values())
+    for k in sorted(exact, key=lambda k: exact[k] - out[k], reverse=True)[:short]:
+        out[k] += 1
+    return out
+
+
+def _offloaded(counts: Counter[_Key], moved: int) -> Counter[_Key]:
+    """The decoder layers' groups less ``moved`` bytes, in proportion."""
+    taken = _scaled({k: v for k, v in counts.items() if k[2]}, moved)
+    counts = Counter(counts)
+    counts.subtract(taken)
+    return counts
+
+
+def weight_groups(
+    spec: ModelSpec,
+    plan: WeightPlan,
+    dtype: str,
+    *,
+    tp: int,
+    quant: QuantSpec | None,
+    opts: WeightOptions | None = None,
+) -> tuple[WeightGroups, ...]:
+    """Each pipeline stage's rank's weights (``plan``, from ``weight_plan`` with the same
+    arguments, in the model dtype ``dtype``) by module group and format."""
+    c = _Recorder.of(spec, tp, DTYPE_BYTES[dtype], quant, opts)
+    assert isinstance(c, _Recorder)
+    stages = pp_partition(spec.num_layers, len(plan.stage_bytes))
+    ckpt = spec.checkpoint
+    offloaded = plan.offloaded_bytes or (0,) * len(stages)
+    if ckpt is None or (quant is not None and quant.source == "runtime"):
+        counts = _architecture(c, stages)
+    elif ckpt.tensors:
+        counts = _checkpoint(c, stages)
+    else:  # the index's total_size only: the architecture's split, scaled as weight_plan does
+        counts = [
+            _scaled(arch, kept + off)
+            for arch, kept, off in zip(
+                _architecture(c, stages), plan.stage_bytes, offloaded, strict=True
+            )
+        ]
+    return tuple(
+        _named(_offloaded(stage, off), dtype) for stage, off in zip(counts, offloaded, strict=True)
+    )
+
+
+def _named(counts: Counter[_Key], dtype: str) -> WeightGroups:
+    merged: Counter[tuple[str, str]] = Counter()
+    for (group, fmt, _), num_bytes in counts.items():
+        merged[(group, fmt or dtype)] += num_bytes
+    return WeightGroups.of(merged)
