@@ -7,6 +7,13 @@ Page size per layer and token (``v1/kv_cache_interface.py``):
 - MLA: ``(kv_lora_rank + qk_rope_head_dim) * b_kv`` on every rank (not divided by TP);
   ``fp8_ds_mla`` packs a token into 656 bytes. vLLM V0 aligned each MLA entry to 256 bytes.
 
+Layers with their own heads (``ModelSpec.attention_shape``: Gemma 4's global layers) have
+their own page. Where pages differ, vLLM's hybrid allocator makes them equal
+(``unify_kv_cache_spec_page_size``): a layer whose page divides the largest holds that many
+times more tokens per block (``KvGroup.scale``), any other is padded to it; with one kind
+of layer only (or the hybrid allocator off) the layers form one group whose block holds
+every layer's page (``UniformTypeKVCacheSpecs``).
+
 Layers are grouped as vLLM's hybrid allocator does: identical layers form one group;
 full and sliding-window layers with equal page sizes are bucketed and split into
 groups of ``g`` layers, all groups sharing one pool of blocks. Then
@@ -44,6 +51,9 @@ FP8_DS_MLA_BYTES = 656
 class KvGroup:
     kind: AttentionKind | Literal["state"]
     window: int | None
+    scale: int = 1
+    """Tokens per block as a multiple of the layout's block size: a layer whose page is
+    smaller than the largest holds that many times more tokens in its block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +90,14 @@ class KvLayout:
     def bytes_per_token_all_layers(self) -> int:
         """Bytes one token takes across the rank's attention layers (state layers keep a
         fixed state per sequence instead)."""
-        attending = sum(1 for g in self.groups if g.kind != "state")
-        groups = self.layers_per_group * attending * self.page_bytes_per_token
+        page, g = self.page_bytes_per_token, self.layers_per_group
+        groups = sum(g * page // group.scale for group in self.groups if group.kind != "state")
         return groups + self.extra_bytes_per_token
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         total = 0
-        bs = self.block_size
         for group in self.groups:
+            bs = self.block_size * group.scale
             if group.kind == "state":
                 total += self.state_blocks
             elif group.kind == "sliding" and group.window:
@@ -119,16 +129,21 @@ class KvLayout:
         return lo
 
 
-def page_bytes_per_token(spec: ModelSpec, tp: int, kv: KvDtype, *, mla_align: int = 0) -> int:
-    """Bytes of KV one token takes in one attention layer on one rank."""
+def page_bytes_per_token(
+    spec: ModelSpec, tp: int, kv: KvDtype, *, mla_align: int = 0, layer: int | None = None
+) -> int:
+    """Bytes of KV one token takes in one attention layer (``layer``'s own heads when given)
+    on one rank."""
     if spec.mla is not None:
         if kv.name == "fp8_ds_mla":
             return FP8_DS_MLA_BYTES
         width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
         raw = width * kv.numerator // kv.denominator + kv.per_head_extra_bytes
         return round_up(raw, mla_align) if mla_align else raw
-    heads = max(1, spec.num_kv_heads // tp)
-    width = spec.head_dim + spec.value_head_dim
+    shape = spec.attention_shape(layer) if layer is not None else None
+    kv_heads = shape.num_kv_heads if shape else spec.num_kv_heads
+    heads = max(1, kv_heads // tp)
+    width = shape.head_dim + shape.v_head_dim if shape else spec.head_dim + spec.value_head_dim
     return heads * (width * kv.numerator // kv.denominator + kv.per_head_extra_bytes)
 
 
@@ -234,21 +249,34 @@ def _hybrid(
 def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
     block_size = options.block_size
     page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
-    kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
-    if not kinds:
+    attending = [i for i in layers if spec.layer_attention[i] != "none"]
+    if not attending:
         return KvLayout(block_size, 0, page, ())
+    kinds = [spec.layer_attention[i] for i in attending]
+    pages = [_layer_page(spec, options, i) for i in attending]
     windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
     distinct = sorted(set(kinds))
     # Before 0.32 vLLM turned the hybrid allocator off for chunked-local attention.
     chunked_off = "chunked" in distinct and not options.chunked_hybrid
-    if len(distinct) > 1 and (not options.hybrid or chunked_off):
-        return KvLayout(block_size, len(kinds), page, (KvGroup("full", None),))
-    if len(distinct) == 1:
-        kind = distinct[0]
-        return KvLayout(block_size, len(kinds), page, (KvGroup(kind, windows.get(kind)),))
-    buckets = {kind: kinds.count(kind) for kind in distinct}
+    if len(distinct) == 1 or not options.hybrid or chunked_off:
+        kind = distinct[0] if len(distinct) == 1 else "full"
+        group = (KvGroup(kind, windows.get(kind)),)
+        if len(set(pages)) == 1:
+            return KvLayout(block_size, len(kinds), pages[0], group)
+        return KvLayout(block_size, 1, sum(pages), group)  # one block: every layer's page
+    buckets: dict[tuple[AttentionKind, int], int] = {}
+    for key in zip(kinds, pages, strict=True):
+        buckets[key] = buckets.get(key, 0) + 1
+    top = max(pages)
     g = _group_size(list(buckets.values()))
     groups = tuple(
-        KvGroup(kind, windows.get(kind)) for kind, n in buckets.items() for _ in range(cdiv(n, g))
+        KvGroup(kind, windows.get(kind), top // p if top % p == 0 else 1)
+        for (kind, p), n in sorted(buckets.items())
+        for _ in range(cdiv(n, g))
     )
-    return KvLayout(block_size, g, page, groups)
+    return KvLayout(block_size, g, top, groups)
+
+
+def _layer_page(spec: ModelSpec, options: KvOptions, i: int) -> int:
+    kv, align = options.kv, options.mla_align
+    return page_bytes_per_token(spec, options.tp, kv, mla_align=align, layer=i)
