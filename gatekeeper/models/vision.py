@@ -15,6 +15,11 @@ The profile size per item is the largest image the processor accepts:
 - Gemma 3: ``(896/14)^2`` = 4,096 patches pooled to ``mm_tokens_per_image`` (256) tokens;
 - Llama 4: 16 tiles plus a global view of ``(336/14)^2`` patches, pixel-shuffled by
   ``pixel_shuffle_ratio^2``;
+- Gemma 4 (``gemma4_vision``, transformers' ``Gemma4VisionModel`` as vLLM builds it):
+  ``default_output_length`` soft tokens (280), each pooled from ``pooling_kernel_size^2``
+  patches (2,520 patches). Its blocks have no biases, a gated MLP and per-head q/k norms;
+  the patch embedder a ``2 x position_embedding_size x h`` position table;
+  ``standardize`` adds two vectors; the embedder one ``h x text_hidden`` projection;
 - otherwise ``(image_size/patch)^2`` patches, one token each.
 """
 
@@ -41,6 +46,8 @@ def vision_spec(
     h = int(vision.get("hidden_size") or vision.get("embed_dim") or 0)
     if h <= 0:
         return None
+    if vision.get("model_type") == "gemma4_vision":
+        return _gemma4(vision, top, h, text_hidden)
     i = int(vision.get("intermediate_size") or 4 * h)
     gated = str(vision.get("hidden_act", "")) in _GATED_ACTS
     blocks = int(vision.get("depth") or vision.get("num_hidden_layers") or 0)
@@ -63,6 +70,32 @@ def vision_spec(
         tokens_per_item=tokens,
         output_dim=int(vision.get("vision_output_dim") or h),
         cross_attention=cross,
+        modalities=_modalities(top),
+    )
+
+
+def _gemma4(
+    vision: Mapping[str, Any], top: Mapping[str, Any], h: int, text_hidden: int
+) -> VisionSpec:
+    """Gemma 4's tower (transformers modeling_gemma4.py Gemma4VisionModel; vllm
+    gemma4_mm.py: ``AutoModel.from_config`` and ``Gemma4MultimodalEmbedder``)."""
+    i = int(vision.get("intermediate_size") or 4 * h)
+    head_dim = int(vision.get("head_dim") or 0)
+    per_block = 4 * h * h + 2 * head_dim + 3 * h * i + 4 * h  # q/k/v/o, q/k norms, MLP, norms
+    patch = int(vision.get("patch_size") or 16)
+    table = 2 * int(vision.get("position_embedding_size") or 0) * h
+    parameters = int(vision.get("num_hidden_layers") or 0) * per_block + table
+    parameters += 3 * patch * patch * h + (2 * h if vision.get("standardize") else 0)
+    tokens = int(vision.get("default_output_length") or 280)
+    pooled = int(vision.get("pooling_kernel_size") or 3) ** 2
+    return VisionSpec(
+        parameters=parameters + h * text_hidden,
+        hidden_size=h,
+        intermediate_size=i,
+        gated=True,
+        patches_per_item=tokens * pooled,
+        tokens_per_item=tokens,
+        output_dim=h,
         modalities=_modalities(top),
     )
 
