@@ -108,6 +108,8 @@ class _Recorder(RankWeights):
         return size
 
 
+ARCHITECTURE = "architecture (config.json)"
+"""``WeightPlan.source`` when the bytes come from the config alone."""
 _K = TypeVar("_K")
 _Key = tuple[str, str, bool]
 """(group, format, inside a decoder layer); format ``""`` is the model dtype."""
@@ -149,7 +151,9 @@ _LAYER = re.compile(r"(?:layers|h|blocks)\.\d+\.")
 _MIXER = re.compile(
     r"linear_attn|mamba|\.ssm|conv1d|\.conv\.|A_log|\.D$|dt_bias|dt_proj|x_proj|in_proj|short_conv"
 )
-_ATTENTION = re.compile(r"attn|attention|[qkv]_proj|qkv|[qk]_norm|kv_[ab]_|q_[ab]_|\.o_proj|sinks")
+_ATTENTION_MODULE = re.compile(r"\.(self_attn|attn|attention|self_attention|cross_attn)\.")
+_NORM = re.compile(r"norm")
+_ATTENTION = re.compile(r"[qkv]_proj|qkv|kv_[ab]_|q_[ab]_|\.o_proj|sinks")
 _EXPERTS = re.compile(
     r"\.experts\.|\.router\.|\.gate\.(weight|bias|e_score)|block_sparse_moe\.gate"
 )
@@ -169,8 +173,12 @@ def module_group(name: str) -> str:
         return "mlp"
     if _EXPERTS.search(name):
         return "experts"
+    if _ATTENTION_MODULE.search(name):
+        return "attention"  # with its own norms (q/k norms, MLA's q_a/kv_a norms)
     if _MIXER.search(name):
         return "mixer"
+    if _NORM.search(name):
+        return "other"
     if _ATTENTION.search(name):
         return "attention"
     if any(key in name for key in ("mlp", "feed_forward", "ffn", "_proj", "fc1", "fc2")):
@@ -234,11 +242,12 @@ def weight_groups(
     stages = pp_partition(spec.num_layers, len(plan.stage_bytes))
     ckpt = spec.checkpoint
     offloaded = plan.offloaded_bytes or (0,) * len(stages)
-    if ckpt is None or (quant is not None and quant.source == "runtime"):
-        counts = _architecture(c, stages)
-    elif ckpt.tensors:
+    if ckpt is not None and ckpt.tensors and plan.source == ckpt.source:
         counts = _checkpoint(c, stages)
-    else:  # the index's total_size only: the architecture's split, scaled as weight_plan does
+    elif plan.source == ARCHITECTURE:
+        counts = _architecture(c, stages)
+    else:  # the index's total_size only (or another source of the totals): the
+        # architecture's split scaled to each stage's total, as weight_plan scales it
         counts = [
             _scaled(arch, kept + off)
             for arch, kept, off in zip(
