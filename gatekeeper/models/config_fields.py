@@ -40,6 +40,7 @@ __all__ = [
     "bad_field",
     "check_shapes",
     "field_value",
+    "layer_count",
     "normalize",
     "positive",
 ]
@@ -93,6 +94,22 @@ def positive(name: str, value: Any) -> int:
             value=value,
         )
     return number
+
+
+def layer_count(text: Mapping[str, Any]) -> int:
+    """The decoder layers: ``num_hidden_layers`` (``n_layer``, ``num_layers``); for
+    Nemotron-H the length of its per-layer list, which transformers 5 writes instead
+    (``NemotronHConfig.num_hidden_layers`` is ``len(layers_block_type)``, and a written
+    ``num_hidden_layers`` is ignored; vLLM builds ``len(hybrid_override_pattern)``
+    layers, the pattern transformers derives from that list)."""
+    blocks = text.get("layers_block_type")
+    if text.get("model_type") == "nemotron_h":
+        if not isinstance(blocks, list):
+            blocks = text.get("hybrid_override_pattern")  # before transformers 5
+        if isinstance(blocks, list | str) and blocks:
+            return positive("num_hidden_layers", len(blocks))
+    keys = ("num_hidden_layers", "n_layer", "num_layers")
+    return positive("num_hidden_layers", field_value(text, "layers", *keys))
 
 
 def _is_int(value: Any) -> bool:
