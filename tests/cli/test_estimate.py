@@ -9,10 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.quant_conformance_cases import FAMILIES
+
 REQUIRED_KEYS = {
     "weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes",
     "kv_cache_bytes", "kv_cache_tokens", "max_concurrency", "fits", "reasons",
     "max_model_len", "vllm_version", "method",
+}  # fmt: skip
+
+
+AWQ_SKIP_ATTENTION = {
+    **FAMILIES["llama"],
+    "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128,
+                            "zero_point": True, "version": "gemm",
+                            "modules_to_not_convert": ["self_attn"]},
 }  # fmt: skip
 
 
@@ -44,6 +54,29 @@ def test_estimate_json_has_the_documented_keys():
     assert payload.keys() >= REQUIRED_KEYS
     assert payload["method"] == "vllm" and isinstance(payload["fits"], bool)
     assert payload["gpu_total_bytes"] == round(22.05 * 2**30)
+
+
+def test_estimate_shows_what_is_quantized(tmp_path: Path):
+    """#36 item 4: the weights by module group and format, a line under the weights in
+    the table and ``weights_by_group`` in integer bytes in the JSON; AWQ with
+    ``self_attn`` not converted keeps attention in the model dtype."""
+    model = tmp_path / "llama-awq"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(AWQ_SKIP_ATTENTION))
+    text = gatekeeper("estimate", str(model), "--max-model-len", "512")
+    assert text.returncode == 0, text.stderr
+    line = text.stdout.split("\n  weights ", 1)[1].splitlines()[1]
+    assert line.startswith("    of which: attention ") and " GiB awq" in line, text.stdout
+    out = gatekeeper("estimate", str(model), "--max-model-len", "512", "--json")
+    payload = json.loads(out.stdout)
+    groups = payload["weights_by_group"]
+    dtype = payload["options"]["dtype"]
+    assert set(groups["attention"]) == {dtype} and set(groups["mlp"]) == {"awq"}
+    assert f"attention {groups['attention'][dtype] / 2**30:.2f} GiB {dtype}" in line
+    sizes = [b for formats in groups.values() for b in formats.values()]
+    assert all(isinstance(b, int) for b in sizes)
+    assert sum(sizes) == payload["weights_bytes"]
+    assert payload["stages"][0]["weights_by_group"] == groups
 
 
 def test_estimate_does_not_fit_with_reasons():
