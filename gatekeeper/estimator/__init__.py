@@ -1,7 +1,8 @@
 """The estimate (pure): ``ModelSpec`` + ``ServeOptions`` + ``GpuTarget`` -> ``Estimate``.
 
 Per-GPU bytes of a vLLM worker as vLLM itself accounts them, release by release
-(``accounting``): weights (``weights``), the KV cache and its layout (``kv_cache``),
+(``accounting``): weights (``weights``; by module group and format in
+``weight_groups``), the KV cache and its layout (``kv_cache``),
 the activation peak, non-torch memory and CUDA graphs (``overhead``), put together by
 ``vllm_method.estimate`` (the options resolved once in ``plan``) into the result types
 of ``types``. ``simple_method`` keeps the seed's rule of thumb for comparison;
@@ -28,6 +29,7 @@ from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
 from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
 from gatekeeper.estimator.types import Estimate, GpuTarget, StageEstimate
 from gatekeeper.estimator.vllm_method import estimate
+from gatekeeper.estimator.weight_groups import WeightGroups
 from gatekeeper.estimator.weights import WeightPlan, parameter_count, weight_plan
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "ServeOptions",
     "SimpleEstimate",
     "StageEstimate",
+    "WeightGroups",
     "WeightPlan",
     "accounting_for",
     "estimate",
