@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_REJECTED
@@ -13,7 +14,9 @@ from gatekeeper.cli.options import (
     model_from_args,
     note_unmodelled,
     options_from_args,
+    serve_command,
 )
+from gatekeeper.cli.weights_from import add_weights_from, with_built_weights
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.options import ServeOptions, draft_reference
 from gatekeeper.estimator.simple_method import simple_estimate
@@ -47,6 +50,7 @@ def add_parser(subparsers: Any) -> None:
     gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
     gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
     p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
+    add_weights_from(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
     p.set_defaults(func=run)
 
@@ -67,6 +71,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     gpu = _gpu(args)
     resolve = model_resolver(settings)
     spec = model_from_args(args, settings)
+    spec, fell_back = with_built_weights(
+        spec, options, args.weights_from, settings, serve_command(args, settings).values
+    )
     draft = draft_reference(options)
     result = estimate(
         spec,
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         default_version=settings.default_vllm_version,
         draft=resolve(draft) if draft else None,
     )
+    if fell_back:
+        result = replace(result, warnings=(*result.warnings, *fell_back))
     if args.method == "simple":
         payload = _simple_json(spec, result, options)
         print(json.dumps(payload, indent=2) if args.json else _render_simple(payload))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gatekeeper.estimator.built_stages import built_stages
 from gatekeeper.estimator.rank_weights import (
     FLOAT32_ROPE_ARCHITECTURES,
     VOCAB_PADDING,
@@ -138,6 +139,10 @@ def weight_plan(
         if opts.cpu_offload_bytes
         else [[] for _ in stages]
     )
+    built = spec.built
+    if built is not None and built.tensor_parallel_size == tp and built.dtype_bytes == dtype_bytes:
+        totals, built_parts = built_stages(ctx, built, stages)
+        return _offloaded(totals, built_parts, built.source, opts)
     ckpt = spec.checkpoint
     if ckpt is None or (quant is not None and quant.source == "runtime"):
         return _offloaded(arch, parts, "architecture (config.json)", opts)

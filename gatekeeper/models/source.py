@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def load_model_dir(
             field="config.json",
             value=str(path),
         ) from e
-    return spec_from_config(
+    spec = spec_from_config(
         _with_modelopt_config(config, directory),
         name=name or snapshot_repo_id(directory) or directory.name,
         source=source or f"local directory {directory}",
@@ -85,6 +86,7 @@ def load_model_dir(
         overrides=overrides,
         pooling=read_pooling_files(directory),
     )
+    return replace(spec, config_path=str(path.resolve()))
 
 
 def _with_modelopt_config(config: Any, directory: Path) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from gatekeeper.models.built_weights import BuiltWeights
 from gatekeeper.models.quantization import QuantSpec
 
 __all__ = [
@@ -237,6 +238,12 @@ class ModelSpec:
     draft_vocab_size: int | None = None
     """An EAGLE-3 head's own, smaller vocabulary (its lm_head rows), when it has one."""
     checkpoint: CheckpointWeights | None = None
+    built: BuiltWeights | None = None
+    """The weights as an installed vLLM built this model (``--weights-from vllm``); used
+    where its TP size, dtype and quantization are the estimate's."""
+    config_path: str = ""
+    """The ``config.json`` this spec was read from, when it was read from a file (a local
+    checkpoint or a cache snapshot; empty for the catalog and the hub's memory)."""
     declared_parameters: int | None = None
     source: str = ""
     reference: str = ""

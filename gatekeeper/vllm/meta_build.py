@@ -422,6 +422,7 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
         "mla_copies": copies,
         "freed_after_loading": dropped,
         "tensors": held,
+        "buffers": sorted(name for name, _ in model.named_buffers()),
         "modules": _modules(model),
         "seconds": round(time.monotonic() - started, 3),
     }
