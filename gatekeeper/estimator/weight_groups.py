@@ -97,8 +97,12 @@ class _Recorder(RankWeights):
     def fused(
         self, name: str, in_f: int, outs: tuple[int, ...], *, quantizable: bool = True
     ) -> int:
-        size = RankWeights.fused(self, name, in_f, outs, quantizable=quantizable)
+        # RankWeights.fused, asking scheme_for once (it is most of the cost)
         scheme = self.quant.scheme_for(name) if self.quant is not None and quantizable else None
+        if scheme is None:
+            size = in_f * sum(outs) * self.dtype_bytes
+        else:
+            size = scheme.module_bytes(in_f, outs, self.dtype_bytes)
         self.log.append((name, scheme.method if scheme else "", size))
         return size
 
@@ -128,10 +132,11 @@ def _layer(c: _Recorder, i: int, out: Counter[_Key]) -> None:
             in_shared = name is not None and name.startswith(shared)
             out[("mlp" if in_shared else group, fmt, True)] += num_bytes
             rest -= num_bytes
-        if rest:
-            experts = c.quant.scheme_for(f"{mlp}.experts", experts=True) if c.quant else None
-            fmt = experts.method if experts is not None and group == "experts" else ""
-            out[(group, fmt, True)] += rest
+        if rest and group == "experts" and c.quant is not None:
+            experts = c.quant.scheme_for(f"{mlp}.experts", experts=True)
+            out[(group, experts.method if experts is not None else "", True)] += rest
+        elif rest:
+            out[(group, "", True)] += rest
 
 
 def _architecture(c: _Recorder, stages: list[range]) -> list[Counter[_Key]]:
