@@ -23,10 +23,12 @@ d_state 128, k 4, expand 2 so I = 8192), bf16, TP=1: conv (8192 + 256) x 3 x 2 B
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec, StateSpec
 from gatekeeper.units import cdiv
 
-__all__ = ["mixer_weight_bytes", "state_bytes"]
+__all__ = ["MixerLinear", "mixer_linears", "mixer_weight_bytes", "state_bytes"]
 
 
 def _groups(state: StateSpec, tp: int) -> int:
@@ -77,6 +79,62 @@ def state_bytes(
     return cdiv(conv_dim, tp) * width * conv_b + recurrent * ssm_b
 
 
+@dataclass(frozen=True, slots=True)
+class MixerLinear:
+    """One of a state mixer's linears that vLLM builds with the quantization config: its
+    name under the mixer, its input width and its output shards on one rank (the
+    ``output_sizes`` of a ``MergedColumnParallelLinear``: one scheme, per-shard scales)."""
+
+    name: str
+    in_features: int
+    outs: tuple[int, ...]
+
+
+def mixer_linears(
+    spec: ModelSpec, tp: int, *, replicated_ba: bool = False
+) -> tuple[MixerLinear, ...]:
+    """The mixer linears vLLM builds with ``quant_config`` (and so quantizes as the
+    config says), per rank; the rest of the mixer stays in the model dtype.
+
+    The gated delta net (``layers/mamba/gdn/qwen_gdn_linear_attn.py``,
+    ``QwenGatedDeltaNetAttention``): ``in_proj_qkvz`` (H -> q, k, v, z), ``in_proj_ba``
+    (H -> b, a, one per value head each) and ``out_proj`` (Vh Vd -> H). Qwen3.5/3.6
+    (``gqa_interleaved_layout=False``: the checkpoint's ``in_proj_qkv`` + ``in_proj_z``
+    and ``in_proj_b`` + ``in_proj_a``) build them as four and two output shards;
+    Qwen3-Next (its checkpoint fuses them, interleaved by key-head group) as one each.
+    ``replicated_ba``: vLLM replicates Qwen3.5's ``in_proj_ba`` on every rank under
+    AWQ, GPTQ and INC on CUDA (``maybe_disable_tp``: Marlin needs 64 output rows).
+    Its ``conv1d`` is built without the config (model dtype)."""
+    s = spec.state
+    if s is None or s.kind != "gdn":
+        return ()
+    k = s.num_k_heads * s.head_k_dim // tp
+    v = s.num_heads * s.head_dim // tp
+    heads = s.num_heads // tp
+    qkvz: tuple[int, ...]
+    ba: tuple[int, ...]
+    if s.gqa_interleaved:
+        qkvz, ba = (2 * k + 2 * v,), (2 * heads,)
+    else:
+        qkvz = (k, k, v, v)
+        ba = (s.num_heads, s.num_heads) if replicated_ba and tp > 1 else (heads, heads)
+    h = spec.hidden_size
+    return (
+        MixerLinear("in_proj_qkvz", h, qkvz),
+        MixerLinear("in_proj_ba", h, ba),
+        MixerLinear("out_proj", v, (h,)),
+    )
+
+
+def _gdn_vector_bytes(s: StateSpec, tp: int, dtype_bytes: int) -> int:
+    """The gated delta net's weights besides its linears: ``conv1d`` ((2 Kh Kd + Vh Vd)/tp
+    x k), ``dt_bias`` (Vh/tp, model dtype), ``A_log`` (Vh/tp, float32 whatever the model
+    dtype) and the gated norm (Vd, whole on every rank)."""
+    conv = (2 * s.num_k_heads * s.head_k_dim + s.num_heads * s.head_dim) // tp * s.conv_kernel
+    heads = s.num_heads // tp
+    return (conv + heads + s.head_dim) * dtype_bytes + heads * 4
+
+
 def mixer_weight_bytes(spec: ModelSpec, tp: int, dtype_bytes: int) -> int:
     """One state mixer's weights on one TP rank, in the model dtype (the projections of
     ``mamba_mixer.py``, ``mamba_mixer2.py``, the gated delta net, ``short_conv.py``):
@@ -85,8 +143,9 @@ def mixer_weight_bytes(spec: ModelSpec, tp: int, dtype_bytes: int) -> int:
       (+bias), A I x N, D I, out_proj I -> H;
     - Mamba-2: in_proj H -> 2I + 2GN + heads, conv1d (I + 2GN) x k (+bias), dt_bias, A, D
       (heads), a gated norm I, out_proj I -> H;
-    - gated delta net: in_proj H -> 2 Kh Kd + 2 Vh Vd (q, k, v, z) and H -> 2 Vh (b, a),
-      conv1d (2 Kh Kd + Vh Vd) x k, dt_bias and A (Vh), norm Vd, out_proj Vh Vd -> H;
+    - gated delta net: ``mixer_linears`` (in_proj_qkvz H -> 2 Kh Kd + 2 Vh Vd, in_proj_ba
+      H -> 2 Vh, out_proj Vh Vd -> H) and ``_gdn_vector_bytes`` (conv1d, dt_bias, A_log in
+      float32, the gated norm);
     - short conv: in_proj H -> 3C, conv1d C x k, out_proj C -> H;
     - linear attention and KDA: q, k, v, a gate and out_proj, ``heads x d`` wide.
     """
@@ -105,11 +164,8 @@ def mixer_weight_bytes(spec: ModelSpec, tp: int, dtype_bytes: int) -> int:
         elements = h * (2 * i + gn + s.num_heads) + conv + 3 * s.num_heads + i + i * h
         return cdiv(elements, tp) * dtype_bytes
     if s.kind == "gdn":
-        qk = 2 * s.num_k_heads * s.head_k_dim
-        v = s.num_heads * s.head_dim
-        elements = h * (qk + 2 * v) + h * 2 * s.num_heads + (qk + v) * s.conv_kernel
-        elements += 2 * s.num_heads + v * h
-        return cdiv(elements, tp) * dtype_bytes + s.head_dim * dtype_bytes
+        linears = sum(m.in_features * sum(m.outs) for m in mixer_linears(spec, tp))
+        return linears * dtype_bytes + _gdn_vector_bytes(s, tp, dtype_bytes)
     if s.kind == "short_conv":
         c = s.intermediate_size
         return cdiv(h * 3 * c + c * s.conv_kernel + c * h, tp) * dtype_bytes

@@ -100,9 +100,10 @@ def _mamba1(cfg: Mapping[str, Any], inter: int, prefix: str = "mamba_") -> State
     )
 
 
-def _gdn(cfg: Mapping[str, Any]) -> StateSpec:
+def _gdn(cfg: Mapping[str, Any], model_type: str) -> StateSpec:
     return StateSpec(
         kind="gdn",
+        gqa_interleaved=model_type == "qwen3_next",  # qwen3_next.py; qwen3_5.py: False
         num_heads=_int(cfg, "linear_num_value_heads"),
         head_dim=_int(cfg, "linear_value_head_dim"),
         num_k_heads=_int(cfg, "linear_num_key_heads"),
@@ -212,7 +213,8 @@ def hybrid_layout(cfg: Mapping[str, Any], layers: int, model_type: str) -> Hybri
         return HybridLayout(state, no, _all(layers, True), no, rotary=False)
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
         stateful = _typed_layers(cfg, layers, "linear_attention", "full_attention_interval")
-        return HybridLayout(_gdn(cfg), tuple(not s for s in stateful), stateful, _all(layers, True))
+        state = _gdn(cfg, model_type)
+        return HybridLayout(state, tuple(not s for s in stateful), stateful, _all(layers, True))
     if model_type in ("lfm2", "lfm2_moe"):
         stateful = _typed_layers(cfg, layers, "conv")
         state = StateSpec(

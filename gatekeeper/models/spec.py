@@ -64,6 +64,10 @@ class StateSpec:
     """Mamba-1's ``dt`` projection rank."""
     ssm_dtype: str | None = None
     """The temporal state's dtype when the model's config sets it (Nemotron-H: float32)."""
+    gqa_interleaved: bool = False
+    """A gated delta net whose checkpoint fuses ``in_proj_qkvz`` and ``in_proj_ba``,
+    interleaved by key-head group (Qwen3-Next: vLLM builds each as one output shard,
+    ``gqa_interleaved_layout=True``); Qwen3.5/3.6 ship them apart (four and two shards)."""
 
 
 @dataclass(frozen=True, slots=True)
