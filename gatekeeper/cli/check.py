@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from gatekeeper.cli.options import (
     serve_command,
 )
 from gatekeeper.cli.output import GpusUnreadable
+from gatekeeper.cli.weights_from import add_weights_from, with_built_weights
 from gatekeeper.estimator.options import draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decision import decide
@@ -44,6 +46,7 @@ def add_parser(subparsers: Any) -> None:
     )
     add_serving_flags(c)
     _add_request_flags(c)
+    add_weights_from(c)
     c.set_defaults(func=run_check)
     p = subparsers.add_parser(
         "plan",
@@ -84,6 +87,11 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     resolve = model_resolver(settings)
     spec = model_from_args(args, settings)
     options = options_from_args(args, settings)
+    spec, fell_back = with_built_weights(
+        spec, options, args.weights_from, settings, serve_command(args, settings).values
+    )
+    for warning in fell_back:
+        print(f"gatekeeper: warning: {warning}", file=sys.stderr)
     draft = draft_reference(options)
     request = PlacementRequest(
         model=spec,

@@ -141,3 +141,19 @@ def test_an_unknown_source_is_a_one_line_error_naming_the_flag(tmp_path: Path) -
     )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--weights-from: 'hub' is neither 'config' nor 'vllm[=PYTHON]'" in out.stderr
+
+
+def test_check_takes_the_same_flag_and_warns_on_stderr_when_it_falls_back(tmp_path: Path) -> None:
+    model = _model(tmp_path, "llama")
+    out = subprocess.run(
+        [sys.executable, "-m", "gatekeeper", "check", str(model), "--node", "1xH100-80GB",
+         "--weights-from", f"vllm={sys.executable}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ADMITTED")
+    assert "gatekeeper: warning: --weights-from vllm:" in out.stderr
+    assert "has no vLLM installed" in out.stderr
