@@ -12,19 +12,21 @@ target's 32 layers).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import Accounting
 from gatekeeper.estimator.kv_cache import page_bytes_per_token
 from gatekeeper.estimator.options import KvDtype
 from gatekeeper.estimator.overhead import BatchShape, cuda_graph_bytes, forward_peak_bytes
+from gatekeeper.estimator.rank_weights import RankWeights, decoder_layer_bytes
 from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.estimator.weights import layer_bytes, lm_head_bytes, weight_plan
+from gatekeeper.models.module_names import ModuleNames
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import ModelSpec
 
-__all__ = ["DraftCost", "draft_cost"]
+__all__ = ["DraftCost", "draft_cost", "mtp_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,10 @@ def _head_weights(sp: Speculative, c: DraftContext, head: ModelSpec) -> int:
     """EAGLE and MTP heads: their layers, their input projection, their own LM head."""
     h = c.spec.hidden_size
     if sp.method == "mtp":
+        target = RankWeights.of(c.spec, c.tp, c.dtype_bytes, c.quant)
+        prefix = mtp_prefix(c.spec, target.names)
+        if prefix:
+            return _mtp_module_weights(target, prefix)
         last = c.spec.num_layers - 1
         one = layer_bytes(c.spec, last, tp=c.tp, dtype_bytes=c.dtype_bytes, quant=c.quant)
         eh_proj = 2 * h * h * c.dtype_bytes
@@ -94,6 +100,50 @@ def _head_weights(sp: Speculative, c: DraftContext, head: ModelSpec) -> int:
             )
             total += head.draft_vocab_size * 8  # d2t: draft to target token ids (int64)
     return total
+
+
+def mtp_prefix(spec: ModelSpec, names: ModuleNames) -> str:
+    """Where a gated-delta-net model's MTP drafter builds its modules: under the checkpoint
+    prefix the target class's rename mapper drops (``"mtp.": None`` in ``qwen3_5.py`` and
+    ``qwen3_next.py``), which ``Qwen3_5MTP``/``Qwen3NextMTP`` build under
+    (``maybe_prefix(prefix, "mtp")``); empty for other models (DeepSeek's MTP layers are
+    ``model.layers.<num_hidden_layers + N>``)."""
+    if spec.state is None or spec.state.kind != "gdn":
+        return ""
+    mapper = names.extra.get("mapper") or {}
+    dropped = [str(old) for old, new in mapper.get("prefix") or () if new is None]
+    return next((d.rstrip(".") for d in dropped if d.startswith("mtp")), "")
+
+
+def _mtp_module_weights(target: RankWeights, prefix: str) -> int:
+    """A Qwen3.5/3.6 or Qwen3-Next MTP drafter (``qwen3_5_mtp.py``, ``qwen3_next_mtp.py``):
+    ``mtp.layers.N`` full-attention layers with the target's MLP or experts, ``mtp.fc``
+    (2H -> H) and three norms. The proposer hands it the target's quantization config,
+    already rewritten by the target's class (``mtp.`` names pass unchanged), so the
+    checkpoint's lists name its modules as ``mtp.layers.0.self_attn.q_proj``; ``fc`` stays
+    in the model dtype under ModelOpt NVFP4 (``modelopt_fp4``: the checkpoints store it
+    bf16 but do not list it), and a GPTQ ``dynamic`` rule ``-:...mtp...`` leaves the
+    layers unquantized."""
+    s, q, h = target.spec, target.quant, target.spec.hidden_size
+    last = s.num_layers - 1
+    layers_q = None if q is not None and _gptq_skips_mtp(q) else q
+    total = 0
+    for n in range(s.mtp_layers):
+        layer = replace(target, quant=layers_q, layer_prefix=f"{prefix}.layers.{n}")
+        total += decoder_layer_bytes(layer, last)
+    fc_quantized = q is not None and q.method not in _MODELOPT_FP4
+    total += target.linear(f"{prefix}.fc", 2 * h, h, quantizable=fc_quantized)
+    return total + target.vec(3 * h)  # norm, pre_fc_norm_hidden, pre_fc_norm_embedding
+
+
+_MODELOPT_FP4 = ("modelopt:nvfp4", "modelopt:w4a16_nvfp4")
+"""gatekeeper's methods of vLLM's ``ModelOptNvFp4Config`` (``get_name() == "modelopt_fp4"``)."""
+
+
+def _gptq_skips_mtp(q: QuantSpec) -> bool:
+    """``Qwen3_5MultiTokenPredictor``: a GPTQ checkpoint's ``dynamic`` with a ``-:`` rule
+    naming ``mtp`` builds the MTP layers without quantization."""
+    return q.match == "gptq" and any(p.startswith("-:") and "mtp" in p for p in q.skip_patterns)
 
 
 def draft_cost(sp: Speculative, c: DraftContext, draft: ModelSpec | None) -> DraftCost:

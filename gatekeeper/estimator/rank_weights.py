@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gatekeeper.estimator.state import mixer_weight_bytes
+from gatekeeper.estimator.state import mixer_linears, mixer_weight_bytes
 from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import ModelSpec
@@ -89,6 +89,9 @@ class RankWeights:
     quant: QuantSpec | None
     names: ModuleNames
     opts: WeightOptions = WeightOptions()
+    layer_prefix: str = ""
+    """When set, the name of every layer this context sizes (an MTP drafter's layer,
+    ``mtp.layers.0``, sized with the shape of the target's last layer)."""
 
     @classmethod
     def of(
@@ -104,7 +107,7 @@ class RankWeights:
         return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
 
     def module(self, i: int, name: str) -> str:
-        return f"{self.names.layer(i)}.{name}"
+        return f"{self.layer_prefix or self.names.layer(i)}.{name}"
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
         return self.fused(name, in_f, (out_f,), quantizable=quantizable)
@@ -245,8 +248,26 @@ def _norms_bytes(c: RankWeights, i: int) -> int:
     return c.vec((s.norms_per_layer + moe_norms) * s.hidden_size)
 
 
+_BA_REPLICATED_METHODS = ("awq", "gptq", "inc")
+"""Configs under which vLLM replicates Qwen3.5's ``in_proj_ba`` (``maybe_disable_tp``:
+``AutoAWQConfig``, ``AutoGPTQConfig``, ``INCConfig``, on CUDA)."""
+
+
 def _mixer_bytes(c: RankWeights, i: int) -> int:
-    return mixer_weight_bytes(c.spec, c.tp, c.dtype_bytes)
+    """The state mixer's weights: its linears as the quantization config says
+    (``state.mixer_linears``, named ``<layer>.<mixer>.<linear>`` as vLLM builds them,
+    fused shards matched through the class's ``packed_modules_mapping``), the rest in
+    the model dtype."""
+    plain = mixer_linears(c.spec, c.tp)
+    total = mixer_weight_bytes(c.spec, c.tp, c.dtype_bytes)
+    if not plain:
+        return total
+    total -= sum(m.in_features * sum(m.outs) for m in plain) * c.dtype_bytes
+    method = c.quant.method.split(":")[0] if c.quant is not None else ""
+    prefix = c.module(i, c.names.mixer or "linear_attn")  # Qwen's GDN, if the table lacks it
+    for m in mixer_linears(c.spec, c.tp, replicated_ba=method in _BA_REPLICATED_METHODS):
+        total += c.fused(f"{prefix}.{m.name}", m.in_features, m.outs)
+    return total
 
 
 def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
