@@ -11,10 +11,12 @@ class names it (``module_names``), which keeps a vision tower's own ``layers.N``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gatekeeper.estimator.rank_weights import RankWeights
 from gatekeeper.models.built_weights import BuiltTensor, BuiltWeights
 
-__all__ = ["built_stages", "tensor_stage"]
+__all__ = ["built_shares", "built_stages", "tensor_stage"]
 
 
 def _layer(t: BuiltTensor, prefix: str) -> int | None:
@@ -36,35 +38,37 @@ def tensor_stage(c: RankWeights, t: BuiltTensor, stage_of: dict[int, int], last:
     return 0
 
 
+def built_shares(
+    c: RankWeights, built: BuiltWeights, stages: list[range]
+) -> list[tuple[int, BuiltTensor]]:
+    """Each tensor with the pipeline stage that holds it, in vLLM's registration order,
+    then what the other stages hold beside them: their own rotary caches and a tied LM
+    head on the last stage when it is not the first (named ``lm_head.weight``)."""
+    stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
+    last = len(stages) - 1
+    out = [(tensor_stage(c, t, stage_of, last), t) for t in built.tensors]
+    if last > 0:
+        ropes = [(k, t) for k, t in out if t.buffer and "rotary" in t.name]
+        holder = ropes[0][0] if ropes else 0
+        out += [(k, t) for k in range(len(stages)) if k != holder for _, t in ropes]
+        has_head = any("lm_head" in t.name for t in built.tensors)
+        if c.spec.tie_word_embeddings and not has_head and c.opts.lm_head:
+            embed = next((t for t in built.tensors if "embed_tokens" in t.name), None)
+            if embed is not None:
+                out.append((last, replace(embed, name="lm_head.weight")))
+    return out
+
+
 def built_stages(
     c: RankWeights, built: BuiltWeights, stages: list[range]
 ) -> tuple[tuple[int, ...], list[list[int]]]:
     """(bytes per stage, each stage's decoder-layer parameters in vLLM's registration
     order: what ``--cpu-offload-gb`` walks) from what vLLM built."""
-    stage_of = {i: k for k, layers in enumerate(stages) for i in layers}
-    last = len(stages) - 1
     totals = [0] * len(stages)
     parts: list[list[int]] = [[] for _ in stages]
     prefix = f"{c.names.model}.layers."
-    for t in built.tensors:
-        k = tensor_stage(c, t, stage_of, last)
+    for k, t in built_shares(c, built, stages):
         totals[k] += t.num_bytes
         if _layer(t, prefix) is not None and not t.buffer and not t.after_loading:
             parts[k].append(t.num_bytes)
-    if last > 0:
-        rope = sum(t.num_bytes for t in built.tensors if t.buffer and "rotary" in t.name)
-        holder = next(
-            (
-                tensor_stage(c, t, stage_of, last)
-                for t in built.tensors
-                if t.buffer and "rotary" in t.name
-            ),
-            0,
-        )
-        for k in range(len(stages)):
-            totals[k] += rope if k != holder else 0
-        has_head = any("lm_head" in t.name for t in built.tensors)
-        if c.spec.tie_word_embeddings and not has_head and c.opts.lm_head:
-            embed = next((t.num_bytes for t in built.tensors if "embed_tokens" in t.name), 0)
-            totals[last] += embed
     return tuple(totals), parts

@@ -11,7 +11,8 @@ the scheme that holds the module (``QuantSpec.method``: ``modelopt:nvfp4``, ``fp
 The groups add up exactly to ``weight_plan``'s bytes per stage: each decoder layer's
 parts come from ``rank_weights.layer_parts`` (each sized by the estimate's own function,
 every linear's scheme recorded as it is asked), the rest from ``weights.stage_parts``;
-with a checkpoint, each tensor is classified by its name (``module_group``), or, when
+with a checkpoint, each tensor is classified by its name (``module_group``; so are the
+tensors an installed vLLM built, ``--weights-from vllm``, by vLLM's names), or, when
 only the index's ``total_size`` is known, the architecture's split is scaled to it as
 ``weight_plan`` scales it. ``--cpu-offload-gb`` takes the offloaded bytes out of the
 decoder layers' groups in proportion (the offloader moves whole layers, first first).
@@ -29,12 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gatekeeper.errors import ModelSpecError
+from gatekeeper.estimator.built_stages import built_shares
 from gatekeeper.estimator.rank_weights import (
     RankWeights,
     WeightOptions,
     layer_parts,
 )
 from gatekeeper.estimator.weights import WeightPlan, pp_partition, stage_parts, tensor_shares
+from gatekeeper.models.built_weights import BuiltWeights
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 
@@ -151,44 +155,46 @@ def _architecture(c: _Recorder, stages: list[range]) -> list[Counter[_Key]]:
     return out
 
 
-_VISION = ("visual.", "vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
 _LAYER = re.compile(r"(?:layers|h|blocks)\.\d+\.")
-_MIXER = re.compile(
-    r"linear_attn|mamba|\.ssm|conv1d|\.conv\.|A_log|\.D$|dt_bias|dt_proj|x_proj|in_proj|short_conv"
+_OUTSIDE_LAYERS = (
+    (re.compile(r"rotary_emb"), "other"),  # a rotary cache, wherever the class registers it
+    (
+        re.compile(r"visual\.|vision_tower|vision_model|multi_modal_projector|mm_projector"),
+        "vision",
+    ),
+    (re.compile(r"lm_head"), "lm_head"),
+    (re.compile(r"embed_tokens|wte\.|wpe\.|embed_positions"), "embedding"),
 )
-_ATTENTION_MODULE = re.compile(r"\.(self_attn|attn|attention|self_attention|cross_attn)\.")
-_NORM = re.compile(r"norm")
-_ATTENTION = re.compile(r"[qkv]_proj|qkv|kv_[ab]_|q_[ab]_|\.o_proj|sinks")
-_EXPERTS = re.compile(
-    r"\.experts\.|\.router\.|\.gate\.(weight|bias|e_score)|block_sparse_moe\.gate"
+_IN_LAYERS = (
+    (re.compile(r"shared_expert"), "mlp"),
+    (
+        re.compile(r"\.experts\.|\.router\.|(mlp|moe|feed_forward)\.gate\."),
+        "experts",
+    ),
+    # an attention module with its own norms (q/k norms, MLA's q_a/kv_a norms)
+    (re.compile(r"\.(self_attn|attn|attention|self_attention|cross_attn)\."), "attention"),
+    (
+        re.compile(
+            r"linear_attn|mamba|\.ssm|conv1d|\.conv\.|A_log|\.D$|dt_bias|dt_proj|x_proj|in_proj"
+            r"|short_conv"
+        ),
+        "mixer",
+    ),
+    (re.compile(r"norm"), "other"),
+    (re.compile(r"[qkv]_proj|qkv|kv_[ab]_|q_[ab]_|\.o_proj|sinks"), "attention"),  # Nemotron-H
+    (re.compile(r"mlp|feed_forward|ffn|_proj|fc1|fc2"), "mlp"),
 )
 
 
 def module_group(name: str) -> str:
-    """The group of a checkpoint tensor (or a vLLM parameter) by its name."""
-    if any(key in name for key in _VISION):
-        return "vision"
-    if "lm_head" in name:
-        return "lm_head"
-    if any(key in name for key in ("embed_tokens", "wte.", "wpe.", "embed_positions")):
-        return "embedding"
+    """The group of a checkpoint tensor (or a vLLM parameter) by its name: the first
+    pattern that matches, outside the decoder layers then inside them."""
+    for pattern, group in _OUTSIDE_LAYERS:
+        if pattern.search(name):
+            return group
     if not _LAYER.search(name):
         return "other"
-    if "shared_expert" in name:
-        return "mlp"
-    if _EXPERTS.search(name):
-        return "experts"
-    if _ATTENTION_MODULE.search(name):
-        return "attention"  # with its own norms (q/k norms, MLA's q_a/kv_a norms)
-    if _MIXER.search(name):
-        return "mixer"
-    if _NORM.search(name):
-        return "other"
-    if _ATTENTION.search(name):
-        return "attention"
-    if any(key in name for key in ("mlp", "feed_forward", "ffn", "_proj", "fc1", "fc2")):
-        return "mlp"
-    return "other"
+    return next((group for pattern, group in _IN_LAYERS if pattern.search(name)), "other")
 
 
 def _stored(c: RankWeights, name: str) -> str:
@@ -208,6 +214,31 @@ def _checkpoint(c: RankWeights, stages: list[range]) -> list[Counter[_Key]]:
         key = (module_group(share.name), fmt, share.layer is not None)
         out[share.stage][key] += share.rank_bytes
     return out
+
+
+def _built(c: RankWeights, built: BuiltWeights, stages: list[range]) -> list[Counter[_Key]]:
+    """What an installed vLLM built (``--weights-from vllm``), by vLLM's names: a module
+    holding a tensor in no float dtype (packed weights, fp8) is quantized, all its tensors
+    in its scheme's method; the others in their own dtype."""
+    quantized = {t.name.rsplit(".", 1)[0] for t in built.tensors if t.dtype not in DTYPE_BYTES}
+    prefix = f"{c.names.model}.layers."
+    out: list[Counter[_Key]] = [Counter() for _ in stages]
+    for k, t in built_shares(c, built, stages):
+        module = t.name.rsplit(".", 1)[0]
+        fmt = _built_scheme(c, built, module) if module in quantized else t.dtype
+        in_layer = t.name.startswith(prefix) and not t.buffer and not t.after_loading
+        out[k][(module_group(t.name), fmt, in_layer)] += t.num_bytes
+    return out
+
+
+def _built_scheme(c: RankWeights, built: BuiltWeights, module: str) -> str:
+    try:
+        scheme = (
+            c.quant.scheme_for(module, experts=module.endswith(".experts")) if c.quant else None
+        )
+    except ModelSpecError:
+        scheme = None
+    return scheme.method if scheme is not None else built.quantization or "quantized"
 
 
 def _scaled(counts: Mapping[_K, int], target: int) -> Counter[_K]:
@@ -247,7 +278,9 @@ def weight_groups(
     stages = pp_partition(spec.num_layers, len(plan.stage_bytes))
     ckpt = spec.checkpoint
     offloaded = plan.offloaded_bytes or (0,) * len(stages)
-    if ckpt is not None and ckpt.tensors and plan.source == ckpt.source:
+    if spec.built is not None and plan.source == spec.built.source:
+        counts = _built(c, spec.built, stages)
+    elif ckpt is not None and ckpt.tensors and plan.source == ckpt.source:
         counts = _checkpoint(c, stages)
     elif plan.source == ARCHITECTURE:
         counts = _architecture(c, stages)

@@ -9,6 +9,7 @@ Against vLLM's own construction: tests/estimator/test_quant_conformance.py
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from gatekeeper.errors import ModelSpecError, ServeOptionsError
 from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate
 from gatekeeper.estimator.speculative import parse_speculative
 from gatekeeper.estimator.weight_groups import GROUPS, WeightGroups, module_group
+from gatekeeper.models.built_weights import BuiltTensor, BuiltWeights
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.spec import CheckpointTensor, CheckpointWeights, ModelSpec
@@ -245,3 +247,49 @@ def test_calibration_scales_the_split_with_the_weights() -> None:
 )
 def test_tensor_names_are_classified(name: str, group: str) -> None:
     assert module_group(name) == group
+
+
+def _built_llama(spec: ModelSpec) -> BuiltWeights:
+    """A Llama FP8 (per-tensor) as vLLM builds it, under vLLM's names: fused qkv and
+    gate_up, fp8 weights with fp32 scales, a rotary cache buffer."""
+    h, inter, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * hd
+    linears = {"self_attn.qkv_proj": (qkv, h), "self_attn.o_proj": (h, h),
+               "mlp.gate_up_proj": (2 * inter, h), "mlp.down_proj": (h, inter)}  # fmt: skip
+    vocab = (spec.vocab_size + 63) // 64 * 64
+    out = [BuiltTensor("model.embed_tokens.weight", "bfloat16", (vocab, h), vocab * h * 2)]
+    for i in range(spec.num_layers):
+        for name, (rows, cols) in linears.items():
+            prefix = f"model.layers.{i}.{name}"
+            out.append(BuiltTensor(f"{prefix}.weight", "float8_e4m3fn", (rows, cols), rows * cols))
+            out.append(BuiltTensor(f"{prefix}.weight_scale", "float32", (3,), 12))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out.append(BuiltTensor(f"model.layers.{i}.{norm}.weight", "bfloat16", (h,), 2 * h))
+    rope = BuiltTensor(
+        "model.layers.0.self_attn.rotary_emb.cos_sin_cache", "bfloat16", (4096, hd), 4096 * hd * 2
+    )
+    out += [BuiltTensor("model.norm.weight", "bfloat16", (h,), 2 * h), replace(rope, buffer=True)]
+    out.append(BuiltTensor("lm_head.weight", "bfloat16", (vocab, h), vocab * h * 2))
+    return BuiltWeights("0.32.0", 1, "bfloat16", "fp8", spec.architecture, tuple(out))
+
+
+def test_what_an_installed_vllm_built_adds_up_by_its_names() -> None:
+    """``--weights-from vllm``: vLLM's own tensors by their names, a module holding fp8
+    in its scheme's method, over PP 1 and 2 (each stage its own rotary cache) and with
+    ``--cpu-offload-gb``."""
+    fp8 = {"quant_method": "fp8", "activation_scheme": "static"}
+    spec = spec_from_config({**FAMILIES["llama"], "quantization_config": fp8}, name="llama-fp8")
+    built = _built_llama(spec)
+    spec = replace(spec, built=built)
+    for options in (
+        ServeOptions(max_model_len=512),
+        ServeOptions(max_model_len=512, pipeline_parallel_size=2),
+        ServeOptions(max_model_len=512, cpu_offload_gb=0.0001),
+    ):
+        result = assert_exact(spec, options)
+        assert result.weights_source.startswith("vLLM 0.32.0")
+    groups = assert_exact(spec, ServeOptions(max_model_len=512)).worst.weights_by_group.by_group()
+    attention = [t.num_bytes for t in built.tensors if ".self_attn." in t.name and not t.buffer]
+    assert groups["attention"] == {"fp8": sum(attention)}
+    assert set(groups["mlp"]) == {"fp8"} and set(groups["lm_head"]) == {"bfloat16"}
+    assert groups["other"]["bfloat16"] > 4096 * spec.head_dim * 2  # the rotary cache, the norms
