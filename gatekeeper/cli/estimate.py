@@ -62,7 +62,11 @@ def _gpu(args: argparse.Namespace) -> GpuTarget:
         except ValueError as e:
             raise ServeOptionsError(str(e), field="gpu_memory", value=args.gpu_memory) from e
     product = lookup_gpu(args.gpu or DEFAULT_GPU)
-    return GpuTarget(total_bytes=product.total_bytes, name=product.name)
+    return GpuTarget(
+        total_bytes=product.total_bytes,
+        name=product.name,
+        compute_capability=product.compute_capability,
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -172,8 +176,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         ("NVML total for the worker", w.nvml_bytes),
     ]
     table = [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
-    weights_rows = 1 + sum(1 for name, _ in rows if name.startswith("  "))
-    lines += [*table[:weights_rows], *_group_lines(w.weights_by_group), *table[weights_rows:]]
+    lines += [table[0], *_group_lines(w.weights_by_group), *table[1:]]  # under the weights
     lines += [
         "",
         f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
@@ -181,6 +184,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         *_state_lines(e),
         *_parallel_lines(e),
         f"  weights from: {e.weights_source}",
+        *([f"  MoE experts padded as backend {e.experts_backend}"] if e.experts_backend else []),
         f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
     ]
     lines += [f"    - {r}" for r in e.reasons]

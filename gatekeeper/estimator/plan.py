@@ -73,7 +73,13 @@ class Features:
 
 
 def _features(
-    spec: ModelSpec, opts: ServeOptions, shape: BatchShape, tp: int, *, pooling: bool
+    spec: ModelSpec,
+    opts: ServeOptions,
+    shape: BatchShape,
+    tp: int,
+    gpu: GpuTarget,
+    *,
+    pooling: bool,
 ) -> Features:
     sp = opts.speculative_config
     comp = opts.compilation_config
@@ -109,6 +115,7 @@ def _features(
         vision=not vision_off,
         vision_replicated=opts.mm_encoder_tp_mode == "data",
         cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),
+        compute_capability=gpu.compute_capability,
     )
     return Features(
         lora=lora,
@@ -150,7 +157,7 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
-    features = _features(spec, opts, shape, tp, pooling=pooling)
+    features = _features(spec, opts, shape, tp, gpu, pooling=pooling)
     return Plan(
         acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
         version,

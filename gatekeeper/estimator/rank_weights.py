@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gatekeeper.estimator.moe_backend import ExpertsBackend, mxfp4_experts_backend
 from gatekeeper.estimator.state import mixer_linears, mixer_weight_bytes
 from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
@@ -39,6 +40,7 @@ __all__ = [
     "WeightOptions",
     "attention_bytes",
     "decoder_layer_bytes",
+    "experts_backend",
     "head_bytes",
     "head_scheme",
     "layer_parts",
@@ -71,6 +73,9 @@ class WeightOptions:
     vision: bool = True
     vision_replicated: bool = False
     cpu_offload_bytes: int = 0
+    compute_capability: tuple[int, int] | None = None
+    """The GPU's, when known: MXFP4 experts are padded as the backend vLLM picks on it
+    pads them (``moe_backend``)."""
 
 
 def _names(spec: ModelSpec) -> ModuleNames:
@@ -201,6 +206,13 @@ def _mlp_bytes(c: RankWeights, i: int, prefix: str, inter: int, *, gated: bool, 
     return total
 
 
+def experts_backend(c: RankWeights) -> ExpertsBackend:
+    """The backend vLLM runs MXFP4 experts with on this GPU (gpt-oss' own choice for
+    ``GptOssMxfp4Config``, every other MXFP4 MoE's otherwise)."""
+    gpt_oss = c.spec.model_type == "gpt_oss"
+    return mxfp4_experts_backend(c.opts.compute_capability, gpt_oss=gpt_oss)
+
+
 def _moe_bytes(c: RankWeights, i: int) -> int:
     s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
     assert moe is not None
@@ -213,16 +225,26 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
     # expert parallel: whole experts, num_experts / ep of them; else every expert TP-split
     inter = moe.expert_intermediate_size if ep > 1 else cdiv(moe.expert_intermediate_size, c.tp)
     local_experts = cdiv(moe.num_experts, ep)
-    # RoutedExperts: one module for every expert's projections
+    width = moe.latent_size or h  # latent MoE: the experts run between two projections
+    if moe.latent_size:
+        total += c.linear(f"{p}.fc1_latent_proj", h, width)
+        total += c.linear(f"{p}.fc2_latent_proj", width, h)
+        total += c.vec(width + h) if s.mlp_bias else 0
+    # RoutedExperts: one module for every expert's projections; w13 is gate and up merged
+    # (up alone where the MLP is not gated: Nemotron-H's relu2 experts)
+    shards = 2 if s.gated_mlp else 1
     q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
-    if q is not None:
-        inter = q.expert_intermediate(inter)
-        w13 = q.module_bytes(h, (inter, inter), c.dtype_bytes)  # w13: gate and up, merged
-        per_expert = w13 + q.linear_bytes(inter, h, c.dtype_bytes)
+    bias = c.dtype_bytes if moe.expert_bias else 0
+    if q is not None and q.method == "mxfp4":  # as the backend vLLM picks holds them
+        backend = experts_backend(c)
+        per_expert = backend.expert_bytes(width, inter, shards=shards, bias_bytes=bias)
+    elif q is not None:
+        w13 = q.module_bytes(width, (inter,) * shards, c.dtype_bytes)
+        per_expert = w13 + q.linear_bytes(inter, width, c.dtype_bytes)
+        per_expert += (shards * inter + width) * bias
     else:
-        per_expert = 3 * h * inter * c.dtype_bytes
-    if moe.expert_bias:
-        per_expert += c.vec(2 * inter + h)
+        per_expert = (shards + 1) * width * inter * c.dtype_bytes
+        per_expert += (shards * inter + width) * bias
     total += local_experts * per_expert
     if moe.shared_intermediate_size:
         total += _mlp_bytes(
@@ -230,7 +252,7 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
             i,
             f"{p}.{c.names.shared_experts}",
             moe.shared_intermediate_size,
-            gated=True,
+            gated=s.gated_mlp,
             bias=False,
         )
         total += h * c.dtype_bytes if moe.shared_expert_gate else 0

@@ -26,6 +26,9 @@ class GpuTarget:
     total_bytes: int
     free_bytes: int | None = None
     name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    """(major, minor), when the product is known: vLLM picks some kernels by it, and
+    their padding changes what the experts hold (``moe_backend``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,9 @@ class Estimate:
     speculative_method: str | None = None
     cuda_graph_capture_size: int = 0
     """The largest batch captured in a CUDA graph (0: no graphs)."""
+    experts_backend: str = ""
+    """The kernel backend whose padding sized the quantized experts, as vLLM picks it on
+    the target GPU, and on what ground (MXFP4: ``moe_backend``); "" where none pads."""
     state_bytes_per_sequence: int = 0
     """Recurrent state one sequence holds on the most loaded rank (hybrid and
     attention-free models; 0 for pure attention). ``kv_bytes_per_token`` is the
@@ -175,6 +181,7 @@ class Estimate:
             "cpu_offloaded_bytes": w.cpu_offloaded_bytes,
             "gpus": self.gpus,
             "weights_source": self.weights_source,
+            "experts_backend": self.experts_backend or None,
             "options": {
                 "tensor_parallel_size": self.tensor_parallel_size,
                 "pipeline_parallel_size": self.pipeline_parallel_size,

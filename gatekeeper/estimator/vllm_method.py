@@ -27,6 +27,7 @@ from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_ver
 from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
 from gatekeeper.estimator.kv_cache import KvLayout, KvOptions, StatePages, kv_layout
 from gatekeeper.estimator.lora import lora_bytes
+from gatekeeper.estimator.moe_backend import experts_backend_label
 from gatekeeper.estimator.options import ServeOptions, resolve_kv_dtype
 from gatekeeper.estimator.overhead import (
     cuda_graph_bytes,
@@ -325,6 +326,7 @@ def estimate(
         length_beyond_model=_length_beyond_model(p),
         reasons=tuple(reasons),
         warnings=tuple(warnings),
+        experts_backend=experts_backend_label(p.spec, p.quant, p.gpu.compute_capability),
         data_parallel_size=options.data_parallel_size,
         expert_parallel_size=p.features.ep,
         decode_context_parallel_size=p.features.dcp,

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from gatekeeper.estimator.built_stages import built_stages
+from gatekeeper.estimator.moe_backend import PLAIN_MXFP4
 from gatekeeper.estimator.rank_weights import (
     FLOAT32_ROPE_ARCHITECTURES,
     VOCAB_PADDING,
@@ -26,6 +27,7 @@ from gatekeeper.estimator.rank_weights import (
     WeightOptions,
     attention_bytes,
     decoder_layer_bytes,
+    experts_backend,
     head_bytes,
     head_scheme,
     mla_copy_bytes,
@@ -274,6 +276,17 @@ def _from_tensors(
     return tuple(totals), tuple(in_layers)
 
 
+def _padded_experts(ctx: RankWeights, num_bytes: int) -> int:
+    """A checkpoint's MXFP4 expert tensor as the backend vLLM picks on the GPU holds it
+    (``moe_backend``: padded, and re-laid out on Hopper), in proportion."""
+    moe = ctx.spec.moe
+    assert moe is not None
+    h, inter = ctx.spec.hidden_size, moe.expert_intermediate_size
+    rank = inter if ctx.opts.ep_size > 1 else cdiv(inter, ctx.tp)
+    held = experts_backend(ctx).expert_bytes(h, rank, shards=2, bias_bytes=0)
+    return num_bytes * held // PLAIN_MXFP4.expert_bytes(h, rank, shards=2, bias_bytes=0)
+
+
 def tensor_shares(
     ctx: RankWeights, ckpt: CheckpointWeights, stages: list[range]
 ) -> list[TensorShare]:
@@ -292,14 +305,8 @@ def tensor_shares(
         elif t.dtype in _FLOAT_BYTES:
             num_bytes = num_bytes * dtype_bytes // _FLOAT_BYTES[t.dtype]
         form = "" if kept is None and t.dtype in _FLOAT_BYTES else "stored"
-        if (
-            quant is not None
-            and quant.moe_intermediate_multiple > 1
-            and ".experts." in t.name
-            and spec.moe
-        ):
-            inter = spec.moe.expert_intermediate_size
-            num_bytes = num_bytes * quant.expert_intermediate(inter) // inter
+        if quant is not None and quant.method == "mxfp4" and ".experts." in t.name and spec.moe:
+            num_bytes = _padded_experts(ctx, num_bytes)
         match = _LAYER_RE.search(t.name)
         layer = int(match.group(1)) if match else None
         if not _loaded(spec, t.name, layer, opts):

@@ -29,7 +29,7 @@ from gatekeeper.gpus.inventory import (
 )
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.proctree import process_tree, read_parent_map
-from gatekeeper.gpus.products import GpuProduct, gpu_products, lookup_gpu
+from gatekeeper.gpus.products import GpuProduct, best_capability, gpu_products, lookup_gpu
 from gatekeeper.gpus.source import GpuSource, parse_gpu_source
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.gpus.visible_devices import (
@@ -53,6 +53,7 @@ __all__ = [
     "StaticInventory",
     "VisibleDevicesError",
     "WorkerUsage",
+    "best_capability",
     "failed_snapshot",
     "gpu_products",
     "load_node_file",

@@ -223,7 +223,7 @@ def _evaluate(case: Case, options: ServeOptions) -> _Eval:
     e = estimate(
         case.spec,
         options,
-        GpuTarget(total_bytes=gpu.total_bytes, name=gpu.name),
+        GpuTarget(gpu.total_bytes, name=gpu.name, compute_capability=gpu.compute_capability),
         default_version=case.policy.default_vllm_version,
         draft=case.draft,
     )

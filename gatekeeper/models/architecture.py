@@ -30,6 +30,7 @@ UNGATED_MLP: dict[str, str] = {
     "roberta": "vllm roberta.py (bert.py's layers)",
     "xlm-roberta": "vllm roberta.py (bert.py's layers)",
     "nemotron": "vllm nemotron.py NemotronMLP (up_proj, down_proj)",
+    "nemotron_h": "vllm nemotron_h.py NemotronHMLP (up_proj, down_proj; relu2), its experts too",
     "phi": "transformers modeling_phi.py PhiMLP (fc1, fc2)",
     "gpt_bigcode": "transformers modeling_gpt_bigcode.py GPTBigCodeMLP (c_fc, c_proj)",
     "gpt_neox": "transformers modeling_gpt_neox.py GPTNeoXMLP (dense_h_to_4h, dense_4h_to_h)",

@@ -128,7 +128,9 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
             "intermediate_size",
         ),
     )
-    shared = int(cfg.get("n_shared_experts") or 0) * inter
+    # Nemotron-H: n_shared_experts of moe_shared_expert_intermediate_size each
+    shared_each = int(cfg.get("moe_shared_expert_intermediate_size") or inter)
+    shared = int(cfg.get("n_shared_experts") or 0) * shared_each
     shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
     model_type = str(cfg.get("model_type", ""))
     if model_type.startswith("llama4"):
@@ -145,6 +147,7 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
         dense_intermediate_size=int(cfg.get("intermediate_size") or 0) if beside else 0,
         router_scales=beside,
         norms=MOE_BLOCK_NORMS if beside else 0,
+        latent_size=int(cfg.get("moe_latent_size") or 0),
     )
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list) and len(freq) != layers:

@@ -160,7 +160,6 @@ _MXFP4 = QuantSpec(
     group_size=32,
     scale_bytes=1,
     experts_only=True,
-    moe_intermediate_multiple=256,
     maps_names=False,
 )
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.module_names import ModuleNames
 from gatekeeper.models.quant_match import override, skipped
-from gatekeeper.units import cdiv, round_up
+from gatekeeper.units import cdiv
 
 __all__ = ["QuantSpec"]
 
@@ -65,8 +65,6 @@ class QuantSpec:
     lm_head: bool = False
     """The LM head may be quantized (AWQ/GPTQ ``lm_head``, a compressed-tensors target,
     ModelOpt unless excluded): ``scheme_for(..., lm_head=True)`` decides."""
-    moe_intermediate_multiple: int = 1
-    """Kernels that pad each expert's intermediate size to a multiple (MXFP4: 256)."""
     skip_patterns: tuple[str, ...] = ()
     source: str = "checkpoint"
     tensor_scale_bytes: int = 0
@@ -202,9 +200,6 @@ class QuantSpec:
             return out_features * 4
         # double quantization is undone at load: the absmax is fp32 either way
         return cdiv(numel, _BNB_BLOCK) * 4 + _BNB_CODE_BYTES
-
-    def expert_intermediate(self, intermediate_per_rank: int) -> int:
-        return round_up(intermediate_per_rank, self.moe_intermediate_multiple)
 
     def tensor_bytes(self, name: str, dtype: str, num_bytes: int) -> int | None:
         """GPU bytes of a pre-quantized checkpoint tensor whose size is not its on-disk

@@ -110,6 +110,10 @@ class MoeSpec:
     ``router.scale`` and ``router.per_expert_scale``): ``hidden + experts`` more elements."""
     norms: int = 0
     """Norm vectors of hidden width the MoE block adds to its layer (Gemma 4: three)."""
+    latent_size: int = 0
+    """Latent MoE (Nemotron-3 Super's ``moe_latent_size``): the routed experts run this
+    wide, between ``fc1_latent_proj`` (hidden -> latent) and ``fc2_latent_proj``
+    (latent -> hidden), both replicated; 0 when the experts take the hidden width."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from gatekeeper.estimator.calibration import scale_estimate
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
+from gatekeeper.gpus.products import best_capability
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.budget import Need, placement_for, whole_device_status
 from gatekeeper.placement.types import (
@@ -101,7 +102,7 @@ class EstimateCache:
         result = estimate(
             spec,
             options,
-            GpuTarget(total_bytes=total, name=name),
+            GpuTarget(total_bytes=total, name=name, compute_capability=best_capability([name])),
             default_version=version,
             draft=draft,
         )
