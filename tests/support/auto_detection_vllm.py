@@ -43,12 +43,30 @@ def _registry() -> dict[str, list[str]]:
         | set(r._TOKEN_CLASSIFICATION_MODELS)
         | set(r._SEQUENCE_CLASSIFICATION_MODELS)
     ) - generative
-    other = []
+    # _get_default_runner_type asks the class (is_pooling_model, then
+    # is_text_generation_model): a pooling table's name whose class generates and is no
+    # pooling model (LlamaModel -> LlamaForCausalLM) is served as a generative model
+    generating = {a for a in pooling if _generates(r, a)}
+    pooling -= generating
+    other = list(generating)
     for arch in generative:
         match = try_match_architecture_defaults(arch)
         if match is None or match[1][0] != "generate":
             other.append(arch)
     return {"pooling": sorted(pooling), "generate": sorted(other)}
+
+
+def _generates(r: Any, arch: str) -> bool:
+    """Whether vLLM's registry, inspecting ``arch``'s class, calls it a text generation
+    model and not a pooling one (a class it cannot import here stays as its table says)."""
+    saved, r._run_in_subprocess = r._run_in_subprocess, lambda fn: fn()
+    try:
+        info = r.ModelRegistry._try_inspect_model_cls(arch)
+    except Exception:
+        info = None
+    finally:
+        r._run_in_subprocess = saved
+    return info is not None and not info.is_pooling_model and info.is_text_generation_model
 
 
 def _case(case: dict[str, Any]) -> dict[str, Any]:
