@@ -108,14 +108,26 @@ def attention_kinds(
 
 def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tuple[bool, ...]]:
     experts = field_value(
-        cfg, "experts", "num_local_experts", "num_experts", "n_routed_experts", required=False
+        cfg,
+        "experts",
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "moe_num_experts",  # Ernie 4.5 MoE, Aria
+        required=False,
     )
     if not experts:
         return None, tuple(False for _ in range(layers))
     per_token = positive(
         "num_experts_per_tok",
         field_value(
-            cfg, "experts per token", "num_experts_per_tok", "experts_per_token", "top_k_experts"
+            cfg,
+            "experts per token",
+            "num_experts_per_tok",
+            "experts_per_token",
+            "top_k_experts",
+            "moe_k",  # Ernie 4.5 MoE
+            "moe_topk",  # Aria
         ),
     )
     inter = positive(
@@ -130,7 +142,8 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
     )
     # Nemotron-H: n_shared_experts of moe_shared_expert_intermediate_size each
     shared_each = int(cfg.get("moe_shared_expert_intermediate_size") or inter)
-    shared = int(cfg.get("n_shared_experts") or 0) * shared_each
+    count = cfg.get("n_shared_experts") or cfg.get("moe_num_shared_experts")  # Ernie, Aria
+    shared = int(count or 0) * shared_each
     shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
     model_type = str(cfg.get("model_type", ""))
     if model_type.startswith("llama4"):
@@ -156,6 +169,14 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
+    kinds = cfg.get("mlp_layer_types")  # Laguna: "dense" or "sparse" per layer
+    if isinstance(kinds, list) and i < len(kinds):
+        return kinds[i] == "sparse"
+    start, end = cfg.get("moe_layer_start_index"), cfg.get("moe_layer_end_index")
+    if isinstance(start, int) or isinstance(end, int):  # vllm ernie45_moe.py Ernie4_5_MoeModel
+        step = int(cfg.get("moe_layer_interval") or 1)
+        last = end if isinstance(end, int) else i
+        return (i + 1) % step == 0 and int(start or 0) <= i <= last
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list):  # per layer, 0/1 (vllm transformers_utils/configs/minimax_m3.py)
         return bool(freq[i])
