@@ -163,7 +163,10 @@ _OUTSIDE_LAYERS = (
         "vision",
     ),
     (re.compile(r"lm_head"), "lm_head"),
-    (re.compile(r"embed_tokens|wte\.|wpe\.|embed_positions"), "embedding"),
+    (
+        re.compile(r"embed_tokens|\.embedding\.|word_embeddings|wte\.|wpe\.|embed_positions"),
+        "embedding",
+    ),
 )
 _IN_LAYERS = (
     (re.compile(r"shared_expert"), "mlp"),

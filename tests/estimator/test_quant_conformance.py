@@ -110,6 +110,8 @@ GROUP_CASES = (
     "awq-skip/mistral3",  # a multimodal wrapper's language model
     "awq-skip/llama",  # attention not converted
     "modelopt-fp8-exclude/llama",  # one layer's MLP and the LM head excluded
+    "modelopt-nvfp4/gemma4_moe",  # a dense MLP beside the experts, attention excluded
+    "mxfp4/gpt_oss",  # MXFP4 experts only, a float32 rotary cache
 )
 
 

@@ -240,6 +240,7 @@ def test_calibration_scales_the_split_with_the_weights() -> None:
         ("model.layers.0.self_attn.k_norm.weight", "attention"),
         ("model.norm.weight", "other"),
         ("model.embed_tokens.weight", "embedding"),
+        ("model.embedding.weight", "embedding"),
         ("lm_head.weight", "lm_head"),
         ("model.visual.blocks.0.attn.qkv.weight", "vision"),
         ("multi_modal_projector.linear_1.weight", "vision"),

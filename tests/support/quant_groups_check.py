@@ -33,7 +33,7 @@ def _vllm_group(name: str) -> str:
         return "other"
     if any(k in name for k in ("visual", "vision", "multi_modal_projector")):
         return "vision"
-    if "embed_tokens" in name:
+    if "embed_tokens" in name or ".embedding." in name:  # gpt_oss.py: model.embedding
         return "embedding"
     if "lm_head" in name:
         return "lm_head"
