@@ -17,9 +17,13 @@ only the index's ``total_size`` is known, the architecture's split is scaled to 
 ``weight_plan`` scales it. ``--cpu-offload-gb`` takes the offloaded bytes out of the
 decoder layers' groups in proportion (the offloader moves whole layers, first first).
 
-Worked example: a Llama with ModelOpt NVFP4 and ``exclude_modules: ["*self_attn*",
-"lm_head"]`` comes out as ``attention: {bfloat16: ...}``, ``mlp: {modelopt:nvfp4: ...}``,
-``embedding`` and ``lm_head`` in ``bfloat16``: attention stayed bf16.
+Worked example: Qwen3-30B-A3B with ModelOpt NVFP4 ignoring ``lm_head``,
+``model.layers.*.self_attn*`` and the routers, bf16, TP 1: attention 1,811,963,904 B
+bfloat16 (48 layers of qkv 2048 -> 5120 and o 4096 -> 2048 in bf16, q/k norms); experts
+16,307,601,408 B ``modelopt:nvfp4`` (48 x 128 experts of 3 x 2048 x 768 at 4.5 bits and
+their fp32 scales) + 25,165,824 B bfloat16 (the routers, 48 x 2048 x 128 x 2 B);
+embedding and lm_head 622,329,856 B bfloat16 each; other 10,883,072 B (norms, the
+rotary cache): 19,400,273,920 B, the estimate's weights. Attention stayed bf16.
 """
 
 from __future__ import annotations
