@@ -44,6 +44,7 @@ from gatekeeper.estimator.types import GpuTarget as GpuTarget
 from gatekeeper.estimator.types import StageEstimate as StageEstimate
 from gatekeeper.estimator.weight_groups import WeightGroups, weight_groups
 from gatekeeper.estimator.weights import pp_partition, weight_plan
+from gatekeeper.models.module_names import unknown_architecture_warning
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import format_gib
 
@@ -293,6 +294,8 @@ def estimate(
         p, layout, worst.num_blocks, worst.kv_cache_bytes
     )
     reasons, warnings = _verdict(p, worst, layout, length_fits, tokens)
+    unregistered = unknown_architecture_warning(spec.architecture)
+    warnings += [unregistered] if unregistered else []
     sp = p.features.speculative
     return Estimate(
         model=spec.name,

@@ -41,6 +41,7 @@ __all__ = [
     "ModuleNames",
     "known_architecture",
     "module_names",
+    "registered_architecture",
     "unknown_architecture_warning",
 ]
 
@@ -118,14 +119,34 @@ _TEXT = ModuleNames()
 
 
 @cache
-def _table() -> dict[str, Any]:
+def _data() -> dict[str, Any]:
     path = resources.files("gatekeeper").joinpath(f"data/vllm_models/{TABLE_RELEASE}.json")
-    models: dict[str, Any] = json.loads(path.read_text())["models"]
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _table() -> dict[str, Any]:
+    models: dict[str, Any] = _data()["models"]
     return models
 
 
+def registered_architecture(architecture: str) -> str | None:
+    """The registry entry vLLM builds ``architecture`` with: itself, or the class whose
+    name differs by the suffix vLLM converts (``registry._normalize_arch``: a
+    ``Qwen3ForSequenceClassification`` is ``Qwen3ForCausalLM`` turned into a classifier,
+    with the same modules); None when there is none."""
+    models = _table()
+    if architecture in models:
+        return architecture
+    suffixes: list[str] = _data().get("suffixes") or []
+    suffix = next((s for s in suffixes if architecture.endswith(s)), None)
+    if suffix is None:
+        return None
+    return next((b for s in suffixes if (b := architecture.replace(suffix, s)) in models), None)
+
+
 def known_architecture(architecture: str) -> bool:
-    return architecture in _table()
+    return registered_architecture(architecture) is not None
 
 
 def unknown_architecture_warning(architecture: str) -> str | None:
@@ -133,9 +154,10 @@ def unknown_architecture_warning(architecture: str) -> str | None:
     if not architecture or known_architecture(architecture):
         return None
     return (
-        f"architecture {architecture} is not in vLLM {TABLE_RELEASE}'s model registry: "
-        "modules are named as a plain decoder's (model.layers.N.self_attn, .mlp), so a "
-        "quantization config's per-module lists may not match as vLLM would match them"
+        f"architecture {architecture} is not in vLLM {TABLE_RELEASE}'s model registry "
+        "(vLLM runs it only through its Transformers backend, if at all): its modules are "
+        "named as a plain decoder's (model.layers.N.self_attn, .mlp), so a quantization "
+        "config's per-module lists may not match them as vLLM would"
     )
 
 
@@ -183,14 +205,18 @@ def _known(architecture: str) -> ModuleNames | None:
 
 def module_names(architecture: str, *, q_lora_rank: int | None = None) -> ModuleNames:
     """vLLM's names for ``architecture``'s modules (a plain decoder's when the table lacks
-    it: ``unknown_architecture_warning`` says so). ``q_lora_rank``: the config's, for the
-    packed entries the class's ``__init__`` adds when it is set."""
-    names = _known(architecture)
+    it: ``unknown_architecture_warning`` says so). The packed entries the class's
+    ``__init__`` adds under a condition count, but for those that need ``q_lora_rank``
+    (DeepSeek's ``fused_qkv_a_proj``) when it is not set: the others name fused modules
+    that a config failing their condition does not build (Qwen2-MoE's ``gate_up_proj``,
+    packed when there is a shared expert or a dense layer), so they change nothing there."""
+    registered = registered_architecture(architecture)
+    names = _known(registered) if registered is not None else None
     if names is None:
         return replace(_TEXT, known=False)
     added = tuple(
         (str(p["module"]), tuple(p["shards"]))
         for p in names.extra.get("packed_when") or ()
-        if p.get("fields") == ["q_lora_rank"] and q_lora_rank and "module" in p
+        if "module" in p and (p.get("fields") != ["q_lora_rank"] or q_lora_rank)
     )
     return replace(names, packed=(*names.packed, *added)) if added else names

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gatekeeper.gpus.inventory import InventorySnapshot
+from gatekeeper.models.module_names import unknown_architecture_warning
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, SearchResult, search
 from gatekeeper.placement.hints import rejection_reasons, suggestions
@@ -24,7 +25,7 @@ from gatekeeper.placement.types import (
 )
 from gatekeeper.units import format_gib
 
-__all__ = ["decide", "kv_warnings", "mark_lines"]
+__all__ = ["decide", "kv_warnings", "mark_lines", "model_warnings"]
 
 
 def decide(
@@ -56,7 +57,7 @@ def decide(
             placement=found.placement,
             reasons=(),
             gpus=tuple(mark_lines(found.lines, found.chosen, found.needs)),
-            warnings=kv_warnings(request, found.placement, policy),
+            warnings=(*model_warnings(request), *kv_warnings(request, found.placement, policy)),
         )
     return _reject(request, snapshot, found, policy, suggest, cache)
 
@@ -76,6 +77,14 @@ def mark_lines(
         status = "chosen" if g.index in picked else ("fits" if fits else "too small")
         out.append(dataclasses.replace(g, status=status, need_bytes=need))
     return out
+
+
+def model_warnings(request: PlacementRequest) -> tuple[str, ...]:
+    """A warning when vLLM's model table lacks the model's architecture: its modules are
+    then named as a plain decoder's, and a quantization config's per-module lists may not
+    match them as vLLM would (``module_names.unknown_architecture_warning``)."""
+    warning = unknown_architecture_warning(request.model.architecture)
+    return (f"{request.model.name}: {warning}",) if warning else ()
 
 
 def kv_warnings(
@@ -123,4 +132,5 @@ def _reject(
         reasons=tuple(reasons),
         gpus=tuple(marked),
         suggestions=tuple(hints),
+        warnings=model_warnings(request),
     )
