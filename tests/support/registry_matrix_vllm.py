@@ -229,6 +229,7 @@ def _slim(row: dict[str, Any]) -> dict[str, Any]:
     tensors = row.pop("tensors", {}) or {}
     modules = row.pop("modules", {}) or {}
     row["largest"] = sorted(([n, *v] for n, v in tensors.items()), key=lambda t: -t[3])[:6]
+    row["sizes"] = {n: v[2] for n, v in tensors.items()}
     row["tensor_count"] = len(tensors)
     methods: dict[str, int] = {}
     for _cls, method in modules.values():
