@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator.drafter import mtp_prefix
 from gatekeeper.estimator.options import MmLimits
+from gatekeeper.estimator.speculative import Speculative, parse_speculative
 from gatekeeper.models.hf_config import spec_from_config
-from gatekeeper.models.module_names import module_names
+from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from tests.support.conformance import _env as vllm_env
 from tests.support.quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS
@@ -122,6 +124,14 @@ def gatekeeper_quant(case: dict[str, Any]) -> tuple[Any, QuantSpec | None]:
     return spec, quant_from_flag(flag, spec.quantization) if flag else spec.quantization
 
 
+BUILT_UNQUANTIZED = (".conv1d", ".shared_expert_gate")
+"""Linears vLLM builds with ``quant_config=None`` whatever the config: a state mixer's
+convolution (``qwen_gdn_linear_attn.py``), Qwen3-Next/3.5's shared-expert gate."""
+DRAFTER = "drafter:"
+"""How ``quant_conformance_vllm.py`` names the MTP drafter's own tensors and modules."""
+MODELOPT_FP4 = ("modelopt:nvfp4", "modelopt:w4a16_nvfp4")
+"""``qwen3_5_mtp.py``/``qwen3_next_mtp.py`` build ``mtp.fc`` unquantized under these."""
+
 NO_IMAGES = MmLimits.from_mapping({"image": 0, "video": 0}, '{"image": 0, "video": 0}')
 
 
@@ -136,16 +146,32 @@ def predict(case: dict[str, Any]) -> int:
         enforce_eager=True,
         vllm_version="0.32.0",
         limit_mm_per_prompt=NO_IMAGES if case["family"] in WRAPPERS else None,
+        speculative_config=_speculative(case),
     )
     return estimate(spec, options, GPU).worst.weights_bytes
 
 
-def _quantized_by_gatekeeper(spec: Any, quant: QuantSpec | None, module: str) -> bool:
-    names = module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
+def _speculative(case: dict[str, Any]) -> Speculative | None:
+    """The case's ``--speculative-config`` (an MTP drafter, whose own weights count)."""
+    data = case.get("speculative")
+    return parse_speculative(data, json.dumps(data)) if data else None
+
+
+def _quantized_by_gatekeeper(
+    spec: Any, names: ModuleNames, q: QuantSpec | None, module: str
+) -> bool:
+    """Whether gatekeeper quantizes ``module`` (vLLM's name); ``q``: the case's
+    quantization as vLLM holds it for the class (``for_model``)."""
     router = module.endswith((".gate", ".router", ".router.proj"))  # Gemma 4: router.proj
-    if quant is None or (router and not names.quantized_router):
+    if q is None or (router and not names.quantized_router):
         return False  # routers built with quant_config=None
-    q = quant.for_model(names)
+    if module.endswith(BUILT_UNQUANTIZED):
+        return False
+    if module.startswith(DRAFTER):  # an MTP drafter's module: its tree's model is "mtp"
+        mtp = mtp_prefix(spec, names)
+        module = mtp + module.removeprefix(f"{DRAFTER}model")
+        if module == f"{mtp}.fc" and q.method in MODELOPT_FP4:
+            return False
     if module.endswith("lm_head"):
         return q.lm_head and q.scheme_for(module, lm_head=True) is not None
     experts = module.endswith(".experts.routed_experts")  # RoutedExperts, asked as ...experts
@@ -156,12 +182,14 @@ def _quantized_by_gatekeeper(spec: Any, quant: QuantSpec | None, module: str) ->
 def module_mismatches(case: dict[str, Any], methods: dict[str, str]) -> tuple[str, ...]:
     """Modules vLLM and gatekeeper disagree on (quantized or not), as 'name: vLLM's method'."""
     spec, quant = gatekeeper_quant(case)
+    names = module_names(spec.architecture, q_lora_rank=spec.mla.q_lora_rank if spec.mla else None)
+    q = quant.for_model(names) if quant is not None else None
     out = []
     for module, method in sorted(methods.items()):
         if "KVCache" in method or module.endswith("embed_tokens"):
             continue
         vllm_quantized = not method.startswith("Unquantized")
-        if vllm_quantized != _quantized_by_gatekeeper(spec, quant, module):
+        if vllm_quantized != _quantized_by_gatekeeper(spec, names, q, module):
             side = "quantized" if vllm_quantized else "unquantized"
             out.append(f"{module}: vLLM {method} ({side}), gatekeeper the other way")
     return tuple(out)

@@ -352,6 +352,171 @@ CASES: dict[str, dict[str, Any]] = {
 
 # -- Qwen3.5 / Qwen3.6 (dense and MoE, GatedDeltaNet mixer, MTP) --
 
+# Tiny Qwen3.5 / Qwen3.6 checkpoints as published (the multimodal wrappers, text_config's
+# layer_types: a GatedDeltaNet layer, then a full-attention layer with its output gate;
+# one MTP layer, ``mtp_num_hidden_layers``), and Qwen3-Next (text, its GDN projections
+# already fused in the checkpoint). Their lists name modules as the checkpoints do:
+# ``model.language_model.layers.N.linear_attn.in_proj_qkv`` (+ ``in_proj_z``, fused by
+# vLLM into ``in_proj_qkvz``; ``in_proj_b`` + ``in_proj_a`` into ``in_proj_ba``),
+# ``...self_attn.q_proj``, ``...mlp.experts.E.gate_proj``, ``mtp.layers.0...``.
+_QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                "mrope_section": [6, 5, 5], "mrope_interleaved": True}  # fmt: skip
+_QWEN35_TEXT: dict[str, Any] = {
+    **_TEXT, "model_type": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"],
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mtp_num_hidden_layers": 1,
+    "attn_output_gate": True, "rope_parameters": _QWEN35_ROPE, "hidden_act": "silu",
+}  # fmt: skip
+_QWEN35_MOE_TEXT = {**_QWEN35_TEXT, "model_type": "qwen3_5_moe_text", "num_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                    "shared_expert_intermediate_size": 256}  # fmt: skip
+_QWEN35_VISION = {"depth": 1, "hidden_size": 128, "intermediate_size": 256, "num_heads": 2,
+                  "out_hidden_size": 256, "patch_size": 16, "spatial_merge_size": 2,
+                  "temporal_patch_size": 2, "num_position_embeddings": 64}  # fmt: skip
+FAMILIES |= {
+    "qwen3_5": _wrapper("Qwen3_5ForConditionalGeneration", "qwen3_5", _QWEN35_TEXT,
+                        vision_config=_QWEN35_VISION),
+    "qwen3_5_moe": _wrapper("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", _QWEN35_MOE_TEXT,
+                            vision_config=_QWEN35_VISION),
+    "qwen3_next": {**{k: v for k, v in _QWEN35_MOE_TEXT.items() if k != "rope_parameters"},
+                   "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+                   "torch_dtype": "bfloat16", "partial_rotary_factor": 0.25, "rope_theta": 10000000.0,
+                   "num_nextn_predict_layers": 1, "decoder_sparse_step": 1, "mlp_only_layers": []},
+}  # fmt: skip
+WRAPPERS |= {
+    "qwen3_5": ("qwen3_5.py", "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe": ("qwen3_5.py", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
+}
+_MTP = {"method": "mtp", "num_speculative_tokens": 1}
+_LM = "model.language_model.layers"
+_FP8_ALGO: dict[str, Any] = {"quant_algo": "FP8"}
+_NVFP4_ALGO: dict[str, Any] = {"quant_algo": "NVFP4", "group_size": 16}
+_W4A16_NVFP4_ALGO: dict[str, Any] = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
+
+
+def _qwen35_mixed(moe: bool, mtp: bool) -> dict[str, Any]:
+    """ModelOpt MIXED_PRECISION as the Qwen3.6 NVFP4 checkpoints list it: the mixer's and
+    attention's projections FP8 (``in_proj_b``/``in_proj_a`` left out: bf16), the MLP or
+    the experts NVFP4 (W4A16_NVFP4 in the last layer), the shared expert FP8; with
+    ``mtp``, the MTP layer's MLP listed too (its attention not: bf16)."""
+    layers = {f"{_LM}.0.linear_attn.{p}": _FP8_ALGO for p in ("in_proj_qkv", "in_proj_z")}
+    layers[f"{_LM}.0.linear_attn.out_proj"] = _NVFP4_ALGO
+    layers |= {f"{_LM}.1.self_attn.{p}_proj": _FP8_ALGO for p in "qkvo"}
+    mlps = [f"{_LM}.0.mlp", f"{_LM}.1.mlp", *(["mtp.layers.0.mlp"] if mtp else [])]
+    for n, mlp in enumerate(mlps):
+        algo = _W4A16_NVFP4_ALGO if n == 1 else _NVFP4_ALGO
+        if moe:
+            experts = (f"experts.{e}.{p}_proj" for e in range(4) for p in ("gate", "up", "down"))
+            layers |= {f"{mlp}.{p}": algo for p in experts}
+            layers |= {f"{mlp}.shared_expert.{p}_proj": _FP8_ALGO for p in ("gate", "up", "down")}
+        else:
+            layers |= {f"{mlp}.{p}_proj": algo for p in ("gate", "up", "down")}
+    return _modelopt("MIXED_PRECISION", ["lm_head", "model.visual*"], quantized_layers=layers)
+
+
+_QWEN35_CT_NVFP4 = {**CT_NVFP4, "ignore": [
+    "lm_head", "re:.*visual.*", "re:.*linear_attn\\.in_proj_[ab]$", "re:.*mlp\\.gate$",
+    "re:.*shared_expert_gate$", "re:^mtp\\..*self_attn.*"]}  # fmt: skip
+_QWEN35_NVFP4_EXCLUDE = ["lm_head", "model.visual*", "*linear_attn.in_proj_a*", "*linear_attn.in_proj_b*",
+                         "*mlp.gate", "*shared_expert_gate*", f"{_LM}.1.self_attn*", "mtp.layers.0*"]  # fmt: skip
+_QWEN_NEXT_NVFP4_EXCLUDE = ["lm_head", "*in_proj_ba*", "*mlp.gate", "*shared_expert_gate*", "mtp*"]
+
+CASES |= {
+    **{f"bf16/{f}": _case("unquantized", f) for f in ("qwen3_5", "qwen3_5_moe", "qwen3_next")},
+    "bf16-mtp/qwen3_5_moe": {**_case("unquantized", "qwen3_5_moe"), "speculative": _MTP},
+    **{f"modelopt-mixed/{f}": _case("ModelOpt mixed precision", f, _qwen35_mixed(f != "qwen3_5", False))
+       for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"modelopt-mixed-mtp/{f}": {**_case("ModelOpt mixed precision", f, _qwen35_mixed(f != "qwen3_5", True)),
+                                   "speculative": _MTP} for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"ct-nvfp4/{f}": _case("compressed-tensors NVFP4", f, _QWEN35_CT_NVFP4) for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"ct-nvfp4-mtp/{f}": {**_case("compressed-tensors NVFP4", f, _QWEN35_CT_NVFP4), "speculative": _MTP}
+       for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"modelopt-nvfp4/{f}": _case("ModelOpt NVFP4", f, _modelopt("NVFP4", _QWEN35_NVFP4_EXCLUDE, group_size=16))
+       for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"modelopt-nvfp4-mtp/{f}": {**_case("ModelOpt NVFP4", f, _modelopt("NVFP4", _QWEN35_NVFP4_EXCLUDE,
+                                                                         group_size=16)), "speculative": _MTP}
+       for f in ("qwen3_5", "qwen3_5_moe")},
+    **{f"fp8-block/{f}": _case("fp8 block", f, _FP8_BLOCK) for f in ("qwen3_5", "qwen3_5_moe", "qwen3_next")},
+    "fp8-block-mtp/qwen3_5": {**_case("fp8 block", "qwen3_5", _FP8_BLOCK), "speculative": _MTP},
+    "modelopt-nvfp4/qwen3_next": _case("ModelOpt NVFP4", "qwen3_next",
+                                       _modelopt("NVFP4", _QWEN_NEXT_NVFP4_EXCLUDE, group_size=16)),
+    "modelopt-nvfp4-mtp/qwen3_next": {**_case("ModelOpt NVFP4", "qwen3_next", _modelopt(
+        "NVFP4", _QWEN_NEXT_NVFP4_EXCLUDE, group_size=16)), "speculative": _MTP},
+}  # fmt: skip
+
+# Full size: Qwen3.6-27B and Qwen3.6-35B-A3B as published (their config.json's text_config
+# and vision_config; the values below are those of the Qwen3.5-27B / Qwen3.5-35B-A3B
+# configs the Qwen3.6 checkpoints keep, written from memory of the hub files: no hub here.
+# transformers' Qwen3_5MoeTextConfig defaults are the 35B-A3B's; Qwen3_5TextConfig's are not
+# the 27B's), each with a ModelOpt MIXED_PRECISION list shaped like the NVFP4 checkpoints'
+# (attention and the GDN projections FP8, in_proj_a/b bf16, MLP / experts NVFP4, the shared
+# expert FP8, the MTP layer's MLP / experts NVFP4; the exact per-layer choices of the
+# published files are not known here) and the MTP drafter on. vLLM builds them on the meta
+# device, so full size costs no memory.
+_QWEN36_ROPE = {**_QWEN35_ROPE, "mrope_section": [11, 11, 10]}
+_QWEN36_VISION = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                  "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                  "num_position_embeddings": 2304, "hidden_act": "gelu_pytorch_tanh"}  # fmt: skip
+_QWEN36_COMMON = {
+    "vocab_size": 248320, "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6, "hidden_act": "silu", "attn_output_gate": True, "mtp_num_hidden_layers": 1,
+    "tie_word_embeddings": False, "rope_parameters": _QWEN36_ROPE, "full_attention_interval": 4,
+    "bos_token_id": 248044, "eos_token_id": 248044,
+}  # fmt: skip
+
+
+def _layer_types(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+_QWEN36_27B = {**_QWEN36_COMMON, "model_type": "qwen3_5_text", "hidden_size": 5120,
+               "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24,
+               "num_key_value_heads": 4, "linear_num_value_heads": 48,
+               "layer_types": _layer_types(64)}  # fmt: skip
+_QWEN36_35B_A3B = {**_QWEN36_COMMON, "model_type": "qwen3_5_moe_text", "hidden_size": 2048,
+                   "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+                   "linear_num_value_heads": 32, "num_experts": 256, "num_experts_per_tok": 8,
+                   "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                   "layer_types": _layer_types(40)}  # fmt: skip
+
+
+def _qwen36_mixed(text: dict[str, Any]) -> dict[str, Any]:
+    layers: dict[str, Any] = {}
+    moe = "num_experts" in text
+    for i, kind in enumerate(text["layer_types"]):
+        if kind == "linear_attention":
+            mixer = ("in_proj_qkv", "in_proj_z", "out_proj")
+            layers |= {f"{_LM}.{i}.linear_attn.{p}": _FP8_ALGO for p in mixer}
+        else:
+            layers |= {f"{_LM}.{i}.self_attn.{p}_proj": _FP8_ALGO for p in "qkvo"}
+    for mlp in [*(f"{_LM}.{i}.mlp" for i in range(text["num_hidden_layers"])), "mtp.layers.0.mlp"]:
+        if moe:
+            experts = range(text["num_experts"])
+            routed = (f"experts.{e}.{p}_proj" for e in experts for p in ("gate", "up", "down"))
+            layers |= {f"{mlp}.{p}": _NVFP4_ALGO for p in routed}
+            layers |= {f"{mlp}.shared_expert.{p}_proj": _FP8_ALGO for p in ("gate", "up", "down")}
+        else:
+            layers |= {f"{mlp}.{p}_proj": _NVFP4_ALGO for p in ("gate", "up", "down")}
+    excluded = ["lm_head", "model.visual*", "mtp.fc"]
+    return _modelopt("MIXED_PRECISION", excluded, quantized_layers=layers)
+
+
+FAMILIES |= {
+    "qwen3_6_27b": _wrapper("Qwen3_5ForConditionalGeneration", "qwen3_5", _QWEN36_27B,
+                            vision_config={**_QWEN36_VISION, "out_hidden_size": 5120}),
+    "qwen3_6_35b_a3b": _wrapper("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", _QWEN36_35B_A3B,
+                                vision_config={**_QWEN36_VISION, "out_hidden_size": 2048}),
+}  # fmt: skip
+WRAPPERS |= {"qwen3_6_27b": WRAPPERS["qwen3_5"], "qwen3_6_35b_a3b": WRAPPERS["qwen3_5_moe"]}
+CASES |= {
+    "modelopt-mixed-mtp/qwen3_6_27b": {**_case("ModelOpt mixed precision", "qwen3_6_27b",
+                                              _qwen36_mixed(_QWEN36_27B)), "speculative": _MTP},
+    "modelopt-mixed-mtp/qwen3_6_35b_a3b": {**_case("ModelOpt mixed precision", "qwen3_6_35b_a3b",
+                                                  _qwen36_mixed(_QWEN36_35B_A3B)), "speculative": _MTP},
+}  # fmt: skip
+
+
 # -- Gemma 4 (dense and MoE, global layers, parallel dense MLP) --
 # Gemma 4 (vLLM 0.32 gemma4.py, gemma4_mm.py; transformers' Gemma4TextConfig): sliding
 # layers of head_dim 256 and num_key_value_heads, every sixth layer global (full) with

@@ -55,38 +55,66 @@ def _config(case: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _class_mappings(file: str, cls: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """The wrapper class's ``hf_to_vllm_mapper`` keyword dicts and its
-    ``packed_modules_mapping``, read from vLLM's source (its module needs torchvision)."""
+def _class_node(cls: str) -> Any:
+    """The ``ClassDef`` of vLLM model class ``cls``, found in the models' sources (their
+    modules may need torchvision), or None (a base from outside the models)."""
     import ast
 
     import vllm.model_executor.models as models  # type: ignore[import-not-found, unused-ignore]
 
-    tree = ast.parse((Path(models.__file__).parent / file).read_text())
-    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
-    mapper: dict[str, Any] = {}
-    packed: dict[str, list[str]] = {}
-    for stmt in node.body:
-        if not isinstance(stmt, ast.Assign) or not isinstance(stmt.targets[0], ast.Name):
+    for path in sorted(Path(models.__file__).parent.glob("*.py")):
+        text = path.read_text()
+        if f"class {cls}(" not in text:
             continue
-        name = stmt.targets[0].id
-        if name == "packed_modules_mapping":
-            packed = ast.literal_eval(stmt.value)
-        elif name == "hf_to_vllm_mapper" and isinstance(stmt.value, ast.Call):
-            mapper = {str(k.arg): ast.literal_eval(k.value) for k in stmt.value.keywords}
-    return mapper, packed
+        tree = ast.parse(text)
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls]
+        if found:
+            return found[0]
+    return None
+
+
+def _class_attr(cls: str, attr: str) -> Any:
+    """A class attribute (``hf_to_vllm_mapper``, ``packed_modules_mapping``) as vLLM's
+    class body writes it: literal dicts, ``WeightsMapper(...)`` calls, another class's
+    attribute and ``|`` of these; inherited from a base class when the body has none."""
+    import ast
+
+    node = _class_node(cls)
+    if node is None:
+        return None
+    for stmt in node.body:
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+        if isinstance(target, ast.Name) and target.id == attr and stmt.value is not None:
+            return _evaluate(stmt.value)
+    for base in node.bases:
+        if isinstance(base, ast.Name) and (value := _class_attr(base.id, attr)) is not None:
+            return value
+    return None
+
+
+def _evaluate(expr: Any) -> Any:
+    import ast
+
+    from vllm.model_executor.models.utils import WeightsMapper  # type: ignore[import-not-found, unused-ignore]
+
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
+        return _evaluate(expr.left) | _evaluate(expr.right)
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return _class_attr(expr.value.id, expr.attr)
+    if isinstance(expr, ast.Call):
+        return WeightsMapper(**{str(k.arg): ast.literal_eval(k.value) for k in expr.keywords})
+    return ast.literal_eval(expr)
 
 
 def _as_wrapper(family: str, vllm_config: Any) -> str:
     """Configure the quantization config as the wrapper's ``configure_quant_config``
     does before building its language model; the language model's prefix."""
-    from vllm.model_executor.models.utils import WeightsMapper  # type: ignore[import-not-found, unused-ignore]
-
-    file, cls, _ = WRAPPERS[family]
-    mapper, packed = _class_mappings(file, cls)
+    _, cls, _ = WRAPPERS[family]
+    mapper = _class_attr(cls, "hf_to_vllm_mapper")
+    packed = _class_attr(cls, "packed_modules_mapping")
     quant = vllm_config.quant_config
     if quant is not None and mapper:
-        quant.apply_vllm_mapper(WeightsMapper(**mapper).get_rename_mapper())
+        quant.apply_vllm_mapper(mapper.get_rename_mapper())
     if quant is not None and packed:
         quant.packed_modules_mapping = packed
     return "language_model"
@@ -172,7 +200,9 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         enforce_eager=True,
         allow_deprecated_quantization=True,
     )
-    vllm_config = VllmConfig(model_config=model_config)
+    vllm_config = VllmConfig(
+        model_config=model_config, speculative_config=_speculative(case, model_config)
+    )
     wrapped = case["family"] in WRAPPERS
     prefix = _as_wrapper(case["family"], vllm_config) if wrapped else ""
     with (
@@ -186,6 +216,13 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
     if wrapped:  # the wrapper's names: its language model sits at language_model.
         tensors = {f"{prefix}.{n}": v for n, v in tensors.items()}
         methods = {f"{prefix}.{n}": v for n, v in methods.items()}
+    if vllm_config.speculative_config is not None:
+        drafter = _drafter(vllm_config)
+        held = {id(t) for t in (*model.parameters(), *model.buffers())}
+        own = {n for n, t in (*drafter.named_parameters(), *drafter.named_buffers())
+               if id(t) not in held and not n.startswith(_SHARED_WITH_TARGET)}  # fmt: skip
+        tensors |= {f"drafter:{n}": v for n, v in _tensors(drafter).items() if n in own}
+        methods |= {f"drafter:{n}": v for n, v in _methods(drafter).items()}
     quant = vllm_config.quant_config
     return {
         "case": case_id,
@@ -202,6 +239,42 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         "tensors": tensors,
         "methods": methods,
     }
+
+
+def _speculative(case: dict[str, Any], model_config: Any) -> Any:
+    """The case's ``--speculative-config`` as vLLM's engine arguments build it."""
+    from vllm.config import ParallelConfig, SpeculativeConfig  # type: ignore[import-not-found, unused-ignore]
+
+    if not case.get("speculative"):
+        return None
+    return SpeculativeConfig(**case["speculative"], target_model_config=model_config,
+                             target_parallel_config=ParallelConfig())  # fmt: skip
+
+
+_SHARED_WITH_TARGET = ("model.embed_tokens.", "mtp.embed_tokens.", "lm_head.")
+"""An MTP drafter's embedding and LM head, which the proposer replaces with the target's
+(``llm_base_proposer.py``: ``_maybe_share_embeddings``/``_maybe_share_lm_head`` share
+them for every MTP model), so the GPU holds them once; so is a tensor the drafter's
+build took from the target's (``get_rope``'s cache hands both the same rotary module)."""
+
+
+def _drafter(vllm_config: Any) -> Any:
+    """The MTP drafter as the proposer builds it (``llm_base_proposer._get_model``): the
+    draft model config with the target's ``VllmConfig`` and its quantization config
+    (configured for the target's class first, then ``configure_quant_config`` for the
+    drafter's), on the meta device."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+    from vllm.config import set_current_vllm_config  # type: ignore[import-not-found, unused-ignore]
+    from vllm.model_executor.model_loader.utils import initialize_model  # type: ignore[import-not-found, unused-ignore]
+    from vllm.utils.torch_utils import set_default_torch_dtype  # type: ignore[import-not-found, unused-ignore]
+
+    draft = vllm_config.speculative_config.draft_model_config
+    with (
+        set_current_vllm_config(vllm_config),
+        set_default_torch_dtype(draft.dtype),
+        torch.device("meta"),
+    ):
+        return initialize_model(vllm_config=vllm_config, model_config=draft)
 
 
 _KERNELS = "vllm.model_executor.kernels.linear"
