@@ -249,7 +249,11 @@ def _hybrid(
 def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
     block_size = options.block_size
     page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
-    attending = [i for i in layers if spec.layer_attention[i] != "none"]
+    # a layer reading an earlier layer's KV keeps no cache of its own (vLLM gives it no
+    # KV-cache spec: gpu_model_runner's shared_kv_cache_layers)
+    attending = [
+        i for i in layers if spec.layer_attention[i] != "none" and not spec.reads_shared_kv(i)
+    ]
     if not attending:
         return KvLayout(block_size, 0, page, ())
     kinds = [spec.layer_attention[i] for i in attending]

@@ -45,6 +45,7 @@ __all__ = [
     "head_scheme",
     "layer_parts",
     "mla_copy_bytes",
+    "per_layer_embedding_bytes",
     "rope_cache_bytes",
     "vocab_rows",
 ]
@@ -145,14 +146,19 @@ def attention_bytes(c: RankWeights, i: int) -> int:
     o_in = cdiv(s.num_attention_heads, tp) * shape.v_head_dim
     if s.attention_output_gate:
         q_rank *= 2  # the gate's rows ride in q_proj (qwen3_next.py: heads x (1 + gate))
-    qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
+    shared = s.reads_shared_kv(i)
+    if shared:  # K and V come from an earlier layer's cache: q_proj only, no k_norm
+        k_rank = v_rank = 0
+        qkv = c.linear(f"{p}.q_proj", h, q_rank)
+    else:
+        qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
     total = qkv + c.linear(f"{p}.o_proj", o_in, h)
     if s.attention_bias:
         total += c.vec(q_rank + k_rank + v_rank)
     if s.output_bias:
         total += c.vec(h)
     if s.qk_norm:
-        total += c.vec(2 * shape.head_dim)
+        total += c.vec((1 if shared else 2) * shape.head_dim)
     if s.attention_sinks:
         total += cdiv(s.num_attention_heads, tp) * 4
     return total
@@ -294,9 +300,32 @@ def _mixer_bytes(c: RankWeights, i: int) -> int:
 
 def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
     s = c.spec
-    return _mlp_bytes(
-        c, i, c.module(i, c.names.mlp), s.intermediate_size, gated=s.gated_mlp, bias=s.mlp_bias
+    wide = 2 if s.double_wide_mlp and s.reads_shared_kv(i) else 1  # Gemma 4's KV-shared layers
+    inter = s.intermediate_size * wide
+    return _mlp_bytes(c, i, c.module(i, c.names.mlp), inter, gated=s.gated_mlp, bias=s.mlp_bias)
+
+
+def _per_layer_input_bytes(c: RankWeights, i: int) -> int:
+    """A layer's per-layer-embedding gate and projection (replicated linears) and norm."""
+    h, size = c.spec.hidden_size, c.spec.per_layer_input_size
+    gate = c.linear(c.module(i, "per_layer_input_gate"), h, size)
+    return gate + c.linear(c.module(i, "per_layer_projection"), size, h) + c.vec(h)
+
+
+def per_layer_embedding_bytes(c: RankWeights) -> int:
+    """The first stage's per-layer embeddings (Gemma 4 E2B/E4B): the table, vocabulary
+    rows padded and split like the embedding's, ``layers x size`` wide; the projection
+    from the hidden state (column-parallel) and its norm. 0 without them."""
+    s = c.spec
+    size = s.per_layer_input_size
+    if not size:
+        return 0
+    width = s.num_layers * size
+    table = round_up(s.per_layer_input_vocab, VOCAB_PADDING) // c.tp * width * c.dtype_bytes
+    projection = c.linear(
+        f"{c.names.model}.per_layer_model_projection", s.hidden_size, cdiv(width, c.tp)
     )
+    return table + projection + c.vec(size)
 
 
 def _dense_beside_experts_bytes(c: RankWeights, i: int) -> int:
@@ -317,6 +346,8 @@ def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
         parts.append(("attention", attention_bytes))
     if s.has_state(i):
         parts.append(("mixer", _mixer_bytes))
+    if s.per_layer_input_size:
+        parts.append(("other", _per_layer_input_bytes))
     if not s.has_mlp(i):
         return parts
     if s.moe is not None and s.layer_moe[i]:

@@ -31,6 +31,7 @@ from gatekeeper.estimator.rank_weights import (
     head_bytes,
     head_scheme,
     mla_copy_bytes,
+    per_layer_embedding_bytes,
     rope_cache_bytes,
     vocab_rows,
 )
@@ -89,8 +90,11 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
     if first:
         embedding = vocab_rows(s, c.tp) + s.learned_position_embeddings
         parts.append(("embedding", "", embedding * s.hidden_size * c.dtype_bytes))
+        if s.per_layer_input_size:  # Gemma 4 E2B/E4B: per-layer embeddings
+            parts.append(("embedding", "", per_layer_embedding_bytes(c)))
         if c.opts.vision:
-            shards = 1 if c.opts.vision_replicated else c.tp
+            whole = c.opts.vision_replicated or (s.vision is not None and s.vision.replicated)
+            shards = 1 if whole else c.tp
             parts.append(("vision", "", cdiv(s.vision_parameters, shards) * c.dtype_bytes))
     if last:
         parts.append(("other", "", c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))))

@@ -33,6 +33,7 @@ from gatekeeper.models.layer_kinds import (
     mla_spec,
     moe_layers,
     mtp_layers,
+    per_layer_inputs,
 )
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import (
@@ -182,13 +183,25 @@ def spec_from_config(
             field=e.field,
             value=e.value,
         ) from e
-    notes = (filled.note,) if filled.note else ()
+    notes: tuple[str, ...] = (filled.note,) if filled.note else ()
+    notes += _unsized_towers(filled.config)
     return replace(
         spec,
         declared_parameters=declared_parameters,
         reference=reference,
         notes=(*spec.notes, *notes),
     )
+
+
+def _unsized_towers(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """What vLLM builds and gatekeeper does not size, said in the output: Gemma 4's audio
+    tower (``audio_config``, E2B/E4B: ``gemma4_mm.py`` builds ``Gemma4AudioModel``)."""
+    if config.get("model_type") == "gemma4" and config.get("audio_config"):
+        return (
+            "the audio tower (audio_config) is not counted in the weights; vLLM builds it "
+            "unless --limit-mm-per-prompt gives audio 0",
+        )
+    return ()
 
 
 def _with_defaults(config: Mapping[str, Any], name: str) -> ClassDefaults:
@@ -318,6 +331,7 @@ def _read(
         rope_cache_positions=rope_positions,
         rope_caches=rope_caches,
         rope_widths=widths if rope_positions else (),
+        **per_layer_inputs(text, model_type, layers),
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
         mtp_layers=mtp_layers(text),

@@ -21,7 +21,21 @@ from gatekeeper.models.config_fields import bad_field, field_value, positive
 from gatekeeper.models.hybrid import HybridLayout
 from gatekeeper.models.spec import AttentionKind, AttentionShape, MlaSpec, MoeSpec
 
-__all__ = ["attention_kinds", "layer_shapes", "mla_spec", "moe_layers", "mtp_layers"]
+__all__ = [
+    "attention_kinds",
+    "layer_shapes",
+    "mla_spec",
+    "moe_layers",
+    "mtp_layers",
+    "per_layer_inputs",
+]
+
+PER_LAYER_INPUTS: dict[str, str] = {
+    "gemma4_text": "vllm gemma4.py Gemma4Model (embed_tokens_per_layer, "
+    "per_layer_model_projection) and Gemma4DecoderLayer (per_layer_input_gate, "
+    "per_layer_projection; KV-shared layers: q_proj only, a double-wide MLP)",
+}
+"""Model types whose config's per-layer inputs and KV-shared layers vLLM builds."""
 
 DENSE_BESIDE_EXPERTS: dict[str, str] = {
     "gemma4_text": "vllm gemma4.py Gemma4DecoderLayer: mlp (intermediate_size) runs in every "
@@ -201,3 +215,22 @@ def mla_spec(cfg: Mapping[str, Any]) -> MlaSpec | None:
         qk_rope_head_dim=positive("qk_rope_head_dim", cfg.get("qk_rope_head_dim")),
         v_head_dim=positive("v_head_dim", cfg.get("v_head_dim")),
     )
+
+
+def per_layer_inputs(text: Mapping[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """``ModelSpec``'s per-layer embedding and KV-sharing fields (``PER_LAYER_INPUTS``):
+    ``hidden_size_per_layer_input`` (None or 0: none), ``vocab_size_per_layer_input``,
+    ``num_kv_shared_layers``, ``use_double_wide_mlp``."""
+    if model_type not in PER_LAYER_INPUTS:
+        return {}
+    size = int(text.get("hidden_size_per_layer_input") or 0)
+    shared = int(text.get("num_kv_shared_layers") or 0)
+    if not 0 <= shared < layers:
+        raise bad_field("num_kv_shared_layers", shared, f"a count below {layers} layers")
+    vocab = text.get("vocab_size_per_layer_input") or text.get("vocab_size")
+    return {
+        "per_layer_input_size": size,
+        "per_layer_input_vocab": positive("vocab_size_per_layer_input", vocab) if size else 0,
+        "kv_shared_layers": shared,
+        "double_wide_mlp": bool(text.get("use_double_wide_mlp")) and shared > 0,
+    }

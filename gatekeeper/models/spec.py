@@ -136,6 +136,10 @@ class VisionSpec:
     modalities: tuple[str, ...] = ("image",)
     """What the tower encodes; vLLM builds no tower only when ``--limit-mm-per-prompt``
     gives 0 to every one of them."""
+    replicated: bool = False
+    """vLLM builds the tower whole on every TP rank, whatever ``--mm-encoder-tp-mode``
+    (Gemma 4: transformers' module with every ``nn.Linear`` made a ``ReplicatedLinear``,
+    ``recursive_replace_linear``, and a replicated embedder)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +237,16 @@ class ModelSpec:
     rotary_dim: int = 0
     rope_cache_positions: int = 0
     rope_caches: int = 1
+    per_layer_input_size: int = 0
+    """Per-layer embeddings (Gemma 4's ``hidden_size_per_layer_input``, E2B/E4B): a
+    ``per_layer_input_vocab x (layers x size)`` table and its projection from the hidden
+    state, and in every layer a gate and a projection of this width; 0 when none."""
+    per_layer_input_vocab: int = 0
+    kv_shared_layers: int = 0
+    """The last layers that read an earlier layer's KV instead of their own (Gemma 4's
+    ``num_kv_shared_layers``): attention of q_proj and o_proj only, no KV cache."""
+    double_wide_mlp: bool = False
+    """Those KV-shared layers' MLP is twice ``intermediate_size`` (``use_double_wide_mlp``)."""
     rope_widths: tuple[int, ...] = ()
     """Each rotary cache's width where the caches differ (Gemma 4: the sliding layers'
     ``head_dim``, the global layers' ``global_head_dim``); empty: ``rope_caches`` caches of
@@ -294,6 +308,10 @@ class ModelSpec:
         if self.layer_shapes:
             return self.layer_shapes[i]
         return AttentionShape(self.head_dim, self.num_kv_heads, self.value_head_dim)
+
+    def reads_shared_kv(self, i: int) -> bool:
+        """Layer ``i`` reads an earlier layer's KV (``kv_shared_layers``)."""
+        return self.kv_shared_layers > 0 and i >= self.num_layers - self.kv_shared_layers
 
     def has_state(self, i: int) -> bool:
         return bool(self.layer_state) and self.layer_state[i]

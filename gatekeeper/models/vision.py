@@ -97,6 +97,7 @@ def _gemma4(
         tokens_per_item=tokens,
         output_dim=h,
         modalities=_modalities(top),
+        replicated=True,
     )
 
 
