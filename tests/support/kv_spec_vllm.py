@@ -54,8 +54,9 @@ def kv_specs(case_id: str, work: Path, block_size: int) -> dict[str, Any]:
     with (set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype),
           torch.device("meta")):  # fmt: skip
         model = initialize_model(vllm_config=vllm_config, prefix=prefix)
+        # as gpu_model_runner.get_kv_cache_spec: a layer reading another's KV has none
         specs = {name: m.get_kv_cache_spec(vllm_config) for name, m in model.named_modules()
-                 if isinstance(m, Attention)}  # fmt: skip
+                 if isinstance(m, Attention) and not m.kv_sharing_target_layer_name}  # fmt: skip
         groups = get_kv_cache_groups(vllm_config, {k: v for k, v in specs.items() if v})
     return {
         "case": case_id,

@@ -186,7 +186,7 @@ def module_mismatches(case: dict[str, Any], methods: dict[str, str]) -> tuple[st
     q = quant.for_model(names) if quant is not None else None
     out = []
     for module, method in sorted(methods.items()):
-        if "KVCache" in method or module.endswith("embed_tokens"):
+        if "KVCache" in method or "Embedding" in method or module.endswith("embed_tokens"):
             continue
         vllm_quantized = not method.startswith("Unquantized")
         if vllm_quantized != _quantized_by_gatekeeper(spec, names, q, module):

@@ -516,6 +516,28 @@ CASES |= {
                                                   _qwen36_mixed(_QWEN36_35B_A3B)), "speculative": _MTP},
 }  # fmt: skip
 
+# Other state mixers vLLM builds with the quantization config: Mamba-2's in_proj / out_proj
+# (mamba_mixer2.py; Granite 4.0-H names its mixer ``mamba``) and the short convolution's
+# (short_conv.py; LFM2's ``conv``).
+FAMILIES |= {
+    "granite4_h": {**_BASE, "architectures": ["GraniteMoeHybridForCausalLM"],
+                   "model_type": "granitemoehybrid", "num_hidden_layers": 3,
+                   "layer_types": ["mamba", "attention", "mamba"], "num_local_experts": 0,
+                   "shared_intermediate_size": 512, "mamba_n_heads": 8, "mamba_d_head": 64,
+                   "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4,
+                   "mamba_expand": 2, "position_embedding_type": "rope"},
+    "lfm2": {**_BASE, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
+             "layer_types": ["conv", "full_attention"], "conv_L_cache": 3, "conv_bias": False,
+             "block_auto_adjust_ff_dim": False, "norm_eps": 1e-5},
+}  # fmt: skip
+CASES |= {
+    **{f"{m}/{f}": _case(method, f, q) for f in ("granite4_h", "lfm2")
+       for m, method, q in (("bf16", "unquantized", None), ("fp8-block", "fp8 block", _FP8_BLOCK),
+                            ("ct-nvfp4", "compressed-tensors NVFP4", CT_NVFP4))},
+    "modelopt-fp8-exclude-mixer/granite4_h": _case("ModelOpt FP8", "granite4_h", _modelopt(
+        "FP8", ["lm_head", "model.layers.0.mamba*"])),
+}  # fmt: skip
+
 
 # -- Gemma 4 (dense and MoE, global layers, parallel dense MLP) --
 # Gemma 4 (vLLM 0.32 gemma4.py, gemma4_mm.py; transformers' Gemma4TextConfig): sliding
@@ -527,7 +549,9 @@ CASES |= {
 # moe_intermediate_size) in every layer. PLE (hidden_size_per_layer_input) is the small
 # models' (E2B/E4B); 0 here as in the 31B and 26B-A4B configs.
 def _gemma4_layer_types(layers: int) -> list[str]:
-    return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
+    """Five sliding layers to a global one, the last layer global (Gemma4TextConfig forces it)."""
+    return ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
+            for i in range(layers)]  # fmt: skip
 
 
 def _gemma4_text(layers: int, **fields: Any) -> dict[str, Any]:
@@ -587,9 +611,17 @@ FAMILIES |= {
     "gemma4_moe": _gemma4({**_GEMMA4_TINY, **_GEMMA4_MOE}, _GEMMA4_VISION_TINY),
     "gemma4_31b": _gemma4(_GEMMA4_31B, _GEMMA4_VISION),
     "gemma4_26b_a4b": _gemma4(_GEMMA4_26B_A4B, _GEMMA4_VISION),
-}
+    # the small models' layout (E2B/E4B): per-layer embeddings, the last layers reading an
+    # earlier layer's KV (q_proj only, no KV cache of their own) with a double-wide MLP
+    "gemma4_ple": _gemma4({**_GEMMA4_TINY, **_gemma4_text(8), "num_kv_shared_layers": 2,
+                           "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": 1000,
+                           "use_double_wide_mlp": True, "tie_word_embeddings": True,
+                           "rope_parameters": _GEMMA4_TINY["rope_parameters"]},
+                          _GEMMA4_VISION_TINY),
+}  # fmt: skip
 _GEMMA4_LM = ("gemma4_mm.py", "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
-WRAPPERS |= {f: _GEMMA4_LM for f in ("gemma4", "gemma4_moe", "gemma4_31b", "gemma4_26b_a4b")}
+WRAPPERS |= {f: _GEMMA4_LM for f in ("gemma4", "gemma4_moe", "gemma4_31b", "gemma4_26b_a4b",
+                                     "gemma4_ple")}  # fmt: skip
 
 
 def _gemma4_nvfp4(layers: int) -> dict[str, Any]:
@@ -603,6 +635,8 @@ def _gemma4_nvfp4(layers: int) -> dict[str, Any]:
 CASES |= {
     "bf16/gemma4": _case("unquantized", "gemma4"),
     "bf16/gemma4_moe": _case("unquantized", "gemma4_moe"),
+    "bf16/gemma4_ple": _case("unquantized", "gemma4_ple"),
+    "modelopt-nvfp4/gemma4_ple": _case("ModelOpt NVFP4", "gemma4_ple", _gemma4_nvfp4(8)),
     "modelopt-nvfp4/gemma4": _case("ModelOpt NVFP4", "gemma4", _gemma4_nvfp4(6)),
     "modelopt-nvfp4/gemma4_moe": _case("ModelOpt NVFP4", "gemma4_moe", _gemma4_nvfp4(6)),
     "ct-nvfp4/gemma4_moe": _case("compressed-tensors NVFP4", "gemma4_moe", {**CT_NVFP4, "ignore": [
