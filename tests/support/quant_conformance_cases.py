@@ -516,28 +516,6 @@ CASES |= {
                                                   _qwen36_mixed(_QWEN36_35B_A3B)), "speculative": _MTP},
 }  # fmt: skip
 
-# Other state mixers vLLM builds with the quantization config: Mamba-2's in_proj / out_proj
-# (mamba_mixer2.py; Granite 4.0-H names its mixer ``mamba``) and the short convolution's
-# (short_conv.py; LFM2's ``conv``).
-FAMILIES |= {
-    "granite4_h": {**_BASE, "architectures": ["GraniteMoeHybridForCausalLM"],
-                   "model_type": "granitemoehybrid", "num_hidden_layers": 3,
-                   "layer_types": ["mamba", "attention", "mamba"], "num_local_experts": 0,
-                   "shared_intermediate_size": 512, "mamba_n_heads": 8, "mamba_d_head": 64,
-                   "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4,
-                   "mamba_expand": 2, "position_embedding_type": "rope"},
-    "lfm2": {**_BASE, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
-             "layer_types": ["conv", "full_attention"], "conv_L_cache": 3, "conv_bias": False,
-             "block_auto_adjust_ff_dim": False, "norm_eps": 1e-5},
-}  # fmt: skip
-CASES |= {
-    **{f"{m}/{f}": _case(method, f, q) for f in ("granite4_h", "lfm2")
-       for m, method, q in (("bf16", "unquantized", None), ("fp8-block", "fp8 block", _FP8_BLOCK),
-                            ("ct-nvfp4", "compressed-tensors NVFP4", CT_NVFP4))},
-    "modelopt-fp8-exclude-mixer/granite4_h": _case("ModelOpt FP8", "granite4_h", _modelopt(
-        "FP8", ["lm_head", "model.layers.0.mamba*"])),
-}  # fmt: skip
-
 
 # -- Gemma 4 (dense and MoE, global layers, parallel dense MLP) --
 # Gemma 4 (vLLM 0.32 gemma4.py, gemma4_mm.py; transformers' Gemma4TextConfig): sliding
