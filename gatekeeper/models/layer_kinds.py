@@ -185,7 +185,7 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
     kinds = cfg.get("mlp_layer_types")  # Laguna: "dense" or "sparse" per layer
     if isinstance(kinds, list) and i < len(kinds):
-        return kinds[i] == "sparse"
+        return bool(kinds[i] == "sparse")
     start, end = cfg.get("moe_layer_start_index"), cfg.get("moe_layer_end_index")
     if isinstance(start, int) or isinstance(end, int):  # vllm ernie45_moe.py Ernie4_5_MoeModel
         step = int(cfg.get("moe_layer_interval") or 1)
