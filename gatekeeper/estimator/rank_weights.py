@@ -288,11 +288,11 @@ def _mixer_bytes(c: RankWeights, i: int) -> int:
     the model dtype."""
     plain = mixer_linears(c.spec, c.tp)
     total = mixer_weight_bytes(c.spec, c.tp, c.dtype_bytes)
-    if not plain:
+    if not plain or c.names.mixer is None:  # no name to ask the config with: model dtype
         return total
     total -= sum(m.in_features * sum(m.outs) for m in plain) * c.dtype_bytes
     method = c.quant.method.split(":")[0] if c.quant is not None else ""
-    prefix = c.module(i, c.names.mixer or "linear_attn")  # Qwen's GDN, if the table lacks it
+    prefix = c.module(i, c.names.mixer)
     for m in mixer_linears(c.spec, c.tp, replicated_ba=method in _BA_REPLICATED_METHODS):
         total += c.fused(f"{prefix}.{m.name}", m.in_features, m.outs)
     return total

@@ -104,9 +104,28 @@ def mixer_linears(
     Qwen3-Next (its checkpoint fuses them, interleaved by key-head group) as one each.
     ``replicated_ba``: vLLM replicates Qwen3.5's ``in_proj_ba`` on every rank under
     AWQ, GPTQ and INC on CUDA (``maybe_disable_tp``: Marlin needs 64 output rows).
-    Its ``conv1d`` is built without the config (model dtype)."""
+    Its ``conv1d`` is built without the config (model dtype).
+
+    Mamba-2 (``mamba_mixer2.py``): ``in_proj`` (H -> z, x, B, C, dt: five shards when the
+    groups divide TP, else one) and ``out_proj`` (I -> H). The short convolution
+    (``short_conv.py``, LFM2): ``in_proj`` (three shards of C) and ``out_proj``. Mamba-1
+    (``mamba_mixer.py``), lightning attention and KDA: none here (Mamba-1's are built
+    without the config; the others are sized whole in the model dtype)."""
     s = spec.state
-    if s is None or s.kind != "gdn":
+    if s is None:
+        return ()
+    h = spec.hidden_size
+    if s.kind == "mamba2":
+        # the groups as ``mixer_weight_bytes`` counts them: the extra groups vLLM adds when
+        # they do not divide TP are not modelled in the weights
+        i, heads = s.intermediate_size // tp, s.num_heads // tp
+        gn = s.n_groups * s.state_size // tp
+        shards = (i, i, gn, gn, heads) if s.n_groups % tp == 0 else (2 * i + 2 * gn + heads,)
+        return (MixerLinear("in_proj", h, shards), MixerLinear("out_proj", i, (h,)))
+    if s.kind == "short_conv":
+        c = s.intermediate_size // tp
+        return (MixerLinear("in_proj", h, (c, c, c)), MixerLinear("out_proj", c, (h,)))
+    if s.kind != "gdn":
         return ()
     k = s.num_k_heads * s.head_k_dim // tp
     v = s.num_heads * s.head_dim // tp
@@ -118,7 +137,6 @@ def mixer_linears(
     else:
         qkvz = (k, k, v, v)
         ba = (s.num_heads, s.num_heads) if replicated_ba and tp > 1 else (heads, heads)
-    h = spec.hidden_size
     return (
         MixerLinear("in_proj_qkvz", h, qkvz),
         MixerLinear("in_proj_ba", h, ba),
