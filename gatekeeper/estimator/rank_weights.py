@@ -150,8 +150,9 @@ def attention_bytes(c: RankWeights, i: int) -> int:
     if shared:  # K and V come from an earlier layer's cache: q_proj only, no k_norm
         k_rank = v_rank = 0
         qkv = c.linear(f"{p}.q_proj", h, q_rank)
-    else:
-        qkv = c.fused(f"{p}.qkv_proj", h, (q_rank, k_rank, v_rank))  # QKVParallelLinear
+    else:  # QKVParallelLinear (MiniMax-M3's indexed layers: q, k, v, index_q, index_k)
+        outs = (q_rank, k_rank, v_rank, *_indexer_outs(c, i, kv_heads))
+        qkv = c.fused(f"{p}.qkv_proj", h, outs)
     total = qkv + c.linear(f"{p}.o_proj", o_in, h)
     if s.attention_bias:
         total += c.vec(q_rank + k_rank + v_rank)
@@ -161,7 +162,19 @@ def attention_bytes(c: RankWeights, i: int) -> int:
         total += c.vec((1 if shared else 2) * shape.head_dim)
     if s.attention_sinks:
         total += cdiv(s.num_attention_heads, tp) * 4
+    if _indexer_outs(c, i, kv_heads):
+        total += c.vec(2 * s.indexer_head_dim)  # index_q_norm, index_k_norm
     return total
+
+
+def _indexer_outs(c: RankWeights, i: int, kv_heads: int) -> tuple[int, ...]:
+    """The lightning indexer's shards of MiniMax-M3's ``qkv_proj`` on a rank
+    (``MinimaxM3QKVParallelLinearWithIndexer``): index_q, a head per KV head sharded as
+    K and V are, and index_k, one head on every rank."""
+    s = c.spec
+    if not s.layer_indexer or not s.layer_indexer[i]:
+        return ()
+    return (kv_heads * s.indexer_head_dim, s.indexer_head_dim)
 
 
 def _mla_bytes(c: RankWeights, i: int) -> int:
@@ -224,6 +237,8 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
     assert moe is not None
     h = s.hidden_size
     router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
+    if moe.router_float32:  # float32 weight and routing bias (MiniMax-M3)
+        router = (h + 1) * moe.num_experts * 4
     total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)
     if moe.router_scales:  # Gemma 4's router.scale and router.per_expert_scale
         total += c.vec(h + moe.num_experts)
@@ -302,7 +317,8 @@ def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
     s = c.spec
     wide = 2 if s.double_wide_mlp and s.reads_shared_kv(i) else 1  # Gemma 4's KV-shared layers
     inter = s.intermediate_size * wide
-    return _mlp_bytes(c, i, c.module(i, c.names.mlp), inter, gated=s.gated_mlp, bias=s.mlp_bias)
+    name = c.names.dense_mlp or c.names.mlp  # MiniMax-M3: mlp apart from block_sparse_moe
+    return _mlp_bytes(c, i, c.module(i, name), inter, gated=s.gated_mlp, bias=s.mlp_bias)
 
 
 def _per_layer_input_bytes(c: RankWeights, i: int) -> int:

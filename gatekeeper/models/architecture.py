@@ -71,6 +71,7 @@ QK_NORM: dict[str, str] = {
     "qwen3_vl_text": "vllm qwen3.py Qwen3DecoderLayer (qwen3_vl.py's language model)",
     "qwen3_vl_moe_text": "vllm qwen3_moe.py Qwen3MoeDecoderLayer (qwen3_vl_moe.py's)",
     "olmo2": "transformers modeling_olmo2.py Olmo2Attention (q_norm, k_norm)",
+    "minimax_m3_text": "vllm ../../models/minimax_m3/nvidia/model.py MiniMaxM3Attention (q_norm, k_norm)",
 }
 """Model types that normalize queries and keys per head."""
 

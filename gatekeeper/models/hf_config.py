@@ -34,6 +34,7 @@ from gatekeeper.models.layer_kinds import (
     moe_layers,
     mtp_layers,
     per_layer_inputs,
+    sparse_indexer,
 )
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import (
@@ -276,7 +277,10 @@ def _read(
     if hybrid is not None and hybrid.moe is not None and moe is not None:
         layer_moe = hybrid.moe
     dense_inter = (
-        text.get("intermediate_size_mlp") or text.get("intermediate_size") or text.get("ffn_dim")
+        text.get("intermediate_size_mlp")
+        or (text.get("dense_intermediate_size") if model_type == "minimax_m3_text" else None)
+        or text.get("intermediate_size")
+        or text.get("ffn_dim")
     )
     if attention_free:
         dense_inter = 0  # Mamba blocks: the mixer only, no MLP
@@ -332,6 +336,7 @@ def _read(
         rope_caches=rope_caches,
         rope_widths=widths if rope_positions else (),
         **per_layer_inputs(text, model_type, layers),
+        **sparse_indexer(text, layers),
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
         mtp_layers=mtp_layers(text),

@@ -28,6 +28,7 @@ __all__ = [
     "moe_layers",
     "mtp_layers",
     "per_layer_inputs",
+    "sparse_indexer",
 ]
 
 PER_LAYER_INPUTS: dict[str, str] = {
@@ -72,6 +73,19 @@ def layer_shapes(
         # a layer's own head_dim sizes its values too (Gemma 4: K and V of one width)
         shapes[index] = AttentionShape(head_dim, kv, head_dim)
     return () if all(s == base for s in shapes) else tuple(shapes)
+
+
+def sparse_indexer(text: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """``ModelSpec``'s lightning-indexer fields (MiniMax-M3, ``sparse_attention_config``:
+    ``sparse_index_dim`` wide, in the layers ``sparse_attention_freq`` marks 1)."""
+    sparse = text.get("sparse_attention_config")
+    if str(text.get("model_type")) != "minimax_m3_text" or not isinstance(sparse, Mapping):
+        return {}
+    flags = sparse.get("sparse_attention_freq") or []
+    if not sparse.get("use_sparse_attention", True) or len(flags) != layers:
+        return {}
+    dim = positive("sparse_attention_config.sparse_index_dim", sparse.get("sparse_index_dim"))
+    return {"indexer_head_dim": dim, "layer_indexer": tuple(bool(f) for f in flags)}
 
 
 def mtp_layers(text: Mapping[str, Any]) -> int:
@@ -175,6 +189,7 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
         router_scales=beside,
         norms=MOE_BLOCK_NORMS if beside else 0,
         latent_size=int(cfg.get("moe_latent_size") or 0),
+        router_float32=model_type == "minimax_m3_text" and bool(cfg.get("use_routing_bias")),
     )
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list) and len(freq) != layers:

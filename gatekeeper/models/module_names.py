@@ -64,6 +64,10 @@ class ModuleNames:
     attention: str = "self_attn"
     mlp: str = "mlp"
     """The MLP's attribute in a layer; for an MoE model, the module holding the experts."""
+    dense_mlp: str = ""
+    """A dense layer's MLP attribute where the class names it apart from the MoE module
+    (MiniMax-M3: ``mlp`` in its first layers, ``block_sparse_moe`` in the rest); empty:
+    ``mlp``."""
     experts: str = "experts"
     """The routed experts' attribute in the MoE module."""
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
@@ -182,6 +186,7 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         lm_head=names.get("lm_head") or "lm_head",
         attention=(names.get("attention") or ["self_attn"])[0],
         mlp=moe.get("module") or (names.get("mlp") or ["mlp"])[0],
+        dense_mlp=next((m for m in names.get("mlp") or () if m != moe.get("module")), ""),
         experts=moe.get("experts") or "experts",
         expert_projections=tuple(moe.get("expert_projections") or _TEXT.expert_projections),
         shared_experts=moe.get("shared_experts") or "shared_experts",

@@ -110,6 +110,10 @@ class MoeSpec:
     ``router.scale`` and ``router.per_expert_scale``): ``hidden + experts`` more elements."""
     norms: int = 0
     """Norm vectors of hidden width the MoE block adds to its layer (Gemma 4: three)."""
+    router_float32: bool = False
+    """The router's weight is float32 and it has a float32 routing bias
+    (``e_score_correction_bias``) whatever the model dtype (MiniMax-M3's ``GateLinear(...,
+    params_dtype=float32)``)."""
     latent_size: int = 0
     """Latent MoE (Nemotron-3 Super's ``moe_latent_size``): the routed experts run this
     wide, between ``fc1_latent_proj`` (hidden -> latent) and ``fc2_latent_proj``
@@ -233,6 +237,11 @@ class ModelSpec:
     """The config names a maximum length; when it does not, vLLM assumes 2048 unless
     ``--max-model-len`` is given, which it then takes as it is."""
     attention_sinks: bool = False
+    indexer_head_dim: int = 0
+    """MiniMax-M3's block-sparse attention: ``qkv_proj`` also projects the lightning
+    indexer's q (one head of this width per KV head, sharded like K and V) and k (one
+    head, replicated), each with a norm, in the layers of ``layer_indexer``."""
+    layer_indexer: tuple[bool, ...] = ()
     norms_per_layer: int = 2
     rotary_dim: int = 0
     rope_cache_positions: int = 0
