@@ -48,12 +48,14 @@ import inspect
 import json
 import re
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import vllm
+from vllm.config.model import iter_architecture_defaults
 from vllm.model_executor.models.registry import _VLLM_MODELS
 from vllm.model_executor.models.utils import WeightsMapper
 
@@ -67,18 +69,17 @@ _EXPERTS = re.compile(r"FusedMoE|Experts|RoutedExperts", re.I)
 _LINEAR = re.compile(r"Linear$|LinearBase$|^GateLinear$")
 
 
-def _stand_ins() -> None:
-    """The torchvision stand-in of ``meta_build.py``, where torchvision is missing."""
-    path = ROOT / "gatekeeper" / "vllm" / "meta_build.py"
-    if not path.exists():
-        return
-    spec = importlib.util.spec_from_file_location("gatekeeper_meta_build", path)
+def _load(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    stand_in = getattr(module, "_torchvision_stand_in", None)
-    if stand_in is not None:
-        stand_in()
+    return module
+
+
+META_BUILD = ROOT / "gatekeeper" / "vllm" / "meta_build.py"
+REGISTRY_CONFIGS = ROOT / "tests" / "support" / "registry_configs.py"
 
 
 def _module_name(relname: str) -> str:
@@ -381,26 +382,20 @@ def linears(cls: Any) -> list[list[Any]]:
     return rows
 
 
-def _ckpt_names(text: str) -> tuple[str, str, str] | None:
-    """An expert's checkpoint gate/up/down names from ``make_expert_params_mapping`` or
-    ``FusedMoE(ckpt_names=(gate, down, up))``."""
-    for call in re.finditer(r"make_expert_params_mapping\((.*?)\)", text, re.S):
-        args = dict(re.findall(r"ckpt_(gate|up|down)_proj_name\s*=\s*\"([^\"]+)\"", call.group(1)))
-        if {"gate", "up", "down"} <= args.keys():
-            return args["gate"], args["up"], args["down"]
-    m = re.search(r"ckpt_names\s*=\s*\(\s*\"(\w+)\"\s*,\s*\"(\w+)\"\s*,\s*\"(\w+)\"", text)
-    if m:
-        return m.group(1), m.group(3), m.group(2)
-    return None
-
-
-def _source_text(classes: list[Any]) -> str:
-    texts = []
+def _mapping_names(classes: list[Any]) -> list[str] | None:
+    """The checkpoint's gate/up/down names from the ``make_expert_params_mapping(
+    ckpt_gate_proj_name=...)`` call of the classes' source (their expert mapping)."""
     for cls in classes:
         for klass in _vllm_mro(cls) if isinstance(cls, type) else []:
-            with contextlib.suppress(OSError, TypeError):
-                texts.append(inspect.getsource(klass))
-    return "\n".join(texts)
+            try:
+                text = inspect.getsource(klass)
+            except (OSError, TypeError):
+                continue
+            for call in re.finditer(r"make_expert_params_mapping\((.*?)\)", text, re.S):
+                found = dict(re.findall(r"ckpt_(gate|up|down)_proj_name\s*=\s*\"([^\"]+)\"", call.group(1)))  # fmt: skip
+                if {"gate", "up", "down"} <= found.keys():
+                    return [found["gate"], found["up"], found["down"]]
+    return None
 
 
 def _moe_names(moe_cls: Any) -> dict[str, Any]:
@@ -425,6 +420,28 @@ def _moe_names(moe_cls: Any) -> dict[str, Any]:
         out["router"] = routers[0]
         out["quantized_router"] = any(a.builds_with_quant_config() for a in items[routers[0]])
     return out
+
+
+def _experts_on_layer(layers: list[type]) -> dict[str, Any]:
+    """Routed experts built on the layer itself (Gemma 4: ``layers.N.experts`` and
+    ``layers.N.router`` beside the dense ``mlp``)."""
+    for layer in layers:
+        items = assigns(layer)
+        for attr, alist in items.items():
+            a = alist[0]
+            if not re.search(r"FusedMoE", a.callee_name) or "shared" in attr:
+                continue
+            out: dict[str, Any] = {"module": "", "experts": attr}
+            ckpt = a.keyword("ckpt_names")
+            if isinstance(ckpt, ast.Tuple) and all(isinstance(e, ast.Constant) for e in ckpt.elts):
+                g, d, u = (e.value for e in ckpt.elts)  # type: ignore[attr-defined]
+                out["expert_projections"] = [g, u, d]
+            router = next((r for r in ("router", "gate") if r in items), None)
+            if router is not None:
+                out["router"] = router
+                out["quantized_router"] = any(x.builds_with_quant_config() for x in items[router])
+            return out
+    return {}
 
 
 def decoder_names(top: type) -> dict[str, Any]:
@@ -511,11 +528,12 @@ def decoder_names(top: type) -> dict[str, Any]:
     names["attention"] = attention
     names["mlp"] = mlps
     names["mixer"] = mixers
+    moe = moe or _experts_on_layer(layers)
     if moe:
         names["moe"] = {"module": moe_attr, **moe}
-    ckpt = moe.get("expert_projections") or _ckpt_names(_source_text([top, cls]))
-    if ckpt is not None and moe:
-        names["moe"]["expert_projections"] = list(ckpt)
+    if moe:  # RoutedExperts' ckpt names: FusedMoE(ckpt_names=...), else gate/up/down
+        names["moe"].setdefault("expert_projections", ["gate_proj", "up_proj", "down_proj"])
+        names["moe"]["checkpoint_projections"] = _mapping_names([top, cls])
     names["linears"] = {
         "attention": attention_linears,
         "mixer": mixer_linears,
@@ -615,12 +633,274 @@ def source_only(module_name: str, class_name: str) -> dict[str, Any]:
     return out
 
 
+# --- names from vLLM building the class on the meta device -------------------------------
+
+
+class Builder:
+    """Builds an architecture as ``gatekeeper/vllm/meta_build.py`` does (vLLM's
+    ``initialize_model`` on the meta device), from ``tests/support/registry_configs.py``'s
+    config, with online FP8 (``--quantization fp8``) so that every module that asks the
+    quantization config says so by its method; records the rename mappers vLLM applies to
+    the config (``apply_vllm_mapper``, in order) and the packed mapping it ends with."""
+
+    def __init__(self, meta_build: Any, configs: Any, work: Path) -> None:
+        from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+        from vllm.model_executor.model_loader import utils as loader_utils
+
+        self.meta_build, self.configs, self.work = meta_build, configs, work
+        self.mappers: list[dict[str, list[list[Any]]] | None] = []
+        self.captured: list[tuple[Any, Any]] = []
+        meta_build.setup(work)
+        original_init = loader_utils.initialize_model
+        depth = [0]
+
+        def initialize_model(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            try:
+                model = original_init(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                config = kwargs.get("vllm_config") or args[0]
+                self.captured.append((model, config.quant_config))
+            return model
+
+        loader_utils.initialize_model = initialize_model
+        for klass in [QuantizationConfig, *_subclasses(QuantizationConfig)]:
+            if "apply_vllm_mapper" in vars(klass):
+                klass.apply_vllm_mapper = self._recording(klass.apply_vllm_mapper)
+
+    def _recording(self, method: Any) -> Any:
+        def apply_vllm_mapper(config: Any, mapper: Any) -> Any:
+            if getattr(config, "_table_recording", False):
+                return method(config, mapper)
+            self.mappers.append(mapper_rows(mapper))
+            config._table_recording = True
+            try:
+                return method(config, mapper)
+            finally:
+                config._table_recording = False
+
+        return apply_vllm_mapper
+
+    def build(self, arch: str) -> dict[str, Any]:
+        config = self.configs.config_for(arch)
+        if not isinstance(config, dict):
+            return {"error": f"no config offline: {config}"}
+        folder = self.work / arch
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        errors = []
+        for quantization in ("fp8", None):
+            self.mappers.clear()
+            self.captured.clear()
+            job = {"model": str(folder), "quantization": quantization, "dtype": "bfloat16"}
+            try:
+                with _deadline(120):
+                    self.meta_build.build(job)
+            except Exception as exc:  # vLLM refuses the config or the build fails here
+                line = self.meta_build.error_line(exc).replace(str(self.work), "WORK")
+                errors.append(f"{quantization or 'unquantized'}: {line[:300]}")
+                continue
+            model, quant_config = self.captured[-1]
+            row = built_names(model, quant_config is not None)
+            row["quantization"] = quantization
+            if quant_config is not None:
+                row["quant_mappers"] = [m for m in self.mappers if m]
+                row["quant_packed"] = packed_rows(dict(quant_config.packed_modules_mapping))
+            if errors:
+                row["errors"] = errors
+            return row
+        return {"error": "; ".join(errors)}
+
+
+def _subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int) -> Any:
+    import signal
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _Timeout(f"the build took over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _asks(module: Any) -> bool | None:
+    """Whether a module was built with the quantization config (its method is not an
+    ``Unquantized*`` one); None without a method."""
+    method = getattr(module, "quant_method", None)
+    if method is None:
+        return None
+    return not type(method).__name__.startswith("Unquantized")
+
+
+_SIDE_TOWERS = re.compile(r"visual|vision|audio|mtp|draft|encoder|speech|image")
+
+
+def _decoder_list(modules: dict[str, Any], lm_head: str | None) -> str | None:
+    """The ModuleList of decoder layers: one holding attention or mixer layers, beside
+    lm_head when it can be told, not a vision, audio or MTP tower, the longest."""
+    from torch import nn
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    head_parent = lm_head.rsplit(".", 1)[0] if lm_head and "." in lm_head else ""
+    best: tuple[Any, ...] | None = None
+    found = None
+    for name, module in modules.items():
+        if not isinstance(module, nn.ModuleList) or not name or len(module) == 0:
+            continue
+        if not any(isinstance(m, AttentionLayerBase) for m in module.modules()):
+            continue
+        key = (
+            not _SIDE_TOWERS.search(name),
+            bool(head_parent) and name.startswith(head_parent + "."),
+            len(module),
+            -len(name),
+        )
+        if best is None or key > best:
+            best, found = key, name
+    return found
+
+
+def built_names(model: Any, quantized: bool) -> dict[str, Any]:
+    """The names the estimator asks the quantization config with, from the built model."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    modules = dict(model.named_modules())
+    heads = sorted((n for n, m in modules.items() if isinstance(m, ParallelLMHead)),
+                   key=lambda n: (bool(_SIDE_TOWERS.search(n)), len(n), n))  # fmt: skip
+    lm_head = heads[0] if heads else None
+    out: dict[str, Any] = {"lm_head": lm_head, "model_class": type(model).__name__}
+    mtp = sorted({".".join(n.split(".")[:2]) for n in modules if re.search(r"(^|\.)mtp", n)})
+    if mtp:
+        out["mtp"] = mtp
+    decoder = _decoder_list(modules, lm_head)
+    if decoder is None:
+        return out
+    out["model"], _, out["layers"] = decoder.rpartition(".")
+    attention: list[str] = []
+    mixers: list[str] = []
+    mlps: list[str] = []
+    bare: list[str] = []  # linears on the layer itself (OPT's fc1/fc2)
+    moe: dict[str, Any] = {}
+    linears: dict[str, dict[str, dict[str, bool | None]]] = {
+        "attention": {},
+        "mixer": {},
+        "mlp": {},
+    }
+    for layer in modules[decoder]:
+        for attr, child in layer.named_children():
+            inside = list(child.modules())
+            if any(isinstance(m, MambaBase) for m in inside):
+                kind, bucket = "mixer", mixers
+            elif any(isinstance(m, AttentionLayerBase) for m in inside):
+                kind, bucket = "attention", attention
+            elif any(isinstance(m, RoutedExperts) for m in inside):
+                kind, bucket = "mlp", mlps
+                moe = moe or _built_moe(attr, layer, RoutedExperts, LinearBase)
+            elif isinstance(child, LinearBase):
+                kind, bucket = "mlp", bare
+            elif any(isinstance(m, LinearBase) for m in inside):
+                kind, bucket = "mlp", mlps
+            else:
+                continue
+            if attr not in bucket:
+                bucket.append(attr)
+            found = linears[kind].setdefault(attr, {})
+            for name, m in child.named_modules():
+                if isinstance(m, LinearBase) and not isinstance(m, RoutedExperts):
+                    found.setdefault(name, _asks(m) if quantized else None)
+    out.update({"attention": attention, "mixer": mixers, "mlp": mlps, "layer_linears": bare})
+    if moe:
+        moe["checkpoint_projections"] = _expert_mapping(model)
+        out["moe"] = moe
+    out["linears"] = {k: {a: sorted([n, q] for n, q in v.items()) for a, v in d.items()}
+                      for k, d in linears.items()}  # fmt: skip
+    return out
+
+
+def _expert_mapping(model: Any) -> list[str] | None:
+    """The checkpoint's names of an expert's gate, up and down projections, from the
+    class's own expert mapping (``get_expert_mapping()``: ``(param, weight, expert,
+    shard)`` rows, shard ``w1`` the gate, ``w3`` the up, ``w2`` the down projection)."""
+    for owner in (model, getattr(model, "language_model", None), getattr(model, "model", None)):
+        mapping = getattr(owner, "get_expert_mapping", None)
+        if mapping is None:
+            continue
+        try:
+            rows = mapping()
+        except Exception:  # a mapping that needs what the meta build lacks
+            continue
+        by_shard: dict[str, str] = {}
+        for row in rows or ():
+            if len(row) == 4 and row[2] == 0:
+                match = re.search(r"\.0\.([^.]+)\.?$", str(row[1]))
+                if match:
+                    by_shard.setdefault(str(row[3]), match.group(1))
+        if {"w1", "w2", "w3"} <= by_shard.keys():
+            return [by_shard["w1"], by_shard["w3"], by_shard["w2"]]
+    return None
+
+
+def _built_moe(attr: str, layer: Any, routed: type, linear: type) -> dict[str, Any]:
+    """The MoE block ``layer.<attr>``: where its routed experts are, their checkpoint
+    names (``RoutedExperts.ckpt_*_proj_name``, what vLLM's configs match experts by), the
+    router and whether it asks the quantization config, the shared experts. When
+    ``attr`` is the experts themselves (Gemma 4), the block is the layer."""
+    block = getattr(layer, attr)
+    name, experts = next((n, m) for n, m in block.named_modules() if isinstance(m, routed))
+    path = name.removesuffix("routed_experts").rstrip(".")
+    module = attr
+    if not path:  # the experts sit on the layer: the layer is the block
+        module, path, block = "", attr, layer
+    out: dict[str, Any] = {
+        "module": module,
+        "experts": path,
+        "expert_projections": [
+            experts.ckpt_gate_proj_name,
+            experts.ckpt_up_proj_name,
+            experts.ckpt_down_proj_name,
+        ],  # fmt: skip
+        "experts_layer_name": getattr(experts, "layer_name", None),
+    }
+    for child_name, m in block.named_children():
+        if child_name in ("gate", "router"):
+            inner = [x for x in m.modules() if isinstance(x, linear)]
+            out["router"] = child_name
+            out["quantized_router"] = any(bool(_asks(x)) for x in inner)
+        elif "shared" in child_name and "gate" not in child_name and any(isinstance(x, linear) for x in m.modules()):  # fmt: skip
+            out.setdefault("shared_experts", child_name)
+    return out
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
-def entry(arch: str, relname: str, class_name: str) -> dict[str, Any]:
+def entry(arch: str, relname: str, class_name: str, builder: Builder | None) -> dict[str, Any]:
     module_name = _module_name(relname)
     row: dict[str, Any] = {"module": module_name, "class": class_name}
+    if builder is not None:
+        row["built"] = builder.build(arch)
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except Exception as exc:  # the build lacks what the module imports
@@ -639,16 +919,28 @@ def entry(arch: str, relname: str, class_name: str) -> dict[str, Any]:
     return row
 
 
-def table(only: list[str] | None = None) -> dict[str, Any]:
-    _stand_ins()
+def table(only: list[str] | None, work: Path) -> dict[str, Any]:
+    """Every architecture's row; built where ``meta_build.py`` and ``registry_configs.py``
+    are there (the model files import with its torchvision stand-in either way)."""
+    builder = None
+    if META_BUILD.exists():
+        meta_build = _load(META_BUILD, "gatekeeper_meta_build")
+        if REGISTRY_CONFIGS.exists():
+            builder = Builder(meta_build, _load(REGISTRY_CONFIGS, "registry_configs"), work)
+        else:
+            meta_build._torchvision_stand_in()
     archs = sorted(_VLLM_MODELS) if not only else sorted(only)
-    models = {a: entry(a, *_VLLM_MODELS[a]) for a in archs}
+    models = {a: entry(a, *_VLLM_MODELS[a], builder) for a in archs}
+    for row in models.values():
+        built = row.get("built") or {}
+        row["names_from"] = "build" if built.get("layers") else ("source" if (row.get("names") or {}).get("layers") else "none")  # fmt: skip
     version = vllm.__version__.split("+")[0]
     return {
         "vllm": version,
         "source": f"vllm {vllm.__version__}",
         "generated_by": "scripts/vllm-model-table.py",
         "models": models,
+        "suffixes": [suffix for suffix, _ in iter_architecture_defaults()],
     }
 
 
@@ -658,14 +950,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="these architectures only (to a --out file)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    data = table(args.only)
+    with tempfile.TemporaryDirectory(prefix="vllm-model-table-") as work:
+        data = table(args.only, Path(work))
     path = args.out or OUT / f"{data['vllm']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     models = data["models"].values()
     how: dict[str, int] = {}
     for row in models:
-        how[row["how"]] = how.get(row["how"], 0) + 1
+        for key in (f"read by {row['how']}", f"names from {row['names_from']}"):
+            how[key] = how.get(key, 0) + 1
     print(f"{path}: {len(data['models'])} architectures, {how}, "
           f"{time.monotonic() - started:.1f} s", file=sys.stderr)  # fmt: skip
     return 0

@@ -31,6 +31,7 @@ says so; the doors print it with the estimate.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
@@ -39,6 +40,7 @@ from typing import Any
 __all__ = [
     "TABLE_RELEASE",
     "ModuleNames",
+    "RenameMapper",
     "known_architecture",
     "module_names",
     "registered_architecture",
@@ -52,6 +54,33 @@ _QKV = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
 _GATE_UP = ("gate_up_proj", ("gate_proj", "up_proj"))
 
 Renames = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RenameMapper:
+    """A ``WeightsMapper`` as ``get_rename_mapper()`` leaves it (no renames to None)."""
+
+    regex: Renames = ()
+    substr: Renames = ()
+    prefix: Renames = ()
+    suffix: Renames = ()
+
+    def apply(self, name: str) -> str:
+        """``WeightsMapper._map_name_with_shard``: regexes, substrings, prefixes, then
+        suffixes, each entry in turn."""
+        for old, new in self.regex:
+            if re.search(old, name):
+                name = re.sub(old, new, name)
+        for old, new in self.substr:
+            if old in name:
+                name = name.replace(old, new, 1)
+        for old, new in self.prefix:
+            if name.startswith(old):
+                name = name.replace(old, new, 1)
+        for old, new in self.suffix:
+            if name.endswith(old):
+                name = new.join(name.rsplit(old, 1))
+        return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +100,25 @@ class ModuleNames:
     experts: str = "experts"
     """The routed experts' attribute in the MoE module."""
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    """The checkpoint's names of an expert's gate, up and down projections."""
+    """An expert's gate, up and down projections as vLLM's experts layer names them
+    (``RoutedExperts.ckpt_*_proj_name``, which vLLM's configs match experts by)."""
+    checkpoint_expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    """The same as the checkpoint names them (the class's ``get_expert_mapping()``:
+    MiniMax-M3 and gpt-oss ``w1``/``w3``/``w2``), where the class says."""
     shared_experts: str = "shared_experts"
     packed: tuple[tuple[str, tuple[str, ...]], ...] = (_QKV, _GATE_UP)
     """``packed_modules_mapping``: a fused module and its checkpoint shards."""
-    regex_renames: Renames = ()
-    """``hf_to_vllm_mapper.orig_to_new_regex``, in order."""
-    substr_renames: Renames = ()
-    """``hf_to_vllm_mapper.orig_to_new_substr``, in order."""
-    prefix_renames: Renames = ()
-    """``hf_to_vllm_mapper.orig_to_new_prefix``, in order."""
-    suffix_renames: Renames = ()
-    """``hf_to_vllm_mapper.orig_to_new_suffix``, in order."""
+    mappers: tuple[RenameMapper, ...] = ()
+    """The rename mappers vLLM applies to a quantization config's lists, in order (the
+    class's ``hf_to_vllm_mapper``; a wrapper's language model built through
+    ``initialize_model`` applies its own after it)."""
+    moe: str | None = None
+    """The module holding the routed experts, relative to a layer (``mlp``,
+    ``block_sparse_moe``; empty when they sit on the layer itself, Gemma 4's
+    ``layers.N.experts``); None without routed experts in the table's build."""
+    router: str = "gate"
+    """The router's attribute beside the experts (``gate``; ``router`` in gpt-oss, Llama 4,
+    Gemma 4)."""
     quantized_router: bool = False
     """The MoE router (``GateLinear``) is built with the quantization config (Qwen3-MoE);
     elsewhere it is not, and stays in the model dtype whatever the config says."""
@@ -99,23 +135,9 @@ class ModuleNames:
         return f"{self.model}.layers.{i}"
 
     def to_vllm(self, name: str) -> str:
-        """A checkpoint module name as the class's rename mapper writes it
-        (``WeightsMapper._map_name_with_shard``: regexes, substrings, prefixes, then
-        suffixes, each in turn)."""
-        import re
-
-        for old, new in self.regex_renames:
-            if re.search(old, name):
-                name = re.sub(old, new, name)
-        for old, new in self.substr_renames:
-            if old in name:
-                name = name.replace(old, new, 1)
-        for old, new in self.prefix_renames:
-            if name.startswith(old):
-                name = name.replace(old, new, 1)
-        for old, new in self.suffix_renames:
-            if name.endswith(old):
-                name = new.join(name.rsplit(old, 1))
+        """A checkpoint module name as the class's rename mappers write it."""
+        for mapper in self.mappers:
+            name = mapper.apply(name)
         return name
 
 
@@ -169,32 +191,55 @@ def _pairs(rows: list[list[Any]] | None) -> Renames:
     return tuple((str(old), str(new)) for old, new in rows or () if new is not None)
 
 
+def _mapper(rows: dict[str, Any]) -> RenameMapper:
+    return RenameMapper(*(_pairs(rows.get(kind)) for kind in ("regex", "substr", "prefix", "suffix")))  # fmt: skip
+
+
+def _structure(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row's names and MoE names: vLLM's build where there is one, else the source's
+    (the build's config may leave out routed experts a family can have: Gemma 4's)."""
+    built: dict[str, Any] = row.get("built") or {}
+    source: dict[str, Any] = row.get("names") or {}
+    names = built if built.get("layers") else source
+    moe: dict[str, Any] = names.get("moe") or source.get("moe") or {}
+    return names, moe
+
+
 def _from_row(row: dict[str, Any]) -> ModuleNames:
-    names: dict[str, Any] = row.get("names") or {}
-    moe: dict[str, Any] = names.get("moe") or {}
-    mapper: dict[str, Any] = row.get("mapper") or {}
-    packed = tuple((str(k), tuple(v)) for k, v in row.get("packed") or ())
+    names, moe = _structure(row)
+    built: dict[str, Any] = row.get("built") or {}
+    if "quant_mappers" in built:  # what vLLM applied, in order
+        mappers = tuple(_mapper(m) for m in built["quant_mappers"])
+    else:
+        mappers = (_mapper(row["mapper"]),) if row.get("mapper") else ()
+    packed_rows = built["quant_packed"] if "quant_packed" in built else row.get("packed")
+    packed = tuple((str(k), tuple(v)) for k, v in packed_rows or ())
     mixer = (names.get("mixer") or [None])[0]
     mixer_linears = tuple(
         (str(attr), bool(quantized))
-        for attr, _cls, quantized in ((names.get("linears") or {}).get("mixer") or {}).get(
-            mixer, ()
-        )
+        for attr, *rest in ((names.get("linears") or {}).get("mixer") or {}).get(mixer, ())
+        for quantized in rest[-1:]
     )
+    mlps = [m for m in names.get("mlp") or () if m]
+    module = moe.get("module")
     return ModuleNames(
         model=names.get("model") or "model",
         lm_head=names.get("lm_head") or "lm_head",
         attention=(names.get("attention") or ["self_attn"])[0],
-        mlp=moe.get("module") or (names.get("mlp") or ["mlp"])[0],
-        dense_mlp=next((m for m in names.get("mlp") or () if m != moe.get("module")), ""),
+        mlp=module or (mlps or ["mlp"])[0],
+        dense_mlp=next((m for m in mlps if m != module), ""),
         experts=moe.get("experts") or "experts",
         expert_projections=tuple(moe.get("expert_projections") or _TEXT.expert_projections),
+        checkpoint_expert_projections=tuple(
+            moe.get("checkpoint_projections")
+            or moe.get("expert_projections")
+            or _TEXT.expert_projections
+        ),
         shared_experts=moe.get("shared_experts") or "shared_experts",
         packed=packed,
-        regex_renames=_pairs(mapper.get("regex")),
-        substr_renames=_pairs(mapper.get("substr")),
-        prefix_renames=_pairs(mapper.get("prefix")),
-        suffix_renames=_pairs(mapper.get("suffix")),
+        mappers=mappers,
+        moe=module if moe else None,
+        router=moe.get("router") or "gate",
         quantized_router=bool(moe.get("quantized_router")),
         mixer=mixer,
         mixer_linears=mixer_linears,
@@ -219,9 +264,12 @@ def module_names(architecture: str, *, q_lora_rank: int | None = None) -> Module
     names = _known(registered) if registered is not None else None
     if names is None:
         return replace(_TEXT, known=False)
-    added = tuple(
+    when = [p for p in names.extra.get("packed_when") or () if "module" in p]
+    lora = {str(p["module"]) for p in when if p.get("fields") == ["q_lora_rank"]}
+    packed = [(k, v) for k, v in names.packed if q_lora_rank or k not in lora]
+    packed += [
         (str(p["module"]), tuple(p["shards"]))
-        for p in names.extra.get("packed_when") or ()
-        if "module" in p and (p.get("fields") != ["q_lora_rank"] or q_lora_rank)
-    )
-    return replace(names, packed=(*names.packed, *added)) if added else names
+        for p in when
+        if all(k != p["module"] for k, _ in packed) and (q_lora_rank or p["module"] not in lora)
+    ]
+    return replace(names, packed=tuple(packed)) if tuple(packed) != names.packed else names

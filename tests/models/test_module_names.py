@@ -171,7 +171,9 @@ def test_gemma4_and_minimax_m3():
     minimax = module_names("MiniMaxM3SparseForConditionalGeneration")
     assert minimax.layer(0) == "language_model.model.layers.0"
     assert minimax.mlp == "block_sparse_moe"
-    assert minimax.expert_projections == ("w1", "w3", "w2")
+    # its experts layer keeps the default names; get_expert_mapping() reads w1/w3/w2
+    assert minimax.expert_projections == ("gate_proj", "up_proj", "down_proj")
+    assert minimax.checkpoint_expert_projections == ("w1", "w3", "w2")
 
 
 def test_a_converted_architecture_is_its_base_class():
