@@ -70,6 +70,9 @@ QK_NORM: dict[str, str] = {
     "gemma4_text": "vllm gemma4.py Gemma4Attention (q_norm, k_norm; v_norm has no weight)",
     "qwen3_vl_text": "vllm qwen3.py Qwen3DecoderLayer (qwen3_vl.py's language model)",
     "qwen3_vl_moe_text": "vllm qwen3_moe.py Qwen3MoeDecoderLayer (qwen3_vl_moe.py's)",
+    "qwen3_next": "vllm qwen3_next.py Qwen3NextAttention (q_norm, k_norm)",
+    "qwen3_5_text": "vllm qwen3_next.py Qwen3NextAttention (qwen3_5.py's decoder layer builds it)",
+    "qwen3_5_moe_text": "vllm qwen3_next.py Qwen3NextAttention (qwen3_5.py's decoder layer)",
     "olmo2": "transformers modeling_olmo2.py Olmo2Attention (q_norm, k_norm)",
     "minimax_m3_text": "vllm ../../models/minimax_m3/nvidia/model.py MiniMaxM3Attention (q_norm, k_norm)",
 }
