@@ -26,11 +26,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gatekeeper.estimator import GpuTarget, ServeOptions, estimate
+from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate
 from gatekeeper.estimator.drafter import mtp_prefix
 from gatekeeper.estimator.options import MmLimits
 from gatekeeper.estimator.speculative import Speculative, parse_speculative
@@ -138,8 +138,21 @@ NO_IMAGES = MmLimits.from_mapping({"image": 0, "video": 0}, '{"image": 0, "video
 def predict(case: dict[str, Any]) -> int:
     """Gatekeeper's weight bytes per rank for the case's config.json alone (a multimodal
     wrapper's language model: no image or video per prompt, so no encoder)."""
+    return gatekeeper_estimate(case).worst.weights_bytes
+
+
+def case_gpu(case: dict[str, Any]) -> GpuTarget:
+    """The case's GPU: ``GPU`` of the compute capability the vLLM side answers with (the
+    case's ``gpu``, Hopper's 9.0 by default)."""
+    major, minor = str(case.get("gpu") or "9.0").split(".")
+    return replace(GPU, compute_capability=(int(major), int(minor)))
+
+
+def gatekeeper_estimate(case: dict[str, Any]) -> Estimate:
+    """Gatekeeper's estimate for the case (its TP size, rank 0's weights)."""
     spec, _ = gatekeeper_quant(case)
     options = ServeOptions(
+        tensor_parallel_size=int(case.get("tp") or 1),
         dtype="bfloat16",
         quantization=case["flag"],
         max_model_len=MAX_MODEL_LEN,
@@ -148,7 +161,7 @@ def predict(case: dict[str, Any]) -> int:
         limit_mm_per_prompt=NO_IMAGES if case["family"] in WRAPPERS else None,
         speculative_config=_speculative(case),
     )
-    return estimate(spec, options, GPU).worst.weights_bytes
+    return estimate(spec, options, case_gpu(case))
 
 
 def _speculative(case: dict[str, Any]) -> Speculative | None:

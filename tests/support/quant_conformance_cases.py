@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CASES", "FAMILIES", "MAX_MODEL_LEN", "WRAPPERS"]
+__all__ = ["CASES", "FAMILIES", "MAX_MODEL_LEN", "TEXT_MODEL_TYPES", "WRAPPERS"]
 
 MAX_MODEL_LEN = 512
 
@@ -276,7 +276,8 @@ CASES: dict[str, dict[str, Any]] = {
     "gptq-dynamic/llama": _case("GPTQ", "llama", _gptq(dynamic={"-:.*\\.1\\.self_attn.*": {},
                                                                 "+:.*down_proj": {"bits": 8}})),
     "gptq-channel/llama": _case("GPTQ", "llama", _gptq(group_size=-1, desc_act=True)),
-    "mxfp4/qwen3_moe": _case("MXFP4", "qwen3_moe", {"quant_method": "mxfp4"}),
+    # on an A100: Hopper's pick (Humming) needs humming-kernels, not in the CPU build
+    "mxfp4/qwen3_moe": {**_case("MXFP4", "qwen3_moe", {"quant_method": "mxfp4"}), "gpu": "8.0"},
     "mxfp4/gpt_oss": _case("MXFP4", "gpt_oss", {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}),
     "experts-int8/qwen3_moe": _case("experts_int8", "qwen3_moe", None, "experts_int8"),
@@ -644,5 +645,185 @@ CASES |= {
 }  # fmt: skip
 
 
-
 # -- gpt-oss MXFP4 backends, Nemotron-H, MiniMax-M3 --
+
+# Nemotron-H as transformers 5 writes it (NemotronHConfig.to_dict: a ``layers_block_type``
+# list and no num_hidden_layers, which it derives from the list) and as the published
+# checkpoints of Nemotron-H 1 write it (``hybrid_override_pattern``, M = Mamba-2, * =
+# attention, - = MLP, E = MoE, and num_hidden_layers); MoE layers with a shared expert as
+# Nemotron-3 Nano has them, and Nemotron-3 Super's latent MoE (``moe_latent_size``:
+# fc1/fc2_latent_proj around experts that run in the latent width)
+_NEMOTRON_H_BASE = {
+    k: v for k, v in _BASE.items() if k not in ("num_hidden_layers", "rms_norm_eps")
+}
+_NEMOTRON_H_TF5: dict[str, Any] = {
+    **_NEMOTRON_H_BASE, "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+    "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+    "mamba_num_heads": 8, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 1,
+    "conv_kernel": 4, "expand": 2, "chunk_size": 128, "mlp_hidden_act": "relu2",
+    "layer_norm_epsilon": 1e-5, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256, "n_shared_experts": 1,
+    "moe_shared_expert_intermediate_size": 384, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 1.0,
+}  # fmt: skip
+FAMILIES |= {
+    "nemotron_h_tf5": _NEMOTRON_H_TF5,
+    "nemotron_h_pattern": {**{k: v for k, v in _NEMOTRON_H_TF5.items() if k != "layers_block_type"},
+                           "hybrid_override_pattern": "ME*-ME", "num_hidden_layers": 6},
+    "nemotron_h_latent": {**_NEMOTRON_H_TF5, "moe_latent_size": 128},
+}  # fmt: skip
+CASES |= {
+    "bf16/nemotron_h_tf5": _case("unquantized", "nemotron_h_tf5"),
+    "bf16/nemotron_h_pattern": _case("unquantized", "nemotron_h_pattern"),
+    "modelopt-fp8/nemotron_h_tf5": _case("ModelOpt FP8", "nemotron_h_tf5", _modelopt(
+        "FP8", ["lm_head", "backbone.layers.0.mixer*", "backbone.layers.2.mixer*"])),
+    "modelopt-nvfp4/nemotron_h_latent": {**_case("ModelOpt NVFP4", "nemotron_h_latent", _modelopt(
+        "NVFP4", ["lm_head", "*fc1_latent_proj*", "*fc2_latent_proj*"], group_size=16)),
+        # vLLM quantizes the Mamba-2 mixers' in_proj/out_proj (NVFP4 here); gatekeeper
+        # sizes them through the names table's mixer attribute, which NemotronHForCausalLM's
+        # row lacks (its layers come from ALL_DECODER_LAYER_TYPES): +25% until it has it
+        "pending": "names table: NemotronHForCausalLM's mixer attribute (mixer) is missing"},
+}  # fmt: skip
+
+# gpt-oss MXFP4 with the experts' backend vLLM picks per GPU generation (``gpu``: the
+# compute capability the vLLM side answers its device questions with,
+# tests/support/vllm_target_gpu.py) and its padding of the experts, at TP 1 and 2 (``tp``:
+# rank 0 of that many); gpt-oss' own widths (hidden and intermediate 2880), which the
+# backends pad differently (Marlin and TRT-LLM: hidden to 3072; all: the intermediate per
+# rank to 64 or 128); a generic MXFP4 MoE (Qwen3-MoE's names) the same way but on Hopper,
+# where vLLM picks Humming, whose chooser needs humming-kernels (not in the CPU build)
+_GPT_OSS_WIDE = {
+    **FAMILIES["gpt_oss"],
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_key_value_heads": 2,
+}
+_QWEN3_MOE_WIDE = {**FAMILIES["qwen3_moe"], "hidden_size": 2880, "moe_intermediate_size": 2880}
+FAMILIES |= {"gpt_oss_wide": _GPT_OSS_WIDE, "qwen3_moe_wide": _QWEN3_MOE_WIDE}
+GPU_GENERATIONS = {"ampere": "8.0", "ada": "8.9", "hopper": "9.0", "blackwell": "10.0",
+                   "blackwell_consumer": "12.0"}  # fmt: skip
+"""A compute capability of each generation (NVIDIA's figures: A100 8.0, L40S 8.9, H100
+9.0, B200 10.0, RTX 5090 12.0; gatekeeper/data/gpus.json)."""
+_GPT_OSS_MXFP4 = CASES["mxfp4/gpt_oss"]["quant"]
+CASES |= {
+    f"mxfp4-{gen}-tp{tp}/{family}": {**_case("MXFP4 per GPU", family, quant), "gpu": cc, "tp": tp}
+    for gen, cc in GPU_GENERATIONS.items()
+    for tp in (1, 2)
+    for family, quant in (("gpt_oss_wide", _GPT_OSS_MXFP4), ("qwen3_moe_wide", {"quant_method": "mxfp4"}))
+    if not (gen == "hopper" and family == "qwen3_moe_wide")
+}  # fmt: skip
+# openai/gpt-oss-120b and gpt-oss-20b as published (../shared/calibration/configs, the same
+# as gatekeeper/catalog): 36 / 24 layers alternating sliding (128) and full attention, 128 /
+# 32 experts of 2880 (top 4), the experts in MXFP4 (attention, router, embedding and head
+# bf16), on an H100 (TRITON, then triton_kernels' Hopper layout), TP 1 and 2
+_GPT_OSS_FULL = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "torch_dtype": "bfloat16",
+    "attention_bias": True, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "intermediate_size": 2880, "max_position_embeddings": 131072,
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False, "vocab_size": 201088,
+    "eos_token_id": 200002, "pad_token_id": 199999,
+}  # fmt: skip
+
+
+def _gpt_oss(layers: int, experts: int) -> dict[str, Any]:
+    kinds = ["sliding_attention", "full_attention"] * (layers // 2)
+    return {**_GPT_OSS_FULL, "num_hidden_layers": layers, "num_local_experts": experts,
+            "layer_types": kinds}  # fmt: skip
+
+
+FAMILIES |= {"gpt_oss_120b": _gpt_oss(36, 128), "gpt_oss_20b": _gpt_oss(24, 32)}
+CASES |= {
+    f"mxfp4-{gen}-tp{tp}/{family}": {**_case("MXFP4 per GPU", family, _GPT_OSS_MXFP4),
+                                     "gpu": GPU_GENERATIONS[gen], "tp": tp}
+    for gen in ("hopper",)
+    for tp in (1, 2)
+    for family in ("gpt_oss_120b", "gpt_oss_20b")
+}  # fmt: skip
+
+
+# MiniMax-M3 (vLLM's own config classes, vllm/transformers_utils/configs/minimax_m3.py:
+# MiniMaxM3Config "minimax_m3_vl" around MiniMaxM3TextConfig "minimax_m3_text"; the model
+# vllm/models/minimax_m3/nvidia/model.py): the first layers dense (``moe_layer_freq`` 0,
+# an MLP of dense_intermediate_size), the rest MoE (experts w1/w3/w2 of
+# intermediate_size, one shared expert of intermediate_size x n_shared_experts, an fp32
+# router and routing bias) with block-sparse attention whose qkv_proj also projects the
+# lightning indexer's q and k (``sparse_attention_freq``); the language model as the
+# wrapper builds it. Published sizes: the text config class's defaults, which "mirror the
+# text_config of the MiniMax-M3-preview checkpoint" (no hub here)
+def _m3_sparse(layers: int, dense: int, index_heads: int) -> dict[str, Any]:
+    flags = [0] * dense + [1] * (layers - dense)
+    return {"use_sparse_attention": True, "sparse_index_dim": 128,
+            "sparse_num_index_heads": index_heads, "sparse_topk_blocks": 16,
+            "sparse_block_size": 128, "sparse_disable_index_value": flags,
+            "sparse_score_type": "max", "sparse_init_block": 0, "sparse_local_block": 1,
+            "sparse_attention_freq": flags}  # fmt: skip
+
+
+# the text config's fields written out, as the published config writes them (gatekeeper
+# has no transformers class for minimax_m3_text to take defaults from)
+_M3_TEXT = {
+    "model_type": "minimax_m3_text", "vocab_size": 200064, "hidden_size": 6144,
+    "intermediate_size": 3072, "dense_intermediate_size": 12288, "shared_intermediate_size": 3072,
+    "num_hidden_layers": 60, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+    "max_position_embeddings": 524288, "rms_norm_eps": 1e-6, "use_gemma_norm": True,
+    "attention_output_gate": False, "rope_theta": 5000000, "rotary_dim": 64,
+    "partial_rotary_factor": 0.5, "hidden_act": "swigluoai", "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0, "use_qk_norm": True, "qk_norm_type": "per_head",
+    "num_local_experts": 128, "num_experts_per_tok": 4, "n_shared_experts": 1,
+    "scoring_func": "sigmoid", "use_routing_bias": True, "routed_scaling_factor": 2.0,
+    "num_mtp_modules": 1, "tie_word_embeddings": False,
+}  # fmt: skip
+_M3_TINY = {
+    **_M3_TEXT, "vocab_size": 1000, "hidden_size": 256,
+    "intermediate_size": 128, "dense_intermediate_size": 512, "shared_intermediate_size": 128,
+    "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+    "max_position_embeddings": 1024, "rotary_dim": 64, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "n_shared_experts": 1, "num_mtp_modules": 1,
+    "moe_layer_freq": [0, 1, 1], "sparse_attention_config": _m3_sparse(3, 1, 1),
+    "tie_word_embeddings": False,
+}  # fmt: skip
+_M3_FULL = {**_M3_TEXT, "moe_layer_freq": [0] * 3 + [1] * 57,
+            "sparse_attention_config": _m3_sparse(60, 3, 4)}  # fmt: skip
+FAMILIES |= {
+    f: {"architectures": ["MiniMaxM3SparseForConditionalGeneration"], "model_type": "minimax_m3_vl",
+        "torch_dtype": "bfloat16", "text_config": text, "vision_config": {},
+        "tie_word_embeddings": False}
+    for f, text in (("minimax_m3", _M3_TINY), ("minimax_m3_full", _M3_FULL))
+}  # fmt: skip
+_M3_LM = ("minimax_m3", "MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3SparseForCausalLM")
+WRAPPERS |= {"minimax_m3": _M3_LM, "minimax_m3_full": _M3_LM}
+TEXT_MODEL_TYPES = {"minimax_m3_text": "minimax_m3_mtp"}
+"""Text config types vLLM registers only inside their wrapper, and the registered type of
+the same fields the vLLM side writes instead (MiniMaxM3MTPConfig subclasses
+MiniMaxM3TextConfig, ``vllm/transformers_utils/config.py``)."""
+
+
+def _m3_mixed(layers: int, dense: int, experts: int) -> dict[str, Any]:
+    """ModelOpt MIXED_PRECISION as the published NVFP4 checkpoint's hf_quant_config lays it
+    out (per layer): routed experts NVFP4, attention and the dense and shared MLPs FP8; the
+    router, the embedding and the head bf16."""
+    out: dict[str, Any] = {}
+    nvfp4, fp8 = {"quant_algo": "NVFP4", "group_size": 16}, {"quant_algo": "FP8"}
+    for i in range(layers):
+        p = f"language_model.model.layers.{i}"
+        out |= {f"{p}.self_attn.{m}": fp8 for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        if i < dense:
+            out |= {f"{p}.mlp.{m}": fp8 for m in ("gate_proj", "up_proj", "down_proj")}
+            continue
+        out |= {f"{p}.block_sparse_moe.shared_experts.{m}": fp8
+                for m in ("gate_proj", "up_proj", "down_proj")}  # fmt: skip
+        out |= {f"{p}.block_sparse_moe.experts.{e}.{w}": nvfp4
+                for e in range(experts) for w in ("w1", "w2", "w3")}  # fmt: skip
+    return _modelopt("MIXED_PRECISION", ["language_model.lm_head"], quantized_layers=out)
+
+
+CASES |= {
+    "bf16/minimax_m3": _case("unquantized", "minimax_m3"),
+    "modelopt-mixed/minimax_m3": _case("ModelOpt mixed precision", "minimax_m3", _m3_mixed(3, 1, 4)),
+    "modelopt-mixed/minimax_m3_full": _case("ModelOpt mixed precision", "minimax_m3_full",
+                                            _m3_mixed(60, 3, 128)),
+}  # fmt: skip

@@ -24,9 +24,10 @@ One JSON line per case to ``OUT.jsonl``: every parameter and buffer (name -> [sh
 dtype, bytes]; meta tensors have no storage, so bytes are ``numel x element_size``; a
 shared parameter once), the quantize method vLLM chose for every module that has one, and
 ``weights_bytes``: their sum, plus what ``process_weights_after_loading`` adds (MLA's
-dequantized ``W_UV``/``W_UK_T``, ``_mla_copies``) less what it frees (``_freed``), each
+dequantized ``W_UV``/``W_UK_T``, ``mla_copies``) less what it frees (``freed``), each
 listed in the row; or ``ok: false`` with vLLM's error. A kernel chooser that fails on the
-CPU build answers a stand-in (``_stub_kernels``), named in the row's ``stubbed``.
+CPU build answers a stand-in (``stub_kernels``), named in the row's ``stubbed``. Those
+readers and stand-ins are gatekeeper's meta builder's (``gatekeeper/vllm/meta_build.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,25 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS  # type: ignore[import-not-found, unused-ignore]
+import vllm_target_gpu  # type: ignore[import-not-found, unused-ignore]
+from quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, TEXT_MODEL_TYPES, WRAPPERS  # type: ignore[import-not-found, unused-ignore]
+
+
+def _meta_build() -> Any:
+    """gatekeeper's meta builder (``gatekeeper/vllm/meta_build.py``), loaded from its file:
+    the kernel stand-ins and the tensor, method, MLA-copy and freed-tensor readers."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "gatekeeper" / "vllm" / "meta_build.py"
+    spec = importlib.util.spec_from_file_location("gatekeeper_meta_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+META = _meta_build()
 
 
 def _config(case: dict[str, Any]) -> dict[str, Any]:
@@ -50,6 +69,9 @@ def _config(case: dict[str, Any]) -> dict[str, Any]:
     if case["family"] in WRAPPERS:
         config = {**config["text_config"], "architectures": [WRAPPERS[case["family"]][2]],
                   "torch_dtype": config["torch_dtype"]}  # fmt: skip
+        # a text config type vLLM registers only inside its wrapper: the registered type
+        # of the same class (TEXT_MODEL_TYPES)
+        config["model_type"] = TEXT_MODEL_TYPES.get(config["model_type"], config["model_type"])
     if case["quant"] is not None:
         config["quantization_config"] = case["quant"]
     return config
@@ -120,69 +142,9 @@ def _as_wrapper(family: str, vllm_config: Any) -> str:
     return "language_model"
 
 
-def _tensors(model: Any) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
-    for items in (model.named_parameters(), model.named_buffers()):
-        for name, t in items:
-            out[name] = [list(t.shape), str(t.dtype).removeprefix("torch."),
-                         t.numel() * t.element_size()]  # fmt: skip
-    return out
-
-
-def _methods(model: Any) -> dict[str, str]:
-    """module -> the class of the quantize method vLLM chose (layers that have one)."""
-    out = {}
-    for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        if method is not None and name:
-            out[name] = type(method).__name__
-    return out
-
-
-def _mla_copies(model: Any) -> dict[str, int]:
-    """``MLAAttention.process_weights_after_loading`` (``attention/mla_attention.py``)
-    replaces ``W_UV`` and ``W_UK_T`` with ``split_kv_b_proj``'s output in the model
-    dtype: views of ``kv_b_proj`` when it is unquantized, dequantized copies (num_heads x
-    kv_lora_rank x (qk_nope + v_head) elements) when it is not. That step needs kernels,
-    so the copies are counted here from the layer's own attributes."""
-    out = {}
-    for name, module in model.named_modules():
-        kv_b = getattr(module, "kv_b_proj", None)
-        if type(module).__name__ != "MLAAttention" or kv_b is None:
-            continue
-        if type(getattr(kv_b, "quant_method", None)).__name__.startswith("Unquantized"):
-            continue
-        per_head = module.kv_lora_rank * (module.qk_nope_head_dim + module.v_head_dim)
-        out[name] = module.num_heads * per_head * kv_b.params_dtype.itemsize
-    return out
-
-
-def _freed(model: Any) -> dict[str, int]:
-    """Parameters ``create_weights`` registers that the method's
-    ``process_weights_after_loading`` frees for a checkpoint like the case's (no tensor
-    for them): Quark W8A8 int8's ``weight_zero_point`` (and a symmetric input's
-    ``input_zero_point``, ``quark_w8a8_int8.py``), AutoGPTQ MoE's ``w13_bias``/``w2_bias``
-    unless the checkpoint loaded expert biases (``auto_gptq.py``)."""
-    out: dict[str, int] = {}
-    for name, module in model.named_modules():
-        method = type(getattr(module, "quant_method", None)).__name__
-        scheme = type(getattr(module, "scheme", None)).__name__
-        drop: tuple[str, ...] = ()
-        if scheme == "QuarkW8A8Int8":
-            drop = ("weight_zero_point",)
-            drop += ("input_zero_point",) if module.scheme.input_symmetric else ()
-        elif method == "AutoGPTQMoEMethod":
-            drop = ("w13_bias", "w2_bias")
-        for param in drop:
-            tensor = getattr(module, param, None)
-            if tensor is not None:
-                out[f"{name}.{param}"] = tensor.numel() * tensor.element_size()
-    return out
-
-
 def measure(case_id: str, work: Path) -> dict[str, Any]:
     import torch  # type: ignore[import-not-found, unused-ignore]
-    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config  # type: ignore[import-not-found, unused-ignore]
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config  # type: ignore[import-not-found, unused-ignore]
     from vllm.model_executor.model_loader.utils import initialize_model  # type: ignore[import-not-found, unused-ignore]
     from vllm.utils.torch_utils import set_default_torch_dtype  # type: ignore[import-not-found, unused-ignore]
 
@@ -190,7 +152,11 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
     model_dir = work / case_id.replace("/", "__")
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(_config(case)))
-    _STUBBED.clear()
+    META.STUBBED.clear()
+    # the case's GPU (compute capability, Hopper by default) and TP size (rank 0 of it)
+    vllm_target_gpu.TARGET[:] = [tuple(int(x) for x in str(case.get("gpu") or "9.0").split("."))]
+    vllm_target_gpu.CHOSEN.clear()
+    tp = int(case.get("tp") or 1)
     model_config = ModelConfig(
         model=str(model_dir),
         skip_tokenizer_init=True,
@@ -201,18 +167,22 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         allow_deprecated_quantization=True,
     )
     vllm_config = VllmConfig(
-        model_config=model_config, speculative_config=_speculative(case, model_config)
+        model_config=model_config,
+        speculative_config=_speculative(case, model_config),
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
     )
     wrapped = case["family"] in WRAPPERS
     prefix = _as_wrapper(case["family"], vllm_config) if wrapped else ""
     with (
+        META._tensor_parallel(tp),
         set_current_vllm_config(vllm_config),
         set_default_torch_dtype(model_config.dtype),
         torch.device("meta"),
     ):
         model = initialize_model(vllm_config=vllm_config, prefix=prefix)
-    tensors, methods = _tensors(model), _methods(model)
-    copies, freed = _mla_copies(model), _freed(model)
+    tensors, methods = META.tensors(model), META.methods(model)
+    copies, freed = META.mla_copies(model), META.freed(model)
+    layout = vllm_target_gpu.after_loading(model)
     if wrapped:  # the wrapper's names: its language model sits at language_model.
         tensors = {f"{prefix}.{n}": v for n, v in tensors.items()}
         methods = {f"{prefix}.{n}": v for n, v in methods.items()}
@@ -221,20 +191,24 @@ def measure(case_id: str, work: Path) -> dict[str, Any]:
         held = {id(t) for t in (*model.parameters(), *model.buffers())}
         own = {n for n, t in (*drafter.named_parameters(), *drafter.named_buffers())
                if id(t) not in held and not n.startswith(_SHARED_WITH_TARGET)}  # fmt: skip
-        tensors |= {f"drafter:{n}": v for n, v in _tensors(drafter).items() if n in own}
-        methods |= {f"drafter:{n}": v for n, v in _methods(drafter).items()}
+        tensors |= {f"drafter:{n}": v for n, v in META.tensors(drafter).items() if n in own}
+        methods |= {f"drafter:{n}": v for n, v in META.methods(drafter).items()}
     quant = vllm_config.quant_config
     return {
         "case": case_id,
         "ok": True,
-        "stubbed": sorted(set(_STUBBED)),
+        "stubbed": sorted(set(META.STUBBED)),
+        "moe_backends": sorted(set(vllm_target_gpu.CHOSEN)),
+        "tensor_parallel_size": tp,
         "architecture": model_config.architecture,
         "quantization": model_config.quantization,
         "config_class": type(quant).__name__ if quant is not None else None,
         "weights_bytes": sum(v[2] for v in tensors.values())
         + sum(copies.values())
+        + sum(layout.values())
         - sum(freed.values()),
         "mla_copies": copies,
+        "hopper_layout": layout,
         "freed_after_loading": freed,
         "tensors": tensors,
         "methods": methods,
@@ -277,81 +251,6 @@ def _drafter(vllm_config: Any) -> Any:
         return initialize_model(vllm_config=vllm_config, model_config=draft)
 
 
-_KERNELS = "vllm.model_executor.kernels.linear"
-KERNEL_CHOOSERS: dict[tuple[str, str], str] = {
-    (_KERNELS, "choose_mp_linear_kernel"): "class",
-    (_KERNELS, "init_nvfp4_linear_kernel"): "kernel",
-    (_KERNELS, "init_mxfp8_linear_kernel"): "kernel",
-    (_KERNELS, "init_mxfp4_linear_kernel"): "kernel",
-    (_KERNELS, "select_linear_kernel"): "kernel",
-    (
-        "vllm.model_executor.layers.quantization.utils.marlin_utils",
-        "verify_marlin_supported",
-    ): "none",
-    ("vllm.model_executor.layers.fused_moe.oracle.int_wna16", "select_wna16_moe_backend"): "wna16",
-    ("vllm.model_executor.layers.fused_moe.oracle.nvfp4", "select_nvfp4_moe_backend"): "nvfp4",
-}
-"""Kernel choosers that fail on the CPU build (Marlin 8-bit, NVFP4, MXFP4/MXFP8, WNA16
-MoE need CUDA), and what answers instead when they do."""
-_STUBBED: list[str] = []
-
-
-class NoKernel:
-    """Stands for a kernel the CPU build cannot choose: ``create_weights`` only records
-    it; it runs in ``process_weights_after_loading`` and ``apply``, which this check
-    never calls."""
-
-    supports_pre_processed_weights = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def input_quant_key(self) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
-def _fallback(kind: str) -> Any:
-    if kind == "class":
-        return NoKernel
-    if kind == "kernel":
-        return NoKernel()
-    if kind == "wna16":  # Hopper's WNA16 MoE backend
-        from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend  # type: ignore[import-not-found, unused-ignore]
-
-        return WNA16MoEBackend.MARLIN, NoKernel
-    if kind == "nvfp4":  # Hopper runs NVFP4 experts through Marlin
-        from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend  # type: ignore[import-not-found, unused-ignore]
-
-        return NvFp4MoeBackend.MARLIN, NoKernel
-    return None
-
-
-def _stub_kernels() -> None:
-    """Let a kernel chooser that fails on CPU answer a ``NoKernel`` (and say so in the
-    case's row), so that the method's own ``create_weights`` still runs."""
-    import importlib
-
-    for (where, name), kind in KERNEL_CHOOSERS.items():
-        original = getattr(importlib.import_module(where), name, None)
-        if original is None:
-            continue
-
-        def chooser(*args: Any, _original: Any = original, _n: str = name, _k: str = kind,
-                    **kw: Any) -> Any:  # fmt: skip
-            try:
-                return _original(*args, **kw)
-            except Exception as exc:
-                _STUBBED.append(f"{_n}: {_error(exc)[:200]}")
-                return _fallback(_k)
-
-        for key, module in list(sys.modules.items()):
-            if key.startswith("vllm.") and vars(module).get(name) is original:
-                setattr(module, name, chooser)
-
-
 def _init_distributed() -> None:
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config  # type: ignore[import-not-found, unused-ignore]
     from vllm.distributed import (  # type: ignore[import-not-found, unused-ignore]
@@ -369,12 +268,6 @@ def _init_distributed() -> None:
         ensure_model_parallel_initialized(1, 1)
 
 
-def _error(exc: BaseException) -> str:
-    """vLLM's error in one line, for the skip reason."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    return f"{type(exc).__name__}: {' '.join(lines)}"[:600]
-
-
 def main(argv: list[str]) -> int:
     try:
         work_dir, out_file, *names = argv
@@ -383,7 +276,12 @@ def main(argv: list[str]) -> int:
     work, out = Path(work_dir), Path(out_file)
     names = names or list(CASES)
     work.mkdir(parents=True, exist_ok=True)
-    _stub_kernels()
+    META.stub_kernels()
+    # the model files that import torchvision (MiniMax-M3's) build with meta_build's
+    # stand-in; the registry inspects them in this process
+    META._TORCHVISION_STOOD_IN = META._torchvision_stand_in()
+    META._inspect_in_process()
+    vllm_target_gpu.install()
     _init_distributed()
     with out.open("a") as sink:
         for name in names:
@@ -393,7 +291,7 @@ def main(argv: list[str]) -> int:
                 row = measure(name, work)
             except Exception as exc:
                 traceback.print_exc()
-                row = {"case": name, "ok": False, "error": _error(exc)}
+                row = {"case": name, "ok": False, "error": META.error_line(exc)}
             sink.write(json.dumps(row) + "\n")
             sink.flush()
     return 0
