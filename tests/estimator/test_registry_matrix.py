@@ -266,7 +266,11 @@ KNOWN: dict[tuple[str, str], str] = {
     (
         "KimiK25ForConditionalGeneration",
         "none",
-    ): "-6%: vLLM builds an untied lm_head (1.7 GiB) where gatekeeper reads the wrapper as tied",
+    ): (
+        "-6%: vLLM's DeepseekV2ForCausalLM (Kimi K2.5's language model) never ties its "
+        "lm_head (deepseek_v2.py builds a ParallelLMHead whatever tie_word_embeddings says); "
+        "the class defaults say tied, so gatekeeper sizes no head (1.7 GiB here)"
+    ),
 }
 """(architecture, method) -> why gatekeeper differs from vLLM's build by more than 1% (or
 cannot size what vLLM built)."""
