@@ -317,45 +317,42 @@ def layer_classes(
 ) -> list[type]:
     """The decoder-layer classes ``model_cls.__init__`` builds its ``self.<attr>`` of
     (``given``: classes the caller passes by keyword, as ``layer_type=...``)."""
-    given = dict(given or {})
-    found: list[type] = []
+    env = {**init_env(model_cls), **(given or {})}
     for klass in _vllm_mro(model_cls):
         node = class_def(klass)
         init = _init(node) if node is not None else None
-        if init is None:
-            continue
-        for call in ast.walk(init):  # super().__init__(..., layer_type=X) from a subclass
-            if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("__init__"):
-                for k, v in _keyword_classes(call, klass).items():
-                    given.setdefault(k, v)
-        params = init.args.args[-len(init.args.defaults) :] if init.args.defaults else []
-        defaults = dict(zip([a.arg for a in params], init.args.defaults, strict=True))
-        defaults |= {a.arg: d for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True) if d is not None}  # fmt: skip
-        local = _local_assignments(init)
-        for stmt in ast.walk(init):
-            if not isinstance(stmt, ast.Assign | ast.AnnAssign):
-                continue
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if not any(isinstance(t, ast.Attribute) and t.attr == attr for t in _flat(targets)) or stmt.value is None:  # fmt: skip
-                continue
-            nodes: list[ast.AST] = [stmt.value]
-            names = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
-            for name in sorted(names):
-                nodes += local.get(name, [])
-                for sub in local.get(name, []):
-                    names |= {n.id for n in ast.walk(sub) if isinstance(n, ast.Name)}
-            for name in sorted(names):
-                if name in given:
-                    found += [c for c in given[name] if c not in found]
-                elif name in defaults:
-                    nodes.append(defaults[name])
-            for n in nodes:
-                for c in _calls_in(n, klass):
-                    if _looks_like_layer(c) and c not in found:
-                        found.append(c)
+        found: list[type] = []
+        for value in _assigned(init, attr) if init is not None else ():
+            found += [c for c in _layer_refs(value, _local_assignments(init), env, klass) if c not in found]  # type: ignore[arg-type]  # fmt: skip
         if found:
-            break
-    return found
+            return found
+    return []
+
+
+def _assigned(init: ast.FunctionDef, attr: str) -> list[ast.expr]:
+    """The values ``init`` assigns to ``self.<attr>`` (alone or in a tuple)."""
+    out = []
+    for stmt in ast.walk(init):
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == attr for t in _flat(targets)):
+                out.append(stmt.value)
+    return out
+
+
+def _layer_refs(value: ast.expr, local: dict[str, list[ast.AST]], env: dict[str, list[type]],
+                klass: type) -> list[type]:  # fmt: skip
+    """Layer classes ``value`` builds: called in it, in the local functions and variables
+    it names (``get_layer``, ``layer_type``), or passed in as the parameters it names."""
+    nodes: list[ast.AST] = [value]
+    names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+    for name in sorted(names):
+        for sub in local.get(name, []):
+            nodes.append(sub)
+            names |= {n.id for n in ast.walk(sub) if isinstance(n, ast.Name)}
+    found = [c for name in sorted(names) for c in env.get(name, [])]
+    found += [c for n in nodes for c in _calls_in(n, klass) if _looks_like_layer(c)]
+    return list(dict.fromkeys(found))
 
 
 def _first(items: dict[str, list[Assign]], pattern: re.Pattern[str], prefer: tuple[str, ...],
@@ -398,6 +395,25 @@ def _mapping_names(classes: list[Any]) -> list[str] | None:
     return None
 
 
+def _router(items: dict[str, list[Assign]]) -> dict[str, Any]:
+    """The router beside the experts and whether it asks the quantization config: a
+    linear built with it (Qwen3-MoE's ``GateLinear(quant_config=...)``), or a module whose
+    own linear is (Gemma 4's ``Gemma4Router`` builds its ``proj`` without it)."""
+    name = next((r for r in ("gate", "router") if r in items), None)
+    if name is None:
+        return {}
+    out: dict[str, Any] = {"router": name}
+    calls = items[name]
+    if any(_LINEAR.search(a.callee_name) for a in calls):
+        out["quantized_router"] = any(a.builds_with_quant_config() for a in calls)
+        return out
+    inner = [row for a in calls for row in linears(a.callee())]
+    out["quantized_router"] = any(q for _, _, q in inner)
+    if inner:
+        out["router_linear"] = inner[0][0]
+    return out
+
+
 def _moe_names(moe_cls: Any) -> dict[str, Any]:
     if not isinstance(moe_cls, type):
         return {}
@@ -415,10 +431,7 @@ def _moe_names(moe_cls: Any) -> dict[str, Any]:
               and any(isinstance(x.callee(), type) for x in alist)]  # fmt: skip
     if shared:
         out["shared_experts"] = sorted(shared, key=lambda a: (a != "shared_experts", a))[0]
-    routers = [a for a in ("gate", "router") if a in items]
-    if routers:
-        out["router"] = routers[0]
-        out["quantized_router"] = any(a.builds_with_quant_config() for a in items[routers[0]])
+    out.update(_router(items))
     return out
 
 
@@ -436,109 +449,113 @@ def _experts_on_layer(layers: list[type]) -> dict[str, Any]:
             if isinstance(ckpt, ast.Tuple) and all(isinstance(e, ast.Constant) for e in ckpt.elts):
                 g, d, u = (e.value for e in ckpt.elts)  # type: ignore[attr-defined]
                 out["expert_projections"] = [g, u, d]
-            router = next((r for r in ("router", "gate") if r in items), None)
-            if router is not None:
-                out["router"] = router
-                out["quantized_router"] = any(x.builds_with_quant_config() for x in items[router])
+            out.update(_router(items))
             return out
     return {}
 
 
-def decoder_names(top: type) -> dict[str, Any]:
-    """The names of the decoder ``top`` builds, followed through its ``__init__``."""
-    names: dict[str, Any] = {}
-    top_items = assigns(top)
+def _callee(first: Assign, cls: Any, names: dict[str, Any]) -> tuple[Any, dict[str, list[type]]]:
+    """The class ``self.X = ...`` builds, and the layer classes passed to it: a direct
+    call, a method (``self._init_model(...)``), ``initialize_model(model_class=...)`` or
+    ``init_vllm_registered_model(architectures=[...])`` (the registry's class)."""
+    callee = first.callee()
+    env = init_env(cls) if isinstance(cls, type) else {}
+    given = _keyword_classes(first.call, first.owner, env)
+    method = first.call is not None and ast.unparse(first.call.func).startswith("self.")
+    if method and callable(callee) and not isinstance(callee, type):
+        assert first.call is not None
+        callee, given = _method_builds(first.owner or cls, first.call, env)
+    model_class = first.keyword("model_class")
+    if model_class is not None and first.owner is not None:
+        target = _resolve(model_class, first.owner)
+        callee = target if isinstance(target, type) else callee
+    inner = first.keyword("architectures")
+    if first.attr == "language_model" and isinstance(inner, ast.List) and inner.elts:
+        arch = ast.literal_eval(inner.elts[0])
+        if arch in _VLLM_MODELS:
+            relname, class_name = _VLLM_MODELS[arch]
+            callee = getattr(importlib.import_module(_module_name(relname)), class_name)
+            names["language_model"] = arch
+    return callee, given
+
+
+def _descend(top: type, names: dict[str, Any]) -> tuple[list[str], Any, dict[str, list[type]]]:
+    """Down the wrappers (``language_model``, ``model``, ``decoder``) to the class that
+    holds the layers: its path, the class (None where it cannot be followed) and the
+    layer classes passed down to it."""
     path: list[str] = []
     cls: Any = top
-    items = top_items
+    items = assigns(top)
     given: dict[str, list[type]] = {}
-    # down the wrappers: language_model, model, decoder
     for _ in range(4):
         nxt = next((a for a in ("language_model", "model", "decoder", "transformer") if a in items), None)  # fmt: skip
         if nxt is None:
             break
         path.append(nxt)
-        first = items[nxt][0]
-        callee = first.callee()
-        env = init_env(cls) if isinstance(cls, type) else {}
-        given = _keyword_classes(first.call, first.owner, env)
-        method = first.call is not None and ast.unparse(first.call.func).startswith("self.")
-        if method and callable(callee) and not isinstance(callee, type):
-            assert first.call is not None
-            callee, given = _method_builds(first.owner or cls, first.call, env)
-        model_class = first.keyword("model_class")  # initialize_model(model_class=...)
-        if model_class is not None and first.owner is not None:
-            target = _resolve(model_class, first.owner)
-            callee = target if isinstance(target, type) else callee
-        inner = first.keyword("architectures")
-        if nxt == "language_model" and isinstance(inner, ast.List) and inner.elts:
-            arch = ast.literal_eval(inner.elts[0])  # init_vllm_registered_model(architectures=)
-            if arch in _VLLM_MODELS:
-                relname, class_name = _VLLM_MODELS[arch]
-                callee = getattr(importlib.import_module(_module_name(relname)), class_name)
-                names["language_model"] = arch
+        callee, given = _callee(items[nxt][0], cls, names)
         if not isinstance(callee, type):
             if nxt == "language_model":  # init_vllm_registered_model: a *ForCausalLM
                 path.append("model")
-            cls = None
-            break
-        cls = callee
-        items = assigns(cls)
+            return path, None, given
+        cls, items = callee, assigns(callee)
         if "layers" in items or "h" in items or "blocks" in items:
             break
-    names["model"] = ".".join(path) if path else ""
-    lm_owner = "language_model." if path and path[0] == "language_model" else ""
-    names["lm_head"] = f"{lm_owner}lm_head"
-    if not isinstance(cls, type):
+    return path, cls, given
+
+
+def _layer_attrs(layers: list[type]) -> dict[str, Any]:
+    """Each layer class's attention, mixer and MLP attributes, the MoE block, and the
+    linears of each (with whether each is built with the quantization config)."""
+    out: dict[str, Any] = {"attention": [], "mixer": [], "mlp": []}
+    lin: dict[str, dict[str, list[list[Any]]]] = {"attention": {}, "mixer": {}, "mlp": {}}
+    moe: dict[str, Any] = {}
+    for layer in layers:
+        li = assigns(layer)
+        kinds = (
+            ("mixer", _first(li, _MIXER, ("linear_attn", "mixer", "mamba"))),
+            (
+                "attention",
+                _first(li, _ATTENTION, ("self_attn", "attn", "attention"), exclude=_MIXER),
+            ),
+            ("mlp", _first(li, _MLP, ("mlp", "feed_forward", "block_sparse_moe", "moe"))),
+        )
+        for kind, attrs in kinds:
+            for attr in attrs:
+                if any(attr in out[k] for k in out):
+                    continue
+                out[kind].append(attr)
+                for a in li[attr]:  # either branch may be built (MoE or dense)
+                    found = _moe_names(a.callee()) if kind == "mlp" else {}
+                    if "experts" in found:
+                        moe = moe or {"module": attr, **found}
+                    else:
+                        lin[kind].setdefault(attr, linears(a.callee()))
+    moe = moe or _experts_on_layer(layers)
+    if moe:  # RoutedExperts' ckpt names: FusedMoE(ckpt_names=...), else gate/up/down
+        moe.setdefault("expert_projections", ["gate_proj", "up_proj", "down_proj"])
+        out["moe"] = moe
+    out["linears"] = lin
+    return out
+
+
+def decoder_names(top: type) -> dict[str, Any]:
+    """The names of the decoder ``top`` builds, followed through its ``__init__``."""
+    names: dict[str, Any] = {}
+    path, cls, given = _descend(top, names)
+    names["model"] = ".".join(path)
+    names["lm_head"] = "language_model.lm_head" if path[:1] == ["language_model"] else "lm_head"
+    if cls is None:
         return names
+    items = assigns(cls)
     layers_attr = next((a for a in ("layers", "h", "blocks", "layer") if a in items), None)
     if layers_attr is None:
         return names
     names["layers"] = layers_attr
     layers = layer_classes(cls, layers_attr, given)
     names["layer_classes"] = [c.__name__ for c in layers]
-    attention: list[str] = []
-    mixers: list[str] = []
-    mlps: list[str] = []
-    moe: dict[str, Any] = {}
-    mixer_linears: dict[str, list[list[Any]]] = {}
-    attention_linears: dict[str, list[list[Any]]] = {}
-    mlp_linears: dict[str, list[list[Any]]] = {}
-    moe_attr = None
-    for layer in layers:
-        li = assigns(layer)
-        for attr in _first(li, _MIXER, ("linear_attn", "mixer", "mamba")):
-            if attr not in mixers:
-                mixers.append(attr)
-                mixer_linears[attr] = linears(li[attr][0].callee())
-        for attr in _first(li, _ATTENTION, ("self_attn", "attn", "attention"), exclude=_MIXER):
-            if attr not in attention and attr not in mixers:
-                attention.append(attr)
-                attention_linears[attr] = linears(li[attr][0].callee())
-        for attr in _first(li, _MLP, ("mlp", "feed_forward", "block_sparse_moe", "moe")):
-            if attr in mlps or attr in mixers or attr in attention:
-                continue
-            mlps.append(attr)
-            for a in li[attr]:
-                found = _moe_names(a.callee())
-                if "experts" in found and not moe:
-                    moe, moe_attr = found, attr
-                elif "experts" not in found:
-                    mlp_linears.setdefault(attr, linears(a.callee()))
-    names["attention"] = attention
-    names["mlp"] = mlps
-    names["mixer"] = mixers
-    moe = moe or _experts_on_layer(layers)
-    if moe:
-        names["moe"] = {"module": moe_attr, **moe}
-    if moe:  # RoutedExperts' ckpt names: FusedMoE(ckpt_names=...), else gate/up/down
-        names["moe"].setdefault("expert_projections", ["gate_proj", "up_proj", "down_proj"])
+    names.update(_layer_attrs(layers))
+    if "moe" in names:
         names["moe"]["checkpoint_projections"] = _mapping_names([top, cls])
-    names["linears"] = {
-        "attention": attention_linears,
-        "mixer": mixer_linears,
-        "mlp": mlp_linears,
-    }
     return names
 
 
@@ -778,12 +795,28 @@ def _decoder_list(modules: dict[str, Any], lm_head: str | None) -> str | None:
     return found
 
 
-def built_names(model: Any, quantized: bool) -> dict[str, Any]:
-    """The names the estimator asks the quantization config with, from the built model."""
+def _kind(child: Any) -> str | None:
+    """What a layer's child is: a state mixer (``MambaBase``: Mamba, gated delta net,
+    short conv, linear attention), attention, an MoE block, a linear on the layer itself,
+    a dense MLP, or nothing the quantization config is asked about."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.layers.fused_moe import RoutedExperts
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    inside = list(child.modules())
+    for kind, cls in (("mixer", MambaBase), ("attention", AttentionLayerBase), ("moe", RoutedExperts)):  # fmt: skip
+        if any(isinstance(m, cls) for m in inside):
+            return kind
+    if isinstance(child, LinearBase):
+        return "bare"
+    return "mlp" if any(isinstance(m, LinearBase) for m in inside) else None
+
+
+def built_names(model: Any, quantized: bool) -> dict[str, Any]:
+    """The names the estimator asks the quantization config with, from the built model."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
     modules = dict(model.named_modules())
@@ -808,22 +841,16 @@ def built_names(model: Any, quantized: bool) -> dict[str, Any]:
         "mixer": {},
         "mlp": {},
     }
+    buckets = {"mixer": mixers, "attention": attention, "mlp": mlps, "bare": bare, "moe": mlps}
     for layer in modules[decoder]:
         for attr, child in layer.named_children():
-            inside = list(child.modules())
-            if any(isinstance(m, MambaBase) for m in inside):
-                kind, bucket = "mixer", mixers
-            elif any(isinstance(m, AttentionLayerBase) for m in inside):
-                kind, bucket = "attention", attention
-            elif any(isinstance(m, RoutedExperts) for m in inside):
-                kind, bucket = "mlp", mlps
-                moe = moe or _built_moe(attr, layer, RoutedExperts, LinearBase)
-            elif isinstance(child, LinearBase):
-                kind, bucket = "mlp", bare
-            elif any(isinstance(m, LinearBase) for m in inside):
-                kind, bucket = "mlp", mlps
-            else:
+            kind = _kind(child)
+            if kind is None:
                 continue
+            bucket = buckets[kind]
+            if kind == "moe":
+                moe = moe or _built_moe(attr, layer, RoutedExperts, LinearBase)
+            kind = "mlp" if kind in ("moe", "bare") else kind
             if attr not in bucket:
                 bucket.append(attr)
             found = linears[kind].setdefault(attr, {})
@@ -880,14 +907,16 @@ def _built_moe(attr: str, layer: Any, routed: type, linear: type) -> dict[str, A
             experts.ckpt_gate_proj_name,
             experts.ckpt_up_proj_name,
             experts.ckpt_down_proj_name,
-        ],  # fmt: skip
+        ],
         "experts_layer_name": getattr(experts, "layer_name", None),
     }
     for child_name, m in block.named_children():
         if child_name in ("gate", "router"):
-            inner = [x for x in m.modules() if isinstance(x, linear)]
+            inner = [(n, x) for n, x in m.named_modules() if isinstance(x, linear)]
             out["router"] = child_name
-            out["quantized_router"] = any(bool(_asks(x)) for x in inner)
+            out["quantized_router"] = any(bool(_asks(x)) for _, x in inner)
+            if inner and inner[0][0]:  # a module around its linear (Gemma 4's proj)
+                out["router_linear"] = inner[0][0]
         elif "shared" in child_name and "gate" not in child_name and any(isinstance(x, linear) for x in m.modules()):  # fmt: skip
             out.setdefault("shared_experts", child_name)
     return out

@@ -119,6 +119,9 @@ class ModuleNames:
     router: str = "gate"
     """The router's attribute beside the experts (``gate``; ``router`` in gpt-oss, Llama 4,
     Gemma 4)."""
+    router_linear: str = ""
+    """The router's linear inside it where the router is a module around one (Gemma 4's
+    ``router.proj``); empty: the router is the linear."""
     quantized_router: bool = False
     """The MoE router (``GateLinear``) is built with the quantization config (Qwen3-MoE);
     elsewhere it is not, and stays in the model dtype whatever the config says."""
@@ -240,6 +243,7 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         mappers=mappers,
         moe=module if moe else None,
         router=moe.get("router") or "gate",
+        router_linear=moe.get("router_linear") or "",
         quantized_router=bool(moe.get("quantized_router")),
         mixer=mixer,
         mixer_linears=mixer_linears,
