@@ -21,11 +21,16 @@ module is matched through its checkpoint shards). So:
 
 Where the names come from: ``gatekeeper/data/vllm_models/<release>.json``, written from
 vLLM's own code by ``scripts/vllm-model-table.py`` for every architecture vLLM's registry
-holds (docs/upgrading-vllm.md says when to regenerate it): the mapper and the packed
-mapping are the class's own attributes, the structural names are read from the source of
-the classes its ``__init__`` builds. An architecture the table lacks gets the names of a
-plain decoder (``model.layers.N.self_attn``, ``...mlp``) and ``unknown_architecture_warning``
-says so; the doors print it with the estimate.
+holds (docs/upgrading-vllm.md says when to regenerate it; tests/vllm/test_model_table.py
+regenerates part of it and compares). Each row holds the class's ``hf_to_vllm_mapper`` and
+``packed_modules_mapping`` as the class defines them and, where vLLM could build the class
+on the meta device (``names_from: build``), the names read off the built model: the
+rename mappers vLLM applied to a quantization config and the packed mapping it ended
+with, the decoder's prefix, each layer's attention, mixer, MLP and experts, and which
+linears asked the config (an online-FP8 build); elsewhere (``names_from: source``) the
+names are read from the source of the classes its ``__init__`` builds. An architecture the
+table lacks gets the names of a plain decoder (``model.layers.N.self_attn``, ``...mlp``)
+and ``unknown_architecture_warning`` says so; the doors print it with the estimate.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class ModuleNames:
 
     model: str = "model"
     """The decoder's prefix (``model``, ``language_model.model``, ``model.decoder``)."""
+    layers: str = "layers"
+    """The attribute holding the decoder's layers (``layers``; BERT's encoder ``layer``)."""
     lm_head: str = "lm_head"
     attention: str = "self_attn"
     mlp: str = "mlp"
@@ -135,7 +142,7 @@ class ModuleNames:
     """The table's whole row, for what the fields above do not carry."""
 
     def layer(self, i: int) -> str:
-        return f"{self.model}.layers.{i}"
+        return f"{self.model}.{self.layers}.{i}" if self.model else f"{self.layers}.{i}"
 
     def to_vllm(self, name: str) -> str:
         """A checkpoint module name as the class's rename mappers write it."""
@@ -226,7 +233,8 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
     mlps = [m for m in names.get("mlp") or () if m]
     module = moe.get("module")
     return ModuleNames(
-        model=names.get("model") or "model",
+        model=names.get("model", "model") if names.get("layers") else "model",
+        layers=names.get("layers") or "layers",
         lm_head=names.get("lm_head") or "lm_head",
         attention=(names.get("attention") or ["self_attn"])[0],
         mlp=module or (mlps or ["mlp"])[0],
