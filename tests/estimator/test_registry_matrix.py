@@ -72,9 +72,8 @@ _MIXER = (
     "attention in every layer (Mamba2ForCausalLM and Granite 4.0-H now match)"
 )
 _ENCODER = (
-    "encoder under a 4-bit method (not yet diagnosed): gatekeeper comes out 1-5% low and its "
-    "MIXED_PRECISION lists (bert.encoder.layer.N.attention.self.query ...) are not matched; "
-    "vLLM's pooler and embedding-side tensors (~19 MiB) are not in gatekeeper's groups"
+    "encoder under MIXED_PRECISION (not yet diagnosed): the per-layer lists "
+    "(bert.encoder.layer.N.attention.self.query ...) against gatekeeper's names for it"
 )
 _TOKEN_TYPE = (
     "encoder unquantized, -2% (not yet diagnosed): vLLM's tensors outside the layers "
@@ -123,17 +122,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ),
     ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
     **_known(
-        (
-            "GPT2LMHeadModel",
-            "GPT2ForSequenceClassification",
-            "GPTJForCausalLM",
-        ),
-        _NVFP4_W4A16,
-        "fused-attention checkpoints (Conv1D c_attn, qkv_proj) under 4-bit methods, "
-        "-3..-7% (not yet diagnosed): gatekeeper's attention comes out smaller than "
-        "vLLM's (GPT-2 5 vs 8 MiB): layer 0's excluded attention is likely quantized",
-    ),
-    **_known(
         ("HrmTextForCausalLM",),
         _ALL,
         "-60%: HRM's high- and low-level stacks (H_module and L_module, "
@@ -160,23 +148,30 @@ KNOWN: dict[tuple[str, str], str] = {
             "OPTForCausalLM",
             "StableLmForCausalLM",
             "Blip2ForConditionalGeneration",
+            "GPT2LMHeadModel",
+            "GPT2ForSequenceClassification",
+            "GPTJForCausalLM",
+            "Gemma3TextModel",
         ),
         ("modelopt-mixed",),
         _MIXED_NAMES,
     ),
     **_known(
-        ("BertModel", "RobertaForMaskedLM", "RobertaModel"),
-        ("modelopt-nvfp4", "modelopt-mixed"),
-        _ENCODER,
-    ),
-    **_known(
         (
+            "BertModel",
+            "RobertaForMaskedLM",
+            "RobertaModel",
             "BertForTokenClassification",
             "RobertaForTokenClassification",
             "XLMRobertaForTokenClassification",
         ),
-        _NVFP4_W4A16,
+        ("modelopt-mixed",),
         _ENCODER,
+    ),
+    **_known(
+        ("Gemma3TextModel",),
+        ("ct-nvfp4", "ct-w4a16"),
+        "+1.2% (not yet diagnosed): the Gemma 3 text embedding model under compressed-tensors",
     ),
     **_known(
         ("ModernBertForTokenClassification",),
@@ -194,11 +189,15 @@ KNOWN: dict[tuple[str, str], str] = {
     **_known(
         (
             "BertForSequenceClassification",
-            "RobertaForSequenceClassification",
             "XLMRobertaForSequenceClassification",
             "ModernBertForSequenceClassification",
         ),
         _ALL,
+        _TOKEN_TYPE,
+    ),
+    **_known(
+        ("RobertaForSequenceClassification",),
+        ("none", "modelopt-mixed", "ct-w4a16", "fp8-block", "awq", "gptq"),
         _TOKEN_TYPE,
     ),
     **_known(

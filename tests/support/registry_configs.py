@@ -103,14 +103,35 @@ def config_class(arch: str) -> tuple[Any, str] | Reason:
                 return CONFIG_MAPPING[model_type], f"{how}: {model_type}"
             if model_type in _CONFIG_REGISTRY:
                 return _CONFIG_REGISTRY[model_type], f"vLLM: {model_type}"
-    if module in _CONFIG_REGISTRY:
-        return _CONFIG_REGISTRY[module], f"vLLM: {module}"
-    if module in CONFIG_MAPPING:
-        return CONFIG_MAPPING[module], f"transformers (module): {module}"
+    found_by_module = _by_module(arch, module)
+    if found_by_module is not None:
+        return found_by_module
     return Reason(
         f"no config class offline: vLLM module {module!r} is neither a transformers model type "
         "nor in vLLM's config registry (a remote-code family)"
     )
+
+
+def _by_module(arch: str, module: str) -> tuple[Any, str] | None:
+    """The config class the registry's module name says: a transformers model type or a
+    key of vLLM's ``_CONFIG_REGISTRY``; for vLLM's own packages (``vllm.models.kimi_k3``)
+    the package's name, or the key it starts (``minimax_m3`` -> ``minimax_m3_vl`` for a
+    ``*ForConditionalGeneration``)."""
+    from transformers import CONFIG_MAPPING  # type: ignore[import-not-found, unused-ignore]
+    from vllm.transformers_utils.config import _CONFIG_REGISTRY  # type: ignore[import-not-found, unused-ignore]
+
+    name = module.split(".")[2] if module.startswith("vllm.models.") else module
+    if name in _CONFIG_REGISTRY:
+        return _CONFIG_REGISTRY[name], f"vLLM: {name}"
+    if name in CONFIG_MAPPING:
+        return CONFIG_MAPPING[name], f"transformers (module): {name}"
+    if name == module:
+        return None
+    vl = arch.endswith("ForConditionalGeneration")
+    for key in sorted(_CONFIG_REGISTRY):
+        if key.startswith(f"{name}_") and key.endswith("_vl") == vl and "mtp" not in key:
+            return _CONFIG_REGISTRY[key], f"vLLM: {key}"
+    return None
 
 
 _LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")

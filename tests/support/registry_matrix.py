@@ -369,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quantized", default="", help="comma-separated: the quantized methods only for these"
     )
+    parser.add_argument(
+        "--off",
+        action="store_true",
+        help="also list every built row that is not within 1%% with where it differs "
+        "(to keep tests/estimator/test_registry_matrix.py's KNOWN current)",
+    )
     parser.add_argument("--json", type=Path, help="also write every row as JSON to this file")
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
@@ -384,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(to_json(rows), indent=1))
     print(format_matrix(rows, methods))
+    for r in rows if args.off else ():
+        if r.built and not r.within:
+            err = f"{100 * r.weights_error:+.1f}%" if r.weights_error is not None else r.error
+            print(f"off: {r.architecture}/{r.method}: {err}; {r.cause}")
     print(f"({len(rows)} rows in {time.monotonic() - started:.0f} s)")
     print(json.dumps(summary(rows, methods)))
     return 0
