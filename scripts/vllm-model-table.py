@@ -345,11 +345,16 @@ def _layer_refs(value: ast.expr, local: dict[str, list[ast.AST]], env: dict[str,
     """Layer classes ``value`` builds: called in it, in the local functions and variables
     it names (``get_layer``, ``layer_type``), or passed in as the parameters it names."""
     nodes: list[ast.AST] = [value]
-    names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-    for name in sorted(names):
+    names: set[str] = set()
+    todo = sorted({n.id for n in ast.walk(value) if isinstance(n, ast.Name)})
+    while todo:  # through local functions and variables, transitively
+        name = todo.pop(0)
+        if name in names:
+            continue
+        names.add(name)
         for sub in local.get(name, []):
             nodes.append(sub)
-            names |= {n.id for n in ast.walk(sub) if isinstance(n, ast.Name)}
+            todo += sorted({n.id for n in ast.walk(sub) if isinstance(n, ast.Name)} - names)
     found = [c for name in sorted(names) for c in env.get(name, [])]
     found += [c for n in nodes for c in _calls_in(n, klass) if _looks_like_layer(c)]
     return list(dict.fromkeys(found))
@@ -519,11 +524,14 @@ def _layer_attrs(layers: list[type]) -> dict[str, Any]:
             ),
             ("mlp", _first(li, _MLP, ("mlp", "feed_forward", "block_sparse_moe", "moe"))),
         )
-        for kind, attrs in kinds:
-            for attr in attrs:
-                if any(attr in out[k] for k in out):
+        here: set[str] = set()  # one kind per attribute in a layer class; another class
+        for kind, attrs in kinds:  # may hold another (Nemotron-H's mixer: Mamba, attention,
+            for attr in attrs:  # MLP or MoE by layer type)
+                if attr in here:
                     continue
-                out[kind].append(attr)
+                here.add(attr)
+                if attr not in out[kind]:
+                    out[kind].append(attr)
                 for a in li[attr]:  # either branch may be built (MoE or dense)
                     found = _moe_names(a.callee()) if kind == "mlp" else {}
                     if "experts" in found:

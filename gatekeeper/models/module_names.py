@@ -240,11 +240,18 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         mlp=module or (mlps or ["mlp"])[0],
         dense_mlp=next((m for m in mlps if m != module), ""),
         experts=moe.get("experts") or "experts",
-        expert_projections=tuple(moe.get("expert_projections") or _TEXT.expert_projections),
-        checkpoint_expert_projections=tuple(
-            moe.get("checkpoint_projections")
-            or moe.get("expert_projections")
-            or _TEXT.expert_projections
+        # a non-gated experts layer has no up projection: vLLM's compressed-tensors looks
+        # its scheme up as "<experts>.0.None" (an f-string of None), and so does this
+        expert_projections=tuple(
+            map(str, moe.get("expert_projections") or _TEXT.expert_projections)
+        ),  # type: ignore[arg-type]
+        checkpoint_expert_projections=tuple(  # type: ignore[arg-type]
+            map(
+                str,
+                moe.get("checkpoint_projections")
+                or moe.get("expert_projections")
+                or _TEXT.expert_projections,
+            )
         ),
         shared_experts=moe.get("shared_experts") or "shared_experts",
         packed=packed,

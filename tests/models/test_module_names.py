@@ -176,6 +176,15 @@ def test_gemma4_and_minimax_m3():
     assert minimax.checkpoint_expert_projections == ("w1", "w3", "w2")
 
 
+def test_nemotron_h_names_every_block_mixer():
+    # nemotron_h.py: each layer type builds its block as self.mixer (Mamba2, attention,
+    # MLP or MoE); its MoE experts are not gated (FusedMoE(ckpt_names=("up_proj", "down_proj", None)))
+    names = module_names("NemotronHForCausalLM")
+    assert (names.mixer, names.attention, names.mlp, names.moe) == ("mixer",) * 4
+    assert dict(names.mixer_linears) == {"conv1d": False, "in_proj": True, "out_proj": True}
+    assert names.expert_projections == ("up_proj", "None", "down_proj")
+
+
 def test_a_converted_architecture_is_its_base_class():
     # registry._normalize_arch: *ForSequenceClassification is *ForCausalLM converted
     assert registered_architecture("Qwen3ForSequenceClassification") == "Qwen3ForCausalLM"
