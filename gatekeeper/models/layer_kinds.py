@@ -170,7 +170,11 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
     )
     # Nemotron-H: n_shared_experts of moe_shared_expert_intermediate_size each
     shared_each = int(cfg.get("moe_shared_expert_intermediate_size") or inter)
-    count = cfg.get("n_shared_experts") or cfg.get("moe_num_shared_experts")  # Ernie, Aria
+    count = (
+        cfg.get("n_shared_experts")
+        or cfg.get("moe_num_shared_experts")  # Ernie 4.5, Aria
+        or cfg.get("num_shared_experts")  # EXAONE MoE, Bailing, AFMoE, Sarvam (x expert size)
+    )
     shared = int(count or 0) * shared_each
     shared = shared or int(cfg.get("shared_expert_intermediate_size") or 0)
     model_type = str(cfg.get("model_type", ""))
