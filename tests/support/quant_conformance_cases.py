@@ -677,12 +677,10 @@ CASES |= {
     "bf16/nemotron_h_pattern": _case("unquantized", "nemotron_h_pattern"),
     "modelopt-fp8/nemotron_h_tf5": _case("ModelOpt FP8", "nemotron_h_tf5", _modelopt(
         "FP8", ["lm_head", "backbone.layers.0.mixer*", "backbone.layers.2.mixer*"])),
-    "modelopt-nvfp4/nemotron_h_latent": {**_case("ModelOpt NVFP4", "nemotron_h_latent", _modelopt(
+    # vLLM quantizes the Mamba-2 mixers' in_proj/out_proj (NVFP4 here); gatekeeper sizes
+    # them through the names table's mixer attribute (NemotronHForCausalLM: mixer)
+    "modelopt-nvfp4/nemotron_h_latent": _case("ModelOpt NVFP4", "nemotron_h_latent", _modelopt(
         "NVFP4", ["lm_head", "*fc1_latent_proj*", "*fc2_latent_proj*"], group_size=16)),
-        # vLLM quantizes the Mamba-2 mixers' in_proj/out_proj (NVFP4 here); gatekeeper
-        # sizes them through the names table's mixer attribute, which NemotronHForCausalLM's
-        # row lacks (its layers come from ALL_DECODER_LAYER_TYPES): +25% until it has it
-        "pending": "names table: NemotronHForCausalLM's mixer attribute (mixer) is missing"},
 }  # fmt: skip
 
 # gpt-oss MXFP4 with the experts' backend vLLM picks per GPU generation (``gpu``: the
