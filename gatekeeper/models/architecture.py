@@ -35,6 +35,9 @@ UNGATED_MLP: dict[str, str] = {
     "gpt_bigcode": "transformers modeling_gpt_bigcode.py GPTBigCodeMLP (c_fc, c_proj)",
     "gpt_neox": "transformers modeling_gpt_neox.py GPTNeoXMLP (dense_h_to_4h, dense_4h_to_h)",
     "starcoder2": "transformers modeling_starcoder2.py Starcoder2MLP (c_fc, c_proj)",
+    "cosmos3_edge_text": "vllm cosmos3_edge.py (nemotron_h.py NemotronHMLPDecoderLayer)",
+    "clip_text_model": "vllm clip.py CLIPMLP (fc1, fc2)",
+    "siglip_text_model": "vllm siglip.py SiglipMLP (fc1, fc2)",
 }
 """Model types whose MLP is one up and one down projection (no gate)."""
 
@@ -46,6 +49,8 @@ ALL_BIASED: dict[str, str] = {
     "xlm-roberta": "vllm roberta.py (bert.py's layers)",
     "phi": "transformers modeling_phi.py (q/k/v_proj, dense, fc1, fc2: bias=True)",
     "gpt_bigcode": "transformers modeling_gpt_bigcode.py (c_attn, c_proj, c_fc: nn.Linear)",
+    "clip_text_model": "vllm clip.py CLIPAttention, CLIPMLP (qkv_proj, out_proj, fc1, fc2)",
+    "siglip_text_model": "vllm siglip.py SiglipAttention, SiglipMLP (qkv_proj, out_proj, fc1, fc2)",
 }
 """Model types whose every projection has a bias, whatever the config says."""
 
@@ -88,7 +93,9 @@ norm (transformers modeling_phi.py ``input_layernorm``; vllm gpt_j.py ``ln_1``).
 _LAYER_NORM_EPS = ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")
 _LAYER_NORM_TYPES = frozenset({"opt"})  # vllm opt.py: nn.LayerNorm, and no eps field
 _BERT_EMBEDDINGS = frozenset({"bert", "roberta", "xlm-roberta"})  # vllm bert.py, roberta.py
-_WPE = frozenset({"gpt2", "gpt_bigcode"})  # vllm gpt2.py wte + wpe; modeling_gpt_bigcode.py
+_WPE = frozenset({"gpt2", "gpt_bigcode", "clip_text_model", "siglip_text_model"})
+"""A learned position table (vllm gpt2.py wte + wpe; modeling_gpt_bigcode.py; clip.py and
+siglip.py's text embeddings' ``position_embedding``)."""
 OPT_POSITION_OFFSET = 2
 """OPT's learned position table has two rows more (vllm opt.py OPTLearnedPositionalEmbedding)."""
 

@@ -169,6 +169,15 @@ def _int_or_flags(field: str, value: Any) -> None:
     raise bad_field(field, value, "expected a whole number (every n-th layer) or a 0/1 per layer")
 
 
+def _size_or_pair(field: str, value: Any) -> None:
+    """``image_size``, ``patch_size``: one side, or [height, width] (transformers'
+    InternVLVisionConfig; vLLM's interns1_vit.py reads both sides)."""
+    pair = isinstance(value, list) and len(value) == 2
+    if all(_is_int(v) and 1 <= v <= MAX_SIZE for v in (value if pair else [value])):
+        return
+    raise bad_field(field, value, "expected a size in pixels, or [height, width]")
+
+
 def _window(field: str, value: Any) -> None:
     """``sliding_window``: a size (0: none), or a per-layer list that ``normalize`` reads."""
     if isinstance(value, list) or (_is_int(value) and 0 <= value <= MAX_SIZE):
@@ -215,8 +224,7 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
          "v_head_dim", "original_max_position_embeddings", "mamba_d_state", "mamba_d_conv",
          "mamba_d_head", "mamba_head_dim", "mamba_expand", "mamba_d_ssm", "ssm_state_size",
          "state_size", "conv_kernel", "expand", "linear_key_head_dim", "linear_value_head_dim",
-         "linear_conv_kernel_dim", "conv_dim", "conv_L_cache", "patch_size", "image_size",
-         "embed_dim", "out_hidden_size", "vision_output_dim", "draft_vocab_size",
+         "linear_conv_kernel_dim", "conv_dim", "conv_L_cache", "embed_dim", "out_hidden_size", "vision_output_dim", "draft_vocab_size",
          "mm_tokens_per_image"),
         _POSITIVE_SIZE,
     ),
@@ -244,6 +252,7 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
          "linear_attn_config"),
         _mapping,
     ),
+    **dict.fromkeys(("patch_size", "image_size"), _size_or_pair),
     "moe_layer_freq": _int_or_flags,
     "sliding_window": _window,
     "no_rope_layers": _list_of("whole number"),

@@ -66,13 +66,22 @@ _DTYPE_ALIASES = {
     "float": "float32",
 }
 _OUTPUT_GATED = frozenset(
-    {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"}
+    {
+        "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "muse_glimmer_text",
+    }
 )
 """Models whose attention gates its output by default (``qwen3_next.py``:
-``getattr(config, "attn_output_gate", True)``)."""
+``getattr(config, "attn_output_gate", True)``; ``muse_glimmer.py``: ``use_attn_output_gate``,
+None is True, an ``output_gate_proj`` of the same heads x head_dim rows)."""
 
-_FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj"})
-"""No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py)."""
+_FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj", "falcon"})
+"""No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py; falcon.py
+FalconMLP, whatever FalconConfig's ``ffn_hidden_size`` says)."""
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,11 +177,11 @@ def spec_from_config(
         config = apply_overrides(config, overrides)
     check_shapes(config)  # before transformers builds per-layer lists from the counts
     filled = _with_defaults(config, name)
-    check_shapes(filled.config)
+    language = _language_model(filled.config)
+    _refuse_encoder_decoder(language)
+    check_shapes(language)
     try:
-        spec = _read(
-            filled.config, name=name, source=source, checkpoint=checkpoint, pooling=pooling
-        )
+        spec = _read(language, name=name, source=source, checkpoint=checkpoint, pooling=pooling)
     except ModelSpecError as e:
         if not filled.remote_code:
             raise
@@ -203,6 +212,60 @@ def _unsized_towers(config: Mapping[str, Any]) -> tuple[str, ...]:
             "unless --limit-mm-per-prompt gives audio 0",
         )
     return ()
+
+
+def _language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config whose ``text_config`` is the language model vLLM builds, where it sits
+    deeper: Qwen2.5-Omni's ``thinker_config`` (transformers' Qwen2_5OmniConfig.get_text_config
+    returns the thinker's; vllm qwen2_5_omni_thinker.py builds the thinker, its towers and
+    head from it), Bagel's ``llm_config`` (vllm bagel.py builds Qwen2 from it)."""
+    if config.get("text_config") or any(config.get(k) for k in _LAYER_KEYS):
+        return config
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, Mapping) and isinstance(thinker.get("text_config"), Mapping):
+        # the top level's own fields (architectures, model_type, quantization_config,
+        # torch_dtype) over the thinker's; the thinker's Qwen2ForCausalLM ties its head as
+        # text_config says, not as the thinker does
+        top = {k: v for k, v in config.items() if not k.endswith("_config") or k in _TOP}
+        inner = {k: v for k, v in thinker.items() if k != "tie_word_embeddings"}
+        return {**inner, **top}
+    llm = config.get("llm_config")
+    if isinstance(llm, Mapping):
+        return {**config, "text_config": llm}
+    return config
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_TOP = ("quantization_config",)
+
+
+def _refuse_encoder_decoder(config: Mapping[str, Any]) -> None:
+    """An encoder-decoder written the older flat way (Whisper: ``encoder_layers`` and
+    ``decoder_layers``, no layer count of one stack): vLLM's whisper.py builds a decoder
+    whose layers each hold a cross-attention beside the self-attention, and the audio
+    encoder, neither of which gatekeeper's decoder-only accounting has."""
+    text = config.get("text_config") or config
+    if any(text.get(k) for k in _LAYER_KEYS) or not text.get("is_encoder_decoder"):
+        return
+    if text.get("decoder_layers") is None:
+        return
+    arch = (config.get("architectures") or [config.get("model_type")])[0]
+    raise ModelSpecError(
+        f"decoder_layers: {arch} is an encoder-decoder (is_encoder_decoder: true, "
+        f"encoder_layers {text.get('encoder_layers')}, decoder_layers "
+        f"{text['decoder_layers']}); gatekeeper sizes decoder-only language models "
+        "(num_hidden_layers), not a decoder's cross-attention nor its encoder. Admit this "
+        "model by its measured memory (vllm serve's own profile), not by an estimate",
+        field="decoder_layers",
+        value=text["decoder_layers"],
+    )
+
+
+def _output_gate(text: Mapping[str, Any], model_type: str) -> bool:
+    for key in ("attn_output_gate", "use_attn_output_gate"):  # qwen3_next.py, muse_glimmer.py
+        if text.get(key) is not None:
+            return bool(text[key])
+    return model_type in _OUTPUT_GATED
 
 
 def _with_defaults(config: Mapping[str, Any], name: str) -> ClassDefaults:
@@ -294,7 +357,7 @@ def _read(
         max_position_declared=len_declared,
         sentence_transformers=pooling is not None and pooling.pooling,
         pooling_max_model_len=pooling.pooling_cap(config, longest) if pooling else None,
-        attention_output_gate=bool(text.get("attn_output_gate", model_type in _OUTPUT_GATED)),
+        attention_output_gate=_output_gate(text, model_type),
         name=name,
         architecture=str(architecture),
         model_type=model_type,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gatekeeper.errors import ModelSpecError
 from gatekeeper.models.config_fields import bad_field, field_value, positive
 from gatekeeper.models.hybrid import HybridLayout
 from gatekeeper.models.spec import AttentionKind, AttentionShape, MlaSpec, MoeSpec
@@ -146,18 +147,11 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
     )
     if not experts:
         return None, tuple(False for _ in range(layers))
-    per_token = positive(
-        "num_experts_per_tok",
-        field_value(
-            cfg,
-            "experts per token",
-            "num_experts_per_tok",
-            "experts_per_token",
-            "top_k_experts",
-            "moe_k",  # Ernie 4.5 MoE
-            "moe_topk",  # Aria
-        ),
-    )
+    keys = ("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_k", "moe_topk")
+    per_token = field_value(cfg, "experts per token", *keys, required=False)  # moe_k: Ernie 4.5
+    if per_token is None:
+        raise _no_top_k(cfg, keys, experts)
+    per_token = positive("num_experts_per_tok", per_token)
     inter = positive(
         "moe_intermediate_size",
         field_value(
@@ -199,6 +193,21 @@ def moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[MoeSpec | None, tup
     if isinstance(freq, list) and len(freq) != layers:
         raise bad_field("moe_layer_freq", freq, f"expected a 0/1 for each of {layers} layers")
     return moe, tuple(_is_moe_layer(cfg, i) for i in range(layers))
+
+
+def _no_top_k(cfg: Mapping[str, Any], keys: tuple[str, ...], experts: Any) -> ModelSpecError:
+    """No experts per token: DeepseekV2Config (and Kimi-VL's text config) default
+    ``num_experts_per_tok`` to null; vLLM builds the experts with it as the router's
+    ``top_k`` (deepseek_v2.py), so it builds the weights but cannot route a token, and the
+    MoE activations gatekeeper sizes depend on it. Published checkpoints set it."""
+    said = "sets it to null" if "num_experts_per_tok" in cfg else f"has none of {', '.join(keys)}"
+    return ModelSpecError(
+        f"num_experts_per_tok: config.json {said} for its {experts} experts: vLLM routes "
+        "each token to that many experts (the router's top_k) and serves nothing without it. "
+        "Set it as the published checkpoint does, in config.json or with "
+        """--hf-overrides '{"num_experts_per_tok": N}'""",
+        field="num_experts_per_tok",
+    )
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:

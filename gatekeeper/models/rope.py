@@ -45,6 +45,10 @@ LENGTH_KEYS = (
 )
 """vLLM's ``possible_keys``, in its order."""
 DEFAULT_MAX_LEN = 2048
+HALF_ROTARY_BY_DEFAULT: dict[str, float] = {"glm4v_text": 0.5, "glm_ocr_text": 0.5}
+"""Text model types whose config class writes no ``partial_rotary_factor`` while vLLM's
+attention defaults it to 0.5: glm4.py Glm4Attention (``rope_parameters.setdefault(
+"partial_rotary_factor", 0.5)``), the language model glm4_1v.py and glm_ocr.py build."""
 _FACTOR_ALREADY_COUNTED = frozenset(
     {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 )
@@ -98,7 +102,11 @@ def rope_cache(
     """(rotary_dim, cache positions, number of caches) of the rotary cos/sin cache."""
     # transformers 5 keeps rope_scaling and partial_rotary_factor in rope_parameters
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    factor = cfg.get("partial_rotary_factor") or scaling.get("partial_rotary_factor") or 1.0
+    factor = (
+        cfg.get("partial_rotary_factor")
+        or scaling.get("partial_rotary_factor")
+        or HALF_ROTARY_BY_DEFAULT.get(str(cfg.get("model_type")), 1.0)
+    )
     rotary = mla.qk_rope_head_dim if mla else int(head_dim * float(factor))
     local = _local_rope(cfg)
     if isinstance(scaling.get("full_attention"), Mapping):
@@ -111,9 +119,10 @@ def rope_cache(
         return rotary, positions + (max_pos if local else 0), 1
     if local:
         return rotary, max_pos, 2
+    multimodal = _mrope_positions(cfg, scaling)
     if kind in ("yarn", "deepseek_yarn"):
         original = int(scaling.get("original_max_position_embeddings") or max_pos)
-        return rotary, int(original * float(scaling.get("factor") or 1.0)), 1
+        return rotary, int(original * float(scaling.get("factor") or 1.0)) * multimodal, 1
     if kind == "longrope":
         original = int(
             cfg.get("original_max_position_embeddings")
@@ -121,7 +130,25 @@ def rope_cache(
             or max_pos
         )
         return rotary, original + max_pos, 1
-    return rotary, max_pos, 1
+    return rotary, max_pos * multimodal, 1
+
+
+MROPE_POSITIONS_UNSCALED = frozenset(
+    {"qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_5_text", "qwen3_5_moe_text"}
+)
+"""Text model types whose decoder layers pass ``mrope_positions_factor`` to ``get_rope``:
+1 unless video pruning is on (vllm qwen3_vl.py ``mrope_positions_factor``, used by
+qwen3_vl.py, qwen3_vl_moe.py and qwen3_5.py)."""
+
+
+def _mrope_positions(cfg: Mapping[str, Any], scaling: Mapping[str, Any]) -> int:
+    """Multimodal rotary positions (``mrope_section``): vLLM's ``get_rope`` builds
+    ``MRotaryEmbedding`` with ``mrope_positions_factor=4`` by default, a cache of 4 x the
+    positions (a video's position ids run past its token count), but where the model
+    passes its own factor."""
+    if "mrope_section" not in scaling:
+        return 1
+    return 1 if str(cfg.get("model_type")) in MROPE_POSITIONS_UNSCALED else 4
 
 
 def _local_rope(cfg: Mapping[str, Any]) -> bool:

@@ -20,7 +20,7 @@ The profile size per item is the largest image the processor accepts:
   patches (2,520 patches). Its blocks have no biases, a gated MLP and per-head q/k norms;
   the patch embedder a ``2 x position_embedding_size x h`` position table;
   ``standardize`` adds two vectors; the embedder one ``h x text_hidden`` projection;
-- otherwise ``(image_size/patch)^2`` patches, one token each.
+- otherwise ``(image_size/patch)^2`` patches (each side its own: [height, width]), one token each.
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def vision_spec(
     blocks = int(vision.get("depth") or vision.get("num_hidden_layers") or 0)
     blocks += int(vision.get("num_global_layers") or 0)
     per_block = 4 * h * h + 4 * h + (3 if gated else 2) * h * i + i + h + 4 * h
-    patch = int(vision.get("patch_size") or 14)
+    patch = _sides(vision.get("patch_size"), 14)
     channels = int(vision.get("num_channels") or vision.get("in_chans") or 3)
     temporal = int(vision.get("temporal_patch_size") or 1)
-    parameters = blocks * per_block + channels * patch * patch * temporal * h
+    parameters = blocks * per_block + channels * patch[0] * patch[1] * temporal * h
     parameters += _projector(vision, h, text_hidden)
     patches, tokens, cross = _profile_item(vision, top, patch)
     # a patch wider than the largest image still makes one (and the profile divides by it)
@@ -108,24 +108,33 @@ def _modalities(top: Mapping[str, Any]) -> tuple[str, ...]:
     return ("image", "video") if any(top.get(k) is not None for k in keys) else ("image",)
 
 
+def _sides(value: Any, default: int) -> tuple[int, int]:
+    """``image_size`` / ``patch_size``: one side, or [height, width] (InternVL's vision
+    config; vllm interns1_vit.py divides each side by its own)."""
+    if isinstance(value, list):
+        return int(value[0]), int(value[1])
+    return int(value or default), int(value or default)
+
+
 def _profile_item(
-    vision: Mapping[str, Any], top: Mapping[str, Any], patch: int
+    vision: Mapping[str, Any], top: Mapping[str, Any], patch: tuple[int, int]
 ) -> tuple[int, int, bool]:
     """(encoder patches, language-model tokens, cross-attention) of the largest image."""
     model_type = str(top.get("model_type", ""))
-    side = int(vision.get("image_size") or 0) // patch
+    image = _sides(vision.get("image_size"), 0)
+    rows, columns = image[0] // patch[0], image[1] // patch[1]
     if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni"):
         merge = int(vision.get("spatial_merge_size") or 2)
-        patches = QWEN_VL_MAX_PIXELS // (patch * patch)
+        patches = QWEN_VL_MAX_PIXELS // (patch[0] * patch[1])
         return patches, patches // (merge * merge), False
     if model_type == "mllama":
-        patches = int(vision.get("max_num_tiles") or 4) * (side * side + 1)
+        patches = int(vision.get("max_num_tiles") or 4) * (rows * columns + 1)
         return patches, patches, True
     if model_type.startswith("llama4"):
-        patches = (LLAMA4_MAX_TILES + 1) * side * side
+        patches = (LLAMA4_MAX_TILES + 1) * rows * columns
         ratio = float(vision.get("pixel_shuffle_ratio") or 1.0)
         return patches, int(patches * ratio * ratio), False
-    patches = side * side if side else 1024
+    patches = rows * columns if rows * columns else 1024
     tokens = int(top.get("mm_tokens_per_image") or patches)
     return patches, tokens, False
 

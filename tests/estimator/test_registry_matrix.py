@@ -76,16 +76,21 @@ _ENCODER = (
     "(bert.encoder.layer.N.attention.self.query ...) against gatekeeper's names for it"
 )
 _TOKEN_TYPE = (
-    "encoder unquantized, -2% (not yet diagnosed): vLLM's tensors outside the layers "
-    "(embeddings, pooler, classifier: ~57 MiB here) against gatekeeper's MLP/embedding split"
+    "encoder classifier, -1.8..-2.3%: its pooler and classifier (BERT's pooler.dense and "
+    "classifier, RoBERTa's classifier.dense and out_proj, ModernBERT's pooling.dense, "
+    "BGE-M3's colbert_linear: hidden x hidden), which vLLM builds in float32 "
+    "(ModelConfig.head_dtype of a pooling model); gatekeeper sizes no head for a pooling model"
 )
 _NO_TOP_K = (
-    "gatekeeper error: the config class's defaults leave num_experts_per_tok None (published "
-    "checkpoints carry it); vLLM builds the experts anyway, gatekeeper asks for the field"
+    "gatekeeper refuses, naming the field: the config class's defaults leave "
+    "num_experts_per_tok null (published checkpoints set it); vLLM builds the experts with "
+    "top_k None but cannot route a token, and gatekeeper sizes the MoE activations by it: "
+    "the error says to set it (config.json or --hf-overrides)"
 )
 _NO_LAYERS = (
-    "gatekeeper error: the language model's layer count sits in a nested config gatekeeper "
-    "does not read (thinker_config / llm_config / the Whisper encoder-decoder)"
+    "gatekeeper refuses, naming decoder_layers: Whisper is an encoder-decoder (each decoder "
+    "layer has a cross-attention beside its self-attention; the audio encoder), which "
+    "gatekeeper's decoder-only accounting does not size"
 )
 _MIXED_NAMES = (
     "ModelOpt MIXED_PRECISION: the per-layer quantized_layers use the checkpoint's names, "
@@ -102,12 +107,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("ExaoneMoeForCausalLM", "modelopt-nvfp4"): "+18%: vLLM builds EXAONE MoE's lm_head "
     "NVFP4 although exclude_modules lists lm_head (0.22 GiB against gatekeeper's bf16 0.78); "
     "not yet traced in vLLM's exaone_moe.py",
-    **_known(
-        ("FalconForCausalLM",),
-        ("none", "modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "fp8-block", "awq", "gptq"),
-        "gatekeeper error: Falcon's config has ffn_hidden_size (or 4 x hidden), no "
-        "intermediate_size; gatekeeper asks for the field",
-    ),
     **_known(("FalconH1ForCausalLM",), _NVFP4_W4A16, _MIXER),
     ("GraniteMoeHybridForCausalLM", "modelopt-mixed"): "-11% (not yet diagnosed): its Mamba "
     "mixers and shared MLP under per-layer MIXED_PRECISION lists",
@@ -134,11 +133,6 @@ KNOWN: dict[tuple[str, str], str] = {
         ("MiniCPM3ForCausalLM",),
         _QUANTIZED,
         "+2% (not yet diagnosed): its MLA attention, vLLM 45 MiB, gatekeeper 55 MiB",
-    ),
-    **_known(
-        ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"),
-        ("none",),
-        "-2.4% (not yet diagnosed): its attention, vLLM 650 MiB, gatekeeper 442 MiB",
     ),
     **_known(
         (
@@ -209,10 +203,11 @@ KNOWN: dict[tuple[str, str], str] = {
         "here) beside its score head; gatekeeper drops the head of a pooling model",
     ),
     **_known(
-        ("CLIPModel", "SiglipModel"),
+        ("SiglipModel",),
         _ALL,
-        "+10..16% (not yet diagnosed): vLLM's CLIP/SigLIP embedding model built with "
-        "language_model_only holds its text tower; gatekeeper sizes more",
+        "-1.1..-1.8%: vLLM's SiglipEmbeddingModel holds the text tower's head "
+        "(text_model.head, hidden x projection_size and a bias); gatekeeper sizes no head for "
+        "a pooling model (CLIP's text_projection is the same, under 1% there)",
     ),
     **_known(
         ("EmbeddingGemma2Model",),
@@ -226,38 +221,13 @@ KNOWN: dict[tuple[str, str], str] = {
         "+5% (not yet diagnosed): its attention, vLLM 144 MiB, gatekeeper 236 MiB: "
         "layer 0's excluded attention under the wrapper's names",
     ),
-    **_known(
-        (
-            "BagelForConditionalGeneration",
-            "Qwen2_5OmniForConditionalGeneration",
-            "WhisperForConditionalGeneration",
-        ),
-        ("none",),
-        _NO_LAYERS,
-    ),
-    **_known(
-        ("Qwen2_5OmniForConditionalGeneration",),
-        ("modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "fp8-block", "awq", "gptq"),
-        _NO_LAYERS,
-    ),
-    **_known(("WhisperForConditionalGeneration",), _QUANTIZED, _NO_LAYERS),
-    ("Cosmos3EdgeForConditionalGeneration", "none"): "+3.1% (not yet diagnosed): its MLP, vLLM "
-    "288 MiB, gatekeeper 432 MiB",
+    **_known(("WhisperForConditionalGeneration",), _ALL, _NO_LAYERS),
     **_known(
         ("Gemma4UnifiedForConditionalGeneration",),
         _ALL,
-        "-3.4%: the unified Gemma 4's per-layer inputs (the Gemma 4 helper's part)",
-    ),
-    **_known(
-        ("GlmOcrForConditionalGeneration",),
-        _ALL,
-        "+2.2% (not yet diagnosed): outside the layers, vLLM 8 MiB, gatekeeper 16 MiB",
-    ),
-    **_known(
-        ("InternVLForConditionalGeneration",),
-        _ALL,
-        "gatekeeper error: vision_config.image_size is a list [448, 448]; gatekeeper "
-        "asks for one number",
+        "-3.4%: vLLM builds the unified Gemma 4's vision embedder (vision_embedder.patch_dense "
+        "and pos_embedding, 67 MiB here) and the embed_vision / embed_audio projections even "
+        "with every modality off (language_model_only); gatekeeper sizes no vision part then",
     ),
     (
         "KimiK25ForConditionalGeneration",
