@@ -27,6 +27,10 @@ model class's
   the shared experts' and the router's names and whether the router is built with the
   quantization config, and the linears of the attention, MLP and mixer classes (each with
   whether it is built with the quantization config);
+- from the build (``built``), also the names vLLM *asks* the quantization config with
+  where they are not the modules' paths (each module's ``prefix``): ``asked_layers``,
+  ``asked_lm_head``, ``asked_mixer``, and ``linear_roles``, attention's and a dense MLP's
+  input and output linears relative to a layer;
 - ``how``: how the class was read (``import``: imported and its attributes read, or
   ``source``: parsed from its file when the module cannot be imported on this build, with
   the ``error``).
@@ -866,11 +870,61 @@ def built_names(model: Any, quantized: bool) -> dict[str, Any]:
                 if isinstance(m, LinearBase) and not isinstance(m, RoutedExperts):
                     found.setdefault(name, _asks(m) if quantized else None)
     out.update({"attention": attention, "mixer": mixers, "mlp": mlps, "layer_linears": bare})
+    out.update(_asked_names(modules, decoder, lm_head))
     if moe:
         moe["checkpoint_projections"] = _expert_mapping(model)
         out["moe"] = moe
     out["linears"] = {k: {a: sorted([n, q] for n, q in v.items()) for a, v in d.items()}
                       for k, d in linears.items()}  # fmt: skip
+    return out
+
+
+def _asked_names(modules: dict[str, Any], decoder: str, lm_head: str | None) -> dict[str, Any]:
+    """What vLLM asks the quantization config with where it is not the module's path:
+    the prefix a layer's modules were built with (``asked_layers``: Gemma 3's bare model
+    builds ``.layers.N`` from an empty prefix), lm_head's (``asked_lm_head``: EXAONE
+    MoE builds its ``ParallelLMHead`` with no prefix, so its name is ``""``), the state
+    mixer's (``asked_mixer``: Granite 4.0-H's ``mamba`` is built as ``mixer``); and
+    ``linear_roles``, the names (relative to a layer) of attention's input and output
+    linears and a dense MLP's up and down linears, by their classes (``QKVParallelLinear``
+    / ``RowParallelLinear`` in attention, column- / ``RowParallelLinear`` in an MLP), where
+    each role is one linear (GPT-2's ``attn.c_attn``, OPT's ``fc1`` on the layer, BERT's
+    ``intermediate.dense``), each as vLLM asks with it (BERT's ``attention.self.qkv_proj``
+    asks as ``attention.output.qkv_proj``)."""
+    from vllm.model_executor.layers.linear import (
+        LinearBase,
+        QKVParallelLinear,
+        RowParallelLinear,
+    )
+
+    out: dict[str, Any] = {}
+    if lm_head and getattr(modules[lm_head], "prefix", lm_head) != lm_head:
+        out["asked_lm_head"] = modules[lm_head].prefix
+    layer = f"{decoder}.0"
+    inside = {n[len(layer) + 1 :]: m for n, m in modules.items() if n.startswith(layer + ".")}
+    linears = {n: m for n, m in inside.items() if isinstance(m, LinearBase)}
+    for rel, m in linears.items():
+        asked = getattr(m, "prefix", None)
+        if asked and asked != f"{layer}.{rel}" and asked.endswith(f".0.{rel}"):
+            out["asked_layers"] = asked[: -len(f".0.{rel}")]
+        break
+    kinds = {n: _kind(m) for n, m in inside.items() if "." not in n}
+    roles: dict[str, list[str]] = {"qkv": [], "o": [], "up": [], "down": []}
+    asked_layer = f"{out.get('asked_layers', decoder)}.0."
+    for path, m in linears.items():
+        kind = kinds.get(path.split(".", 1)[0])
+        asked = getattr(m, "prefix", "")  # BERT's qkv_proj asks as attention.output.qkv_proj
+        rel = asked[len(asked_layer) :] if asked.startswith(asked_layer) else path
+        if kind == "mixer" and rel.split(".")[0] != path.split(".")[0]:
+            out["asked_mixer"] = rel.split(".")[0]  # Granite 4.0-H's mamba asks as mixer
+        if kind == "attention":
+            if isinstance(m, QKVParallelLinear):
+                roles["qkv"].append(rel)
+            elif isinstance(m, RowParallelLinear):
+                roles["o"].append(rel)
+        elif kind in ("mlp", "bare"):
+            roles["down" if isinstance(m, RowParallelLinear) else "up"].append(rel)
+    out["linear_roles"] = {k: v[0] for k, v in roles.items() if len(v) == 1}
     return out
 
 

@@ -40,11 +40,13 @@ __all__ = [
     "WeightOptions",
     "attention_bytes",
     "decoder_layer_bytes",
+    "dense_mlp_names",
     "experts_backend",
     "head_bytes",
     "head_scheme",
     "layer_parts",
     "mla_copy_bytes",
+    "o_proj_name",
     "per_layer_embedding_bytes",
     "rope_cache_bytes",
     "vocab_rows",
@@ -152,8 +154,8 @@ def attention_bytes(c: RankWeights, i: int) -> int:
         qkv = c.linear(f"{p}.q_proj", h, q_rank)
     else:  # QKVParallelLinear (MiniMax-M3's indexed layers: q, k, v, index_q, index_k)
         outs = (q_rank, k_rank, v_rank, *_indexer_outs(c, i, kv_heads))
-        qkv = c.fused(f"{p}.qkv_proj", h, outs)
-    total = qkv + c.linear(f"{p}.o_proj", o_in, h)
+        qkv = c.fused(c.module(i, c.names.qkv) if c.names.qkv else f"{p}.qkv_proj", h, outs)
+    total = qkv + c.linear(o_proj_name(c, i), o_in, h)
     if s.attention_bias:
         total += c.vec(q_rank + k_rank + v_rank)
     if s.output_bias:
@@ -165,6 +167,11 @@ def attention_bytes(c: RankWeights, i: int) -> int:
     if _indexer_outs(c, i, kv_heads):
         total += c.vec(2 * s.indexer_head_dim)  # index_q_norm, index_k_norm
     return total
+
+
+def o_proj_name(c: RankWeights, i: int) -> str:
+    """Attention's output linear in layer ``i`` (the table's, OPT's ``out_proj``)."""
+    return c.module(i, c.names.o_proj or f"{c.names.attention}.o_proj")
 
 
 def _indexer_outs(c: RankWeights, i: int, kv_heads: int) -> tuple[int, ...]:
@@ -212,14 +219,24 @@ def mla_copy_bytes(c: RankWeights, i: int) -> int:
     return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
 
 
-def _mlp_bytes(c: RankWeights, i: int, prefix: str, inter: int, *, gated: bool, bias: bool) -> int:
+def _mlp_bytes(
+    c: RankWeights,
+    i: int,
+    prefix: str,
+    inter: int,
+    *,
+    gated: bool,
+    bias: bool,
+    names: tuple[str, str] = ("", ""),
+) -> int:
+    """An MLP's up (gate/up) and down linears under ``prefix``, or named ``names``
+    (the table's up and down linears of a dense layer: OPT's ``fc1``/``fc2``)."""
     h = c.spec.hidden_size
     inter_rank = cdiv(inter, c.tp)
-    if gated:  # MergedColumnParallelLinear gate_up_proj
-        total = c.fused(f"{prefix}.gate_up_proj", h, (inter_rank, inter_rank))
-    else:
-        total = c.linear(f"{prefix}.fc1", h, inter_rank)
-    total += c.linear(f"{prefix}.down_proj", inter_rank, h)
+    up = names[0] or f"{prefix}.{'gate_up_proj' if gated else 'fc1'}"
+    # gated: MergedColumnParallelLinear gate_up_proj, one scheme for both shards
+    total = c.fused(up, h, (inter_rank,) * (2 if gated else 1))
+    total += c.linear(names[1] or f"{prefix}.down_proj", inter_rank, h)
     if bias:
         total += c.vec(inter_rank * (2 if gated else 1) + h)
     return total
@@ -318,7 +335,22 @@ def _dense_mlp_bytes(c: RankWeights, i: int) -> int:
     wide = 2 if s.double_wide_mlp and s.reads_shared_kv(i) else 1  # Gemma 4's KV-shared layers
     inter = s.intermediate_size * wide
     name = c.names.dense_mlp or c.names.mlp  # MiniMax-M3: mlp apart from block_sparse_moe
-    return _mlp_bytes(c, i, c.module(i, name), inter, gated=s.gated_mlp, bias=s.mlp_bias)
+    return _mlp_bytes(
+        c,
+        i,
+        c.module(i, name),
+        inter,
+        gated=s.gated_mlp,
+        bias=s.mlp_bias,
+        names=dense_mlp_names(c, i),
+    )
+
+
+def dense_mlp_names(c: RankWeights, i: int) -> tuple[str, str]:
+    """A dense layer's up and down linears as the table names them (empty: the MLP's
+    ``gate_up_proj``/``fc1`` and ``down_proj``)."""
+    up, down = c.names.up, c.names.down
+    return (c.module(i, up) if up else "", c.module(i, down) if down else "")
 
 
 def _per_layer_input_bytes(c: RankWeights, i: int) -> int:

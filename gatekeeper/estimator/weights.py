@@ -27,10 +27,12 @@ from gatekeeper.estimator.rank_weights import (
     WeightOptions,
     attention_bytes,
     decoder_layer_bytes,
+    dense_mlp_names,
     experts_backend,
     head_bytes,
     head_scheme,
     mla_copy_bytes,
+    o_proj_name,
     per_layer_embedding_bytes,
     rope_cache_bytes,
     vocab_rows,
@@ -177,7 +179,7 @@ def _layer_parts(c: RankWeights, i: int) -> list[int]:
     parts = [attention]
     if s.mla is None:
         o_in = cdiv(s.num_attention_heads, c.tp) * s.value_head_dim
-        o_proj = c.linear(c.module(i, f"{c.names.attention}.o_proj"), o_in, h)
+        o_proj = c.linear(o_proj_name(c, i), o_in, h)
         parts = [attention - o_proj, o_proj]
     mlp = decoder_layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
     if s.moe is not None and s.layer_moe[i]:
@@ -185,7 +187,9 @@ def _layer_parts(c: RankWeights, i: int) -> list[int]:
         parts += [w13, mlp - w13]
     else:
         inter = cdiv(s.intermediate_size, c.tp)
-        down = c.linear(c.module(i, f"{c.names.mlp}.down_proj"), inter, h)
+        down = c.linear(
+            dense_mlp_names(c, i)[1] or c.module(i, f"{c.names.mlp}.down_proj"), inter, h
+        )
         parts += [mlp - down, down]
     return [*parts, c.vec(s.norms_per_layer * h)]
 

@@ -27,7 +27,10 @@ regenerates part of it and compares). Each row holds the class's ``hf_to_vllm_ma
 on the meta device (``names_from: build``), the names read off the built model: the
 rename mappers vLLM applied to a quantization config and the packed mapping it ended
 with, the decoder's prefix, each layer's attention, mixer, MLP and experts, and which
-linears asked the config (an online-FP8 build); elsewhere (``names_from: source``) the
+linears asked the config (an online-FP8 build), the names it asked with where they are
+not the modules' paths (Gemma 3's bare model's ``.layers.N``, EXAONE MoE's lm_head ``""``)
+and the linears of attention and a dense MLP by role (GPT-2's ``attn.c_attn``, OPT's
+``fc1`` on the layer); elsewhere (``names_from: source``) the
 names are read from the source of the classes its ``__init__`` builds. An architecture the
 table lacks gets the names of a plain decoder (``model.layers.N.self_attn``, ``...mlp``)
 and ``unknown_architecture_warning`` says so; the doors print it with the estimate.
@@ -133,15 +136,34 @@ class ModuleNames:
     """The MoE router (``GateLinear``) is built with the quantization config (Qwen3-MoE);
     elsewhere it is not, and stays in the model dtype whatever the config says."""
     mixer: str | None = None
-    """The state mixer's attribute in a layer (Qwen3.5's ``linear_attn``, Mamba's ``mixer``)."""
+    """The state mixer's attribute in a layer (Qwen3.5's ``linear_attn``, Mamba's ``mixer``)
+    as vLLM asks the quantization config with it (Granite 4.0-H's ``mamba`` is built with
+    the prefix ``mixer``)."""
     mixer_linears: tuple[tuple[str, bool], ...] = ()
     """The mixer's linears and whether each is built with the quantization config."""
+    asked_layers: str = ""
+    """The prefix vLLM asks a layer's modules with where it is not the layers' path
+    (Gemma 3's bare model: ``.layers``, built from an empty prefix); empty: the path."""
+    qkv: str = ""
+    """Attention's input linear relative to a layer, where the table names it (GPT-2's
+    ``attn.c_attn``; BERT's asks as ``attention.output.qkv_proj``); empty:
+    ``<attention>.qkv_proj``."""
+    o_proj: str = ""
+    """Attention's output linear relative to a layer (OPT's ``self_attn.out_proj``)."""
+    up: str = ""
+    """A dense MLP's input (gate/up) linear relative to a layer (OPT's ``fc1``, GPT-2's
+    ``mlp.c_fc``); empty: ``<mlp>.gate_up_proj`` (``fc1`` ungated)."""
+    down: str = ""
+    """A dense MLP's output linear relative to a layer; empty: ``<mlp>.down_proj``."""
     known: bool = True
     """False when the table lacks the architecture (the names are a plain decoder's)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """The table's whole row, for what the fields above do not carry."""
 
     def layer(self, i: int) -> str:
+        """Layer ``i`` as vLLM asks the quantization config about its modules."""
+        if self.asked_layers:
+            return f"{self.asked_layers}.{i}"
         return f"{self.model}.{self.layers}.{i}" if self.model else f"{self.layers}.{i}"
 
     def to_vllm(self, name: str) -> str:
@@ -232,10 +254,17 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
     )
     mlps = [m for m in names.get("mlp") or () if m]
     module = moe.get("module")
+    roles: dict[str, str] = names.get("linear_roles") or {}
+    lm_head = names.get("asked_lm_head")  # "" where vLLM builds the head with no prefix
     return ModuleNames(
         model=names.get("model", "model") if names.get("layers") else "model",
         layers=names.get("layers") or "layers",
-        lm_head=names.get("lm_head") or "lm_head",
+        lm_head=lm_head if lm_head is not None else names.get("lm_head") or "lm_head",
+        asked_layers=names.get("asked_layers") or "",
+        qkv=roles.get("qkv", ""),
+        o_proj=roles.get("o", ""),
+        up=roles.get("up", ""),
+        down=roles.get("down", ""),
         attention=(names.get("attention") or ["self_attn"])[0],
         mlp=module or (mlps or ["mlp"])[0],
         dense_mlp=next((m for m in mlps if m != module), ""),
@@ -260,7 +289,7 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         router=moe.get("router") or "gate",
         router_linear=moe.get("router_linear") or "",
         quantized_router=bool(moe.get("quantized_router")),
-        mixer=mixer,
+        mixer=names.get("asked_mixer") or mixer,  # Granite 4.0-H's mamba asks as mixer
         mixer_linears=mixer_linears,
         extra=row,
     )

@@ -183,9 +183,17 @@ def _candidates(name: str) -> list[str]:
     return out
 
 
+_FUSED_SHARDS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""``_resolve_quant_algo``'s own shards of the two usual fused projections (its step 4)."""
+
+
 def _modelopt_layer(name: str, keys: Sequence[str], packed: Packed) -> str | None:
     """``ModelOptMixedPrecisionConfig._resolve_quant_algo``: the key itself, the fused
-    module's shards, then a key below the module (routed experts) or beside ``experts``."""
+    module's shards, then a key below the module (routed experts) or beside ``experts``,
+    then ``qkv_proj``'s or ``gate_up_proj``'s usual shards beside it (packed or not)."""
     for candidate in _candidates(name):
         if candidate in keys:
             return candidate
@@ -202,7 +210,16 @@ def _modelopt_layer(name: str, keys: Sequence[str], packed: Packed) -> str | Non
             return found
     if name.endswith(".experts"):
         parent = name.rsplit(".experts", 1)[0] + "."
-        return next((k for k in keys if k.startswith(parent)), None)
+        found = next((k for k in keys if k.startswith(parent)), None)
+        if found is not None:
+            return found
+    # a fused projection the class does not pack (StableLM, GPT-J, Gemma 3's bare model):
+    # vLLM looks for q/k/v or gate/up shards beside it whatever packed_modules_mapping says
+    for candidate in _candidates(name) if proj in _FUSED_SHARDS else ():
+        parent = candidate.rsplit(".", 1)[0]
+        listed = [f"{parent}.{s}" for s in _FUSED_SHARDS[proj] if f"{parent}.{s}" in keys]
+        if listed:
+            return listed[0]
     return None
 
 

@@ -20,6 +20,7 @@ import pytest
 from gatekeeper.errors import ModelSpecError
 from gatekeeper.estimator.weights import layer_bytes
 from gatekeeper.models.hf_config import spec_from_config
+from gatekeeper.models.quant_match import override, skipped
 from gatekeeper.models.spec import ModelSpec
 
 H, HEADS, KV, D, INTER, EXPERT, E = 1024, 16, 4, 64, 4096, 512, 4
@@ -206,6 +207,18 @@ def test_modelopt_exclude_is_exact_substring_or_wildcard():
     assert layer(s) == sum(per_tensor[:4]) + 2 * bf16(H, INTER) + per_tensor[6] + NORMS
     wild = spec(LLAMA, {**base, "ignore": ["lm_head", "model.layers.1.self_attn*"]})
     assert layer(wild, 1) == sum(bf16(i, o) for i, o in ATTENTION) + sum(per_tensor[4:]) + NORMS
+
+
+def test_modelopt_mixed_finds_unpacked_fused_modules_through_their_usual_shards():
+    # modelopt.py _resolve_quant_algo, step 4: qkv_proj / gate_up_proj of a class with no
+    # packed_modules_mapping (StableLM, GPT-J) by the q/k/v and gate/up shards beside them
+    keys = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"]
+    assert override("modelopt", "model.layers.0.self_attn.qkv_proj", keys, {}) == keys[0]
+    assert override("modelopt", "model.layers.0.mlp.gate_up_proj", keys, {}) == keys[1]
+    assert override("modelopt", "model.layers.1.self_attn.qkv_proj", keys, {}) is None
+    # a head vLLM builds with no prefix (EXAONE MoE) is "", which "lm_head" does not exclude
+    assert not skipped("modelopt", "", ["lm_head"], {})
+    assert skipped("modelopt", "lm_head", ["lm_head"], {})
 
 
 def gptq(i: int, o: int, bits: int = 4) -> int:

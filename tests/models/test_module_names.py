@@ -185,6 +185,41 @@ def test_nemotron_h_names_every_block_mixer():
     assert names.expert_projections == ("up_proj", "None", "down_proj")
 
 
+def test_the_names_vllm_asks_with_where_they_are_not_the_paths():
+    # each linear's prefix as vLLM built it (get_quant_method(layer, prefix))
+    opt = module_names("OPTForCausalLM")  # opt.py: fc1/fc2 on the layer, out_proj
+    assert (opt.layer(0), opt.qkv, opt.o_proj, opt.up, opt.down) == (
+        "model.decoder.layers.0",
+        "self_attn.qkv_proj",
+        "self_attn.out_proj",
+        "fc1",
+        "fc2",
+    )
+    gpt2 = module_names("GPT2LMHeadModel")  # gpt2.py: Conv1D names
+    assert (gpt2.qkv, gpt2.o_proj, gpt2.up, gpt2.down) == (
+        "attn.c_attn",
+        "attn.c_proj",
+        "mlp.c_fc",
+        "mlp.c_proj",
+    )
+    # bert.py builds BertSelfAttention with the prefix of the attention's output
+    assert module_names("BertModel").qkv == "attention.output.qkv_proj"
+    # gemma3.py: Gemma3Model(prefix="") builds f"{prefix}.layers"
+    assert module_names("Gemma3TextModel").layer(2) == ".layers.2"
+    # exaone_moe.py: ParallelLMHead(...) with no prefix
+    assert module_names("ExaoneMoeForCausalLM").lm_head == ""
+    # granitemoehybrid.py: self.mamba = MambaMixer2(..., prefix=f"{prefix}.mixer")
+    assert module_names("GraniteMoeHybridForCausalLM").mixer == "mixer"
+    # falcon_h1.py: the attention's linears hang off the layer's prefix
+    assert module_names("FalconH1ForCausalLM").qkv == "qkv_proj"
+    llama = module_names("LlamaForCausalLM")
+    assert (llama.layer(0), llama.qkv, llama.up) == (
+        "model.layers.0",
+        "self_attn.qkv_proj",
+        "mlp.gate_up_proj",
+    )
+
+
 def test_a_converted_architecture_is_its_base_class():
     # registry._normalize_arch: *ForSequenceClassification is *ForCausalLM converted
     assert registered_architecture("Qwen3ForSequenceClassification") == "Qwen3ForCausalLM"
