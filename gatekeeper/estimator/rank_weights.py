@@ -427,10 +427,13 @@ def head_bytes(c: RankWeights, vocab: int | None = None) -> int:
     return rows * c.spec.hidden_size * c.dtype_bytes
 
 
-FLOAT32_ROPE_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+FLOAT32_ROPE_ARCHITECTURES = frozenset(
+    {"GptOssForCausalLM", "OpenAIPrivacyFilterForTokenClassification"}
+)
 """Architectures whose vLLM class builds its rotary cache in float32 whatever the model
-dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``); measured by
-the conformance test (a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache)."""
+dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``, whose
+``OAIAttention`` ``openai_privacy_filter.py`` builds too); measured by the conformance test
+(a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache) and the registry matrix."""
 
 
 def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:

@@ -192,11 +192,6 @@ KNOWN: dict[tuple[str, str], str] = {
         _TOKEN_TYPE,
     ),
     **_known(
-        ("OpenAIPrivacyFilterForTokenClassification",),
-        _ALL,
-        "-1.2% (not yet diagnosed): outside the layers, vLLM 32 MiB, gatekeeper 16 MiB",
-    ),
-    **_known(
         ("JambaForSequenceClassification",),
         _ALL,
         "-2%: vLLM's JambaForSequenceClassification keeps the causal LM's lm_head (512 MiB "
