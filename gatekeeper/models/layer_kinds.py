@@ -205,7 +205,8 @@ def _no_top_k(cfg: Mapping[str, Any], keys: tuple[str, ...], experts: Any) -> Mo
         f"num_experts_per_tok: config.json {said} for its {experts} experts: vLLM routes "
         "each token to that many experts (the router's top_k) and serves nothing without it. "
         "Set it as the published checkpoint does, in config.json or with "
-        """--hf-overrides '{"num_experts_per_tok": N}'""",
+        """--hf-overrides '{"num_experts_per_tok": N}' (under "text_config" where the """
+        "config has one)",
         field="num_experts_per_tok",
     )
 
