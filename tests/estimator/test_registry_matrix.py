@@ -66,11 +66,6 @@ def _known(
 
 
 _ALL = METHODS
-_NVFP4_W4A16 = ("modelopt-nvfp4", "modelopt-mixed", "ct-nvfp4", "ct-w4a16")
-_MIXER = (
-    "+5..6% under 4-bit methods (not yet diagnosed): Falcon-H1's Mamba-2 mixer beside "
-    "attention in every layer (Mamba2ForCausalLM and Granite 4.0-H now match)"
-)
 _ENCODER = (
     "encoder under MIXED_PRECISION (not yet diagnosed): the per-layer lists "
     "(bert.encoder.layer.N.attention.self.query ...) against gatekeeper's names for it"
@@ -92,11 +87,6 @@ _NO_LAYERS = (
     "layer has a cross-attention beside its self-attention; the audio encoder), which "
     "gatekeeper's decoder-only accounting does not size"
 )
-_MIXED_NAMES = (
-    "ModelOpt MIXED_PRECISION: the per-layer quantized_layers use the checkpoint's names, "
-    "which gatekeeper's module names for this class do not match, so the listed layers are "
-    "sized bf16"
-)
 KNOWN: dict[tuple[str, str], str] = {
     **_known(
         ("DeepseekForCausalLM", "DeepseekV3BidirectionalModel", "KimiVLForConditionalGeneration"),
@@ -104,12 +94,6 @@ KNOWN: dict[tuple[str, str], str] = {
         _NO_TOP_K,
     ),
     **_known(("DeepseekV2ForCausalLM",), ("none", "ct-nvfp4"), _NO_TOP_K),
-    ("ExaoneMoeForCausalLM", "modelopt-nvfp4"): "+18%: vLLM builds EXAONE MoE's lm_head "
-    "NVFP4 although exclude_modules lists lm_head (0.22 GiB against gatekeeper's bf16 0.78); "
-    "not yet traced in vLLM's exaone_moe.py",
-    **_known(("FalconH1ForCausalLM",), _NVFP4_W4A16, _MIXER),
-    ("GraniteMoeHybridForCausalLM", "modelopt-mixed"): "-11% (not yet diagnosed): its Mamba "
-    "mixers and shared MLP under per-layer MIXED_PRECISION lists",
     **_known(
         ("Zamba2ForCausalLM",),
         _ALL,
@@ -133,36 +117,6 @@ KNOWN: dict[tuple[str, str], str] = {
         ("MiniCPM3ForCausalLM",),
         _QUANTIZED,
         "+2% (not yet diagnosed): its MLA attention, vLLM 45 MiB, gatekeeper 55 MiB",
-    ),
-    **_known(
-        (
-            "OPTForCausalLM",
-            "StableLmForCausalLM",
-            "Blip2ForConditionalGeneration",
-            "GPT2LMHeadModel",
-            "GPT2ForSequenceClassification",
-            "GPTJForCausalLM",
-            "Gemma3TextModel",
-        ),
-        ("modelopt-mixed",),
-        _MIXED_NAMES,
-    ),
-    **_known(
-        (
-            "BertModel",
-            "RobertaForMaskedLM",
-            "RobertaModel",
-            "BertForTokenClassification",
-            "RobertaForTokenClassification",
-            "XLMRobertaForTokenClassification",
-        ),
-        ("modelopt-mixed",),
-        _ENCODER,
-    ),
-    **_known(
-        ("Gemma3TextModel",),
-        ("ct-nvfp4", "ct-w4a16"),
-        "+1.2% (not yet diagnosed): the Gemma 3 text embedding model under compressed-tensors",
     ),
     **_known(
         ("ModernBertForTokenClassification",),
@@ -209,12 +163,6 @@ KNOWN: dict[tuple[str, str], str] = {
         _ALL,
         "+116%: gatekeeper sizes per-layer embeddings (Gemma-4-like, 384 MiB) this "
         "encoder does not build",
-    ),
-    **_known(
-        ("AriaForConditionalGeneration",),
-        ("modelopt-nvfp4", "modelopt-mixed"),
-        "+5% (not yet diagnosed): its attention, vLLM 144 MiB, gatekeeper 236 MiB: "
-        "layer 0's excluded attention under the wrapper's names",
     ),
     **_known(("WhisperForConditionalGeneration",), _ALL, _NO_LAYERS),
     **_known(
