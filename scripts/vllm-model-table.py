@@ -903,11 +903,12 @@ def _asked_names(modules: dict[str, Any], decoder: str, lm_head: str | None) -> 
     layer = f"{decoder}.0"
     inside = {n[len(layer) + 1 :]: m for n, m in modules.items() if n.startswith(layer + ".")}
     linears = {n: m for n, m in inside.items() if isinstance(m, LinearBase)}
-    for rel, m in linears.items():
-        asked = getattr(m, "prefix", None)
-        if asked and asked != f"{layer}.{rel}" and asked.endswith(f".0.{rel}"):
-            out["asked_layers"] = asked[: -len(f".0.{rel}")]
-        break
+    for rel, m in linears.items():  # the first linear asking with its own path in the layer
+        asked = getattr(m, "prefix", None) or ""
+        if asked.endswith(f".0.{rel}") or asked == f"0.{rel}":
+            if asked[: -len(f"0.{rel}")].removesuffix(".") != decoder:
+                out["asked_layers"] = asked[: -len(f".0.{rel}")]  # RoBERTa's bert.encoder.layer
+            break
     kinds = {n: _kind(m) for n, m in inside.items() if "." not in n}
     roles: dict[str, list[str]] = {"qkv": [], "o": [], "up": [], "down": []}
     asked_layer = f"{out.get('asked_layers', decoder)}.0."

@@ -136,13 +136,11 @@ KNOWN: dict[tuple[str, str], str] = {
             "BertForSequenceClassification",
             "XLMRobertaForSequenceClassification",
             "ModernBertForSequenceClassification",
+            # its layers ask as bert.encoder.layer.N (roberta.py), so a list naming
+            # roberta.encoder.layer.N leaves every layer quantized, as gatekeeper now does
+            "RobertaForSequenceClassification",
         ),
         _ALL,
-        _TOKEN_TYPE,
-    ),
-    **_known(
-        ("RobertaForSequenceClassification",),
-        ("none", "modelopt-mixed", "ct-w4a16", "fp8-block", "awq", "gptq"),
         _TOKEN_TYPE,
     ),
     **_known(

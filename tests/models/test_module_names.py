@@ -204,6 +204,9 @@ def test_the_names_vllm_asks_with_where_they_are_not_the_paths():
     )
     # bert.py builds BertSelfAttention with the prefix of the attention's output
     assert module_names("BertModel").qkv == "attention.output.qkv_proj"
+    # roberta.py: self.roberta = BertModel(prefix=maybe_prefix(prefix, "bert"))
+    roberta = module_names("RobertaForSequenceClassification")
+    assert (roberta.model, roberta.layer(1)) == ("roberta.encoder", "bert.encoder.layer.1")
     # gemma3.py: Gemma3Model(prefix="") builds f"{prefix}.layers"
     assert module_names("Gemma3TextModel").layer(2) == ".layers.2"
     # exaone_moe.py: ParallelLMHead(...) with no prefix
