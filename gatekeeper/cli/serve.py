@@ -9,7 +9,9 @@ import argparse
 import logging
 import os
 import secrets
+import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +127,8 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     # the port bound, which --port 0 lets the kernel choose
     bound = int(sock.getsockname()[1])
     banner = _banner(settings, host, bound, declared, args.rehearsal, token_source)
-    run = server(app, sock, settings)
+    serving = server(app, sock, settings)
+    held = _HeldSignals(serving.stop)
     log_format = start_logging(args, settings)  # after the server's own logging set-up
     if args.json:
         print_json(banner)
@@ -135,14 +138,41 @@ def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     if lacking is not None:
         logging.getLogger(__name__).warning("%s", lacking)
     try:
-        run()
+        if not held.caught:
+            serving.run()  # the server takes the signals over while it runs
     finally:
         sock.close()
         ledger.close()
         close = getattr(inventory, "close", None)
         if close is not None:
             close()
+        held.release()
     return 0
+
+
+class _HeldSignals:
+    """SIGINT and SIGTERM from the banner until the server takes them over: recorded and
+    passed to the server's ``stop`` instead of raised. A KeyboardInterrupt raised in
+    that window (the event loop being made) can land in a weakref callback or a
+    ``__del__``, where Python prints "Exception ignored" and drops it, and the sidecar
+    would serve on after being told to stop. ``release`` restores the handlers and ends
+    the command with the first signal caught, as the signal itself would have."""
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self.caught: list[int] = []
+        self.stop = stop
+        stops = (signal.SIGINT, signal.SIGTERM)
+        self.previous = {s: signal.signal(s, self._hold) for s in stops}
+
+    def _hold(self, signum: int, frame: object) -> None:
+        self.caught.append(signum)
+        self.stop()
+
+    def release(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        for first in self.caught[:1]:
+            signal.raise_signal(first)
 
 
 def _check_preloads(settings: Settings) -> None:

@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -82,11 +83,21 @@ def _granian_caps(settings: Settings) -> list[str]:
     return caps
 
 
-def server(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
-    """The server ``settings.http_server`` names, set up to run ``app`` on ``sock``: call
-    it to serve until SIGINT or SIGTERM. Set up before the sidecar's logging is (each
-    server configures its own loggers when built; the sidecar's configuration then wins)."""
-    build: Callable[[Starlette, socket.socket, Settings], Callable[[], None]] = {
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """A server set up to run: ``run()`` serves until SIGINT or SIGTERM (the server takes
+    the signals over while it runs); ``stop()`` asks it to end, also before it has taken
+    them over (a signal the command held from its banner on)."""
+
+    run: Callable[[], None]
+    stop: Callable[[], None]
+
+
+def server(app: Starlette, sock: socket.socket, settings: Settings) -> Serving:
+    """The server ``settings.http_server`` names, set up to run ``app`` on ``sock``. Set up
+    before the sidecar's logging is (each server configures its own loggers when built;
+    the sidecar's configuration then wins)."""
+    build: Callable[[Starlette, socket.socket, Settings], Serving] = {
         "gatekeeper": _gatekeeper,
         "uvicorn": _uvicorn,
         "granian": _granian,
@@ -96,7 +107,7 @@ def server(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[
 
 def _gatekeeper(
     app: Starlette, sock: socket.socket, settings: Settings, *, http: str | None = None
-) -> Callable[[], None]:
+) -> Serving:
     import uvicorn
 
     from gatekeeper.sidecar.http_protocol import server_config
@@ -105,19 +116,25 @@ def _gatekeeper(
     config = server_config(app, host=host, port=port, settings=settings)
     if http is not None:
         config.http = http  # in place of the sidecar's protocol (read at load)
-    return lambda: uvicorn.Server(config).run(sockets=[sock])
+    running = uvicorn.Server(config)
+
+    def stop() -> None:  # uvicorn checks it after start-up and in its main loop
+        running.should_exit = True
+
+    return Serving(lambda: running.run(sockets=[sock]), stop)
 
 
-def _uvicorn(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+def _uvicorn(app: Starlette, sock: socket.socket, settings: Settings) -> Serving:
     return _gatekeeper(app, sock, settings, http="httptools")  # uvicorn's own protocol
 
 
-def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callable[[], None]:
+def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Serving:
     import uvloop
 
     embedded = _granian_server(app, sock, settings)
 
     caught: list[signal.Signals] = []
+    asked: list[bool] = []
 
     def stop(signum: signal.Signals) -> None:
         caught.append(signum)
@@ -127,7 +144,8 @@ def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callabl
         loop = asyncio.get_running_loop()
         for signum in _STOP_SIGNALS:
             loop.add_signal_handler(signum, stop, signum)
-        await embedded.serve()
+        if not asked:  # told to stop before the loop ran: do not start
+            await embedded.serve()
 
     def run() -> None:
         handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
@@ -147,7 +165,7 @@ def _granian(app: Starlette, sock: socket.socket, settings: Settings) -> Callabl
                 value="granian",
             )
 
-    return run
+    return Serving(run, lambda: asked.append(True))
 
 
 def _granian_server(app: Starlette, sock: socket.socket, settings: Settings) -> Any:
