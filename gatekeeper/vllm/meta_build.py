@@ -8,7 +8,8 @@ sidecar's own environment never imports vLLM, nor this file)::
 ``JOBS.json`` is a list of jobs, each ``{"id": ..., "model": DIR}`` with ``DIR`` holding a
 ``config.json`` and optionally ``"quantization"`` (``--quantization``), ``"dtype"``
 (default ``auto``), ``"tensor_parallel_size"`` (default 1), ``"hf_overrides"``,
-``"max_model_len"``, ``"trust_remote_code"``. For each job, in this one process:
+``"max_model_len"``, ``"trust_remote_code"``, ``"language_model_only"`` (a multimodal
+class without its towers, as ``--limit-mm-per-prompt`` giving 0 to every modality). For each job, in this one process:
 
 - ``ModelConfig`` and ``VllmConfig`` as ``vllm serve`` makes them, which picks and builds
   the quantization config (``get_quant_config``) the way vLLM does;
@@ -371,6 +372,7 @@ def vllm_configs(job: dict[str, Any]) -> Any:
         trust_remote_code=bool(job.get("trust_remote_code")),
         enforce_eager=True,
         allow_deprecated_quantization=True,
+        language_model_only=bool(job.get("language_model_only")),
     )
     return VllmConfig(
         model_config=model_config,

@@ -41,25 +41,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import meta_build_module  # type: ignore[import-not-found, unused-ignore]
 import vllm_target_gpu  # type: ignore[import-not-found, unused-ignore]
 from quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, TEXT_MODEL_TYPES, WRAPPERS  # type: ignore[import-not-found, unused-ignore]
 
-
-def _meta_build() -> Any:
-    """gatekeeper's meta builder (``gatekeeper/vllm/meta_build.py``), loaded from its file:
-    the kernel stand-ins and the tensor, method, MLA-copy and freed-tensor readers."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "gatekeeper" / "vllm" / "meta_build.py"
-    spec = importlib.util.spec_from_file_location("gatekeeper_meta_build", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-META = _meta_build()
+META = meta_build_module.load()
 
 
 def _config(case: dict[str, Any]) -> dict[str, Any]:

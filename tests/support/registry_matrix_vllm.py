@@ -26,7 +26,6 @@ a crash with the rows it has not got.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import signal
@@ -38,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import meta_build_module  # type: ignore[import-not-found, unused-ignore]  # noqa: E402
 import registry_configs as rc  # type: ignore[import-not-found, unused-ignore]  # noqa: E402
 from quant_conformance_cases import (  # type: ignore[import-not-found, unused-ignore]  # noqa: E402
     _FP8_BLOCK,
@@ -60,40 +60,8 @@ METHODS = (
 """The matrix's columns: unquantized, then each quantization config as its quantizer
 writes it."""
 
-_META_BUILD = HERE.parents[1] / "gatekeeper" / "vllm" / "meta_build.py"
 _TOWER = re.compile(r"(vision|visual|audio|encoder|tower|vit|image|speech|mm_)")
 _ROUTER = re.compile(r"(^|\.)(gate|router|gating|router\.classifier|wg)$")
-
-
-def _meta_build() -> Any:
-    spec = importlib.util.spec_from_file_location("meta_build", _META_BUILD)
-    assert spec is not None and spec.loader is not None
-    module: Any = importlib.util.module_from_spec(spec)
-    sys.modules["meta_build"] = module
-    spec.loader.exec_module(module)
-    original = module.vllm_configs
-
-    def language_model_only(job: dict[str, Any]) -> Any:
-        """meta_build's ``VllmConfig`` with ``language_model_only`` (the towers a
-        multimodal class marks are left out, as ``--limit-mm-per-prompt`` all 0 does)."""
-        from vllm.config import ModelConfig, ParallelConfig, VllmConfig  # type: ignore[import-not-found, unused-ignore]
-
-        if not job.get("language_model_only"):
-            return original(job)
-        model_config = ModelConfig(
-            model=str(job["model"]),
-            skip_tokenizer_init=True,
-            dtype=job.get("dtype") or "auto",
-            max_model_len=job.get("max_model_len"),
-            quantization=job.get("quantization"),
-            enforce_eager=True,
-            allow_deprecated_quantization=True,
-            language_model_only=True,
-        )
-        return VllmConfig(model_config=model_config, parallel_config=ParallelConfig())
-
-    module.vllm_configs = language_model_only
-    return module
 
 
 class _Parts:
@@ -297,7 +265,7 @@ def main(argv: list[str]) -> int:
     archs = args.archs or rc.architectures()
     if args.after in archs:
         archs = archs[archs.index(args.after) + 1 :]
-    meta = _meta_build()
+    meta = meta_build_module.load()
     meta.setup(args.work)
     signal.signal(signal.SIGALRM, _alarm)
     with args.out.open("a") as sink:
