@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from gatekeeper.estimator import ServeOptions, estimate
-from tests.estimator.test_weight_groups import predict_options
 from tests.support.quant_conformance import (
     CASES,
     GPU,
     TOLERANCE,
     QuantRow,
+    case_options,
     format_table,
     gatekeeper_estimate,
     gatekeeper_quant,
@@ -133,7 +133,7 @@ def test_weight_groups_match_what_vllm_builds(rows: dict[str, QuantRow], case: s
     row = compared(rows, case)
     assert row.vllm is not None
     spec, _ = gatekeeper_quant(CASES[case])
-    groups = estimate(spec, predict_options(CASES[case]), GPU).worst.weights_by_group
+    groups = estimate(spec, case_options(CASES[case]), GPU).worst.weights_by_group
     vllm, ours = vllm_split(row.vllm), gatekeeper_split(groups)
     assert any(quantized for _, quantized in vllm), f"{case}: vLLM quantized nothing"
     assert not compare_groups(vllm, ours, TOLERANCE), (

@@ -22,8 +22,8 @@ from gatekeeper.models.built_weights import BuiltTensor, BuiltWeights
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.spec import CheckpointTensor, CheckpointWeights, ModelSpec
-from tests.support.quant_conformance import NO_IMAGES, gatekeeper_quant
-from tests.support.quant_conformance_cases import CASES, FAMILIES, MAX_MODEL_LEN, WRAPPERS
+from tests.support.quant_conformance import case_options, gatekeeper_quant
+from tests.support.quant_conformance_cases import CASES, FAMILIES
 
 GPU = GpuTarget(total_bytes=8 * 80 * 2**30)
 """Large enough that nothing is refused before its weights are split."""
@@ -44,22 +44,6 @@ def assert_exact(
     payload = result.to_json()["weights_by_group"]
     assert sum(sum(f.values()) for f in payload.values()) == result.worst.weights_bytes
     return result
-
-
-def predict_options(case: dict[str, Any], tp: int = 1, pp: int = 1) -> ServeOptions:
-    """The options the conformance check sizes a case with (``quant_conformance.predict``)."""
-    spec = case.get("speculative")
-    return ServeOptions(
-        dtype="bfloat16",
-        quantization=case["flag"],
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=True,
-        vllm_version="0.32.0",
-        limit_mm_per_prompt=NO_IMAGES if case["family"] in WRAPPERS else None,
-        speculative_config=parse_speculative(spec, str(spec)) if spec else None,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-    )
 
 
 def _catalog_spec(entry: Any) -> ModelSpec:
@@ -90,12 +74,12 @@ def test_every_quantized_case_adds_up(case: str) -> None:
     except ModelSpecError as exc:  # a method gatekeeper cannot size says so (torchao)
         pytest.skip(str(exc))
     for tp, pp in ((1, 1), (2, 2)):
-        assert_exact(spec, predict_options(CASES[case], tp, pp))
+        assert_exact(spec, case_options(CASES[case], tp, pp))
 
 
 def _groups(case: str) -> dict[str, dict[str, int]]:
     spec, _ = gatekeeper_quant(CASES[case])
-    return assert_exact(spec, predict_options(CASES[case])).worst.weights_by_group.by_group()
+    return assert_exact(spec, case_options(CASES[case])).worst.weights_by_group.by_group()
 
 
 def test_excluded_attention_stays_in_the_model_dtype() -> None:

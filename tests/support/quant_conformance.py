@@ -148,11 +148,11 @@ def case_gpu(case: dict[str, Any]) -> GpuTarget:
     return replace(GPU, compute_capability=(int(major), int(minor)))
 
 
-def gatekeeper_estimate(case: dict[str, Any]) -> Estimate:
-    """Gatekeeper's estimate for the case (its TP size, rank 0's weights)."""
-    spec, _ = gatekeeper_quant(case)
-    options = ServeOptions(
-        tensor_parallel_size=int(case.get("tp") or 1),
+def case_options(case: dict[str, Any], tp: int | None = None, pp: int = 1) -> ServeOptions:
+    """The options a case is sized with (its TP size unless ``tp`` says another)."""
+    return ServeOptions(
+        tensor_parallel_size=tp if tp is not None else int(case.get("tp") or 1),
+        pipeline_parallel_size=pp,
         dtype="bfloat16",
         quantization=case["flag"],
         max_model_len=MAX_MODEL_LEN,
@@ -161,7 +161,12 @@ def gatekeeper_estimate(case: dict[str, Any]) -> Estimate:
         limit_mm_per_prompt=NO_IMAGES if case["family"] in WRAPPERS else None,
         speculative_config=_speculative(case),
     )
-    return estimate(spec, options, case_gpu(case))
+
+
+def gatekeeper_estimate(case: dict[str, Any]) -> Estimate:
+    """Gatekeeper's estimate for the case (its TP size, rank 0's weights)."""
+    spec, _ = gatekeeper_quant(case)
+    return estimate(spec, case_options(case), case_gpu(case))
 
 
 def _speculative(case: dict[str, Any]) -> Speculative | None:
