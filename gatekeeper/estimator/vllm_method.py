@@ -21,6 +21,7 @@ they are re-exported here, where callers import them.
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_version
@@ -279,7 +280,13 @@ def estimate(
         options=p.features.weights,
     )
     offloaded = plan.offloaded_bytes or (0,) * p.pp
-    groups = weight_groups(spec, plan, p.dtype, tp=p.tp, quant=p.quant, opts=p.features.weights)
+    every_stage = cache(
+        lambda: weight_groups(spec, plan, p.dtype, tp=p.tp, quant=p.quant, opts=p.features.weights)
+    )
+    groups = tuple(
+        WeightGroups.later(lambda k=k: every_stage()[k])  # type: ignore[misc]
+        for k in range(p.pp)
+    )
     parts = pp_partition(spec.num_layers, p.pp)
     draft_format = _draft_format(p, draft)
     stages = tuple(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -62,11 +62,44 @@ GROUPS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class WeightGroups:
-    """Bytes by (module group, format), in ``GROUPS`` order, no zero entries."""
+    """Bytes by (module group, format), in ``GROUPS`` order, no zero entries.
 
-    entries: tuple[tuple[str, str, int], ...] = ()
+    Computed when first read (``later``): the breakdown costs as much as the rest of an
+    estimate on a large MoE, and placement's searches make many estimates whose groups
+    nobody reads; ``plus`` and ``scaled_to`` stay lazy too."""
+
+    __slots__ = ("_entries", "_make")
+
+    def __init__(
+        self,
+        entries: tuple[tuple[str, str, int], ...] = (),
+        *,
+        make: Callable[[], tuple[tuple[str, str, int], ...]] | None = None,
+    ) -> None:
+        self._entries = None if make is not None else tuple(entries)
+        self._make = make
+
+    @classmethod
+    def later(cls, make: Callable[[], WeightGroups]) -> WeightGroups:
+        """The groups ``make`` returns, made on the first read."""
+        return cls(make=lambda: make().entries)
+
+    @property
+    def entries(self) -> tuple[tuple[str, str, int], ...]:
+        if self._entries is None:
+            assert self._make is not None
+            self._entries, self._make = self._make(), None
+        return self._entries
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WeightGroups) and self.entries == other.entries
+
+    def __hash__(self) -> int:
+        return hash(self.entries)
+
+    def __repr__(self) -> str:
+        return f"WeightGroups(entries={self.entries!r})"
 
     @classmethod
     def of(cls, counts: Mapping[tuple[str, str], int]) -> WeightGroups:
@@ -78,14 +111,21 @@ class WeightGroups:
         return sum(b for _, _, b in self.entries)
 
     def plus(self, group: str, fmt: str, num_bytes: int) -> WeightGroups:
-        counts = Counter({(g, f): b for g, f, b in self.entries})
-        counts[(group, fmt)] += num_bytes
-        return WeightGroups.of(counts)
+        def make() -> WeightGroups:
+            counts = Counter({(g, f): b for g, f, b in self.entries})
+            counts[(group, fmt)] += num_bytes
+            return WeightGroups.of(counts)
+
+        return WeightGroups.later(make)
 
     def scaled_to(self, total_bytes: int) -> WeightGroups:
         """The same split scaled to ``total_bytes`` (a calibrated weights figure)."""
-        counts = {(g, f): b for g, f, b in self.entries}
-        return WeightGroups.of(_scaled(counts, total_bytes)) if counts else self
+
+        def make() -> WeightGroups:
+            counts = {(g, f): b for g, f, b in self.entries}
+            return WeightGroups.of(_scaled(counts, total_bytes)) if counts else self
+
+        return WeightGroups.later(make)
 
     def by_group(self) -> dict[str, dict[str, int]]:
         """``{group: {format: bytes}}``, as ``estimate --json`` prints it."""
