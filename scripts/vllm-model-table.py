@@ -1020,7 +1020,7 @@ def table(only: list[str] | None, work: Path) -> dict[str, Any]:
         if REGISTRY_CONFIGS.exists():
             builder = Builder(meta_build, _load(REGISTRY_CONFIGS, "registry_configs"), work)
         else:
-            meta_build._torchvision_stand_in()
+            meta_build.stand_ins()
     archs = sorted(_VLLM_MODELS) if not only else sorted(only)
     models = {a: entry(a, *_VLLM_MODELS[a], builder) for a in archs}
     for row in models.values():

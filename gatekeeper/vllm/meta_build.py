@@ -65,6 +65,7 @@ __all__ = [
     "mla_copies",
     "run",
     "setup",
+    "stand_ins",
     "stub_kernels",
     "tensors",
 ]
@@ -200,19 +201,19 @@ class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__version__ = "0.0.0+stand-in"  # type: ignore[attr-defined]
 
 
-def _torchvision_stand_in() -> bool:
-    """Install the stand-in when torchvision cannot be imported; whether it was."""
+def _torchvision_stand_in() -> None:
+    """Install the stand-in (once) when torchvision cannot be imported."""
+    if any(isinstance(f, _TorchvisionStandIn) for f in sys.meta_path):
+        return
     try:
         importlib.import_module("torchvision")
-        return False
+        return
     except Exception:
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
     sys.meta_path.insert(0, _TorchvisionStandIn())
-    return True
 
 
-_TORCHVISION_STOOD_IN = False
 _TORCHVISION_USED = False
 
 
@@ -259,14 +260,19 @@ _INIT_CONFIG = {
 }
 
 
-def setup(work: Path | None = None) -> None:
-    """Once per process, before the first build: kernel stand-ins, the torchvision
-    stand-in where it is missing, a one-process distributed world."""
-    global _TORCHVISION_STOOD_IN
+def stand_ins() -> None:
+    """What the CPU build lacks, stood in for: the torchvision stand-in where it is
+    missing, kernel choosers that need CUDA, the registry's child-process inspection."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    _TORCHVISION_STOOD_IN = _torchvision_stand_in()
+    _torchvision_stand_in()
     stub_kernels()
     _inspect_in_process()
+
+
+def setup(work: Path | None = None) -> None:
+    """Once per process, before the first build: ``stand_ins`` and a one-process
+    distributed world."""
+    stand_ins()
     _init_distributed(work or Path(tempfile.mkdtemp(prefix="meta-build-")))
 
 

@@ -262,11 +262,7 @@ def main(argv: list[str]) -> int:
     work, out = Path(work_dir), Path(out_file)
     names = names or list(CASES)
     work.mkdir(parents=True, exist_ok=True)
-    META.stub_kernels()
-    # the model files that import torchvision (MiniMax-M3's) build with meta_build's
-    # stand-in; the registry inspects them in this process
-    META._TORCHVISION_STOOD_IN = META._torchvision_stand_in()
-    META._inspect_in_process()
+    META.stand_ins()  # model files that import torchvision (MiniMax-M3's) build too
     vllm_target_gpu.install()
     _init_distributed()
     with out.open("a") as sink:
