@@ -14,6 +14,7 @@ import dataclasses
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,10 +71,16 @@ class AgentProcess:
     metrics_port: int = 0
 
     def metrics(self) -> str:
+        """The agent's /metrics; a failed scrape fails with the end of the agent's log
+        (where the collector's traceback is)."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            text: str = answer.read().decode()
-            return text
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                text: str = answer.read().decode()
+                return text
+        except urllib.error.HTTPError as e:
+            tail = self.log.read_text(errors="replace")[-4000:] if self.log.is_file() else ""
+            raise AssertionError(f"GET {url}: {e}; the agent's log ends:\n{tail}") from e
 
     def argv(self, *extra: str) -> list[str]:
         return [
