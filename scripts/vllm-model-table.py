@@ -734,6 +734,16 @@ class Builder:
             model, quant_config = self.captured[-1]
             row = built_names(model, quant_config is not None)
             row["quantization"] = quantization
+            # a decoder rotary cache vLLM keeps in another dtype than the model's (built
+            # bf16): gpt-oss's get_rope(..., dtype=torch.float32); towers' own left out
+            decoder = ".".join(filter(None, (row.get("model"), row.get("layers")))) + "."
+            ropes = {
+                str(b.dtype).removeprefix("torch.")
+                for n, b in model.named_buffers()
+                if n.startswith(decoder) and n.endswith("cos_sin_cache")
+            } - {"bfloat16"}
+            if ropes:
+                row["rope_dtype"] = sorted(ropes)[0]
             if quant_config is not None:
                 row["quant_mappers"] = [m for m in self.mappers if m]
                 row["quant_packed"] = packed_rows(dict(quant_config.packed_modules_mapping))

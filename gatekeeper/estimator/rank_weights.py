@@ -29,11 +29,10 @@ from gatekeeper.estimator.moe_backend import ExpertsBackend, mxfp4_experts_backe
 from gatekeeper.estimator.state import mixer_linears, mixer_weight_bytes
 from gatekeeper.models.module_names import ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
-from gatekeeper.models.spec import ModelSpec
+from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
 __all__ = [
-    "FLOAT32_ROPE_ARCHITECTURES",
     "VOCAB_PADDING",
     "LayerPart",
     "RankWeights",
@@ -49,6 +48,7 @@ __all__ = [
     "o_proj_name",
     "per_layer_embedding_bytes",
     "rope_cache_bytes",
+    "rope_dtype",
     "vocab_rows",
 ]
 
@@ -427,17 +427,16 @@ def head_bytes(c: RankWeights, vocab: int | None = None) -> int:
     return rows * c.spec.hidden_size * c.dtype_bytes
 
 
-FLOAT32_ROPE_ARCHITECTURES = frozenset(
-    {"GptOssForCausalLM", "OpenAIPrivacyFilterForTokenClassification"}
-)
-"""Architectures whose vLLM class builds its rotary cache in float32 whatever the model
-dtype (``get_rope(..., dtype=torch.float32)`` in vLLM 0.32's ``gpt_oss.py``, whose
-``OAIAttention`` ``openai_privacy_filter.py`` builds too); measured by the conformance test
-(a bf16 GPT-OSS holds a 131072 x 64 float32 cos/sin cache) and the registry matrix."""
+def rope_dtype(spec: ModelSpec) -> str:
+    """The dtype vLLM keeps the decoder's rotary cache in where it is not the model's
+    (gpt-oss and the privacy filter built on its attention: ``get_rope(...,
+    dtype=torch.float32)``), as vLLM's own build of the class showed (the names table's
+    ``rope_dtype``); "" for the model dtype."""
+    built = module_names(spec.architecture).extra.get("built") or {}
+    return str(built.get("rope_dtype") or "")
 
 
 def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
-    if spec.architecture in FLOAT32_ROPE_ARCHITECTURES:
-        dtype_bytes = 4
+    dtype_bytes = DTYPE_BYTES.get(rope_dtype(spec), dtype_bytes)
     width = sum(spec.rope_widths) or spec.rope_caches * spec.rotary_dim
     return spec.rope_cache_positions * width * dtype_bytes

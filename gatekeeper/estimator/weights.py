@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from gatekeeper.estimator.built_stages import built_stages
 from gatekeeper.estimator.moe_backend import PLAIN_MXFP4
 from gatekeeper.estimator.rank_weights import (
-    FLOAT32_ROPE_ARCHITECTURES,
     VOCAB_PADDING,
     RankWeights,
     WeightOptions,
@@ -35,6 +34,7 @@ from gatekeeper.estimator.rank_weights import (
     o_proj_name,
     per_layer_embedding_bytes,
     rope_cache_bytes,
+    rope_dtype,
     vocab_rows,
 )
 from gatekeeper.models.quantization import QuantSpec
@@ -103,7 +103,7 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
         if c.opts.lm_head and (not s.tie_word_embeddings or not first):
             scheme = head_scheme(c)
             parts.append(("lm_head", scheme.method if scheme else "", head_bytes(c)))
-    rope = "float32" if s.architecture in FLOAT32_ROPE_ARCHITECTURES else ""
+    rope = rope_dtype(s)
     return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes))]
 
 
@@ -340,7 +340,7 @@ def tensor_shares(
                 name = ctx.module(i, f"{ctx.names.attention}.W_UK_T+W_UV")
                 out.append(TensorShare(name, k, copies, None, ""))
     rope = rope_cache_bytes(spec, dtype_bytes)
-    form = "float32" if spec.architecture in FLOAT32_ROPE_ARCHITECTURES else ""
+    form = rope_dtype(spec)
     out += [
         TensorShare("rotary_emb.cos_sin_cache", k, rope, None, form) for k in range(len(stages))
     ]
