@@ -5,8 +5,8 @@ Under pipeline parallelism each stage holds its own decoder layers (``get_pp_ind
 ``weights.pp_partition``), the first stage the embedding (and the vision tower), the last
 the final norm and the LM head; a tied LM head is its own tensor on the last stage when
 it is not the first; and every stage builds its own rotary caches (``get_rope`` caches
-one per process). A decoder layer is named ``{decoder prefix}.layers.N.`` as the model
-class names it (``module_names``), which keeps a vision tower's own ``layers.N`` apart.
+one per process). A decoder layer is ``{layers_path}.N.`` as the model class names it
+(``module_names``: ``model.layers``, BERT's ``encoder.layer``), which keeps a vision tower's own ``layers.N`` apart.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ def _layer(t: BuiltTensor, prefix: str) -> int | None:
 
 def tensor_stage(c: RankWeights, t: BuiltTensor, stage_of: dict[int, int], last: int) -> int:
     """The pipeline stage that holds tensor ``t``."""
-    layer = _layer(t, f"{c.names.model}.layers.")
+    layer = _layer(t, f"{c.names.layers_path}.")
     if layer is not None:
         return stage_of.get(layer, last)
     if "lm_head" in t.name:
         return last
-    if t.name.startswith(f"{c.names.model}.") and "norm" in t.name and "embed" not in t.name:
+    inside = not c.names.model or t.name.startswith(f"{c.names.model}.")
+    if inside and "norm" in t.name and "embed" not in t.name:
         return last  # the decoder's final norm
     return 0
 
@@ -66,7 +67,7 @@ def built_stages(
     order: what ``--cpu-offload-gb`` walks) from what vLLM built."""
     totals = [0] * len(stages)
     parts: list[list[int]] = [[] for _ in stages]
-    prefix = f"{c.names.model}.layers."
+    prefix = f"{c.names.layers_path}."
     for k, t in built_shares(c, built, stages):
         totals[k] += t.num_bytes
         if _layer(t, prefix) is not None and not t.buffer and not t.after_loading:

@@ -160,11 +160,15 @@ class ModuleNames:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """The table's whole row, for what the fields above do not carry."""
 
+    @property
+    def layers_path(self) -> str:
+        """The decoder layers' module path (``model.layers``; BERT's ``encoder.layer``;
+        a bare model class's ``layers``), whatever vLLM asks them as."""
+        return f"{self.model}.{self.layers}" if self.model else self.layers
+
     def layer(self, i: int) -> str:
         """Layer ``i`` as vLLM asks the quantization config about its modules."""
-        if self.asked_layers:
-            return f"{self.asked_layers}.{i}"
-        return f"{self.model}.{self.layers}.{i}" if self.model else f"{self.layers}.{i}"
+        return f"{self.asked_layers or self.layers_path}.{i}"
 
     def to_vllm(self, name: str) -> str:
         """A checkpoint module name as the class's rename mappers write it."""
