@@ -87,10 +87,17 @@ class WeightGroups:
 
     @property
     def entries(self) -> tuple[tuple[str, str, int], ...]:
-        if self._entries is None:
-            assert self._make is not None
-            self._entries, self._make = self._make(), None
-        return self._entries
+        entries = self._entries
+        if entries is not None:
+            return entries
+        make = self._make
+        if make is None:  # another thread made them between the two reads
+            assert self._entries is not None
+            return self._entries
+        entries = make()  # two threads may both make them: the same tuple either way
+        self._entries = entries
+        self._make = None  # after _entries: a reader seeing None here finds them made
+        return entries
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, WeightGroups) and self.entries == other.entries
