@@ -10,15 +10,13 @@ A case vLLM cannot build on the CPU build is skipped with vLLM's error; the onli
 methods (``--quantization fp8_per_tensor`` ...) are skipped because what they hold on a
 GPU only exists after ``process_weights_after_loading`` runs their kernels. Every
 disagreement the check found was fixed (the Qwen3-MoE router, fused modules' per-module
-tensors, MoE-WNA16's zero points, Quark int8, INC and fp_quant); a case a known gap keeps
-from matching (its ``pending``) is a strict xfail.
+tensors, MoE-WNA16's zero points, Quark int8, INC and fp_quant), so no case is an xfail.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -65,14 +63,7 @@ def _largest(row: QuantRow) -> str:
     return "; ".join(f"{n} {v[0]} {v[1]}" for n, v in top)
 
 
-def _pending(case: str) -> Any:
-    """A case a known gap keeps from matching yet (its ``pending`` says which): a strict
-    xfail, so that it fails the day the gap closes and the mark must go."""
-    why = CASES[case].get("pending")
-    return pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=why)) if why else case
-
-
-@pytest.mark.parametrize("case", [_pending(c) for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_weight_bytes_match_what_vllm_builds(
     rows: dict[str, QuantRow], case: str, record_property: Callable[[str, object], None]
 ) -> None:
