@@ -76,24 +76,12 @@ _TOKEN_TYPE = (
     "BGE-M3's colbert_linear: hidden x hidden), which vLLM builds in float32 "
     "(ModelConfig.head_dtype of a pooling model); gatekeeper sizes no head for a pooling model"
 )
-_NO_TOP_K = (
-    "gatekeeper refuses, naming the field: the config class's defaults leave "
-    "num_experts_per_tok null (published checkpoints set it); vLLM builds the experts with "
-    "top_k None but cannot route a token, and gatekeeper sizes the MoE activations by it: "
-    "the error says to set it (config.json or --hf-overrides)"
-)
 _NO_LAYERS = (
     "gatekeeper refuses, naming decoder_layers: Whisper is an encoder-decoder (each decoder "
     "layer has a cross-attention beside its self-attention; the audio encoder), which "
     "gatekeeper's decoder-only accounting does not size"
 )
 KNOWN: dict[tuple[str, str], str] = {
-    **_known(
-        ("DeepseekForCausalLM", "DeepseekV3BidirectionalModel", "KimiVLForConditionalGeneration"),
-        ("none",),
-        _NO_TOP_K,
-    ),
-    **_known(("DeepseekV2ForCausalLM",), ("none", "ct-nvfp4"), _NO_TOP_K),
     **_known(
         ("Zamba2ForCausalLM",),
         _ALL,
