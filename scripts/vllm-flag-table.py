@@ -5,6 +5,10 @@ install will do)::
 
     VLLM_TARGET_DEVICE=cpu .venv-vllm-cpu/bin/python scripts/vllm-flag-table.py
 
+or, for a release without a CPU build, through ``scripts/vllm-release.sh X.Y.Z`` (the
+release's wheel unpacked on ``PYTHONPATH``, that environment's dependencies).
+``GK_FLAGS_DIR`` writes the table elsewhere.
+
 It writes ``gatekeeper/data/vllm_flags/<version>.json``: for every option of ``vllm
 serve``, its destination, option strings, whether it is a switch, its value grammar
 (found by calling vLLM's own type function on probe values, not by reading its name),
@@ -19,6 +23,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,10 @@ try:
 except ImportError:  # before 0.12 it lived in vllm.utils
     from vllm.utils import FlexibleArgumentParser
 
-OUT = Path(__file__).resolve().parents[1] / "gatekeeper" / "data" / "vllm_flags"
+OUT = Path(
+    os.environ.get("GK_FLAGS_DIR")
+    or Path(__file__).resolve().parents[1] / "gatekeeper" / "data" / "vllm_flags"
+)
 _SWITCHES = (
     argparse.BooleanOptionalAction,
     argparse._StoreTrueAction,
@@ -103,15 +111,41 @@ def _default(value: Any) -> Any:
     return value
 
 
+def negative(action: argparse.Action, options: list[str]) -> list[str] | None:
+    """The spellings of a switch that set it false: ``--no-x`` of a BooleanOptionalAction,
+    and from 0.33 ``--disable-x`` of vLLM's ``EnableDisableAction`` (its
+    ``negative_option_strings``); None for an option that is not a switch."""
+    if not isinstance(action, _SWITCHES):
+        return None
+    said = getattr(action, "negative_option_strings", None)
+    if said is not None:
+        return sorted(o for o in options if o in said)
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [o for o in options if o.startswith("--no-")]
+    if isinstance(action, argparse._StoreFalseAction) or (
+        isinstance(action, argparse._StoreConstAction) and action.const is False
+    ):
+        return list(options)
+    return []
+
+
 def table(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
     rows = []
     for a in parser._actions:
         if not a.option_strings or isinstance(a, argparse._HelpAction):
             continue
         switch = isinstance(a, _SWITCHES)
+        # every spelling the parser takes: from 0.33 an EnableDisableAction's --no-x stay
+        # registered but leave option_strings (hidden from help, still accepted)
+        hidden = [
+            o for o, act in parser._option_string_actions.items()
+            if act is a and o not in a.option_strings
+        ]  # fmt: skip
+        options = [*a.option_strings, *hidden]
         row: dict[str, Any] = {
             "dest": a.dest,
-            "options": list(a.option_strings),
+            "options": options,
+            "negative": negative(a, options),
             "switch": switch,
             "nargs": a.nargs if not switch else None,
             "const": _default(a.const) if a.nargs == "?" else None,

@@ -163,8 +163,9 @@ def _add(parser: argparse.ArgumentParser, row: Row) -> None:
     options, dest, default = row["options"], row["dest"], row["default"]
     help_text = str(row["help"]).replace("%", "%%")
     if row["switch"]:
-        positive = [o for o in options if not o.startswith("--no-")]
-        negative = [o for o in options if o.startswith("--no-")]
+        said = row.get("negative")  # the table's own from 0.32 (0.33's --disable-x too)
+        negative = list(said) if said is not None else [o for o in options if o.startswith("--no-")]
+        positive = [o for o in options if o not in negative]
         # A switch without a --no- form that defaults to true is a store_false.
         const = not (default is True and not negative)
         parser.add_argument(

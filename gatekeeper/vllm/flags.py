@@ -183,7 +183,7 @@ def serve_values(
         if flag is None:
             raise table.unknown(key, where)
         value = _typed(flag, value, where)
-        if flag.switch and (table.option_of(key) or "").startswith("--no-"):
+        if flag.sets_false(table.option_of(key) or ""):
             value = not value  # {"--no-enforce-eager": true} means enforce_eager false
         out[flag.dest] = value
     return out

@@ -55,8 +55,8 @@ def _argparser(table: FlagTable) -> _Parser:
     parser.add_argument("model_tag", nargs="?", default=None)
     for flag in table.flags.values():
         if flag.switch:
-            positive = [o for o in flag.options if not o.startswith("--no-")]
-            negative = [o for o in flag.options if o.startswith("--no-")]
+            positive = [o for o in flag.options if not flag.sets_false(o)]
+            negative = [o for o in flag.options if flag.sets_false(o)]
             parser.add_argument(*positive, dest=flag.dest, action="store_const", const=True)
             if negative:
                 parser.add_argument(*negative, dest=flag.dest, action="store_const", const=False)

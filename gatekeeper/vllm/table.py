@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from gatekeeper.errors import ServeOptionsError
-from gatekeeper.estimator.accounting import parse_vllm_version
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_version
 
 __all__ = [
     "Flag",
@@ -63,6 +63,14 @@ class Flag:
     const: Any = None
     """What an ``nargs='?'`` flag given with no value stands for (vLLM's ``--hf-token``
     alone is ``True``: use the stored token); ``None`` when it has none."""
+    negative: tuple[str, ...] = ()
+    """The spellings of a switch that set it false: ``--no-enforce-eager``; from 0.33
+    ``--disable-prefix-caching`` too (vLLM's ``EnableDisableAction``, which still takes
+    the hidden ``--no-enable-prefix-caching``)."""
+
+    def sets_false(self, option: str) -> bool:
+        """Whether the switch given as ``option`` sets the flag false."""
+        return self.switch and option in self.negative
 
     @property
     def name(self) -> str:
@@ -279,17 +287,24 @@ def _version_key(text: str) -> tuple[int, ...]:
 
 
 def flag_table(release: str | None = None) -> FlagTable:
-    """The table of ``release`` (the newest shipped one at or before it; the newest of
-    all when ``None`` or older than every table). ``release`` is a vLLM version as the
-    estimator reads it (``0.8.5``, ``0.11.0rc1``, ``0.8.5 V0``); anything else raises
-    ``ServeOptionsError`` naming it."""
+    """The table of ``release`` (the newest shipped one at or before it; the oldest when
+    older than every table); ``None`` is the release gatekeeper assumes when none is named
+    (``DEFAULT_VLLM_VERSION``). ``release`` is a vLLM version as the estimator reads it
+    (``0.8.5``, ``0.11.0rc1``, ``0.8.5 V0``); anything else raises ``ServeOptionsError``
+    naming it. A release past the newest table is read with the newest (the estimate
+    warns: ``estimator.releases.release_warning``)."""
     releases = shipped_releases()
-    chosen = releases[-1]
-    if release is not None:
-        wanted, _ = parse_vllm_version(release)
-        older = [r for r in releases if _version_key(r) <= wanted]
-        chosen = older[-1] if older else releases[0]
-    return _load(chosen)
+    wanted, _ = parse_vllm_version(release or DEFAULT_VLLM_VERSION)
+    older = [r for r in releases if _version_key(r) <= wanted]
+    return _load(older[-1] if older else releases[0])
+
+
+def _negative(row: Mapping[str, Any]) -> list[str]:
+    """A row's false-setting spellings: the table's own (written from 0.32 on), else the
+    ``--no-`` spellings of a BooleanOptionalAction (every release before 0.33)."""
+    if row.get("negative") is not None:
+        return list(row["negative"])
+    return [o for o in row["options"] if row["switch"] and o.startswith("--no-")]
 
 
 @cache
@@ -308,6 +323,7 @@ def _load(chosen: str) -> FlagTable:
             default=row["default"],
             help=row["help"],
             const=row["const"],
+            negative=tuple(_negative(row)),
         )
         for row in data["flags"]
     }

@@ -124,7 +124,7 @@ def test_every_flag_of_the_table_is_accepted_with_the_sidecars_value(tmp_path: P
                 argv = ["m", spelling, *_sample(flag)]
             values = _check_same_as_sidecar(argv)
             if flag.switch:
-                assert values[flag.dest] is not spelling.startswith("--no-"), argv
+                assert values[flag.dest] is not flag.sets_false(spelling), argv
             elif flag.dest == "config":
                 assert values["max_model_len"] == 4000
             read.add(spelling)

