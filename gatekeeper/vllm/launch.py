@@ -189,6 +189,9 @@ def _feature_args(o: ServeOptions) -> list[str]:
         args.append(
             "--enable-prefix-caching" if o.enable_prefix_caching else "--no-enable-prefix-caching"
         )
+    if o.enable_extensible_kv_cache is not None:  # vLLM 0.34's BooleanOptionalAction
+        on = o.enable_extensible_kv_cache
+        args.append("--enable-extensible-kv-cache" if on else "--no-enable-extensible-kv-cache")
     if o.cudagraph_capture_sizes:
         args += ["--cudagraph-capture-sizes", *map(str, o.cudagraph_capture_sizes)]
     return args

@@ -19,6 +19,7 @@ CHECKED = [
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
     "GptOssForCausalLM",
+    "HrmTextForCausalLM",
     "Llama4ForConditionalGeneration",
     "LlamaForCausalLM",
     "MambaForCausalLM",
@@ -33,6 +34,7 @@ CHECKED = [
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    "Zamba2ForCausalLM",
 ]
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_cpu_available(), reason=NO_VLLM_CPU)]
