@@ -24,6 +24,7 @@ from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.gpus.proctree import read_parent_map
 from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.release_info import register_release_info
 from gatekeeper.metrics.workers import WorkerCollector, WorkerView
 from gatekeeper.placement.types import PlacementPolicy
 
@@ -90,4 +91,5 @@ def register_collectors(registry: CollectorRegistry, sources: MetricSources) -> 
         outstanding=sources.outstanding,
         version=sources.version,
     )
+    register_release_info(registry, sources.policy.default_vllm_version)
     return SidecarCollectors(registry, metrics, gpus, workers, calibration)

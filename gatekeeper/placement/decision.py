@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
+from gatekeeper.estimator.releases import release_warning
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.module_names import unknown_architecture_warning
 from gatekeeper.placement.budget import Need
@@ -57,7 +59,7 @@ def decide(
             placement=found.placement,
             reasons=(),
             gpus=tuple(mark_lines(found.lines, found.chosen, found.needs)),
-            warnings=(*model_warnings(request), *kv_warnings(request, found.placement, policy)),
+            warnings=(*model_warnings(request, policy), *kv_warnings(request, found.placement, policy)),
         )
     return _reject(request, snapshot, found, policy, suggest, cache)
 
@@ -79,12 +81,18 @@ def mark_lines(
     return out
 
 
-def model_warnings(request: PlacementRequest) -> tuple[str, ...]:
-    """A warning when vLLM's model table lacks the model's architecture: its modules are
-    then named as a plain decoder's, and a quantization config's per-module lists may not
-    match them as vLLM would (``module_names.unknown_architecture_warning``)."""
+def model_warnings(
+    request: PlacementRequest, policy: PlacementPolicy | None = None
+) -> tuple[str, ...]:
+    """A warning when the request's vLLM release is past the newest one gatekeeper models
+    (``releases.release_warning``), and when vLLM's model table lacks the model's
+    architecture: its modules are then named as a plain decoder's, and a quantization
+    config's per-module lists may not match them as vLLM would
+    (``module_names.unknown_architecture_warning``)."""
+    default = policy.default_vllm_version if policy is not None else DEFAULT_VLLM_VERSION
+    release = release_warning(request.options.vllm_version or default)
     warning = unknown_architecture_warning(request.model.architecture)
-    return (f"{request.model.name}: {warning}",) if warning else ()
+    return tuple(f"{request.model.name}: {w}" for w in (release, warning) if w)
 
 
 def kv_warnings(
@@ -132,5 +140,5 @@ def _reject(
         reasons=tuple(reasons),
         gpus=tuple(marked),
         suggestions=tuple(hints),
-        warnings=model_warnings(request),
+        warnings=model_warnings(request, policy),
     )

@@ -15,6 +15,7 @@ import pytest
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.webhook import AdmissionWebhook
 from gatekeeper.settings import Settings
+from gatekeeper.vllm.table import flag_table
 from tests.k8s.test_webhook import L4, LLAMA_8B, answer, deployment
 
 QWEN3_8B = "Qwen/Qwen3-8B"
@@ -61,7 +62,7 @@ def test_a_flag_is_read_with_the_images_release(webhook, image, known):
 def test_a_flag_a_later_release_dropped_is_read_by_the_old_release(webhook, image, known):
     response = review(webhook, image, LLAMA_8B, "--max-model-len", "4096", "--swap-space", "4")
     assert response["allowed"] is True
-    dropped = "'--swap-space' is not a flag of vllm serve 0.32.0 (vLLM had it up to"
+    dropped = f"'--swap-space' is not a flag of vllm serve {flag_table().vllm} (vLLM had it up to"
     assert (dropped in warnings(response)) is (not known), warnings(response)
 
 

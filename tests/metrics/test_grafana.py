@@ -248,6 +248,7 @@ def test_alert_rules_are_complete():
         "GatekeeperWorkerUnhealthy",
         "GatekeeperAdmissionErrors",
         "GatekeeperGpuCollectionFailing",
+        "GatekeeperVllmReleaseNotModelled",
         "GatekeeperGpuUnhealthy",
         "GatekeeperSidecarDown",
         "GatekeeperWorkerMetricsDown",
