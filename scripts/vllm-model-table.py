@@ -30,7 +30,8 @@ model class's
 - from the build (``built``), also the names vLLM *asks* the quantization config with
   where they are not the modules' paths (each module's ``prefix``): ``asked_layers``,
   ``asked_lm_head``, ``asked_mixer``, and ``linear_roles``, attention's and a dense MLP's
-  input and output linears relative to a layer;
+  input and output linears relative to a layer; and ``stacks``, the decoder's layer lists
+  where it runs more than one (HRM-Text's ``model.L_module.layers``, ``model.H_module.layers``);
 - ``how``: how the class was read (``import``: imported and its attributes read, or
   ``source``: parsed from its file when the module cannot be imported on this build, with
   the ``error``).
@@ -817,6 +818,26 @@ def _decoder_list(modules: dict[str, Any], lm_head: str | None) -> str | None:
     return found
 
 
+def _decoder_stacks(modules: dict[str, Any], decoder: str) -> dict[str, list[str]]:
+    """``stacks``: every ModuleList of the decoder's own layer class, in build order, where
+    the model runs more than one stack of them (HRM-Text's ``model.L_module.layers`` and
+    ``model.H_module.layers``); nothing for one stack. A list of layers another list
+    holds (Gemma 4's ``self_decoder.decoder_layers``, some of ``layers``) is none."""
+    from torch import nn
+
+    layer_class = type(modules[decoder][0])
+    stacks: list[str] = []
+    seen: set[int] = set()
+    for name, module in modules.items():
+        if not isinstance(module, nn.ModuleList) or not name or _SIDE_TOWERS.search(name):
+            continue
+        ids = {id(m) for m in module}
+        if ids and not ids & seen and all(type(m) is layer_class for m in module):
+            stacks.append(name)
+            seen |= ids
+    return {"stacks": stacks} if len(stacks) > 1 else {}
+
+
 def _kind(child: Any) -> str | None:
     """What a layer's child is: a state mixer (``MambaBase``: Mamba, gated delta net,
     short conv, linear attention), attention, an MoE block, a linear on the layer itself,
@@ -853,6 +874,7 @@ def built_names(model: Any, quantized: bool) -> dict[str, Any]:
     if decoder is None:
         return out
     out["model"], _, out["layers"] = decoder.rpartition(".")
+    out.update(_decoder_stacks(modules, decoder))
     attention: list[str] = []
     mixers: list[str] = []
     mlps: list[str] = []
@@ -900,7 +922,9 @@ def _asked_names(modules: dict[str, Any], decoder: str, lm_head: str | None) -> 
     / ``RowParallelLinear`` in attention, column- / ``RowParallelLinear`` in an MLP), where
     each role is one linear (GPT-2's ``attn.c_attn``, OPT's ``fc1`` on the layer, BERT's
     ``intermediate.dense``), each as vLLM asks with it (BERT's ``attention.self.qkv_proj``
-    asks as ``attention.output.qkv_proj``)."""
+    asks as ``attention.output.qkv_proj``); attention's input is its only column-parallel
+    linear where that is merged and there is no ``QKVParallelLinear`` (HRM-Text's
+    ``self_attn.gqkv_proj``: gate, q, k and v in one)."""
     from vllm.model_executor.layers.linear import (
         LinearBase,
         QKVParallelLinear,
@@ -935,8 +959,29 @@ def _asked_names(modules: dict[str, Any], decoder: str, lm_head: str | None) -> 
                 roles["o"].append(rel)
         elif kind in ("mlp", "bare"):
             roles["down" if isinstance(m, RowParallelLinear) else "up"].append(rel)
+    roles["qkv"] = roles["qkv"] or _merged_input(linears, kinds, asked_layer)
     out["linear_roles"] = {k: v[0] for k, v in roles.items() if len(v) == 1}
     return out
+
+
+def _merged_input(linears: dict[str, Any], kinds: dict[str, Any], asked_layer: str) -> list[str]:
+    """Attention's input where it has no ``QKVParallelLinear`` but one column-parallel
+    linear, a merged one (HRM-Text's ``gqkv_proj``: gate, q, k and v), as vLLM asks it."""
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+    )
+
+    columns = [
+        (path, m)
+        for path, m in linears.items()
+        if kinds.get(path.split(".", 1)[0]) == "attention" and isinstance(m, ColumnParallelLinear)
+    ]
+    if len(columns) != 1 or not isinstance(columns[0][1], MergedColumnParallelLinear):
+        return []
+    path, m = columns[0]
+    asked = getattr(m, "prefix", "")
+    return [asked[len(asked_layer) :] if asked.startswith(asked_layer) else path]
 
 
 def _expert_mapping(model: Any) -> list[str] | None:

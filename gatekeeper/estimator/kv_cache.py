@@ -14,6 +14,9 @@ times more tokens per block (``KvGroup.scale``), any other is padded to it; with
 of layer only (or the hybrid allocator off) the layers form one group whose block holds
 every layer's page (``UniformTypeKVCacheSpecs``).
 
+A layer that runs more than once per token with a cache per run (HRM-Text's recurrence
+steps, ``ModelSpec.kv_caches``) counts as that many attention layers here.
+
 Layers are grouped as vLLM's hybrid allocator does: identical layers form one group;
 full and sliding-window layers with equal page sizes are bucketed and split into
 groups of ``g`` layers, all groups sharing one pool of blocks. Then
@@ -217,7 +220,12 @@ def _hybrid(
     layer at all, each sequence's state is one block of max_model_len tokens."""
     block_size = options.block_size
     page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
-    kinds = [spec.layer_attention[i] for i in layers if spec.layer_attention[i] != "none"]
+    kinds = [
+        spec.layer_attention[i]
+        for i in layers
+        if spec.layer_attention[i] != "none"
+        for _ in range(spec.kv_caches(i))
+    ]
     per_sequence = n_state * state.bytes_per_sequence
     if not kinds:
         return KvLayout(
@@ -251,8 +259,12 @@ def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
     page = page_bytes_per_token(spec, options.tp, options.kv, mla_align=options.mla_align)
     # a layer reading an earlier layer's KV keeps no cache of its own (vLLM gives it no
     # KV-cache spec: gpu_model_runner's shared_kv_cache_layers)
+    # HRM-Text's layers keep a cache per recurrence step they run at (``kv_caches``)
     attending = [
-        i for i in layers if spec.layer_attention[i] != "none" and not spec.reads_shared_kv(i)
+        i
+        for i in layers
+        if spec.layer_attention[i] != "none" and not spec.reads_shared_kv(i)
+        for _ in range(spec.kv_caches(i))
     ]
     if not attending:
         return KvLayout(block_size, 0, page, ())

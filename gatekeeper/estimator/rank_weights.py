@@ -115,7 +115,7 @@ class RankWeights:
         return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
 
     def module(self, i: int, name: str) -> str:
-        return f"{self.layer_prefix or self.names.layer(i)}.{name}"
+        return f"{self.layer_prefix or self.names.layer(i, self.spec.num_layers)}.{name}"
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
         return self.fused(name, in_f, (out_f,), quantizable=quantizable)
@@ -324,7 +324,8 @@ def _mixer_bytes(c: RankWeights, i: int) -> int:
         return total
     total -= sum(m.in_features * sum(m.outs) for m in plain) * c.dtype_bytes
     method = c.quant.method.split(":")[0] if c.quant is not None else ""
-    prefix = c.module(i, c.names.mixer)
+    shared = c.spec.shared_blocks is not None  # Zamba2's mixer asks as <prefix>.mixer
+    prefix = f"{_zamba2_prefix(c, i)}.mixer" if shared else c.module(i, c.names.mixer)
     for m in mixer_linears(c.spec, c.tp, replicated_ba=method in _BA_REPLICATED_METHODS):
         total += c.fused(f"{prefix}.{m.name}", m.in_features, m.outs)
     return total
@@ -384,13 +385,98 @@ def _dense_beside_experts_bytes(c: RankWeights, i: int) -> int:
     return _mlp_bytes(c, i, c.module(i, c.names.mlp), inter, gated=True, bias=c.spec.mlp_bias)
 
 
+def _zamba2_prefix(c: RankWeights, i: int) -> str:
+    """The prefix vLLM builds Zamba2's layer ``i`` with, and so asks the quantization
+    config with: ``str(hybrid layers + i)`` (``zamba2.py``, ``Zamba2Model.__init__``), its
+    ``linear`` and its mixer (``<prefix>.mixer``) under it."""
+    return str(sum(kind != "none" for kind in c.spec.layer_attention) + i)
+
+
+def _hybrid_index(c: RankWeights, i: int) -> int:
+    """Layer ``i``'s place among Zamba2's hybrid layers (its ``block_idx``)."""
+    return sum(kind != "none" for kind in c.spec.layer_attention[:i])
+
+
+def _runs_a_new_block(c: RankWeights, i: int) -> bool:
+    """Layer ``i`` is the first to run its shared block (they take the blocks in turn), so
+    the block's weights are counted with it."""
+    shared = c.spec.shared_blocks
+    return shared is not None and _hybrid_index(c, i) < shared.blocks
+
+
+def _shared_norms_bytes(c: RankWeights, i: int) -> int:
+    """A shared block's ``input_layernorm`` (over the hidden state and the embeddings side
+    by side) and ``pre_ff_layernorm``."""
+    shared = c.spec.shared_blocks
+    assert shared is not None
+    return c.vec(shared.input_size + c.spec.hidden_size) if _runs_a_new_block(c, i) else 0
+
+
+def _shared_attention_bytes(c: RankWeights, i: int) -> int:
+    """A Zamba2 hybrid layer's part of the shared attention (``Zamba2Attention``): the
+    block's ``qkv_proj`` (``input_size`` -> q, k and v of every head) and ``o_proj`` at the
+    layer that runs the block first; its own q, k and v adapters (``Zamba2LoRA``: A
+    ``input_size`` -> rank, B rank -> ``input_size``, both column-parallel) with
+    ``attention_adapters``. The blocks are built with the model's prefix, and ask with it
+    (``model.qkv_proj``, ``model.linear_q_adapter.A``)."""
+    s, shared, p = c.spec, c.spec.shared_blocks, c.names.model
+    assert shared is not None
+    total = 0
+    heads = cdiv(s.num_attention_heads, c.tp) * s.head_dim
+    if _runs_a_new_block(c, i):
+        total += c.fused(f"{p}.qkv_proj", shared.input_size, (heads, heads, heads))
+        total += c.linear(f"{p}.o_proj", heads, s.hidden_size)
+    if shared.attention_adapters:
+        rank, width = cdiv(shared.adapter_rank, c.tp), cdiv(shared.input_size, c.tp)
+        for x in "qkv":
+            total += c.linear(f"{p}.linear_{x}_adapter.A", shared.input_size, rank)
+            total += c.linear(f"{p}.linear_{x}_adapter.B", shared.adapter_rank, width)
+    return total
+
+
+def _shared_mlp_bytes(c: RankWeights, i: int) -> int:
+    """A Zamba2 hybrid layer's part of the shared MLP (``Zamba2MLP``, gated): the block's
+    ``gate_up_proj`` and ``down_proj`` at the layer that runs the block first; its own
+    ``gate_up_proj_adapter_list.<hybrid index>`` (A hidden -> rank, B rank -> gate and up)."""
+    s, shared = c.spec, c.spec.shared_blocks
+    assert shared is not None
+    p = f"{c.names.model}.feed_forward"
+    total = 0
+    if _runs_a_new_block(c, i):
+        total += _mlp_bytes(c, i, p, s.intermediate_size, gated=True, bias=s.mlp_bias)
+    adapter = f"{p}.gate_up_proj_adapter_list.{_hybrid_index(c, i)}"
+    inter = cdiv(s.intermediate_size, c.tp)
+    total += c.linear(f"{adapter}.A", s.hidden_size, cdiv(shared.adapter_rank, c.tp))
+    return total + c.fused(f"{adapter}.B", shared.adapter_rank, (inter, inter))
+
+
+def _hybrid_linear_bytes(c: RankWeights, i: int) -> int:
+    """A Zamba2 hybrid layer's ``linear`` (hidden -> hidden after the shared block, a
+    ``ReplicatedLinear``: whole on every rank)."""
+    h = c.spec.hidden_size
+    return c.linear(f"{_zamba2_prefix(c, i)}.linear", h, h)
+
+
+_SHARED_BLOCK_PARTS: list[LayerPart] = [
+    ("other", _shared_norms_bytes),
+    ("attention", _shared_attention_bytes),
+    ("mlp", _shared_mlp_bytes),
+    ("other", _hybrid_linear_bytes),
+]
+"""What a Zamba2 hybrid layer (one that attends) adds to its Mamba decoder layer."""
+
+
 def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
-    """Layer ``i``'s parts, each with its module group: the norms, attention, the state
-    mixer, the MLP or the experts (whose shared experts ``weight_groups`` counts as MLP
-    by their names). ``decoder_layer_bytes`` is their sum."""
+    """Layer ``i``'s parts, each with its module group: the norms, attention (a Zamba2
+    hybrid layer's part of the shared blocks instead), the state mixer, the MLP or the
+    experts (whose shared experts ``weight_groups`` counts as MLP by their names).
+    ``decoder_layer_bytes`` is their sum."""
     s = c.spec
     parts: list[LayerPart] = [("other", _norms_bytes)]
-    if not s.layer_attention or s.layer_attention[i] != "none" or s.state is None:
+    attends = not s.layer_attention or s.layer_attention[i] != "none" or s.state is None
+    if s.shared_blocks is not None:
+        parts += _SHARED_BLOCK_PARTS if attends else []
+    elif attends:
         parts.append(("attention", attention_bytes))
     if s.has_state(i):
         parts.append(("mixer", _mixer_bytes))

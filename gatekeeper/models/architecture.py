@@ -85,10 +85,14 @@ QK_NORM: dict[str, str] = {
 
 NORMS_PER_LAYER: dict[str, int] = {
     "gemma2": 4, "gemma3": 4, "gemma3_text": 4, "gemma4_text": 4, "phi": 1, "gptj": 1,
+    "zamba2": 1, "hrm_text": 0,
 }  # fmt: skip
 """Norm modules per decoder layer where not two: Gemma 2/3/4 add pre/post-feedforward norms
 (vllm gemma2.py, gemma3.py, gemma4.py); Phi and GPT-J run attention and MLP in parallel after one
-norm (transformers modeling_phi.py ``input_layernorm``; vllm gpt_j.py ``ln_1``)."""
+norm (transformers modeling_phi.py ``input_layernorm``; vllm gpt_j.py ``ln_1``); Zamba2's
+layers have the Mamba decoder's ``input_layernorm`` (vllm zamba2.py; a shared block's own
+norms are counted with the block); HRM-Text's norms have no weight (vllm hrm_text.py
+``RMSNorm(..., has_weight=False)``)."""
 
 _LAYER_NORM_EPS = ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")
 _LAYER_NORM_TYPES = frozenset({"opt"})  # vllm opt.py: nn.LayerNorm, and no eps field

@@ -18,7 +18,10 @@ The shapes transformers or vLLM read beyond a field's plain one are turned into 
 - ``layers_block_type`` (transformers 5's Nemotron-H, ``configuration_nemotron_h.py``):
   the ``hybrid_override_pattern`` it replaces (``_list_to_pattern``);
 - ``moe_layer_freq`` as a per-layer list of 0/1 (``vllm/transformers_utils/configs/
-  minimax_m3.py``): kept, and read per layer (``layer_kinds``).
+  minimax_m3.py``): kept, and read per layer (``layer_kinds``);
+- Zamba2's ``attention_head_dim`` (``configuration_zamba2.py``'s ``attribute_map``: it is
+  ``head_dim``) and HRM-Text's and Zamba2's KV heads, which their vLLM classes take to be
+  the attention heads (``hrm_text.py``, ``zamba2.py``).
 
 ``field_value`` (the first of a field's keys present) and ``positive`` read the checked
 fields for ``hf_config`` and ``layer_kinds``.
@@ -101,14 +104,24 @@ def layer_count(text: Mapping[str, Any]) -> int:
     Nemotron-H the length of its per-layer list, which transformers 5 writes instead
     (``NemotronHConfig.num_hidden_layers`` is ``len(layers_block_type)``, and a written
     ``num_hidden_layers`` is ignored; vLLM builds ``len(hybrid_override_pattern)``
-    layers, the pattern transformers derives from that list)."""
+    layers, the pattern transformers derives from that list); for Zamba2 the length of
+    ``layers_block_type`` (vLLM's ``zamba2.py`` builds one layer per entry); for HRM-Text
+    its two stacks of ``num_layers_per_stack`` (``hrm_text.py``: ``L_module`` and
+    ``H_module``; ``num_hidden_layers`` counts the recurrence steps' attention calls, or,
+    in a config without ``num_layers_per_stack``, one stack)."""
     blocks = text.get("layers_block_type")
-    if text.get("model_type") == "nemotron_h":
+    model_type = text.get("model_type")
+    if model_type == "nemotron_h":
         if not isinstance(blocks, list):
             blocks = text.get("hybrid_override_pattern")  # before transformers 5
         if isinstance(blocks, list | str) and blocks:
             return positive("num_hidden_layers", len(blocks))
+    if model_type == "zamba2" and isinstance(blocks, list) and blocks:
+        return positive("num_hidden_layers", len(blocks))
     keys = ("num_hidden_layers", "n_layer", "num_layers")
+    if model_type == "hrm_text":
+        per_stack = text.get("num_layers_per_stack") or field_value(text, "layers", *keys)
+        return 2 * positive("num_layers_per_stack", per_stack)
     return positive("num_hidden_layers", field_value(text, "layers", *keys))
 
 
@@ -323,6 +336,16 @@ def normalize(text: Mapping[str, Any], layers: int) -> dict[str, Any]:
         blocks = blocks if blocks is not None else out.get("layer_types")
         if isinstance(blocks, list):
             out["hybrid_override_pattern"] = _pattern(blocks)
+    heads = out.get("num_attention_heads")
+    if out.get("model_type") == "zamba2" and heads:
+        # zamba2.py's attention: heads of attention_head_dim (transformers' attribute_map
+        # head_dim, 2 x hidden / heads), K and V with every head (QKVParallelLinear
+        # given no KV head count)
+        width = out.get("attention_hidden_size") or 2 * int(out.get("hidden_size") or 0)
+        out["head_dim"] = out.get("attention_head_dim") or int(width) // int(heads)
+        out["num_key_value_heads"] = heads
+    if out.get("model_type") == "hrm_text" and heads:
+        out["num_key_value_heads"] = heads  # hrm_text.py: MHA, whatever the config says
     return out
 
 

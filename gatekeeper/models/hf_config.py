@@ -34,6 +34,7 @@ from gatekeeper.models.layer_kinds import (
     moe_layers,
     mtp_layers,
     per_layer_inputs,
+    recurrence_kv_caches,
     sparse_indexer,
 )
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
@@ -73,11 +74,13 @@ _OUTPUT_GATED = frozenset(
         "qwen3_5_text",
         "qwen3_5_moe_text",
         "muse_glimmer_text",
+        "hrm_text",
     }
 )
 """Models whose attention gates its output by default (``qwen3_next.py``:
 ``getattr(config, "attn_output_gate", True)``; ``muse_glimmer.py``: ``use_attn_output_gate``,
-None is True, an ``output_gate_proj`` of the same heads x head_dim rows)."""
+None is True, an ``output_gate_proj`` of the same heads x head_dim rows; ``hrm_text.py``:
+always, the gate merged with q, k and v into ``gqkv_proj``)."""
 
 _FOUR_X_INNER = frozenset({"gpt2", "gpt_bigcode", "gptj", "falcon"})
 """No ``n_inner``: the MLP is 4 x hidden wide (vllm gpt2.py GPT2Block, gpt_j.py; falcon.py
@@ -406,6 +409,8 @@ def _read(
         layer_state=hybrid.stateful if hybrid else (),
         layer_mlp=hybrid.mlp if hybrid else (),
         state=hybrid.state if hybrid else None,
+        shared_blocks=hybrid.shared if hybrid else None,
+        layer_kv_caches=recurrence_kv_caches(text, model_type, layers),
         draft_vocab_size=int(text["draft_vocab_size"]) if text.get("draft_vocab_size") else None,
         checkpoint=checkpoint,
         source=source,

@@ -21,7 +21,11 @@ attention model) out. Each family is read with the fields vLLM's model class rea
   ``conv_L_cache``) or "full_attention";
 - MiniMax-Text-01: ``attn_type_list`` 0 = lightning linear attention (a
   ``heads x head_dim x head_dim`` state), 1 = softmax attention;
-- Kimi-Linear: ``linear_attn_config``' ``kda_layers`` and ``full_attn_layers`` (1-based).
+- Kimi-Linear: ``linear_attn_config``' ``kda_layers`` and ``full_attn_layers`` (1-based);
+- Zamba2: ``layers_block_type``, a Mamba-2 mixer in every layer (``n_mamba_heads``,
+  ``mamba_headdim``, ``mamba_ngroups``, ``mamba_d_state``; ``mamba_expand x hidden``) and,
+  in the "hybrid" layers, one of the ``num_mem_blocks`` shared transformer blocks
+  (``SharedBlocks``); no MLP of a layer's own.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gatekeeper.errors import ModelSpecError
-from gatekeeper.models.spec import AttentionKind, StateSpec
+from gatekeeper.models.spec import AttentionKind, SharedBlocks, StateSpec
 
 __all__ = ["ATTENTION_FREE_TYPES", "HybridLayout", "hybrid_layout"]
 
@@ -50,7 +54,10 @@ class HybridLayout:
     """Layers with an MoE block, when the layout decides it (Jamba, Nemotron-H)."""
     rotary: bool = True
     """The attention layers use rotary positions (Jamba, Nemotron-H, Granite 4.0-H with
-    ``position_embedding_type: nope`` and Mamba do not: no rotary cache)."""
+    ``position_embedding_type: nope``, Zamba2 without ``use_mem_rope`` and Mamba do not:
+    no rotary cache)."""
+    shared: SharedBlocks | None = None
+    """Zamba2's shared transformer blocks, which its attending layers run."""
 
     def attention_kinds(self, given: Sequence[AttentionKind]) -> tuple[AttentionKind, ...]:
         """The per-layer attention kinds: ``given`` where a layer attends, else none."""
@@ -172,6 +179,49 @@ def _kimi(cfg: Mapping[str, Any], layers: int) -> HybridLayout:
     return HybridLayout(state, tuple(not s for s in stateful), stateful, _all(layers, True))
 
 
+def _zamba2(cfg: Mapping[str, Any], layers: int) -> HybridLayout:
+    """vLLM ``zamba2.py``: every layer a ``Zamba2MambaDecoderLayer`` (``MambaMixer2`` of
+    ``mamba_expand x hidden``), the "hybrid" ones with a shared block in front; the state
+    as ``get_mamba_state_shape_from_config`` reads it (``mamba_headdim`` per head)."""
+    types = cfg.get("layers_block_type")
+    if not isinstance(types, list) or len(types) != layers:
+        raise ModelSpecError(
+            f"layers_block_type: the config must list one block type per layer ({layers}); "
+            "vLLM builds a shared transformer block in front of the 'hybrid' ones",
+            field="layers_block_type",
+            value=types,
+        )
+    hybrid = tuple(t == "hybrid" for t in types)
+    hidden = _int(cfg, "hidden_size")
+    inter = _int(cfg, "mamba_expand", default=2) * hidden
+    heads = _int(cfg, "n_mamba_heads", default=8)
+    state = StateSpec(
+        kind="mamba2",
+        intermediate_size=inter,
+        state_size=_int(cfg, "mamba_d_state", default=64),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+        num_heads=heads,
+        head_dim=_int(cfg, "mamba_headdim", default=inter // heads),
+        n_groups=_int(cfg, "mamba_ngroups", default=1),
+    )
+    # the blocks the hybrid layers take in turn (itertools.cycle): one never taken is not
+    # part of the model
+    shared = SharedBlocks(
+        blocks=min(_int(cfg, "num_mem_blocks", default=1), sum(hybrid)),
+        input_size=_int(cfg, "attention_hidden_size", default=2 * hidden),
+        adapter_rank=_int(cfg, "adapter_rank", default=128),
+        attention_adapters=bool(cfg.get("use_shared_attention_adapter")),
+    )
+    return HybridLayout(
+        state,
+        hybrid,
+        _all(layers, True),
+        _all(layers, False),
+        rotary=bool(cfg.get("use_mem_rope")),
+        shared=shared,
+    )
+
+
 def hybrid_layout(cfg: Mapping[str, Any], layers: int, model_type: str) -> HybridLayout | None:
     """The layout of a hybrid or attention-free model, or None for pure attention."""
     hidden = cfg.get("hidden_size") or cfg.get("d_model") or 0
@@ -235,4 +285,6 @@ def hybrid_layout(cfg: Mapping[str, Any], layers: int, model_type: str) -> Hybri
         return HybridLayout(state, tuple(not s for s in stateful), stateful, _all(layers, True))
     if model_type == "kimi_linear":
         return _kimi(cfg, layers)
+    if model_type == "zamba2":
+        return _zamba2(cfg, layers)
     return None

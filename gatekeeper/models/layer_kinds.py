@@ -29,6 +29,7 @@ __all__ = [
     "moe_layers",
     "mtp_layers",
     "per_layer_inputs",
+    "recurrence_kv_caches",
     "sparse_indexer",
 ]
 
@@ -263,3 +264,20 @@ def per_layer_inputs(text: Mapping[str, Any], model_type: str, layers: int) -> d
         "kv_shared_layers": shared,
         "double_wide_mlp": bool(text.get("use_double_wide_mlp")) and shared > 0,
     }
+
+
+def recurrence_kv_caches(text: Mapping[str, Any], model_type: str, layers: int) -> tuple[int, ...]:
+    """KV caches per layer of a model that runs its layers more than once per token
+    (``ModelSpec.layer_kv_caches``); empty elsewhere. HRM-Text (vllm ``hrm_text.py``):
+    ``H_cycles`` high-level cycles of ``L_cycles`` runs of the low stack (``L_module``,
+    the first ``num_layers_per_stack`` layers) and one of the high stack (``H_module``);
+    each layer keeps a cache per step it runs at (``attn_per_step``): ``H_cycles x
+    L_cycles`` in the low stack, ``H_cycles`` in the high one. (Its layers and stack norms
+    have no weight; its ``z_L_init`` is one hidden-wide vector, the size of the final norm
+    counted for every model.)"""
+    if model_type != "hrm_text":
+        return ()
+    high = positive("H_cycles", text.get("H_cycles") or 2)
+    low = positive("L_cycles", text.get("L_cycles") or 3)
+    per_stack = layers // 2
+    return (high * low,) * per_stack + (high,) * (layers - per_stack)

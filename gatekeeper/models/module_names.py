@@ -28,9 +28,10 @@ on the meta device (``names_from: build``), the names read off the built model: 
 rename mappers vLLM applied to a quantization config and the packed mapping it ended
 with, the decoder's prefix, each layer's attention, mixer, MLP and experts, and which
 linears asked the config (an online-FP8 build), the names it asked with where they are
-not the modules' paths (Gemma 3's bare model's ``.layers.N``, EXAONE MoE's lm_head ``""``)
-and the linears of attention and a dense MLP by role (GPT-2's ``attn.c_attn``, OPT's
-``fc1`` on the layer); elsewhere (``names_from: source``) the
+not the modules' paths (Gemma 3's bare model's ``.layers.N``, EXAONE MoE's lm_head ``""``),
+the linears of attention and a dense MLP by role (GPT-2's ``attn.c_attn``, OPT's
+``fc1`` on the layer) and a decoder's stacks of layers where it has more than one
+(HRM-Text's ``L_module`` and ``H_module``); elsewhere (``names_from: source``) the
 names are read from the source of the classes its ``__init__`` builds. An architecture the
 table lacks gets the names of a plain decoder (``model.layers.N.self_attn``, ``...mlp``)
 and ``unknown_architecture_warning`` says so; the doors print it with the estimate.
@@ -146,8 +147,8 @@ class ModuleNames:
     (Gemma 3's bare model: ``.layers``, built from an empty prefix); empty: the path."""
     qkv: str = ""
     """Attention's input linear relative to a layer, where the table names it (GPT-2's
-    ``attn.c_attn``; BERT's asks as ``attention.output.qkv_proj``); empty:
-    ``<attention>.qkv_proj``."""
+    ``attn.c_attn``; BERT's asks as ``attention.output.qkv_proj``; HRM-Text's
+    ``self_attn.gqkv_proj``); empty: ``<attention>.qkv_proj``."""
     o_proj: str = ""
     """Attention's output linear relative to a layer (OPT's ``self_attn.out_proj``)."""
     up: str = ""
@@ -155,6 +156,10 @@ class ModuleNames:
     ``mlp.c_fc``); empty: ``<mlp>.gate_up_proj`` (``fc1`` ungated)."""
     down: str = ""
     """A dense MLP's output linear relative to a layer; empty: ``<mlp>.down_proj``."""
+    stacks: tuple[str, ...] = ()
+    """The decoder's layer lists in build order where it runs more than one stack of the
+    same layers (HRM-Text: ``model.L_module.layers``, then ``model.H_module.layers``, as
+    many layers each); empty: one, ``layers_path``."""
     known: bool = True
     """False when the table lacks the architecture (the names are a plain decoder's)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -166,8 +171,14 @@ class ModuleNames:
         a bare model class's ``layers``), whatever vLLM asks them as."""
         return f"{self.model}.{self.layers}" if self.model else self.layers
 
-    def layer(self, i: int) -> str:
-        """Layer ``i`` as vLLM asks the quantization config about its modules."""
+    def layer(self, i: int, num_layers: int = 0) -> str:
+        """Layer ``i`` as vLLM asks the quantization config about its modules; with
+        ``stacks``, layer ``i`` of ``num_layers`` in its stack (the layers split evenly
+        among the stacks, in order)."""
+        if self.stacks and num_layers >= len(self.stacks):
+            per_stack = num_layers // len(self.stacks)
+            k = min(i // per_stack, len(self.stacks) - 1)
+            return f"{self.stacks[k]}.{i - k * per_stack}"
         return f"{self.asked_layers or self.layers_path}.{i}"
 
     def to_vllm(self, name: str) -> str:
@@ -295,6 +306,7 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         quantized_router=bool(moe.get("quantized_router")),
         mixer=names.get("asked_mixer") or mixer,  # Granite 4.0-H's mamba asks as mixer
         mixer_linears=mixer_linears,
+        stacks=tuple(map(str, names.get("stacks") or ())),
         extra=row,
     )
 

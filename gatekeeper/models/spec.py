@@ -24,6 +24,7 @@ __all__ = [
     "MlaSpec",
     "ModelSpec",
     "MoeSpec",
+    "SharedBlocks",
     "StateSpec",
     "VisionSpec",
 ]
@@ -68,6 +69,22 @@ class StateSpec:
     """A gated delta net whose checkpoint fuses ``in_proj_qkvz`` and ``in_proj_ba``,
     interleaved by key-head group (Qwen3-Next: vLLM builds each as one output shard,
     ``gqa_interleaved_layout=True``); Qwen3.5/3.6 ship them apart (four and two shards)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedBlocks:
+    """Zamba2's shared transformer blocks (vLLM ``zamba2.py``): ``blocks`` attention + MLP
+    blocks (``num_mem_blocks``), built once each and run in turn by the hybrid layers (the
+    layers that attend), each of which adds its own ``linear`` (hidden -> hidden,
+    replicated) and, inside its block, its own LoRA-style adapters of ``adapter_rank``:
+    on the MLP's gate/up, and on q, k and v with ``attention_adapters``. A block's
+    attention reads the hidden state and the embeddings side by side (``input_size``,
+    ``attention_hidden_size``: 2 x hidden); its KV heads are its heads."""
+
+    blocks: int
+    input_size: int
+    adapter_rank: int
+    attention_adapters: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +238,12 @@ class ModelSpec:
     """Layers with an MLP or MoE block; empty means every layer (Mamba blocks and
     Nemotron-H's M and * layers have none)."""
     state: StateSpec | None = None
+    shared_blocks: SharedBlocks | None = None
+    """Zamba2's shared transformer blocks, run by the layers that attend; None elsewhere."""
+    layer_kv_caches: tuple[int, ...] = ()
+    """KV caches each layer keeps where it is not one per attending layer: HRM-Text runs
+    its layers once per recurrence step, each step with a cache of its own (``hrm_text.py``
+    ``attn_per_step``); empty: one."""
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     mla: MlaSpec | None = None
@@ -324,6 +347,10 @@ class ModelSpec:
 
     def has_state(self, i: int) -> bool:
         return bool(self.layer_state) and self.layer_state[i]
+
+    def kv_caches(self, i: int) -> int:
+        """KV caches layer ``i`` keeps when it attends (``layer_kv_caches``)."""
+        return self.layer_kv_caches[i] if self.layer_kv_caches else 1
 
     def has_mlp(self, i: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[i]
