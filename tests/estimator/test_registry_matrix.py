@@ -82,19 +82,7 @@ _NO_LAYERS = (
     "gatekeeper's decoder-only accounting does not size"
 )
 KNOWN: dict[tuple[str, str], str] = {
-    **_known(
-        ("Zamba2ForCausalLM",),
-        _ALL,
-        "+51%: Zamba2's Mamba-2 layers and its shared transformer block (one block reused "
-        "by every hybrid layer) are not modelled: gatekeeper sizes every layer as attention + MLP",
-    ),
     ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
-    **_known(
-        ("HrmTextForCausalLM",),
-        _ALL,
-        "-60%: HRM's high- and low-level stacks (H_module and L_module, "
-        "num_layers_per_stack layers each) are not modelled",
-    ),
     **_known(
         ("LagunaForCausalLM",),
         _QUANTIZED,
