@@ -903,6 +903,7 @@ def built_names(model: Any, quantized: bool) -> dict[str, Any]:
                     found.setdefault(name, _asks(m) if quantized else None)
     out.update({"attention": attention, "mixer": mixers, "mlp": mlps, "layer_linears": bare})
     out.update(_asked_names(modules, decoder, lm_head))
+    out.update(_encoder_names(modules, decoder))
     if moe:
         moe["checkpoint_projections"] = _expert_mapping(model)
         out["moe"] = moe
@@ -943,9 +944,13 @@ def _asked_names(modules: dict[str, Any], decoder: str, lm_head: str | None) -> 
             if asked[: -len(f"0.{rel}")].removesuffix(".") != decoder:
                 out["asked_layers"] = asked[: -len(f".0.{rel}")]  # RoBERTa's bert.encoder.layer
             break
+    else:  # each asks with more after the layer's index (Whisper's .decoder.layers.0.layers)
+        out.update(_asked_layer(linears, decoder))
     kinds = {n: _kind(m) for n, m in inside.items() if "." not in n}
+    kinds.update(dict.fromkeys(_cross_attention(inside), "cross"))  # no role: encoder_attn
     roles: dict[str, list[str]] = {"qkv": [], "o": [], "up": [], "down": []}
     asked_layer = f"{out.get('asked_layers', decoder)}.0."
+    asked_layer += f"{out['asked_in_layer']}." if out.get("asked_in_layer") else ""
     for path, m in linears.items():
         kind = kinds.get(path.split(".", 1)[0])
         asked = getattr(m, "prefix", "")  # BERT's qkv_proj asks as attention.output.qkv_proj
@@ -982,6 +987,59 @@ def _merged_input(linears: dict[str, Any], kinds: dict[str, Any], asked_layer: s
     path, m = columns[0]
     asked = getattr(m, "prefix", "")
     return [asked[len(asked_layer) :] if asked.startswith(asked_layer) else path]
+
+
+def _asked_layer(linears: dict[str, Any], stack: str) -> dict[str, str]:
+    """The prefix layer 0 of ``stack`` asks the quantization config with where it is not
+    the stack's path (``asked_layers``), and what vLLM puts between the layer's index and
+    its modules' names (``asked_in_layer``): Whisper's layers ask as
+    ``.decoder.layers.0.layers.self_attn.qkv_proj`` (``make_layers`` hands each layer
+    ``.decoder.layers.N``, and whisper.py's lambda builds it with ``.layers`` after that)."""
+    for rel, m in linears.items():  # a linear asking with its own path in the layer
+        asked = getattr(m, "prefix", None) or ""
+        if asked.endswith(f".0.{rel}") or asked == f"0.{rel}":
+            prefix = asked[: -len(f"0.{rel}")].removesuffix(".")
+            return {"asked_layers": prefix} if prefix != stack else {}
+    for rel, m in linears.items():  # else one asking with more after the index
+        asked = getattr(m, "prefix", None) or ""
+        match = re.fullmatch(rf"(?:(.*)\.)?0\.([\w.]+)\.{re.escape(rel)}", asked)
+        if match:
+            out = {"asked_in_layer": match.group(2)}
+            if (match.group(1) or "") != stack:
+                out["asked_layers"] = match.group(1) or ""
+            return out
+    return {}
+
+
+def _cross_attention(inside: dict[str, Any]) -> list[str]:
+    """A layer's children holding a ``CrossAttention`` (Whisper's ``encoder_attn``)."""
+    from vllm.model_executor.layers.attention import CrossAttention
+
+    return sorted(n for n, m in inside.items()
+                  if "." not in n and any(isinstance(x, CrossAttention) for x in m.modules()))  # fmt: skip
+
+
+def _encoder_names(modules: dict[str, Any], decoder: str) -> dict[str, Any]:
+    """An encoder-decoder's encoder (``encoder``), where the decoder's layers cross-attend
+    to it: its layers' path (Whisper's ``model.encoder.layers``, the decoder's with
+    ``decoder`` made ``encoder``), the names they ask the quantization config with
+    (``asked_layers``, ``asked_in_layer``, as the decoder's) and the decoder layer's
+    cross-attention (``cross_attention``). Whisper's encoder layers build their attention
+    and MLP as its decoder layers do (``self_attn``, ``mlp``: whisper.py)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    layer = f"{decoder}.0"
+    cross = _cross_attention({n[len(layer) + 1 :]: m for n, m in modules.items()
+                              if n.startswith(layer + ".")})  # fmt: skip
+    model, _, layers = decoder.rpartition(".")
+    stack = f"{model.removesuffix('decoder')}encoder.{layers}"
+    if not cross or not model.endswith("decoder") or stack not in modules:
+        return {}
+    first = f"{stack}.0."
+    linears = {n[len(first) :]: m for n, m in modules.items()
+               if n.startswith(first) and isinstance(m, LinearBase)}  # fmt: skip
+    return {"encoder": {"layers": stack, "cross_attention": cross[0],
+                        **_asked_layer(linears, stack)}}  # fmt: skip
 
 
 def _expert_mapping(model: Any) -> list[str] | None:

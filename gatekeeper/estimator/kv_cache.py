@@ -48,12 +48,18 @@ __all__ = [
 ]
 
 FP8_DS_MLA_BYTES = 656
+_PER_REQUEST = ("state", "cross")
+"""Groups whose blocks a request holds whatever its length: recurrent state, and the
+encoder positions of cross-attention."""
+CacheKind = AttentionKind | Literal["cross"]
 
 
 @dataclass(frozen=True, slots=True)
 class KvGroup:
-    kind: AttentionKind | Literal["state"]
+    kind: AttentionKind | Literal["state", "cross"]
     window: int | None
+    """The window of sliding or chunked layers; for cross-attention, the encoder positions
+    a request holds (``KvOptions.encoder_tokens``)."""
     scale: int = 1
     """Tokens per block as a multiple of the layout's block size: a layer whose page is
     smaller than the largest holds that many times more tokens in its block."""
@@ -94,7 +100,9 @@ class KvLayout:
         """Bytes one token takes across the rank's attention layers (state layers keep a
         fixed state per sequence instead)."""
         page, g = self.page_bytes_per_token, self.layers_per_group
-        groups = sum(g * page // group.scale for group in self.groups if group.kind != "state")
+        groups = sum(
+            g * page // group.scale for group in self.groups if group.kind not in _PER_REQUEST
+        )
         return groups + self.extra_bytes_per_token
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
@@ -103,6 +111,8 @@ class KvLayout:
             bs = self.block_size * group.scale
             if group.kind == "state":
                 total += self.state_blocks
+            elif group.kind == "cross":  # the encoder's positions, whatever the length
+                total += cdiv(group.window or 0, bs)
             elif group.kind == "sliding" and group.window:
                 total += cdiv(min(group.window - 1 + in_flight_tokens, length), bs) + 1
             elif group.kind == "chunked" and group.window:
@@ -184,6 +194,10 @@ class KvOptions:
     dcp: int = 1
     state: StatePages | None = None
     """The state layers' pages, for a model with recurrent state; None, attention only."""
+    encoder_tokens: int = 0
+    """Encoder positions each request's cross-attention holds in vLLM's accounting
+    (``CrossAttentionSpec.max_memory_usage_bytes``: ``max_num_encoder_input_tokens``, which
+    ``SchedulerConfig`` sets to ``max_num_batched_tokens``); 0 without cross-attention."""
     chunked_hybrid: bool = False
     """The hybrid allocator stays on for chunked-local attention (vLLM 0.32 on); else
     chunked layers turn it off."""
@@ -268,9 +282,13 @@ def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
     ]
     if not attending:
         return KvLayout(block_size, 0, page, ())
-    kinds = [spec.layer_attention[i] for i in attending]
+    kinds: list[CacheKind] = [spec.layer_attention[i] for i in attending]
     pages = [_layer_page(spec, options, i) for i in attending]
+    if spec.encoder is not None:  # whisper.py: each layer's encoder_attn, a CrossAttentionSpec
+        cross: list[CacheKind] = ["cross"] * len(kinds)
+        kinds, pages = kinds + cross, pages + pages
     windows = {"sliding": spec.sliding_window, "chunked": spec.attention_chunk_size, "full": None}
+    windows["cross"] = options.encoder_tokens
     distinct = sorted(set(kinds))
     # Before 0.32 vLLM turned the hybrid allocator off for chunked-local attention.
     chunked_off = "chunked" in distinct and not options.chunked_hybrid
@@ -280,7 +298,7 @@ def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
         if len(set(pages)) == 1:
             return KvLayout(block_size, len(kinds), pages[0], group)
         return KvLayout(block_size, 1, sum(pages), group)  # one block: every layer's page
-    buckets: dict[tuple[AttentionKind, int], int] = {}
+    buckets: dict[tuple[CacheKind, int], int] = {}
     for key in zip(kinds, pages, strict=True):
         buckets[key] = buckets.get(key, 0) + 1
     top = max(pages)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, Accounting, accounting_for
 from gatekeeper.estimator.dtype import resolve_dtype
 from gatekeeper.estimator.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraSlots
@@ -97,6 +98,8 @@ def _features(
     # vLLM skips the tower only when every modality it encodes is limited to 0 (an
     # unlisted modality keeps vLLM's default limit): models/interfaces.py
     modalities = spec.vision.modalities if spec.vision else ()
+    if modalities == ("audio",):  # Whisper's encoder: audio items
+        items = limits.get("audio") if limits else None
     vision_off = (
         limits is not None and bool(modalities) and all(limits.get(m) == 0 for m in modalities)
     )
@@ -131,6 +134,27 @@ def _features(
     )
 
 
+def _check_encoder_decoder(spec: ModelSpec, shape: BatchShape, length: int, *, audio: bool) -> None:
+    """vLLM's refusals of an encoder-decoder's batch (Whisper), which it runs without
+    chunked prefill nor chunked multimodal input (``SchedulerConfig.__post_init__``): fewer
+    batched tokens than ``max_model_len`` (``verify_max_model_len``), or than one encoder
+    item's positions while the encoder is on (``compute_mm_encoder_budget``)."""
+    if spec.encoder is None:
+        return
+    tokens = shape.max_num_batched_tokens
+    need, what = length, f"max_model_len ({length})"
+    if audio and spec.encoder.max_source_positions > need:
+        need = spec.encoder.max_source_positions
+        what = f"one audio item's {need} encoder positions (max_source_positions)"
+    if tokens < need:
+        raise ServeOptionsError(
+            f"max_num_batched_tokens: {tokens} is below {what}; vLLM refuses to start an "
+            f"encoder-decoder so (it runs without chunked prefill): give at least {need}",
+            field="max_num_batched_tokens",
+            value=tokens,
+        )
+
+
 def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_version: str) -> Plan:
     version = opts.vllm_version or default_version
     acc = accounting_for(version)
@@ -158,6 +182,7 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
     features = _features(spec, opts, shape, tp, gpu, pooling=pooling)
+    _check_encoder_decoder(spec, shape, length, audio=features.weights.vision)
     return Plan(
         acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
         version,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gatekeeper.estimator.moe_backend import ExpertsBackend, mxfp4_experts_backend
 from gatekeeper.estimator.state import mixer_linears, mixer_weight_bytes
-from gatekeeper.models.module_names import ModuleNames, module_names
+from gatekeeper.models.module_names import EncoderNames, ModuleNames, module_names
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import cdiv, round_up
@@ -38,8 +38,10 @@ __all__ = [
     "RankWeights",
     "WeightOptions",
     "attention_bytes",
+    "cross_attention_bytes",
     "decoder_layer_bytes",
     "dense_mlp_names",
+    "encoder_parts",
     "experts_backend",
     "head_bytes",
     "head_scheme",
@@ -466,6 +468,58 @@ _SHARED_BLOCK_PARTS: list[LayerPart] = [
 """What a Zamba2 hybrid layer (one that attends) adds to its Mamba decoder layer."""
 
 
+def cross_attention_bytes(c: RankWeights, i: int) -> int:
+    """An encoder-decoder layer's cross-attention (whisper.py ``WhisperCrossAttention``,
+    ``encoder_attn``): ``q_proj`` (column-parallel) and ``kv_proj`` (K and V merged,
+    column-parallel) from the hidden width, ``out_proj`` (row-parallel) back, each with a
+    bias (``out_proj``'s whole on every rank); asked as ``<layer>.encoder_attn.q_proj``."""
+    s = c.spec
+    h = s.hidden_size
+    rows = cdiv(s.num_attention_heads, c.tp) * s.head_dim
+    p = c.module(i, (c.names.encoder or EncoderNames()).cross_attention)
+    total = c.linear(f"{p}.q_proj", h, rows) + c.fused(f"{p}.kv_proj", h, (rows, rows))
+    total += c.linear(f"{p}.out_proj", rows, h)
+    return total + c.vec(3 * rows + h)
+
+
+def encoder_parts(c: RankWeights) -> list[tuple[str, int]]:
+    """An encoder-decoder's encoder on a rank (whisper.py ``WhisperEncoder``), as (format,
+    bytes): ``conv1`` and ``conv2`` (kernel 3, biased), the position table of
+    ``max_source_positions`` rows and the LayerNorms in the model dtype, whole on every
+    rank (torch modules); each layer's ``qkv_proj``, ``out_proj``, ``fc1`` and ``fc2``
+    (biased) split as the decoder's are, each in the scheme the quantization config gives
+    it, asked as vLLM asks (``.encoder.layers.N.layers.self_attn.qkv_proj``: the table's
+    ``encoder``, named as the decoder's layers name theirs). Format ``""`` is the model
+    dtype."""
+    s, e = c.spec, c.spec.encoder
+    assert e is not None
+    h, tp = s.hidden_size, c.tp
+    names = c.names.encoder or EncoderNames()
+    head_dim = h // e.num_attention_heads
+    q = cdiv(e.num_attention_heads, tp) * head_dim
+    kv = max(1, e.num_attention_heads // tp) * head_dim
+    inter = cdiv(e.intermediate_size, tp)
+    roles = (
+        (c.names.qkv or "self_attn.qkv_proj", h, (q, kv, kv)),
+        (c.names.o_proj or "self_attn.out_proj", q, (h,)),
+        (c.names.up or "mlp.fc1", h, (inter,)),
+        (c.names.down or "mlp.fc2", inter, (h,)),
+    )
+    out: dict[str, int] = {}
+    for i in range(e.num_layers):
+        for rel, in_f, outs in roles:
+            name = f"{names.layer(i)}.{rel}"
+            scheme = c.quant.scheme_for(name) if c.quant is not None else None
+            fmt = scheme.method if scheme is not None else ""
+            out[fmt] = out.get(fmt, 0) + c.fused(name, in_f, outs)
+    biases = e.num_layers * (q + 2 * kv + h + inter + h)
+    norms = (4 * e.num_layers + 2) * h
+    convs = 3 * e.num_mel_bins * h + h + 3 * h * h + h
+    plain = biases + norms + convs + e.max_source_positions * h
+    out[""] = out.get("", 0) + plain * c.dtype_bytes
+    return list(out.items())
+
+
 def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
     """Layer ``i``'s parts, each with its module group: the norms, attention (a Zamba2
     hybrid layer's part of the shared blocks instead), the state mixer, the MLP or the
@@ -478,6 +532,8 @@ def layer_parts(c: RankWeights, i: int) -> list[LayerPart]:
         parts += _SHARED_BLOCK_PARTS if attends else []
     elif attends:
         parts.append(("attention", attention_bytes))
+    if s.encoder is not None:  # whisper.py: encoder_attn after self_attn
+        parts.append(("attention", cross_attention_bytes))
     if s.has_state(i):
         parts.append(("mixer", _mixer_bytes))
     if s.per_layer_input_size:

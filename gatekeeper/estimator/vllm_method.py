@@ -189,6 +189,8 @@ def _layout(p: Plan, layers: range, drafter: DraftCost | None = None) -> KvLayou
         dcp=p.features.dcp,
         state=_state_pages(p),
         chunked_hybrid=_since(p, CHUNKED_HYBRID_SINCE),
+        # what each request's cross-attention reserves: max_num_encoder_input_tokens
+        encoder_tokens=p.shape.max_num_batched_tokens if p.spec.encoder is not None else 0,
     )
     return kv_layout(p.spec, layers, options)
 

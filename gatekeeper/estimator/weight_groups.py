@@ -213,6 +213,8 @@ _OUTSIDE_LAYERS = (
         re.compile(r"visual\.|vision_tower|vision_model|multi_modal_projector|mm_projector"),
         "vision",
     ),
+    # Whisper's audio encoder (BERT's model.encoder.layer.N is a decoder's layers)
+    (re.compile(r"^model\.encoder\.(conv[12]|embed_positions|layer_norm|layers)\."), "vision"),
     (re.compile(r"lm_head"), "lm_head"),
     (
         re.compile(r"embed_tokens|\.embedding\.|word_embeddings|wte\.|wpe\.|embed_positions"),
@@ -226,7 +228,10 @@ _IN_LAYERS = (
         "experts",
     ),
     # an attention module with its own norms (q/k norms, MLA's q_a/kv_a norms)
-    (re.compile(r"\.(self_attn|attn|attention|self_attention|cross_attn)\."), "attention"),
+    (
+        re.compile(r"\.(self_attn|attn|attention|self_attention|cross_attn|encoder_attn)\."),
+        "attention",
+    ),
     (
         re.compile(
             r"linear_attn|mamba|\.ssm|conv1d|\.conv\.|A_log|\.D$|dt_bias|dt_proj|x_proj|in_proj"

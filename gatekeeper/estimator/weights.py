@@ -25,8 +25,10 @@ from gatekeeper.estimator.rank_weights import (
     RankWeights,
     WeightOptions,
     attention_bytes,
+    cross_attention_bytes,
     decoder_layer_bytes,
     dense_mlp_names,
+    encoder_parts,
     experts_backend,
     head_bytes,
     head_scheme,
@@ -90,16 +92,21 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
     s = c.spec
     parts = []
     if first:
-        embedding = vocab_rows(s, c.tp) + s.learned_position_embeddings
+        # Whisper's nn.Embedding: every row, unpadded, on every rank
+        vocab = s.vocab_size if s.plain_embedding else vocab_rows(s, c.tp)
+        embedding = vocab + s.learned_position_embeddings
         parts.append(("embedding", "", embedding * s.hidden_size * c.dtype_bytes))
         if s.per_layer_input_size:  # Gemma 4 E2B/E4B: per-layer embeddings
             parts.append(("embedding", "", per_layer_embedding_bytes(c)))
-        if c.opts.vision:
+        if c.opts.vision and s.encoder is not None:  # Whisper's audio encoder
+            parts += [("vision", fmt, size) for fmt, size in encoder_parts(c)]
+        elif c.opts.vision:
             whole = c.opts.vision_replicated or (s.vision is not None and s.vision.replicated)
             shards = 1 if whole else c.tp
             parts.append(("vision", "", cdiv(s.vision_parameters, shards) * c.dtype_bytes))
     if last:
-        parts.append(("other", "", c.vec(s.hidden_size * (2 if s.model_type == "opt" else 1))))
+        biased = s.model_type in ("opt", "whisper")  # a LayerNorm: weight and bias
+        parts.append(("other", "", c.vec(s.hidden_size * (2 if biased else 1))))
         if c.opts.lm_head and (not s.tie_word_embeddings or not first):
             scheme = head_scheme(c)
             parts.append(("lm_head", scheme.method if scheme else "", head_bytes(c)))
@@ -181,7 +188,9 @@ def _layer_parts(c: RankWeights, i: int) -> list[int]:
         o_in = cdiv(s.num_attention_heads, c.tp) * s.value_head_dim
         o_proj = c.linear(o_proj_name(c, i), o_in, h)
         parts = [attention - o_proj, o_proj]
-    mlp = decoder_layer_bytes(c, i) - attention - c.vec(s.norms_per_layer * h)
+    cross = cross_attention_bytes(c, i) if s.encoder is not None else 0
+    parts += [cross] if cross else []
+    mlp = decoder_layer_bytes(c, i) - attention - cross - c.vec(s.norms_per_layer * h)
     if s.moe is not None and s.layer_moe[i]:
         w13 = mlp * 2 // 3
         parts += [w13, mlp - w13]
@@ -228,6 +237,8 @@ _LAYER_RE = re.compile(r"(?:layers|h|blocks)\.(\d+)\.")
 _FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "mlp.gate.weight", "router", "norm", "sinks")
 _VISION = ("visual.", "vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
+_WHOLE_IN_ENCODER = ("encoder.conv1.", "encoder.conv2.", "embed_positions")
+"""Whisper's torch modules (nn.Conv1d, nn.Embedding): whole on every rank."""
 
 
 def _tensor_rank_bytes(
@@ -238,6 +249,10 @@ def _tensor_rank_bytes(
     if opts.ep_size > 1 and ".experts." in name:
         return cdiv(num_bytes, opts.ep_size)  # whole experts, num_experts / ep of them
     if opts.vision_replicated and any(key in name for key in _VISION):
+        return num_bytes
+    if spec.plain_embedding and "embed_tokens" in name:
+        return num_bytes  # Whisper's nn.Embedding: whole on every rank
+    if spec.encoder is not None and any(key in name for key in _WHOLE_IN_ENCODER):
         return num_bytes
     if spec.mla is None and (".k_proj." in name or ".v_proj." in name):
         kv_rank = max(1, spec.num_kv_heads // tp)
@@ -255,6 +270,8 @@ def _loaded(spec: ModelSpec, name: str, layer: int | None, opts: WeightOptions) 
         return False
     if not opts.lm_head and "lm_head" in name:
         return False
+    if spec.encoder is not None and not opts.vision and name.startswith("model.encoder."):
+        return False  # Whisper's audio encoder, not built without audio
     return opts.vision or not any(key in name for key in _VISION)
 
 
@@ -317,6 +334,8 @@ def tensor_shares(
             num_bytes = _padded_experts(ctx, num_bytes)
         match = _LAYER_RE.search(t.name)
         layer = int(match.group(1)) if match else None
+        if spec.encoder is not None and t.name.startswith("model.encoder."):
+            layer = None  # Whisper's encoder layers: the tower's, on the first stage
         if not _loaded(spec, t.name, layer, opts):
             continue
         if layer is not None:

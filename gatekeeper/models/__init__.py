@@ -6,8 +6,8 @@ bytes from the safetensors headers through ``safetensors``) or a GGUF file (``gg
 the Hugging Face cache, offline (``hf_cache``); only when allowed, the Hugging Face hub
 (``hub``: config and safetensors metadata, never weights, written into the cache); the
 embedded catalog (``catalog``). ``spec`` holds the data (pure); ``quantization``,
-``vision`` and ``layer_kinds`` (each decoder layer's attention kind, MoE, MLA) read those
-parts of a config. ``docs/models.md`` has the order and the errors.
+``vision``, ``encoder_decoder`` (Whisper's decoder and audio encoder) and ``layer_kinds``
+(each decoder layer's attention kind, MoE, MLA) read those parts of a config. ``docs/models.md`` has the order and the errors.
 
 May import: ``gatekeeper.errors``, ``gatekeeper.units``, and the standard library
 (``hub`` and ``hf_cache`` also ``huggingface_hub``, ``gguf`` the ``gguf`` package, lazily).

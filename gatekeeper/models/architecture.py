@@ -38,6 +38,7 @@ UNGATED_MLP: dict[str, str] = {
     "cosmos3_edge_text": "vllm cosmos3_edge.py (nemotron_h.py NemotronHMLPDecoderLayer)",
     "clip_text_model": "vllm clip.py CLIPMLP (fc1, fc2)",
     "siglip_text_model": "vllm siglip.py SiglipMLP (fc1, fc2)",
+    "whisper": "vllm whisper.py WhisperMLP (fc1, fc2)",
 }
 """Model types whose MLP is one up and one down projection (no gate)."""
 
@@ -51,6 +52,7 @@ ALL_BIASED: dict[str, str] = {
     "gpt_bigcode": "transformers modeling_gpt_bigcode.py (c_attn, c_proj, c_fc: nn.Linear)",
     "clip_text_model": "vllm clip.py CLIPAttention, CLIPMLP (qkv_proj, out_proj, fc1, fc2)",
     "siglip_text_model": "vllm siglip.py SiglipAttention, SiglipMLP (qkv_proj, out_proj, fc1, fc2)",
+    "whisper": "vllm whisper.py WhisperAttention, WhisperMLP (qkv_proj, out_proj, fc1, fc2)",
 }
 """Model types whose every projection has a bias, whatever the config says."""
 
@@ -85,6 +87,7 @@ QK_NORM: dict[str, str] = {
 
 NORMS_PER_LAYER: dict[str, int] = {
     "gemma2": 4, "gemma3": 4, "gemma3_text": 4, "gemma4_text": 4, "phi": 1, "gptj": 1,
+    "whisper": 3,  # vllm whisper.py: self_attn_, encoder_attn_ and final_layer_norm
     "zamba2": 1, "hrm_text": 0,
 }  # fmt: skip
 """Norm modules per decoder layer where not two: Gemma 2/3/4 add pre/post-feedforward norms
@@ -95,11 +98,11 @@ norms are counted with the block); HRM-Text's norms have no weight (vllm hrm_tex
 ``RMSNorm(..., has_weight=False)``)."""
 
 _LAYER_NORM_EPS = ("layer_norm_eps", "layer_norm_epsilon", "layernorm_epsilon")
-_LAYER_NORM_TYPES = frozenset({"opt"})  # vllm opt.py: nn.LayerNorm, and no eps field
+_LAYER_NORM_TYPES = frozenset({"opt", "whisper"})  # vllm opt.py, whisper.py: nn.LayerNorm
 _BERT_EMBEDDINGS = frozenset({"bert", "roberta", "xlm-roberta"})  # vllm bert.py, roberta.py
-_WPE = frozenset({"gpt2", "gpt_bigcode", "clip_text_model", "siglip_text_model"})
+_WPE = frozenset({"gpt2", "gpt_bigcode", "clip_text_model", "siglip_text_model", "whisper"})
 """A learned position table (vllm gpt2.py wte + wpe; modeling_gpt_bigcode.py; clip.py and
-siglip.py's text embeddings' ``position_embedding``)."""
+siglip.py's text embeddings' ``position_embedding``; whisper.py's decoder ``embed_positions``)."""
 OPT_POSITION_OFFSET = 2
 """OPT's learned position table has two rows more (vllm opt.py OPTLearnedPositionalEmbedding)."""
 

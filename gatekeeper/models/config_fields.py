@@ -220,7 +220,9 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
          "full_attention_interval", "attn_layer_period", "expert_layer_period",
          "mamba_n_heads", "mamba_num_heads", "mamba_n_groups", "n_groups",
          "linear_num_key_heads", "linear_num_value_heads", "spatial_merge_size",
-         "temporal_patch_size", "num_channels", "in_chans", "max_num_tiles", "depth"),
+         "temporal_patch_size", "num_channels", "in_chans", "max_num_tiles", "depth",
+         "encoder_layers", "decoder_layers", "encoder_attention_heads",
+         "decoder_attention_heads"),
         _POSITIVE_COUNT,
     ),
     **dict.fromkeys(
@@ -238,7 +240,8 @@ FIELDS: dict[str, Callable[[str, Any], None]] = {
          "mamba_d_head", "mamba_head_dim", "mamba_expand", "mamba_d_ssm", "ssm_state_size",
          "state_size", "conv_kernel", "expand", "linear_key_head_dim", "linear_value_head_dim",
          "linear_conv_kernel_dim", "conv_dim", "conv_L_cache", "embed_dim", "out_hidden_size", "vision_output_dim", "draft_vocab_size",
-         "mm_tokens_per_image"),
+         "mm_tokens_per_image", "encoder_ffn_dim", "decoder_ffn_dim", "num_mel_bins",
+         "max_source_positions"),
         _POSITIVE_SIZE,
     ),
     **dict.fromkeys(

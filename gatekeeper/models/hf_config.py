@@ -26,6 +26,7 @@ from gatekeeper.models.config_fields import (
     normalize,
     positive,
 )
+from gatekeeper.models.encoder_decoder import decoder_view, with_encoder
 from gatekeeper.models.hybrid import ATTENTION_FREE_TYPES, hybrid_layout
 from gatekeeper.models.layer_kinds import (
     attention_kinds,
@@ -181,7 +182,7 @@ def spec_from_config(
     check_shapes(config)  # before transformers builds per-layer lists from the counts
     filled = _with_defaults(config, name)
     language = _language_model(filled.config)
-    _refuse_encoder_decoder(language)
+    language, encoder = decoder_view(language)  # Whisper: its decoder, and its encoder
     check_shapes(language)
     try:
         spec = _read(language, name=name, source=source, checkpoint=checkpoint, pooling=pooling)
@@ -196,6 +197,7 @@ def spec_from_config(
             field=e.field,
             value=e.value,
         ) from e
+    spec = with_encoder(spec, encoder) if encoder is not None else spec
     notes: tuple[str, ...] = (filled.note,) if filled.note else ()
     notes += _unsized_towers(filled.config)
     return replace(
@@ -240,28 +242,6 @@ def _language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _TOP = ("quantization_config",)
-
-
-def _refuse_encoder_decoder(config: Mapping[str, Any]) -> None:
-    """An encoder-decoder written the older flat way (Whisper: ``encoder_layers`` and
-    ``decoder_layers``, no layer count of one stack): vLLM's whisper.py builds a decoder
-    whose layers each hold a cross-attention beside the self-attention, and the audio
-    encoder, neither of which gatekeeper's decoder-only accounting has."""
-    text = config.get("text_config") or config
-    if any(text.get(k) for k in _LAYER_KEYS) or not text.get("is_encoder_decoder"):
-        return
-    if text.get("decoder_layers") is None:
-        return
-    arch = (config.get("architectures") or [config.get("model_type")])[0]
-    raise ModelSpecError(
-        f"decoder_layers: {arch} is an encoder-decoder (is_encoder_decoder: true, "
-        f"encoder_layers {text.get('encoder_layers')}, decoder_layers "
-        f"{text['decoder_layers']}); gatekeeper sizes decoder-only language models "
-        "(num_hidden_layers), not a decoder's cross-attention nor its encoder. Admit this "
-        "model by its measured memory (vllm serve's own profile), not by an estimate",
-        field="decoder_layers",
-        value=text["decoder_layers"],
-    )
 
 
 def _output_gate(text: Mapping[str, Any], model_type: str) -> bool:

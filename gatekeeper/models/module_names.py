@@ -48,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "TABLE_RELEASE",
+    "EncoderNames",
     "ModuleNames",
     "RenameMapper",
     "known_architecture",
@@ -156,6 +157,13 @@ class ModuleNames:
     ``mlp.c_fc``); empty: ``<mlp>.gate_up_proj`` (``fc1`` ungated)."""
     down: str = ""
     """A dense MLP's output linear relative to a layer; empty: ``<mlp>.down_proj``."""
+    asked_in_layer: str = ""
+    """What vLLM puts between a layer's index and its modules' names when it asks the
+    quantization config (Whisper: ``layers``, ``.decoder.layers.N.layers.self_attn.qkv_proj``:
+    whisper.py builds each layer with ``.layers`` after the prefix ``make_layers`` hands
+    it); empty: nothing."""
+    encoder: EncoderNames | None = None
+    """An encoder-decoder's encoder and cross-attention (Whisper), where the table has them."""
     stacks: tuple[str, ...] = ()
     """The decoder's layer lists in build order where it runs more than one stack of the
     same layers (HRM-Text: ``model.L_module.layers``, then ``model.H_module.layers``, as
@@ -179,13 +187,48 @@ class ModuleNames:
             per_stack = num_layers // len(self.stacks)
             k = min(i // per_stack, len(self.stacks) - 1)
             return f"{self.stacks[k]}.{i - k * per_stack}"
-        return f"{self.asked_layers or self.layers_path}.{i}"
+        return f"{self.asked_layers or self.layers_path}.{i}" + _in(self.asked_in_layer)
 
     def to_vllm(self, name: str) -> str:
         """A checkpoint module name as the class's rename mappers write it."""
         for mapper in self.mappers:
             name = mapper.apply(name)
         return name
+
+
+def _in(segment: str) -> str:
+    return f".{segment}" if segment else ""
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderNames:
+    """An encoder-decoder's encoder layers as vLLM asks the quantization config about them
+    (Whisper's ``.encoder.layers.N.layers``, as its decoder's), and the decoder layer's
+    cross-attention. Whisper's encoder layers name their attention and MLP as its decoder
+    layers do (whisper.py: ``self_attn``, ``mlp``), so the decoder's roles name theirs."""
+
+    layers: str = "model.encoder.layers"
+    asked_layers: str = ""
+    asked_in_layer: str = ""
+    cross_attention: str = "encoder_attn"
+
+    def layer(self, i: int) -> str:
+        """Encoder layer ``i`` as vLLM asks the quantization config about its modules."""
+        return f"{self.asked_layers or self.layers}.{i}" + _in(self.asked_in_layer)
+
+
+_WHISPER_ENCODER = EncoderNames()
+
+
+def _encoder(row: dict[str, Any] | None) -> EncoderNames | None:
+    if not row:
+        return None
+    return EncoderNames(
+        layers=str(row.get("layers") or _WHISPER_ENCODER.layers),
+        asked_layers=str(row.get("asked_layers") or ""),
+        asked_in_layer=str(row.get("asked_in_layer") or ""),
+        cross_attention=str(row.get("cross_attention") or _WHISPER_ENCODER.cross_attention),
+    )
 
 
 _TEXT = ModuleNames()
@@ -276,6 +319,8 @@ def _from_row(row: dict[str, Any]) -> ModuleNames:
         layers=names.get("layers") or "layers",
         lm_head=lm_head if lm_head is not None else names.get("lm_head") or "lm_head",
         asked_layers=names.get("asked_layers") or "",
+        asked_in_layer=names.get("asked_in_layer") or "",
+        encoder=_encoder(names.get("encoder")),
         qkv=roles.get("qkv", ""),
         o_proj=roles.get("o", ""),
         up=roles.get("up", ""),

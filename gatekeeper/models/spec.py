@@ -20,6 +20,7 @@ __all__ = [
     "AttentionShape",
     "CheckpointTensor",
     "CheckpointWeights",
+    "EncoderSpec",
     "MixerKind",
     "MlaSpec",
     "ModelSpec",
@@ -164,6 +165,22 @@ class VisionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class EncoderSpec:
+    """The encoder of an encoder-decoder model (Whisper's audio encoder, vLLM ``whisper.py``
+    ``WhisperEncoder``): its layers, built beside the decoder, and the positions it hands
+    each decoder layer's cross-attention (``encoder_attn``)."""
+
+    num_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    num_mel_bins: int
+    """Input channels of its first convolution (``conv1``: mel bins -> hidden, kernel 3)."""
+    max_source_positions: int
+    """Positions it outputs per item (Whisper: 1,500 frames for 30 s of audio), the rows
+    of its position table."""
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointTensor:
     """One tensor as a safetensors header describes it."""
 
@@ -286,6 +303,12 @@ class ModelSpec:
     learned_position_embeddings: int = 0
     """Rows of a learned absolute position table (OPT, GPT-2), 0 for rotary models."""
     vision: VisionSpec | None = None
+    encoder: EncoderSpec | None = None
+    """An encoder-decoder's encoder (Whisper); every decoder layer then has a cross-attention
+    reading it. None for decoder-only models."""
+    plain_embedding: bool = False
+    """The token embedding is a torch ``nn.Embedding`` (Whisper's decoder): the vocabulary
+    unpadded and whole on every TP rank, and the tied head shares it."""
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``):
     loaded only when ``--speculative-config`` asks for MTP."""

@@ -74,8 +74,17 @@ def test_null_experts_per_token_is_refused_naming_the_field() -> None:
     assert moe is not None and moe.experts_per_token == 6
 
 
-def test_whisper_is_refused_naming_decoder_layers() -> None:
-    config = {"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper"}
+def test_whisper_is_read_as_its_decoder_and_its_encoder() -> None:
+    """vllm whisper.py: the decoder (decoder_* fields) and the audio encoder beside it
+    (tests/estimator/test_whisper.py sizes them)."""
+    spec = _spec({"architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper"})
+    encoder = spec.encoder
+    assert (spec.num_layers, spec.hidden_size, spec.max_position_embeddings) == (4, 384, 448)
+    assert encoder is not None and encoder.max_source_positions == 1500
+
+
+def test_another_flat_encoder_decoder_is_refused_naming_decoder_layers() -> None:
+    config = {"architectures": ["BartForConditionalGeneration"], "model_type": "bart"}
     with pytest.raises(ModelSpecError, match=r"decoder_layers: .* is an encoder-decoder") as got:
         _spec(config)
     assert got.value.field == "decoder_layers"

@@ -34,6 +34,7 @@ CHECKED = [
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    "WhisperForConditionalGeneration",  # its layers ask as .decoder.layers.N.layers
     "Zamba2ForCausalLM",
 ]
 
