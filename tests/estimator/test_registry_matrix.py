@@ -76,11 +76,6 @@ _TOKEN_TYPE = (
     "BGE-M3's colbert_linear: hidden x hidden), which vLLM builds in float32 "
     "(ModelConfig.head_dtype of a pooling model); gatekeeper sizes no head for a pooling model"
 )
-_NO_LAYERS = (
-    "gatekeeper refuses, naming decoder_layers: Whisper is an encoder-decoder (each decoder "
-    "layer has a cross-attention beside its self-attention; the audio encoder), which "
-    "gatekeeper's decoder-only accounting does not size"
-)
 KNOWN: dict[tuple[str, str], str] = {
     ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
     **_known(
@@ -138,7 +133,6 @@ KNOWN: dict[tuple[str, str], str] = {
         "+116%: gatekeeper sizes per-layer embeddings (Gemma-4-like, 384 MiB) this "
         "encoder does not build",
     ),
-    **_known(("WhisperForConditionalGeneration",), _ALL, _NO_LAYERS),
     **_known(
         ("Gemma4UnifiedForConditionalGeneration",),
         _ALL,
