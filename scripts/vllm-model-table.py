@@ -32,6 +32,11 @@ model class's
   ``asked_lm_head``, ``asked_mixer``, and ``linear_roles``, attention's and a dense MLP's
   input and output linears relative to a layer; and ``stacks``, the decoder's layer lists
   where it runs more than one (HRM-Text's ``model.L_module.layers``, ``model.H_module.layers``);
+- for a class vLLM built as a pooling model, ``pooling`` and its ``heads`` (``head_params``:
+  BERT's pooler and classifier, an MLM head, SigLIP's text head), each parameter as
+  ``[name, dims, dtype]``, each dim the config field it follows (found by building the
+  class again with each field of that value changed) or a number, the dtype ``head``
+  (``ModelConfig.head_dtype``) or ``model``;
 - ``how``: how the class was read (``import``: imported and its attributes read, or
   ``source``: parsed from its file when the module cannot be imported on this build, with
   the ``error``).
@@ -692,7 +697,7 @@ class Builder:
                 depth[0] -= 1
             if depth[0] == 0:
                 config = kwargs.get("vllm_config") or args[0]
-                self.captured.append((model, config.quant_config))
+                self.captured.append((model, config.quant_config, config.model_config))
             return model
 
         loader_utils.initialize_model = initialize_model
@@ -732,7 +737,7 @@ class Builder:
                 line = self.meta_build.error_line(exc).replace(str(self.work), "WORK")
                 errors.append(f"{quantization or 'unquantized'}: {line[:300]}")
                 continue
-            model, quant_config = self.captured[-1]
+            model, quant_config, model_config = self.captured[-1]
             row = built_names(model, quant_config is not None)
             row["quantization"] = quantization
             # a decoder rotary cache vLLM keeps in another dtype than the model's (built
@@ -748,10 +753,134 @@ class Builder:
             if quant_config is not None:
                 row["quant_mappers"] = [m for m in self.mappers if m]
                 row["quant_packed"] = packed_rows(dict(quant_config.packed_modules_mapping))
+            if getattr(model, "is_pooling_model", False):
+                row["pooling"] = True
+                head_dtype = str(model_config.head_dtype).removeprefix("torch.")
+                row["heads"] = self.heads(arch, config, row, quantization, head_dtype)
             if errors:
                 row["errors"] = errors
             return row
         return {"error": "; ".join(errors)}
+
+    def _language_model(
+        self, folder: Path, config: dict[str, Any], quantization: str | None
+    ) -> Any:
+        """``config`` built as the matrix builds it (``language_model_only``), or None
+        where vLLM refuses it."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        self.captured.clear()
+        job = {"model": str(folder), "quantization": quantization, "dtype": "bfloat16",
+               "language_model_only": True}  # fmt: skip
+        try:
+            with _deadline(120):
+                self.meta_build.build(job)
+        except Exception:  # a probe's config vLLM refuses: that field tells nothing
+            return None
+        return self.captured[-1][0]
+
+    def heads(self, arch: str, config: dict[str, Any], row: dict[str, Any],
+              quantization: str | None, head_dtype: str) -> list[list[Any]]:  # fmt: skip
+        """A pooling class's heads (``head_params``), each parameter as ``[name, dims,
+        dtype]``: each dim the config field it follows (``hidden_size``,
+        ``text_config.projection_size``; ``num_labels`` is ``len(id2label)``) or a number
+        where none does, found by building the class again with each field of that value
+        changed (a field that only shares the value changes nothing); dtype ``head`` where
+        vLLM holds it in ``ModelConfig.head_dtype`` (float32 for a pooling model),
+        ``model`` in the model dtype, else the dtype."""
+        decoder = ".".join(filter(None, (row.get("model"), row.get("layers"))))
+        base = self._language_model(self.work / arch / "heads", config, quantization)
+        if base is None:
+            return []
+        params = head_params(base, decoder, quantization is not None)
+        fields = int_fields(config)
+        dims = {v for p in params.values() for v in p.shape}
+        followed: dict[tuple[str, int], list[str]] = {}
+        for path in sorted(f for f, v in fields.items() if v in dims):
+            probe = self._language_model(self.work / arch / f"probe-{path}", probed(config, path), quantization)  # fmt: skip
+            if probe is None:
+                continue
+            changed = dict(probe.named_parameters())
+            for name, p in params.items():
+                for axis, v in enumerate(p.shape):
+                    q = changed.get(name)
+                    if v == fields[path] and q is not None and tuple(q.shape) != tuple(p.shape) and q.shape[axis] != v:  # fmt: skip
+                        followed.setdefault((name, axis), []).append(path)
+        out = []
+        for name, p in sorted(params.items()):
+            shape = [min(followed.get((name, axis), [v]), key=lambda f: (str(f).count("."), str(f)))
+                     for axis, v in enumerate(p.shape)]  # fmt: skip
+            dtype = str(p.dtype).removeprefix("torch.")
+            kind = "model" if dtype == "bfloat16" else ("head" if dtype == head_dtype else dtype)
+            out.append([name, shape, kind])
+        return out
+
+
+def head_params(model: Any, decoder: str, quantized: bool) -> dict[str, Any]:
+    """A pooling class's heads (BERT's pooler and classifier, its MLM head, SigLIP's text
+    head, Jamba's score): every linear outside the decoder layers that is not the model's
+    own (an embedding or LM head; a linear built with the quantization config), taken with
+    every parameter of the widest module around it that holds none of those (an MLM
+    head's dense, norm and decoder)."""
+    from torch import nn
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    modules = dict(model.named_modules())
+    own = {decoder} | {
+        n
+        for n, m in modules.items()
+        if isinstance(m, nn.Embedding | VocabParallelEmbedding)
+        or (quantized and isinstance(m, LinearBase) and _asks(m))
+        or _SIDE_TOWERS.search(n)
+    }
+
+    def holds_own(path: str) -> bool:
+        return any(o == path or o.startswith(path + ".") for o in own)
+
+    roots = set()
+    for name, m in modules.items():
+        inside = any(name.startswith(o + ".") for o in own)
+        if not isinstance(m, nn.Linear | LinearBase) or inside or holds_own(name):
+            continue
+        parts = name.split(".")
+        roots.add(next(".".join(parts[:k]) for k in range(1, len(parts) + 1)
+                       if not holds_own(".".join(parts[:k]))))  # fmt: skip
+    return {n: p for n, p in model.named_parameters() if any(n.startswith(r + ".") for r in roots)}
+
+
+def int_fields(config: dict[str, Any], prefix: str = "") -> dict[str, int]:
+    """The config's whole-number fields by path (``text_config.hidden_size``; nested
+    ``*_config`` objects one level down), ``num_labels`` as transformers reads it
+    (``len(id2label)``)."""
+    out: dict[str, int] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key.endswith("_config") and not prefix:
+            out.update(int_fields(value, f"{key}."))
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[prefix + key] = value
+    if isinstance(config.get("id2label"), dict) and config["id2label"]:
+        out[prefix + "num_labels"] = len(config["id2label"])
+    return out
+
+
+def probed(config: dict[str, Any], path: str) -> dict[str, Any]:
+    """``config`` with the field at ``path`` doubled (``num_labels``: one label more)."""
+    import copy
+
+    out = copy.deepcopy(config)
+    *outer, key = path.split(".")
+    node = out
+    for k in outer:
+        node = node[k]
+    if key == "num_labels":
+        n = int_fields(node)["num_labels"] + 1
+        node.pop("num_labels", None)
+        node["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
+        node["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+    else:
+        node[key] = 2 * node[key]
+    return out
 
 
 def _subclasses(cls: type) -> list[type]:

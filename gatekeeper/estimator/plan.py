@@ -23,6 +23,7 @@ from gatekeeper.estimator.rank_weights import WeightOptions
 from gatekeeper.estimator.runner import resolve_runner
 from gatekeeper.estimator.speculative import Speculative
 from gatekeeper.estimator.types import GpuTarget
+from gatekeeper.models.pooling_heads import pooling_lm_head
 from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB
@@ -114,7 +115,8 @@ def _features(
         )
     weights = WeightOptions(
         ep_size=ep,
-        lm_head=not pooling,
+        lm_head=not pooling or pooling_lm_head(spec.architecture),
+        pooling=pooling,
         vision=not vision_off,
         vision_replicated=opts.mm_encoder_tp_mode == "data",
         cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),

@@ -49,6 +49,7 @@ __all__ = [
     "mla_copy_bytes",
     "o_proj_name",
     "per_layer_embedding_bytes",
+    "pooling_head_parts",
     "rope_cache_bytes",
     "rope_dtype",
     "vocab_rows",
@@ -64,7 +65,10 @@ class WeightOptions:
     - ``ep_size``: expert parallelism (``--enable-expert-parallel``) over ``dp x tp``
       ranks: each rank holds ``experts / ep_size`` whole experts instead of every
       expert's ``intermediate / tp`` slice;
-    - ``lm_head``: False for pooling runners, which load no LM head;
+    - ``lm_head``: False for pooling runners, which load no LM head (but for a pooling
+      class that keeps its causal LM's: ``pooling_heads.pooling_lm_head``);
+    - ``pooling``: a pooling run: the class's own heads (``ModelSpec.pooling_heads``)
+      on the last stage;
     - ``vision``: False when ``--limit-mm-per-prompt`` allows no item of any modality
       (vLLM then builds no encoder); ``vision_replicated`` for
       ``--mm-encoder-tp-mode data`` (the encoder whole on every rank);
@@ -75,6 +79,7 @@ class WeightOptions:
 
     ep_size: int = 1
     lm_head: bool = True
+    pooling: bool = False
     vision: bool = True
     vision_replicated: bool = False
     cpu_offload_bytes: int = 0
@@ -567,6 +572,19 @@ def head_bytes(c: RankWeights, vocab: int | None = None) -> int:
     if q is not None:
         return q.linear_bytes(c.spec.hidden_size, rows, c.dtype_bytes)
     return rows * c.spec.hidden_size * c.dtype_bytes
+
+
+def pooling_head_parts(c: RankWeights) -> list[tuple[str, int]]:
+    """A pooling run's heads (``ModelSpec.pooling_heads``: pooler, classifier, an MLM or
+    projection head), whole on every rank, as (format, bytes): the classifiers in vLLM's
+    ``head_dtype`` (float32 unless the config's ``head_dtype`` says otherwise), the rest
+    in the model dtype (format ``""``) or their own."""
+    out: dict[str, int] = {}
+    for t in c.spec.pooling_heads:
+        dtype = (c.spec.head_dtype or "float32") if t.dtype == "head" else t.dtype
+        fmt = "" if dtype == "model" else dtype
+        out[fmt] = out.get(fmt, 0) + t.numel * (DTYPE_BYTES[fmt] if fmt else c.dtype_bytes)
+    return list(out.items())
 
 
 def rope_dtype(spec: ModelSpec) -> str:

@@ -35,6 +35,7 @@ from gatekeeper.estimator.rank_weights import (
     mla_copy_bytes,
     o_proj_name,
     per_layer_embedding_bytes,
+    pooling_head_parts,
     rope_cache_bytes,
     rope_dtype,
     vocab_rows,
@@ -86,8 +87,8 @@ def pp_partition(num_layers: int, pp: int) -> list[range]:
 
 def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, str, int]]:
     """A stage's weights outside its decoder layers as (module group, format, bytes): the
-    embedding (first stage), the vision encoder, the final norm and the LM head (last
-    stage), the rotary cache. Format ``""`` is the model dtype, else a scheme's method
+    embedding (first stage), the vision encoder, the final norm, the LM head and a pooling
+    model's heads (last stage), the rotary cache. Format ``""`` is the model dtype, else a scheme's method
     (the LM head's) or ``float32``."""
     s = c.spec
     parts = []
@@ -110,6 +111,8 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
         if c.opts.lm_head and (not s.tie_word_embeddings or not first):
             scheme = head_scheme(c)
             parts.append(("lm_head", scheme.method if scheme else "", head_bytes(c)))
+        if c.opts.pooling:  # the pooling class's own heads (pooler, classifier, MLM head)
+            parts += [("other", fmt, size) for fmt, size in pooling_head_parts(c)]
     rope = rope_dtype(s)
     return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes))]
 

@@ -20,6 +20,7 @@ from gatekeeper.models.architecture import architecture_facts
 from gatekeeper.models.catalog import find_in_catalog
 from gatekeeper.models.config_defaults import ClassDefaults, class_defaults
 from gatekeeper.models.config_fields import (
+    bad_field,
     check_shapes,
     field_value,
     layer_count,
@@ -38,6 +39,7 @@ from gatekeeper.models.layer_kinds import (
     recurrence_kv_caches,
     sparse_indexer,
 )
+from gatekeeper.models.pooling_heads import pooling_heads
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import (
     DEFAULT_MAX_LEN,
@@ -144,6 +146,24 @@ def _tied(
     if tied and checkpoint is not None:
         return not any(t.name.endswith("lm_head.weight") for t in checkpoint.tensors)
     return tied
+
+
+_HEAD_DTYPES = {"model": "model", "half": "float16", "float16": "float16",
+                "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}  # fmt: skip
+"""``head_dtype`` as vLLM reads it (``_get_head_dtype``: ``model``, else a name of
+``_STR_DTYPE_TO_TORCH_DTYPE``, any case)."""
+
+
+def _head_dtype(config: Mapping[str, Any]) -> str:
+    """The config's ``head_dtype`` (``--hf-overrides '{"head_dtype": "model"}'``), ""
+    where it names none."""
+    raw = config.get("head_dtype")
+    if raw is None:
+        return ""
+    dtype = _HEAD_DTYPES.get(str(raw).removeprefix("torch.").lower())
+    if dtype is None:
+        raise bad_field("head_dtype", raw, "expected model, float32, float16 or bfloat16")
+    return dtype
 
 
 def _quant(top: Mapping[str, Any], text: Mapping[str, Any]) -> QuantSpec | None:
@@ -336,6 +356,7 @@ def _read(
             text, "intermediate_size", "intermediate_size", "ffn_dim"
         )
     architecture = (config.get("architectures") or [model_type or "unknown"])[0]
+    head_tensors, head_notes = pooling_heads(config, str(architecture))
     return ModelSpec(
         max_position_declared=len_declared,
         sentence_transformers=pooling is not None and pooling.pooling,
@@ -385,6 +406,9 @@ def _read(
         **sparse_indexer(text, layers),
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),
+        pooling_heads=head_tensors,
+        head_dtype=_head_dtype(config),
+        notes=head_notes,
         mtp_layers=mtp_layers(text),
         layer_state=hybrid.stateful if hybrid else (),
         layer_mlp=hybrid.mlp if hybrid else (),

