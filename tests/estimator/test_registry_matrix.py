@@ -66,16 +66,6 @@ def _known(
 
 
 _ALL = METHODS
-_ENCODER = (
-    "encoder under MIXED_PRECISION (not yet diagnosed): the per-layer lists "
-    "(bert.encoder.layer.N.attention.self.query ...) against gatekeeper's names for it"
-)
-_TOKEN_TYPE = (
-    "encoder classifier, -1.8..-2.3%: its pooler and classifier (BERT's pooler.dense and "
-    "classifier, RoBERTa's classifier.dense and out_proj, ModernBERT's pooling.dense, "
-    "BGE-M3's colbert_linear: hidden x hidden), which vLLM builds in float32 "
-    "(ModelConfig.head_dtype of a pooling model); gatekeeper sizes no head for a pooling model"
-)
 KNOWN: dict[tuple[str, str], str] = {
     ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
     **_known(
@@ -88,44 +78,6 @@ KNOWN: dict[tuple[str, str], str] = {
         ("MiniCPM3ForCausalLM",),
         _QUANTIZED,
         "+2% (not yet diagnosed): its MLA attention, vLLM 45 MiB, gatekeeper 55 MiB",
-    ),
-    **_known(
-        ("ModernBertForTokenClassification",),
-        tuple(m for m in _QUANTIZED if m != "modelopt-mixed"),
-        _ENCODER,
-    ),
-    **_known(
-        ("BertForMaskedLM",),
-        _ALL,
-        "-32%: vLLM's BertForMaskedLM holds an untied MLM head (mlm_head.decoder, vocab x "
-        "hidden) and its transform; gatekeeper sizes no head for a pooling model",
-    ),
-    ("BertSpladeSparseEmbeddingModel", "none"): "-32%: the SPLADE MLM head, as BertForMaskedLM",
-    ("BgeM3EmbeddingModel", "none"): _TOKEN_TYPE,
-    **_known(
-        (
-            "BertForSequenceClassification",
-            "XLMRobertaForSequenceClassification",
-            "ModernBertForSequenceClassification",
-            # its layers ask as bert.encoder.layer.N (roberta.py), so a list naming
-            # roberta.encoder.layer.N leaves every layer quantized, as gatekeeper now does
-            "RobertaForSequenceClassification",
-        ),
-        _ALL,
-        _TOKEN_TYPE,
-    ),
-    **_known(
-        ("JambaForSequenceClassification",),
-        _ALL,
-        "-2%: vLLM's JambaForSequenceClassification keeps the causal LM's lm_head (512 MiB "
-        "here) beside its score head; gatekeeper drops the head of a pooling model",
-    ),
-    **_known(
-        ("SiglipModel",),
-        _ALL,
-        "-1.1..-1.8%: vLLM's SiglipEmbeddingModel holds the text tower's head "
-        "(text_model.head, hidden x projection_size and a bias); gatekeeper sizes no head for "
-        "a pooling model (CLIP's text_projection is the same, under 1% there)",
     ),
     **_known(
         ("EmbeddingGemma2Model",),
