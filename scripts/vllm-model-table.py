@@ -37,6 +37,21 @@ model class's
   ``[name, dims, dtype]``, each dim the config field it follows (found by building the
   class again with each field of that value changed) or a number, the dtype ``head``
   (``ModelConfig.head_dtype``) or ``model``;
+- from the build also ``attention_layers``: the classes of the decoder's attention layers
+  (``MLAAttention`` where vLLM runs multi-head latent attention, with its latent cache and
+  the ``W_UK_T``/``W_UV`` it derives from ``kv_b_proj``; MiniCPM3 sizes MLA's projections
+  but runs a plain ``Attention`` on full heads), and ``outside_linears``: the model's
+  linears outside its decoder layers and towers, by path (EmbeddingGemma2's
+  ``language_model.ple.per_layer_model_projection``), and ``unlayered_linears``: a layer's
+  linears that ask the quantization config with a name that is not their layer's
+  (MiniCPM3's ``self_attn.q_a_proj``, built with no prefix, asks as ``""``);
+- ``probe``: vLLM's build of the language model (``language_model_only``) from the same
+  config with ``tie_word_embeddings`` true and ``--max-model-len`` ``PROBE_LEN``:
+  ``ties_head``, whether the decoder's LM head then holds the embedding's tensor
+  (DeepSeek-V2's class builds its own whatever the config says; absent: no head), and
+  ``rope_positions: max_model_len`` where the decoder's rotary cache then has
+  ``PROBE_LEN`` rows (EmbeddingGemma2: ``min(max_position_embeddings, max_model_len)``);
+  ``error`` where vLLM refused it;
 - ``how``: how the class was read (``import``: imported and its attributes read, or
   ``source``: parsed from its file when the module cannot be imported on this build, with
   the ``error``).
@@ -89,6 +104,9 @@ def _load(path: Path, name: str) -> Any:
 
 
 META_BUILD = ROOT / "gatekeeper" / "vllm" / "meta_build.py"
+PROBE_LEN = 264
+"""The probe's ``--max-model-len``: no config's own length, so a rotary cache of this
+many rows follows ``--max-model-len``."""
 REGISTRY_CONFIGS = ROOT / "tests" / "support" / "registry_configs.py"
 
 
@@ -762,6 +780,40 @@ class Builder:
             return row
         return {"error": "; ".join(errors)}
 
+    def probe(self, arch: str) -> dict[str, Any]:
+        """The language model built unquantized with ``tie_word_embeddings`` true (the
+        wrapper's and its text config's) and ``--max-model-len`` ``PROBE_LEN``: whether
+        its LM head is the embedding's tensor, whether its rotary cache has ``PROBE_LEN``
+        rows; {} without a config."""
+        config = self.configs.config_for(arch)
+        if not isinstance(config, dict):
+            return {}
+        config["tie_word_embeddings"] = True
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"]["tie_word_embeddings"] = True
+        folder = self.work / arch / "probe"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        self.captured.clear()
+        job = {"model": str(folder), "dtype": "bfloat16", "language_model_only": True,
+               "max_model_len": PROBE_LEN}  # fmt: skip
+        try:
+            with _deadline(120):
+                self.meta_build.build(job)
+        except Exception as exc:  # vLLM refuses the config or the build fails here
+            line = self.meta_build.error_line(exc).replace(str(self.work), "WORK")
+            return {"error": line[:300]}
+        model = self.captured[-1][0]
+        out: dict[str, Any] = {}
+        tied = ties_head(model)
+        if tied is not None:
+            out["ties_head"] = tied
+        rows = {int(b.shape[0]) for n, b in model.named_buffers()
+                if n.endswith("cos_sin_cache") and not _SIDE_TOWERS.search(n)}  # fmt: skip
+        if PROBE_LEN in rows:
+            out["rope_positions"] = "max_model_len"
+        return out
+
     def _language_model(
         self, folder: Path, config: dict[str, Any], quantization: str | None
     ) -> Any:
@@ -883,6 +935,31 @@ def probed(config: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
+def ties_head(model: Any) -> bool | None:
+    """Whether the decoder's LM head (a ``ParallelLMHead`` or an ``lm_head``, not a
+    tower's or an MTP layer's) is the input embedding or holds its weight; None without
+    a head."""
+    from torch import nn
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    modules = dict(model.named_modules(remove_duplicate=False))
+    embeddings = [m for m in modules.values()  # Whisper's decoder: a torch nn.Embedding
+                  if isinstance(m, VocabParallelEmbedding | nn.Embedding)
+                  and not isinstance(m, ParallelLMHead)]  # fmt: skip
+    heads = sorted((n for n, m in modules.items()
+                    if isinstance(m, ParallelLMHead) or n.rsplit(".", 1)[-1] == "lm_head"),
+                   key=lambda n: (bool(_SIDE_TOWERS.search(n)), len(n), n))  # fmt: skip
+    if not heads:
+        return None
+    head = modules[heads[0]]
+    weight = getattr(head, "weight", None)
+    return any(head is m or (weight is not None and weight is getattr(m, "weight", None))
+               for m in embeddings)  # fmt: skip
+
+
 def _subclasses(cls: type) -> list[type]:
     out: list[type] = []
     for sub in cls.__subclasses__():
@@ -987,6 +1064,8 @@ def _kind(child: Any) -> str | None:
 
 def built_names(model: Any, quantized: bool) -> dict[str, Any]:
     """The names the estimator asks the quantization config with, from the built model."""
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.layers.fused_moe import RoutedExperts
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -1031,6 +1110,19 @@ def built_names(model: Any, quantized: bool) -> dict[str, Any]:
                 if isinstance(m, LinearBase) and not isinstance(m, RoutedExperts):
                     found.setdefault(name, _asks(m) if quantized else None)
     out.update({"attention": attention, "mixer": mixers, "mlp": mlps, "layer_linears": bare})
+    out["attention_layers"] = sorted({"MLAAttention" if isinstance(m, MLAAttention) else type(m).__name__
+                                      for m in modules[decoder].modules()
+                                      if isinstance(m, AttentionLayerBase)})  # fmt: skip
+    out["outside_linears"] = sorted(n for n, m in modules.items()  # the model's own, by path
+                                    if isinstance(m, LinearBase) and not n.startswith(decoder + ".")
+                                    and not _SIDE_TOWERS.search(n))  # fmt: skip
+    layer0 = f"{decoder}.0."
+    unlayered = {n[len(layer0) :]: m.prefix for n, m in modules.items()
+                 if n.startswith(layer0) and isinstance(m, LinearBase)
+                 and isinstance(getattr(m, "prefix", None), str)
+                 and not re.search(r"(^|\.)0\.", m.prefix)}  # fmt: skip
+    if unlayered:  # MiniCPM3's q_a_proj, built with no prefix, asks as ""
+        out["unlayered_linears"] = unlayered
     out.update(_asked_names(modules, decoder, lm_head))
     out.update(_encoder_names(modules, decoder))
     if moe:
@@ -1235,6 +1327,7 @@ def entry(arch: str, relname: str, class_name: str, builder: Builder | None) -> 
     row: dict[str, Any] = {"module": module_name, "class": class_name}
     if builder is not None:
         row["built"] = builder.build(arch)
+        row["probe"] = builder.probe(arch)
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except Exception as exc:  # the build lacks what the module imports

@@ -42,13 +42,19 @@ checks every generation against vLLM's own chooser and construction
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import round_up
 
-__all__ = ["PLAIN_MXFP4", "ExpertsBackend", "experts_backend_label", "mxfp4_experts_backend"]
+__all__ = [
+    "PLAIN_MXFP4",
+    "ExpertsBackend",
+    "experts_backend_label",
+    "mxfp4_experts_backend",
+    "wna16_experts",
+]
 
 MXFP4_GROUP = 32
 """Elements per e8m0 scale (OCP MX block)."""
@@ -133,6 +139,40 @@ def mxfp4_experts_backend(capability: tuple[int, int] | None, *, gpt_oss: bool) 
     if hopper:
         why += ", in triton_kernels' Hopper layout"
     return ExpertsBackend(*choice, why, hopper_layout=hopper)
+
+
+MARLIN_MOE_GROUPS = (0, 32, 64, 128)
+"""Group sizes vLLM's Marlin MoE kernel runs (``check_moe_marlin_supports_config``: -1,
+32, 64, 128; gatekeeper writes -1, one scale per output channel, as 0)."""
+
+
+def wna16_experts(q: QuantSpec, hidden: int, intermediate_per_rank: int) -> QuantSpec:
+    """The scheme a rank's GPTQ, AWQ or MoE-WNA16 experts are held in (others: ``q``).
+
+    vLLM runs GPTQ and AWQ experts with Marlin (``AutoGPTQMoEMethod``,
+    ``AutoAWQMoEMethod``: the scheme's own layout) where
+    ``check_moe_marlin_supports_layer(..., allow_tile_padding=True)`` says it can: the
+    hidden width a multiple of 128, the group one of -1/32/64/128 dividing the
+    intermediate per rank. Elsewhere ``get_quant_method`` (auto_gptq.py, auto_awq.py)
+    falls back to ``MoeWNA16Config.from_config(full_config)``, as ``--quantization
+    moe_wna16`` does: ``MoeWNA16Method`` (moe_wna16.py), uint8-packed weights, model-dtype
+    scales, zeros only where GPTQ is asymmetric or AWQ has zero points, no biases, and
+    the group halved until it divides the hidden width and the intermediate per rank
+    (gpt-oss' 2880 wide experts: GPTQ's 128 becomes 64)."""
+    base = q.method
+    if base in ("gptq", "awq"):
+        group = q.group_size
+        marlin = group in MARLIN_MOE_GROUPS and (group <= 0 or intermediate_per_rank % group == 0)
+        if hidden % 128 == 0 and marlin:
+            return q
+        zero = q.zero_bits if base == "awq" else (0 if q.symmetric else q.weight_bits)
+        q = replace(q, method="moe_wna16", zero_bits=zero, act_order=False)
+    if q.method != "moe_wna16":
+        return q
+    group = q.group_size
+    while group > 0 and (intermediate_per_rank % group or hidden % group):
+        group //= 2
+    return replace(q, group_size=group)
 
 
 def experts_backend_label(

@@ -82,6 +82,7 @@ def _features(
     gpu: GpuTarget,
     *,
     pooling: bool,
+    length: int = 0,
 ) -> Features:
     sp = opts.speculative_config
     comp = opts.compilation_config
@@ -121,6 +122,7 @@ def _features(
         vision_replicated=opts.mm_encoder_tp_mode == "data",
         cpu_offload_bytes=round(opts.cpu_offload_gb * GIB),
         compute_capability=gpu.compute_capability,
+        max_model_len=length,
     )
     return Features(
         lora=lora,
@@ -183,7 +185,7 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
     )
     block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
     utilization = opts.gpu_memory_utilization or acc.default_utilization
-    features = _features(spec, opts, shape, tp, gpu, pooling=pooling)
+    features = _features(spec, opts, shape, tp, gpu, pooling=pooling, length=length)
     _check_encoder_decoder(spec, shape, length, audio=features.weights.vision)
     return Plan(
         acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,

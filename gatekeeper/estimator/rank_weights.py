@@ -25,9 +25,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gatekeeper.estimator.moe_backend import ExpertsBackend, mxfp4_experts_backend
+from gatekeeper.estimator.moe_backend import (
+    ExpertsBackend,
+    mxfp4_experts_backend,
+    wna16_experts,
+)
 from gatekeeper.estimator.state import mixer_linears, mixer_weight_bytes
-from gatekeeper.models.module_names import EncoderNames, ModuleNames, module_names
+from gatekeeper.models.module_names import (
+    EncoderNames,
+    ModuleNames,
+    mla_attention,
+    module_names,
+    rope_follows_max_model_len,
+)
 from gatekeeper.models.quantization import QuantSpec
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import cdiv, round_up
@@ -86,6 +96,9 @@ class WeightOptions:
     compute_capability: tuple[int, int] | None = None
     """The GPU's, when known: MXFP4 experts are padded as the backend vLLM picks on it
     pads them (``moe_backend``)."""
+    max_model_len: int = 0
+    """The length served (``--max-model-len`` or the model's default), for a class that
+    sizes its rotary cache by it (``rope_cache_bytes``); 0: unknown."""
 
 
 def _names(spec: ModelSpec) -> ModuleNames:
@@ -198,10 +211,16 @@ def _mla_bytes(c: RankWeights, i: int) -> int:
     h = s.hidden_size
     heads = cdiv(s.num_attention_heads, tp)
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora
+    # deepseek_v2.py: q_a_proj and kv_a_proj_with_mqa are one fused_qkv_a_proj with q_lora;
+    # a class that packs none builds them apart (minicpm3.py: two ReplicatedLinears)
     kv_a_rows = m.kv_lora_rank + m.qk_rope_head_dim
-    if m.q_lora_rank:
+    fused = not c.names.known or any(k == "fused_qkv_a_proj" for k, _ in c.names.packed)
+    if m.q_lora_rank and fused:
         total = c.fused(f"{p}.fused_qkv_a_proj", h, (m.q_lora_rank, kv_a_rows))
+        total += c.vec(m.q_lora_rank) + c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
+    elif m.q_lora_rank:
+        total = c.linear(_asked(c, i, "q_a_proj"), h, m.q_lora_rank)
+        total += c.linear(_asked(c, i, "kv_a_proj_with_mqa"), h, kv_a_rows)
         total += c.vec(m.q_lora_rank) + c.linear(f"{p}.q_b_proj", m.q_lora_rank, heads * qk)
     else:
         total = c.linear(f"{p}.q_proj", h, heads * qk)
@@ -212,15 +231,29 @@ def _mla_bytes(c: RankWeights, i: int) -> int:
     return total + mla_copy_bytes(c, i)
 
 
+def _asked(c: RankWeights, i: int, linear: str) -> str:
+    """The name attention's ``linear`` asks the quantization config with: its path, or
+    the one vLLM built it with where that is not its layer's (the names table's
+    ``unlayered_linears``: MiniCPM3's ``q_a_proj``, a ``ReplicatedLinear`` given no
+    prefix, asks as ``""``)."""
+    rel = f"{c.names.attention}.{linear}"
+    unlayered = (c.names.extra.get("built") or {}).get("unlayered_linears") or {}
+    return str(unlayered[rel]) if rel in unlayered else c.module(i, rel)
+
+
 def mla_copy_bytes(c: RankWeights, i: int) -> int:
     """W_UK_T and W_UV, which vLLM's MLA layers derive from ``kv_b_proj`` after loading
     (``split_kv_b_proj``): dequantized copies in the model dtype when ``kv_b_proj`` is
     quantized; when it is not, ``get_and_maybe_dequant_weights`` returns the weight itself
     and both are views of it, no memory of their own (measured by the conformance test on
-    bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s)."""
+    bf16 DeepSeek-V2/V3: every W_UK_T/W_UV storage is ``kv_b_proj``'s). None where the
+    class runs a plain ``Attention`` on MLA's projections (MiniCPM3: the names table's
+    ``mla_attention`` False), which derives nothing."""
     m, quant = c.spec.mla, c.quant
     name = c.module(i, f"{c.names.attention}.kv_b_proj")
     if m is None or quant is None or quant.scheme_for(name) is None:
+        return 0
+    if mla_attention(c.spec.architecture) is False:
         return 0
     heads = cdiv(c.spec.num_attention_heads, c.tp)
     return heads * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * c.dtype_bytes
@@ -279,7 +312,10 @@ def _moe_bytes(c: RankWeights, i: int) -> int:
     # (up alone where the MLP is not gated: Nemotron-H's relu2 experts)
     shards = 2 if s.gated_mlp else 1
     q = c.quant.scheme_for(f"{p}.experts", experts=True) if c.quant else None
-    bias = c.dtype_bytes if moe.expert_bias else 0
+    if q is not None:  # GPTQ/AWQ experts Marlin cannot run: MoE-WNA16's layout
+        q = wna16_experts(q, width, inter)
+    # MoeWNA16Method.create_weights registers no expert biases
+    bias = c.dtype_bytes if moe.expert_bias and (q is None or q.method != "moe_wna16") else 0
     if q is not None and q.method == "mxfp4":  # as the backend vLLM picks holds them
         backend = experts_backend(c)
         per_expert = backend.expert_bytes(width, inter, shards=shards, bias_bytes=bias)
@@ -363,9 +399,28 @@ def dense_mlp_names(c: RankWeights, i: int) -> tuple[str, str]:
 
 def _per_layer_input_bytes(c: RankWeights, i: int) -> int:
     """A layer's per-layer-embedding gate and projection (replicated linears) and norm."""
-    h, size = c.spec.hidden_size, c.spec.per_layer_input_size
-    gate = c.linear(c.module(i, "per_layer_input_gate"), h, size)
-    return gate + c.linear(c.module(i, "per_layer_projection"), size, h) + c.vec(h)
+    h, size, block = c.spec.hidden_size, c.spec.per_layer_input_size, _ple_block(c)
+    gate = c.linear(c.module(i, f"{block}per_layer_input_gate"), h, size)
+    return gate + c.linear(c.module(i, f"{block}per_layer_projection"), size, h) + c.vec(h)
+
+
+def _ple_block(c: RankWeights) -> str:
+    """The module holding a layer's per-layer-input gate and projection, relative to the
+    layer and with its dot: none where they sit on the layer (Gemma 4), ``ple_block.``
+    (EmbeddingGemma2), as the names table's build found them."""
+    built = c.names.extra.get("built") or {}
+    mlps: dict[str, list[list[object]]] = (built.get("linears") or {}).get("mlp") or {}
+    holds = (a for a, rows in mlps.items() if any(r[0] == "per_layer_input_gate" for r in rows))
+    return next((f"{a}." for a in holds), "")
+
+
+def _ple_projection(c: RankWeights) -> str:
+    """The model's per-layer projection as vLLM names it (EmbeddingGemma2's
+    ``language_model.ple.per_layer_model_projection``: the table's ``outside_linears``),
+    else Gemma 4's, on the decoder."""
+    outside = (c.names.extra.get("built") or {}).get("outside_linears") or ()
+    found = (str(n) for n in outside if str(n).endswith(".per_layer_model_projection"))
+    return next(found, f"{c.names.model}.per_layer_model_projection")
 
 
 def per_layer_embedding_bytes(c: RankWeights) -> int:
@@ -378,9 +433,7 @@ def per_layer_embedding_bytes(c: RankWeights) -> int:
         return 0
     width = s.num_layers * size
     table = round_up(s.per_layer_input_vocab, VOCAB_PADDING) // c.tp * width * c.dtype_bytes
-    projection = c.linear(
-        f"{c.names.model}.per_layer_model_projection", s.hidden_size, cdiv(width, c.tp)
-    )
+    projection = c.linear(_ple_projection(c), s.hidden_size, cdiv(width, c.tp))
     return table + projection + c.vec(size)
 
 
@@ -596,7 +649,17 @@ def rope_dtype(spec: ModelSpec) -> str:
     return str(built.get("rope_dtype") or "")
 
 
-def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
+def rope_positions(spec: ModelSpec, max_model_len: int = 0) -> int:
+    """The rotary cache's rows: the config's positions, or ``--max-model-len`` where the
+    class caps them by it (EmbeddingGemma2's ``min(max_position_embeddings, max_model_len)``,
+    embedding_gemma2.py; the names table's probe) and the length is known."""
+    positions = spec.rope_cache_positions
+    if max_model_len and positions and rope_follows_max_model_len(spec.architecture):
+        return min(positions, max_model_len)
+    return positions
+
+
+def rope_cache_bytes(spec: ModelSpec, dtype_bytes: int, max_model_len: int = 0) -> int:
     dtype_bytes = DTYPE_BYTES.get(rope_dtype(spec), dtype_bytes)
     width = sum(spec.rope_widths) or spec.rope_caches * spec.rotary_dim
-    return spec.rope_cache_positions * width * dtype_bytes
+    return rope_positions(spec, max_model_len) * width * dtype_bytes

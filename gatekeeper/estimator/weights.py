@@ -101,10 +101,8 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
             parts.append(("embedding", "", per_layer_embedding_bytes(c)))
         if c.opts.vision and s.encoder is not None:  # Whisper's audio encoder
             parts += [("vision", fmt, size) for fmt, size in encoder_parts(c)]
-        elif c.opts.vision:
-            whole = c.opts.vision_replicated or (s.vision is not None and s.vision.replicated)
-            shards = 1 if whole else c.tp
-            parts.append(("vision", "", cdiv(s.vision_parameters, shards) * c.dtype_bytes))
+        elif c.opts.vision or (s.vision is not None and s.vision.built_without_media):
+            parts += _vision_parts(c)
     if last:
         biased = s.model_type in ("opt", "whisper")  # a LayerNorm: weight and bias
         parts.append(("other", "", c.vec(s.hidden_size * (2 if biased else 1))))
@@ -114,7 +112,24 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
         if c.opts.pooling:  # the pooling class's own heads (pooler, classifier, MLM head)
             parts += [("other", fmt, size) for fmt, size in pooling_head_parts(c)]
     rope = rope_dtype(s)
-    return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes))]
+    return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes, c.opts.max_model_len))]
+
+
+def _vision_parts(c: RankWeights) -> list[tuple[str, str, int]]:
+    """The vision encoder on a rank: its linears built with the quantization config
+    (``VisionSpec.quantized_linears``, column-parallel) as their scheme holds them, the
+    rest of its parameters in the model dtype; whole where vLLM replicates it."""
+    s = c.spec
+    whole = c.opts.vision_replicated or (s.vision is not None and s.vision.replicated)
+    shards = 1 if whole else c.tp
+    linears = s.vision.quantized_linears if s.vision is not None else ()
+    rest = s.vision_parameters - sum(i * o for _, i, o in linears)
+    out = [("vision", "", cdiv(rest, shards) * c.dtype_bytes)]
+    for name, in_f, out_f in linears:
+        q = c.quant.scheme_for(name) if c.quant is not None else None
+        size = c.linear(name, in_f, out_f if c.opts.vision_replicated else cdiv(out_f, c.tp))
+        out.append(("vision", q.method if q is not None else "", size))
+    return out
 
 
 def _stage_bytes(c: RankWeights, layers: range, *, first: bool, last: bool) -> int:
@@ -361,7 +376,7 @@ def tensor_shares(
             if copies := mla_copy_bytes(ctx, i):
                 name = ctx.module(i, f"{ctx.names.attention}.W_UK_T+W_UV")
                 out.append(TensorShare(name, k, copies, None, ""))
-    rope = rope_cache_bytes(spec, dtype_bytes)
+    rope = rope_cache_bytes(spec, dtype_bytes, opts.max_model_len)
     form = rope_dtype(spec)
     out += [
         TensorShare("rotary_emb.cos_sin_cache", k, rope, None, form) for k in range(len(stages))

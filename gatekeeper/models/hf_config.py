@@ -39,6 +39,7 @@ from gatekeeper.models.layer_kinds import (
     recurrence_kv_caches,
     sparse_indexer,
 )
+from gatekeeper.models.module_names import ties_head
 from gatekeeper.models.pooling_heads import pooling_heads
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import (
@@ -135,14 +136,21 @@ def _dtype(
 
 
 def _tied(
-    top: Mapping[str, Any], text: Mapping[str, Any], checkpoint: CheckpointWeights | None
+    top: Mapping[str, Any],
+    text: Mapping[str, Any],
+    checkpoint: CheckpointWeights | None,
+    architecture: str = "",
 ) -> bool:
     """``tie_word_embeddings`` (with its class's default filled in; False without one):
     a multimodal wrapper's own, which vLLM copies into its language model's config
     (``VllmConfig.with_hf_config``); untied when the safetensors carry an ``lm_head``
-    tensor (``ModelConfig.maybe_untie_word_embeddings``, ``checkpoint_has_lm_head``)."""
+    tensor (``ModelConfig.maybe_untie_word_embeddings``, ``checkpoint_has_lm_head``), or
+    when vLLM's class builds a head of its own whatever the config says (the names
+    table's ``ties_head``: DeepSeek-V2's ``ParallelLMHead``, Kimi K2.5's language model)."""
     tied = next((bool(c["tie_word_embeddings"]) for c in (top, text)
                  if c.get("tie_word_embeddings") is not None), False)  # fmt: skip
+    if tied and architecture and ties_head(architecture) is False:
+        return False
     if tied and checkpoint is not None:
         return not any(t.name.endswith("lm_head.weight") for t in checkpoint.tensors)
     return tied
@@ -334,7 +342,7 @@ def _read(
     moe, layer_moe = moe_layers(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = rope_cache(text, head_dim, mla, max_pos)
-    widths = rope_widths(text, shapes)
+    widths = rope_widths(text, shapes, 0 if mla else head_dim)
     if facts.learned_positions:
         rotary, rope_positions, rope_caches = 0, 0, 0  # absolute positions, no rotary cache
     hybrid = hybrid_layout(text, layers, model_type)
@@ -381,7 +389,7 @@ def _read(
         max_position_embeddings=longest,
         served_max_model_len=served_len if served_len != longest else None,
         torch_dtype=_dtype(config, text, checkpoint),
-        tie_word_embeddings=_tied(config, text, checkpoint),
+        tie_word_embeddings=_tied(config, text, checkpoint, str(architecture)),
         layer_attention=attention_kinds(text, layers, max_pos, hybrid),
         layer_moe=layer_moe,
         sliding_window=int(text["sliding_window"]) if text.get("sliding_window") else None,

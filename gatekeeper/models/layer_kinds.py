@@ -37,8 +37,14 @@ PER_LAYER_INPUTS: dict[str, str] = {
     "gemma4_text": "vllm gemma4.py Gemma4Model (embed_tokens_per_layer, "
     "per_layer_model_projection) and Gemma4DecoderLayer (per_layer_input_gate, "
     "per_layer_projection; KV-shared layers: q_proj only, a double-wide MLP)",
+    "embedding_gemma2_text": "vllm embedding_gemma2.py EmbeddingGemma2TextModel (ple: "
+    "per_layer_model_projection from the token embedding, no table of its own) and "
+    "EmbeddingGemma2DecoderLayer (ple_block: per_layer_input_gate, per_layer_projection)",
 }
 """Model types whose config's per-layer inputs and KV-shared layers vLLM builds."""
+NO_PER_LAYER_TABLE = frozenset({"embedding_gemma2_text"})
+"""Of those, the types whose per-layer inputs are projected from the token embedding
+alone, with no per-layer embedding table (``per_layer_input_vocab`` 0)."""
 
 DENSE_BESIDE_EXPERTS: dict[str, str] = {
     "gemma4_text": "vllm gemma4.py Gemma4DecoderLayer: mlp (intermediate_size) runs in every "
@@ -258,9 +264,10 @@ def per_layer_inputs(text: Mapping[str, Any], model_type: str, layers: int) -> d
     if not 0 <= shared < layers:
         raise bad_field("num_kv_shared_layers", shared, f"a count below {layers} layers")
     vocab = text.get("vocab_size_per_layer_input") or text.get("vocab_size")
+    table = size and model_type not in NO_PER_LAYER_TABLE
     return {
         "per_layer_input_size": size,
-        "per_layer_input_vocab": positive("vocab_size_per_layer_input", vocab) if size else 0,
+        "per_layer_input_vocab": positive("vocab_size_per_layer_input", vocab) if table else 0,
         "kv_shared_layers": shared,
         "double_wide_mlp": bool(text.get("use_double_wide_mlp")) and shared > 0,
     }

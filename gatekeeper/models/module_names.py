@@ -52,8 +52,11 @@ __all__ = [
     "ModuleNames",
     "RenameMapper",
     "known_architecture",
+    "mla_attention",
     "module_names",
     "registered_architecture",
+    "rope_follows_max_model_len",
+    "ties_head",
     "unknown_architecture_warning",
 ]
 
@@ -382,3 +385,40 @@ def module_names(architecture: str, *, q_lora_rank: int | None = None) -> Module
         if all(k != p["module"] for k, _ in packed) and (q_lora_rank or p["module"] not in lora)
     ]
     return replace(names, packed=tuple(packed)) if tuple(packed) != names.packed else names
+
+
+def _row(architecture: str) -> dict[str, Any]:
+    registered = registered_architecture(architecture)
+    row: dict[str, Any] = (_table().get(registered) or {}) if registered is not None else {}
+    return row
+
+
+def ties_head(architecture: str) -> bool | None:
+    """Whether vLLM's class ties its LM head to the input embedding when the config says
+    tied (``tie_word_embeddings``), as the table's ``probe`` found (the class built with it
+    true: is the head the embedding's tensor): False where the class builds a head of its
+    own whatever the config says (DeepSeek-V2's ``ParallelLMHead``, so Kimi K2.5's
+    language model); a wrapper without a probe of its own answers as its language model
+    (``names.language_model``); None when the table cannot say."""
+    row = _row(architecture)
+    found = (row.get("probe") or {}).get("ties_head")
+    inner = (row.get("names") or {}).get("language_model")
+    if found is None and inner and inner != architecture:
+        return ties_head(str(inner))
+    return bool(found) if found is not None else None
+
+
+def mla_attention(architecture: str) -> bool | None:
+    """Whether the decoder's attention is vLLM's ``MLAAttention`` (the table's build:
+    ``attention_layers``), which keeps MLA's latent cache and derives ``W_UK_T``/``W_UV``
+    from ``kv_b_proj``; False where a class builds MLA's projections around a plain
+    ``Attention`` on full heads (MiniCPM3); None when the table has no build."""
+    layers = (_row(architecture).get("built") or {}).get("attention_layers")
+    return "MLAAttention" in layers if layers else None
+
+
+def rope_follows_max_model_len(architecture: str) -> bool:
+    """Whether the class sizes its decoder's rotary cache by ``--max-model-len`` instead
+    of the config's positions (EmbeddingGemma2: ``min(max_position_embeddings,
+    max_model_len)``), as the table's ``probe`` found (built at a length no config has)."""
+    return (_row(architecture).get("probe") or {}).get("rope_positions") == "max_model_len"

@@ -159,22 +159,37 @@ def _local_rope(cfg: Mapping[str, Any]) -> bool:
     return bool(cfg.get("rope_local_base_freq")) or two
 
 
-def rope_widths(cfg: Mapping[str, Any], shapes: Sequence[AttentionShape]) -> tuple[int, ...]:
-    """The width of each layer type's rotary cache where layers have their own head_dim
-    (``shapes``) and each type its own ``rope_parameters`` (Gemma 4): vLLM's attention builds
-    ``get_rope(head_dim, rope_parameters=config.rope_parameters[layer_type])``, one cache per
-    distinct set, ``head_dim x partial_rotary_factor`` wide, except the "proportional" rope
-    (``Gemma4RotaryEmbedding``), which spans the whole head and pads the unrotated part.
-    () when the caches share one width (``rope_cache`` then says it)."""
+def rope_widths(
+    cfg: Mapping[str, Any], shapes: Sequence[AttentionShape], head_dim: int = 0
+) -> tuple[int, ...]:
+    """The width of each layer type's rotary cache where each type has its own
+    ``rope_parameters`` and layers their own head_dim (``shapes``; Gemma 4) or all
+    ``head_dim`` (Laguna): vLLM's attention builds ``get_rope(head_dim,
+    rope_parameters=config.rope_parameters[layer_type])`` for the types its layers have,
+    one cache per distinct set, ``head_dim x partial_rotary_factor`` wide (the type's, else
+    the config's: laguna.py), except the "proportional" rope (``Gemma4RotaryEmbedding``),
+    which spans the whole head and pads the unrotated part. Without ``shapes`` only for
+    unscaled ("default") ropes, whose caches all hold the config's positions. () when the
+    caches share one width (``rope_cache`` then says it)."""
     per_type, types = cfg.get("rope_parameters"), cfg.get("layer_types")
-    if not shapes or not isinstance(per_type, Mapping) or not isinstance(types, list):
+    if not isinstance(per_type, Mapping) or not isinstance(types, list):
         return ()
+    if not shapes:
+        ropes = [r for t, r in per_type.items() if t in types]
+        if (
+            not head_dim
+            or not ropes
+            or any(not isinstance(r, Mapping) or _kind(r) != "default" for r in ropes)
+        ):
+            return ()
+        shapes = [AttentionShape(head_dim, 1, head_dim)] * len(types)
     dims = {str(t): shapes[i].head_dim for i, t in enumerate(types) if i < len(shapes)}
     caches: dict[tuple[str, int], int] = {}
     for kind, rope in per_type.items():
         if kind not in dims or not isinstance(rope, Mapping):
             continue
         whole = _kind(rope) == "proportional"
-        factor = 1.0 if whole else float(rope.get("partial_rotary_factor") or 1.0)
+        partial = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor")
+        factor = 1.0 if whole else float(partial or 1.0)
         caches[(repr(sorted(rope.items())), dims[kind])] = int(dims[kind] * factor)
     return tuple(caches.values())

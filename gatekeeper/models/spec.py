@@ -163,6 +163,14 @@ class VisionSpec:
     """vLLM builds the tower whole on every TP rank, whatever ``--mm-encoder-tp-mode``
     (Gemma 4: transformers' module with every ``nn.Linear`` made a ``ReplicatedLinear``,
     ``recursive_replace_linear``, and a replicated embedder)."""
+    built_without_media: bool = False
+    """vLLM builds it even when ``--limit-mm-per-prompt`` allows no item of any modality
+    (Gemma 4 unified's vision embedder and modality embedders: built outside
+    ``_mark_tower_model``, so ``language_model_only`` keeps them)."""
+    quantized_linears: tuple[tuple[str, int, int], ...] = ()
+    """(vLLM's name, in, out) of its linears built with the quantization config, part of
+    ``parameters`` (column-parallel: ``out`` split by TP unless it is whole); the rest
+    stays in the model dtype."""
 
 
 @dataclass(frozen=True, slots=True)

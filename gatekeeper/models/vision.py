@@ -15,6 +15,8 @@ The profile size per item is the largest image the processor accepts:
 - Gemma 3: ``(896/14)^2`` = 4,096 patches pooled to ``mm_tokens_per_image`` (256) tokens;
 - Llama 4: 16 tiles plus a global view of ``(336/14)^2`` patches, pixel-shuffled by
   ``pixel_shuffle_ratio^2``;
+- Gemma 4 unified (``gemma4_unified_vision``): no encoder, an embedder of one
+  ``num_soft_tokens``-token item (280), a token per 48-pixel model patch;
 - Gemma 4 (``gemma4_vision``, transformers' ``Gemma4VisionModel`` as vLLM builds it):
   ``default_output_length`` soft tokens (280), each pooled from ``pooling_kernel_size^2``
   patches (2,520 patches). Its blocks have no biases, a gated MLP and per-head q/k norms;
@@ -43,6 +45,8 @@ def vision_spec(
     """The vision tower described by ``vision_config`` (None when absent)."""
     if not vision:
         return None
+    if vision.get("model_type") == "gemma4_unified_vision":
+        return _gemma4_unified(vision, top, text_hidden)
     h = int(vision.get("hidden_size") or vision.get("embed_dim") or 0)
     if h <= 0:
         return None
@@ -98,6 +102,51 @@ def _gemma4(
         output_dim=h,
         modalities=_modalities(top),
         replicated=True,
+    )
+
+
+def _gemma4_unified(
+    vision: Mapping[str, Any], top: Mapping[str, Any], text_hidden: int
+) -> VisionSpec:
+    """Gemma 4 unified's encoder-free vision embedder (vllm gemma4_unified.py
+    ``Gemma4UnifiedVisionEmbedder``: ``patch_ln1`` over a ``model_patch_size^2 x 3``-pixel
+    patch (``patch_size x pooling_kernel_size`` = 48 pixels a side), ``patch_dense`` to
+    ``mm_embed_dim`` with a bias, ``patch_ln2``, an ``mm_posemb_size x 2 x mm_embed_dim``
+    position table and ``pos_norm``, LayerNorms with biases) and the ``embed_vision`` and
+    ``embed_audio`` projections (``Gemma4MultimodalEmbedder``: ``output_proj_dims`` -> the
+    text hidden size, built without the quantization config). ``__init__`` builds them all
+    outside ``_mark_tower_model``, so vLLM holds them even with every modality off
+    (``language_model_only``); ``patch_dense`` alone asks the quantization config."""
+    side = int(vision.get("patch_size") or 16) * int(vision.get("pooling_kernel_size") or 3)
+    pixels = 3 * side * side
+    e = int(vision.get("mm_embed_dim") or 3840)
+    table = int(vision.get("mm_posemb_size") or 1120) * 2 * e
+    audio = top.get("audio_config")
+    audio_in = (
+        int(
+            audio.get("output_proj_dims")
+            or audio.get("hidden_size")
+            or audio.get("audio_embed_dim")
+            or 640
+        )
+        if isinstance(audio, Mapping)
+        else 0
+    )
+    projections = (int(vision.get("output_proj_dims") or 3840) + audio_in) * text_hidden
+    norms = 2 * pixels + 2 * e + 2 * e  # patch_ln1, patch_ln2, pos_norm: weight and bias
+    tokens = int(vision.get("num_soft_tokens") or vision.get("default_output_length") or 280)
+    return VisionSpec(
+        parameters=norms + pixels * e + e + table + projections,
+        hidden_size=e,
+        intermediate_size=0,
+        gated=False,
+        patches_per_item=tokens,
+        tokens_per_item=tokens,
+        output_dim=e,
+        modalities=_modalities(top),
+        replicated=True,
+        built_without_media=True,
+        quantized_linears=(("vision_embedder.patch_dense", pixels, e),),
     )
 
 
