@@ -172,7 +172,8 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         ("activation peak", w.activation_peak_bytes),
         ("CUDA graphs", w.cuda_graph_bytes),
         ("KV cache", w.kv_cache_bytes),
-        ("budget (utilization x total)", w.budget_bytes),
+        *([("margin kept free", w.kv_margin_bytes)] if e.extensible_kv_cache else []),
+        (_budget_label(e), w.budget_bytes),
         ("NVML total for the worker", w.nvml_bytes),
     ]
     table = [f"  {name:<28}{gib(value):>10.2f}" for name, value in rows]
@@ -181,6 +182,11 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         "",
         f"  KV cache: {e.kv_cache_tokens:,} tokens, {e.kv_bytes_per_token:,} bytes per token, "
         f"max concurrency {e.max_concurrency:.2f}x at {e.max_model_len} tokens",
+        *(
+            ["  KV cache sized after warm-up and CUDA-graph capture (extensible KV cache)"]
+            if e.extensible_kv_cache
+            else []
+        ),
         *_state_lines(e),
         *_parallel_lines(e),
         f"  weights from: {e.weights_source}",
@@ -192,6 +198,16 @@ def render(e: Estimate, spec: ModelSpec) -> str:
     lines += [f"    ! {n}" for n in spec.notes]
     lines.append(f"  largest max_model_len that fits: {e.max_model_len_fit}")
     return "\n".join(lines)
+
+
+def _budget_label(e: Estimate) -> str:
+    """vLLM 0.34's extensible KV cache: the budget is ``u x total`` or the free memory
+    less the margin, whichever is less (``gatekeeper/estimator/extensible_kv.py``)."""
+    return (
+        "budget (u x total or free - margin)"
+        if e.extensible_kv_cache
+        else ("budget (utilization x total)")
+    )
 
 
 def _group_lines(groups: WeightGroups) -> list[str]:

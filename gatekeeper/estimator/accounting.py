@@ -16,6 +16,16 @@ span of releases with the same mechanisms:
 - ``non_torch_bytes``: non-torch memory that appears after vLLM's init snapshot (cuBLAS
   workspaces, lazily loaded kernels); ``non_torch_tp_bytes`` is added under TP for NCCL
   and custom all-reduce buffers allocated at the first collective.
+- ``sampler_warmup_bytes``: bytes per element of the ``[requests, padded vocab]``
+  working set that the profile's second sampler pass adds (0.33+).
+- ``handles_before_snapshot``: cuBLAS(Lt) handles and torch's workspace for them are
+  made before the init snapshot, outside the budget (0.33+).
+- ``default_block_size``: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (64 from 0.34).
+- ``extensible_kv``: the extensible KV cache (0.34+, on unless turned off): sized after
+  warm-up and CUDA-graph capture from measured memory (``extensible_kv``).
+
+The spans of 0.33 and 0.34 were read from the releases' wheels (``vllm/_version.py``
+commits g4ba787ec9 and g62d4bc3c7); each term names the file and line it follows.
 """
 
 from __future__ import annotations
@@ -56,6 +66,14 @@ class Accounting:
     mla_align: int
     mla_block_size: int
     description: str
+    sampler_warmup_bytes: float = 0.0
+    """Bytes per sampler element the warm-up-params pass adds to the profile's peak."""
+    handles_before_snapshot: bool = False
+    """cuBLAS(Lt) handles (and torch's workspace for them) exist before the snapshot."""
+    default_block_size: int = 16
+    """Tokens per KV block when neither the flag nor the backend picks one."""
+    extensible_kv: bool = False
+    """The extensible KV cache is vLLM's default (on CUDA), sized after warm-up."""
 
 
 def _gib(x: float) -> int:
@@ -140,8 +158,36 @@ _V1_033 = replace(
     _V1_021,
     name="v1-0.33",
     since=(0, 33, 0),
+    # v1/worker/gpu/model_runner.py:1010-1014 (0.33.0): _dummy_sampler_run runs the sampler
+    # a second time with SamplingParams.for_sampler_warmup(), whose logits processing copies
+    # the logits to fp32 first (v1/worker/gpu/sample/sampler.py:241-242): 4 B an element
+    sampler_warmup_bytes=4.0,
+    # v1/worker/gpu_worker.py:526-528 (0.33.0): a 16x16 mm and linear before the snapshot
+    # (line 541) create the cuBLAS(Lt) handles, "so they count as baseline"
+    handles_before_snapshot=True,
     description="V1 as since 0.21 (CUDA-graph memory profiled and subtracted from the KV "
-    "cache), checked against vLLM 0.33's source",
+    "cache), plus 0.33's second sampler pass with warm-up params in the profile (one more "
+    "fp32 copy of the logits) and cuBLAS handles made before the init snapshot (outside "
+    "the budget)",
+)
+_V1_034 = replace(
+    _V1_033,
+    name="v1-0.34",
+    since=(0, 34, 0),
+    # config/cache.py:185 (0.34.0): DEFAULT_BLOCK_SIZE = 64 (16 before); FlashAttention keeps
+    # the default it supports (v1/attention/backend.py:158-165 and backends/flash_attn.py:372-379)
+    default_block_size=64,
+    # config/vllm.py:3180-3269 (0.34.0): _resolve_extensible_kv_cache turns it on on CUDA and
+    # ROCm unless kv_cache_memory_bytes, num_gpu_blocks_override, elastic EP or a KV
+    # connector that cannot use driver-mapped memory rules it out
+    extensible_kv=True,
+    description="V1 with 0.34's extensible KV cache (on by default): the KV cache is sized "
+    "after warm-up and CUDA-graph capture from measured memory, min(budget - used, free - "
+    "margin) - transient peak with margin = max(1 GiB, 0.75 x transient peak) "
+    "(v1/worker/extensible_kv_cache.py:592-618), gpu_memory_utilization defaulting to a 1.0 "
+    "cap and no start-up free-memory refusal; block size 64. With the cache off "
+    "(--no-enable-extensible-kv-cache, --kv-cache-memory-bytes, --num-gpu-blocks-override) "
+    "0.33's rules with block size 64",
 )
 
 ACCOUNTINGS: tuple[Accounting, ...] = (
@@ -160,6 +206,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
     _V1_020,
     _V1_021,
     _V1_033,
+    _V1_034,
 )
 
 DEFAULT_VLLM_VERSION = "0.33.0"

@@ -182,6 +182,10 @@ class ServeOptions:
     performance_mode: str = "balanced"
     """``throughput`` doubles the batch defaults; ``interactivity`` captures finer CUDA
     graphs below 32 tokens (same largest size, so the same pool)."""
+    enable_extensible_kv_cache: bool | None = None
+    """vLLM 0.34's extensible KV cache (``--[no-]enable-extensible-kv-cache``): None, vLLM's
+    default (on where ``--kv-cache-memory-bytes`` and ``--num-gpu-blocks-override`` are not
+    given); False sizes the KV cache from the profile as before 0.34."""
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -313,6 +317,7 @@ _FIELD_TYPES: dict[str, type] = {
     "mamba_cache_dtype": str,
     "mamba_ssm_cache_dtype": str,
     "enable_prefix_caching": bool,
+    "enable_extensible_kv_cache": bool,
     "revision": str,
     "hf_overrides": HfOverrides,
     "download_dir": str,
@@ -324,8 +329,8 @@ _OPTIONAL = frozenset(
      "max_loras", "max_lora_rank", "max_cpu_loras", "speculative_config",
      "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
      "max_cudagraph_capture_size", "compilation_config", "optimization_level",
-     "enable_prefix_caching", "revision", "download_dir", "tokenizer",
-     "hf_overrides"}
+     "enable_prefix_caching", "enable_extensible_kv_cache", "revision", "download_dir",
+     "tokenizer", "hf_overrides"}
 )  # fmt: skip
 _KIND_NAMES: dict[type, str] = {
     str: "string",

@@ -4,7 +4,8 @@ Activation peak (vLLM's profile run, per rank)::
 
     forward  = B_tok * b * (3*I_rank + 3*H)                      dense MLP layers
              + B_tok * b * (topk * (3*I_expert_rank + H) + 3*H)  MoE layers (fused_moe caches)
-    sampler  = min(S, B_tok) * V_pad * (b + sampler_extra_bytes)  last pipeline stage only
+    sampler  = min(S, B_tok) * V_pad * (b + sampler_extra_bytes + sampler_warmup_bytes)
+                                                                  last pipeline stage only
     peak     = max(forward, sampler)
 
 Llama-3.1-8B, v0.19 (S=1024, B_tok=8192, V=128256, bf16): sampler = 1024 * 128256 *
@@ -27,6 +28,7 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.units import GIB, MIB, cdiv, round_up
 
 __all__ = [
+    "CUBLAS_WORKSPACE_BYTES",
     "BatchShape",
     "batch_defaults",
     "capture_size",
@@ -46,6 +48,14 @@ an H100 by v0.19: 'Free memory on device (78.68/79.19 GiB)')."""
 TP_PRE_INIT_BYTES = 1 * GIB
 """NCCL communicators and custom all-reduce buffers made before the init snapshot under
 TP (77.66 GiB free at TP=2 on the same H100)."""
+CUBLAS_WORKSPACE_BYTES = 32 * MIB
+"""The cuBLAS workspace torch allocates with the first handle on a stream, from its caching
+allocator: ``4096 x 8`` KiB on Hopper (PyTorch's ``CublasHandlePool.cpp``,
+``parseChosenWorkspaceSize``; 8 MiB + 128 KiB before sm90, not told apart here), which
+cuBLASLt shares (``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` is on by default). vLLM 0.33 makes the
+handles before its init snapshot (``Accounting.handles_before_snapshot``), so the workspace
+moves from the in-budget non-torch growth to what the worker holds outside the budget; the
+handles' own driver allocations are not in any source and stay in the measured figures."""
 V0_CUDA_GRAPH_BYTES = round(0.25 * GIB)
 V1_CUDA_GRAPH_BASE = round(0.35 * GIB)
 
@@ -161,7 +171,8 @@ def encoder_peak_bytes(
 def sampler_peak_bytes(acc: Accounting, spec: ModelSpec, requests: int, logits_bytes: int) -> int:
     """The dummy sampler run over ``requests`` rows of the padded vocabulary."""
     vocab = round_up(spec.vocab_size, 64)
-    return round(requests * vocab * (logits_bytes + acc.sampler_extra_bytes))
+    extra = acc.sampler_extra_bytes + acc.sampler_warmup_bytes
+    return round(requests * vocab * (logits_bytes + extra))
 
 
 CUSTOM_ALLREDUCE_SIZES = frozenset({2, 4, 6, 8})
@@ -180,18 +191,24 @@ def non_torch_bytes(acc: Accounting, tp: int, pp: int, *, embedded: bool = False
 
     Under TP the communication buffers (custom all-reduce, NCCL symmetric memory) add
     ``non_torch_tp_bytes`` on the world sizes custom all-reduce supports; larger,
-    multi-node groups fall back to NCCL's ring buffers only.
+    multi-node groups fall back to NCCL's ring buffers only. From 0.33 the cuBLAS
+    workspace is made before the snapshot (``CUBLAS_WORKSPACE_BYTES``), so it leaves
+    this figure (an embedded engine had it before the snapshot already).
     """
     if embedded:
         base = EMBEDDED_NON_TORCH_BYTES
     else:
         base = acc.non_torch_pp_bytes if pp > 1 else acc.non_torch_bytes
+        base -= CUBLAS_WORKSPACE_BYTES if acc.handles_before_snapshot else 0
     return base + (acc.non_torch_tp_bytes if tp in CUSTOM_ALLREDUCE_SIZES else 0)
 
 
-def pre_init_bytes(tp: int) -> int:
-    """Memory a worker holds outside vLLM's budget (CUDA context, NCCL under TP)."""
-    return CUDA_CONTEXT_BYTES + (TP_PRE_INIT_BYTES if tp > 1 else 0)
+def pre_init_bytes(tp: int, acc: Accounting | None = None, *, embedded: bool = False) -> int:
+    """Memory a worker holds outside vLLM's budget (CUDA context, NCCL under TP; from 0.33
+    the cuBLAS workspace, ``acc`` given and the engine not embedded)."""
+    handles = acc is not None and acc.handles_before_snapshot and not embedded
+    cublas = CUBLAS_WORKSPACE_BYTES if handles else 0
+    return CUDA_CONTEXT_BYTES + (TP_PRE_INIT_BYTES if tp > 1 else 0) + cublas
 
 
 def capture_size(

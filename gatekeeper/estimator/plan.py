@@ -2,7 +2,7 @@
 per estimate: what every pipeline stage of ``vllm_method.estimate`` reads (``Plan``).
 
 The release gives the accounting (``accounting_for``): its engine, default utilization,
-batch defaults and MLA block size; the model and the options give the dtype vLLM picks,
+batch defaults, block sizes and whether the KV cache is extensible (0.34); the model and the options give the dtype vLLM picks,
 the quantization the flag resolves to, ``max_model_len`` (the model's default when none
 is given), the batch shape and the block size; ``Features`` holds the flags beyond the
 basic shape that change memory (LoRA slots, speculation, pooling, EP, DCP, CUDA graphs
@@ -28,9 +28,13 @@ from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Features", "Plan", "resolve_plan"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "Features", "Plan", "extensible_kv_cache", "resolve_plan"]
 
 DEFAULT_BLOCK_SIZE = 16
+"""``CacheConfig.DEFAULT_BLOCK_SIZE`` before 0.34 (``Accounting.default_block_size``)."""
+EXTENSIBLE_UTILIZATION = 1.0
+"""``CacheConfig.resolved_gpu_memory_utilization`` with the extensible KV cache and no
+``--gpu-memory-utilization`` (vllm/config/cache.py:494-501 of 0.34.0): the budget is a cap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,8 @@ class Plan:
     features: Features
     version: str = DEFAULT_VLLM_VERSION
     """The vLLM release being sized."""
+    extensible: bool = False
+    """vLLM 0.34's extensible KV cache is on (``extensible_kv_cache``)."""
 
     @property
     def dtype_bytes(self) -> int:
@@ -138,6 +144,44 @@ def _features(
     )
 
 
+def extensible_kv_cache(acc: Accounting, opts: ServeOptions) -> bool:
+    """Whether the release sizes the KV cache after warm-up (vLLM 0.34's extensible KV
+    cache), as ``VllmConfig._resolve_extensible_kv_cache`` (config/vllm.py:3180-3269 of
+    0.34.0) settles it: on unless ``--no-enable-extensible-kv-cache``, and never with
+    ``--kv-cache-memory-bytes`` or ``--num-gpu-blocks-override`` (lines 3203-3212), which
+    it refuses beside an explicit ``--enable-extensible-kv-cache`` (line 3262). Elastic EP
+    and KV connectors also turn it off; gatekeeper models neither. Before 0.34 the flag
+    does not exist."""
+    asked = opts.enable_extensible_kv_cache
+    if not acc.extensible_kv:
+        if asked is not None:
+            raise ServeOptionsError(
+                "enable_extensible_kv_cache: the extensible KV cache is new in vLLM 0.34.0; "
+                "omit the flag for an older release",
+                field="enable_extensible_kv_cache",
+                value=asked,
+            )
+        return False
+    overridden = next(
+        (
+            flag
+            for flag in ("kv_cache_memory_bytes", "num_gpu_blocks_override")
+            if getattr(opts, flag) is not None
+        ),
+        None,
+    )
+    if overridden is None:
+        return asked is not False
+    if asked:
+        raise ServeOptionsError(
+            "enable_extensible_kv_cache: it sizes the KV cache from measured memory, which "
+            f"{overridden} overrides (vLLM refuses both); drop one of them",
+            field="enable_extensible_kv_cache",
+            value=asked,
+        )
+    return False
+
+
 def _check_encoder_decoder(spec: ModelSpec, shape: BatchShape, length: int, *, audio: bool) -> None:
     """vLLM's refusals of an encoder-decoder's batch (Whisper), which it runs without
     chunked prefill nor chunked multimodal input (``SchedulerConfig.__post_init__``): fewer
@@ -183,11 +227,15 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
         llm_class=opts.embedded,
         throughput=opts.performance_mode == "throughput",
     )
-    block = opts.block_size or (acc.mla_block_size if spec.mla else DEFAULT_BLOCK_SIZE)
-    utilization = opts.gpu_memory_utilization or acc.default_utilization
+    extensible = extensible_kv_cache(acc, opts)
+    # 0.34's default of 64 is one FlashMLA takes too: MLA stays at 64
+    default_block = max(acc.default_block_size, acc.mla_block_size if spec.mla else 0)
+    block = opts.block_size or default_block
+    default_utilization = EXTENSIBLE_UTILIZATION if extensible else acc.default_utilization
+    utilization = opts.gpu_memory_utilization or default_utilization
     features = _features(spec, opts, shape, tp, gpu, pooling=pooling, length=length)
     _check_encoder_decoder(spec, shape, length, audio=features.weights.vision)
     return Plan(
         acc, spec, opts, gpu, tp, pp, dtype, quant, length, utilization, shape, block, features,
-        version,
+        version, extensible,
     )  # fmt: skip

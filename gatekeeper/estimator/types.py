@@ -55,6 +55,10 @@ class StageEstimate:
     weights_by_group: WeightGroups = field(default_factory=WeightGroups)
     """``weights_bytes`` by module group and storage format (``weight_groups``): what
     is quantized and what stayed in the model dtype; the entries add up to it."""
+    kv_margin_bytes: int = 0
+    """vLLM 0.34's extensible KV cache: device memory kept free beyond the transient
+    peak when the cache is sized, ``max(1 GiB, 0.75 x activation)`` (``extensible_kv``);
+    0 where the profile sizes the cache."""
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in StageEstimate.__slots__}
@@ -112,6 +116,9 @@ class Estimate:
     """Recurrent state one sequence holds on the most loaded rank (hybrid and
     attention-free models; 0 for pure attention). ``kv_bytes_per_token`` is the
     attention part."""
+    extensible_kv_cache: bool = False
+    """vLLM 0.34's extensible KV cache sized the KV cache after warm-up and CUDA-graph
+    capture from measured memory (``extensible_kv``); the budget is then a cap."""
 
     @property
     def gpus(self) -> int:
@@ -137,11 +144,11 @@ class Estimate:
 
     def rank_bytes(self, stage: StageEstimate, kv_bytes: int) -> tuple[int, int]:
         """(bytes the rank holds, bytes inside vLLM's budget) with ``kv_bytes`` of KV cache:
-        the CUDA context (and NCCL under TP) sit outside the budget, and so do CUDA graphs
-        before vLLM 0.21."""
+        the CUDA context (and NCCL under TP; from vLLM 0.33 the cuBLAS workspace) sit
+        outside the budget, and so do CUDA graphs before vLLM 0.21."""
         in_budget = stage.weights_bytes + stage.non_torch_bytes + stage.activation_peak_bytes
         in_budget += kv_bytes
-        outside = pre_init_bytes(self.tensor_parallel_size)
+        outside = pre_init_bytes(self.tensor_parallel_size, accounting_by_name(self.accounting))
         if self.cuda_graphs_in_budget:
             in_budget += stage.cuda_graph_bytes
         else:
@@ -162,6 +169,8 @@ class Estimate:
             "activation_peak_bytes": w.activation_peak_bytes,
             "cuda_graph_bytes": w.cuda_graph_bytes,
             "kv_cache_bytes": w.kv_cache_bytes,
+            "extensible_kv_cache": self.extensible_kv_cache,
+            "kv_margin_bytes": w.kv_margin_bytes,
             "kv_cache_tokens": self.kv_cache_tokens,
             "max_concurrency": round(self.max_concurrency, 2),
             "fits": self.fits,

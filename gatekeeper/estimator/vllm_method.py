@@ -6,9 +6,14 @@ Per pipeline stage (identical across its TP ranks)::
     budget   = ceil(u * T)                                    u = gpu_memory_utilization
     KV       = budget - weights - non_torch - activation_peak [- cuda_graphs  (v0.21+)]
              (or exactly --kv-cache-memory-bytes)
+             v0.34's extensible KV cache (``extensible_kv``), u = 1.0 by default, sized
+             after warm-up: the same with budget = min(ceil(u * T), free - pre_init - margin),
+             margin = max(1 GiB, 0.75 x activation_peak)
     blocks   = floor(KV / bytes_per_block), the minimum over stages
     fits    <=> KV > 0 and bytes_per_block * blocks_per_request(L) <= KV - bytes_per_block
     NVML     ~ CUDA context (+ NCCL under TP) + budget [+ cuda_graphs before v0.21]
+             (v0.34 extensible: the margin stays free; the activation peak, kept free when
+             the cache is sized, is held again once serving reaches it)
 
 Worked example: Llama-3.1-8B on an H100 (T = 79.19 GiB), vLLM 0.19, u = 0.95:
 budget 75.23 GiB - 14.99 weights - 0.25 non-torch - 1.89 activation = 58.10 GiB of KV
@@ -26,6 +31,7 @@ from functools import cache
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_version
 from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
+from gatekeeper.estimator.extensible_kv import kv_cache_available, kv_cache_margin
 from gatekeeper.estimator.kv_cache import KvLayout, KvOptions, StatePages, kv_layout
 from gatekeeper.estimator.lora import lora_bytes
 from gatekeeper.estimator.moe_backend import experts_backend_label
@@ -147,16 +153,21 @@ def _stage(
     in_budget = graphs if p.acc.cuda_graphs_in_budget else 0
     layout = _layout(p, layers, drafter)
     fixed = weights + non_torch + activation
-    if p.opts.kv_cache_memory_bytes is not None:
+    pre_init = pre_init_bytes(p.tp, p.acc, embedded=p.opts.embedded)
+    margin = kv_cache_margin(activation) if p.extensible else 0
+    if p.extensible:
+        kv, budget = _measured_kv(p, weights + non_torch + graphs, activation, budget, pre_init)
+    elif p.opts.kv_cache_memory_bytes is not None:
         kv = p.opts.kv_cache_memory_bytes
     else:
         kv = budget - fixed - in_budget
     if p.opts.num_gpu_blocks_override is not None and layout.groups:
         kv = p.opts.num_gpu_blocks_override * layout.bytes_per_block  # allocated, whatever fits
     if p.opts.kv_cache_memory_bytes is None and p.opts.num_gpu_blocks_override is None:
-        nvml = pre_init_bytes(p.tp) + budget + graphs - in_budget
+        # 0.34's extensible cache: once serving has regrown the transient peak kept free
+        nvml = pre_init + budget + graphs - in_budget
     else:
-        nvml = pre_init_bytes(p.tp) + fixed + kv + graphs
+        nvml = pre_init + fixed + kv + graphs
     return StageEstimate(
         stage=k,
         layers=len(layers),
@@ -172,7 +183,32 @@ def _stage(
         draft_weights_bytes=draft_weights,
         cpu_offloaded_bytes=offloaded,
         weights_by_group=groups,
+        kv_margin_bytes=margin,
     )
+
+
+def _measured_kv(
+    p: Plan, non_kv_used: int, activation: int, requested: int, pre_init: int
+) -> tuple[int, int]:
+    """vLLM 0.34's extensible KV cache, sized after warm-up and CUDA-graph capture
+    (``extensible_kv``): (KV bytes, the budget they are what is left of).
+
+    ``measure_kv_cache_bytes`` over the memory the rank would measure: the GPU's free
+    memory at start (its total when unknown) less what the worker holds before vLLM's
+    snapshot is ``init_free``; weights, non-torch and the captured graphs are used; the
+    transient peak is the profile's activation peak (gpu_worker.py:946-948);
+    ``requested``, ``ceil(u x total)`` with u 1.0 unless given (config/cache.py:494-501),
+    caps it. The budget is then ``min(requested, init_free - margin)``: the KV cache is it
+    less the used memory and the activation peak, as in the older spans."""
+    init_free = (p.gpu.free_bytes if p.gpu.free_bytes is not None else p.gpu.total_bytes) - pre_init
+    kv = kv_cache_available(
+        init_free_memory=init_free,
+        free_memory=init_free - non_kv_used,
+        committed_bytes=0,  # the committed prefix cancels: used less it, headroom plus it
+        requested_memory=requested,
+        transient_peak_bytes=activation,
+    )
+    return kv, min(requested, init_free - kv_cache_margin(activation))
 
 
 def _layout(p: Plan, layers: range, drafter: DraftCost | None = None) -> KvLayout:
@@ -345,6 +381,7 @@ def estimate(
         speculative_method=sp.method if sp else None,
         cuda_graph_capture_size=p.features.cap,
         state_bytes_per_sequence=layout.state_bytes_per_sequence,
+        extensible_kv_cache=p.extensible,
     )
 
 
@@ -387,17 +424,27 @@ def _verdict(
             f"max_model_len {p.max_model_len} is greater than the model's derived maximum "
             f"{p.spec.max_position_embeddings}; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
-    if free is not None and free < budget:
+    if free is not None and free < budget and not p.extensible:  # utils.py:783-786 (0.34)
         reasons.append(
             f"free memory on the GPU ({format_gib(free)}) is less than the desired "
             f"gpu_memory_utilization ({p.utilization}, {format_gib(budget)}); lower "
             "gpu_memory_utilization or free the GPU"
         )
-    room = (free if free is not None else total) - pre_init_bytes(p.tp)
+    pre_init = pre_init_bytes(p.tp, p.acc, embedded=p.opts.embedded)
+    room = (free if free is not None else total) - pre_init
     if worst.weights_bytes > room:
         reasons.append(
             f"weights need {format_gib(worst.weights_bytes)} per GPU but only {format_gib(room)} "
             "can be allocated: loading would run out of memory; raise tensor_parallel_size or quantize"
+        )
+    elif worst.kv_cache_bytes <= 0 and p.extensible:
+        reasons.append(
+            f"no memory left for the KV cache after warm-up and CUDA-graph capture: weights "
+            f"{format_gib(worst.weights_bytes)}, non-torch {format_gib(worst.non_torch_bytes)}, "
+            f"CUDA graphs {format_gib(worst.cuda_graph_bytes)}, the transient peak "
+            f"{format_gib(worst.activation_peak_bytes)} and the margin "
+            f"{format_gib(worst.kv_margin_bytes)} kept free take it all (vLLM 0.34's "
+            "extensible KV cache)"
         )
     elif worst.kv_cache_bytes <= 0:
         reasons.append(
@@ -409,16 +456,19 @@ def _verdict(
         needed = layout.bytes_per_block * layout.blocks_per_request(
             p.max_model_len, p.shape.max_num_batched_tokens * p.pp
         )
+        # 0.34's extensible cache: checked once the cache is sized after warm-up
+        # (kv_cache_planning.py:1827-1860, shrink_kv_cache_configs)
+        when = " after warm-up and CUDA-graph capture" if p.extensible else ""
         reasons.append(
             f"max_model_len {p.max_model_len} needs {format_gib(needed)} of KV cache for one request "
-            f"but only {format_gib(worst.kv_cache_bytes)} is available ({tokens} tokens)"
+            f"but only {format_gib(worst.kv_cache_bytes)} is available{when} ({tokens} tokens)"
         )
     if worst.nvml_bytes > total:
         warnings.append(
             f"the worker would hold {format_gib(worst.nvml_bytes)} on a {format_gib(total)} GPU "
             "(CUDA context and graphs sit outside the budget): lower gpu_memory_utilization"
         )
-    if free is None and budget + pre_init_bytes(p.tp) > total:
+    if free is None and budget + pre_init > total and not p.extensible:
         warnings.append(
             f"budget {format_gib(budget)} plus the CUDA context exceeds the GPU's {format_gib(total)}: "
             "vLLM's free-memory check will fail unless the context is small"

@@ -18,6 +18,7 @@ from gatekeeper.cluster.claim_annotation import (
     read_record,
 )
 from gatekeeper.cluster.claims import RankSizing, size_ranks
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, accounting_for
 from gatekeeper.estimator.components import COMPONENTS
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.overhead import pre_init_bytes
@@ -45,7 +46,9 @@ def test_the_record_carries_the_rank_s_components_which_read_back_by_name() -> N
     assert set(components) == set(COMPONENTS)
     assert components["kv_cache"] == sized.kv_cache_memory_bytes
     # what placement promises per rank: the components and the CUDA context outside them
-    assert sum(components.values()) + pre_init_bytes(1) == sized.rank_bytes
+    # (from 0.33 with the cuBLAS workspace)
+    outside = pre_init_bytes(1, accounting_for(DEFAULT_VLLM_VERSION))
+    assert sum(components.values()) + outside == sized.rank_bytes
     assert written["memoryBytes"] - sized.rank_bytes < 2**20  # rounded up to a MiB
     (read,) = read_record({CLAIM_ANNOTATION: json.dumps({"vllm": written})}).values()
     assert dict(read.components) == components

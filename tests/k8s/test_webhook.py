@@ -29,17 +29,17 @@ CASES = ["allowed", "denied", "warned", "skipped", "non-vllm", "malformed"]
 DENIED: dict[str, list[str]] = {
     "pod": [
         "container 'vllm' of Pod ml-serving/qwen3-8b: Qwen/Qwen3-8B does not fit on L4 "
-        "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 21.42 GiB per GPU",
+        "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 21.53 GiB per GPU",
         "KV cache 4.40 GiB for one request of --max-model-len 32000",
         "the GPU has 22.05 GiB, of which vLLM may use 20.29 GiB at --gpu-memory-utilization 0.92",
-        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --max-model-len 16896; "
+        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --max-model-len 16064; "
         "or --kv-cache-dtype fp8; or --quantization fp8_per_tensor (online fp8 weights).",
     ],
     "deployment": [
         "meta-llama/Llama-3.3-70B-Instruct does not fit on H100-80GB (required node affinity on "
-        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3): at TP=1 it needs 146.44 GiB per GPU "
+        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3): at TP=1 it needs 146.89 GiB per GPU "
         "(weights 131.45 GiB",
-        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2 and --max-model-len 6416; "
+        "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2 and --max-model-len 3424; "
         "or --tensor-parallel-size 4 with nvidia.com/gpu: 4.",
     ],
     "statefulset": [
@@ -54,27 +54,27 @@ DENIED: dict[str, list[str]] = {
     ],
     "job": [
         "meta-llama/Llama-3.1-8B-Instruct does not fit on T4 (nodeSelector "
-        "nvidia.com/gpu.product=Tesla-T4): at TP=1 it needs 16.33 GiB per GPU",
-        "vLLM would refuse: weights need 14.99 GiB per GPU but only 14.06 GiB can be allocated",
+        "nvidia.com/gpu.product=Tesla-T4): at TP=1 it needs 16.30 GiB per GPU",
+        "vLLM would refuse: weights need 14.99 GiB per GPU but only 14.03 GiB can be allocated",
         "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --quantization "
         "fp8_per_tensor (online fp8 weights).",
     ],
     "cronjob": [
         "Qwen/Qwen2.5-14B-Instruct does not fit on A10G (annotation vllm-gatekeeper.io/gpu-memory)",
-        "it needs 31.15 GiB per GPU",
+        "it needs 31.27 GiB per GPU",
     ],
     "leaderworkerset": [
         "container 'vllm' of LeaderWorkerSet ml-serving/llama-405b (leaderTemplate): "
         "meta-llama/Llama-3.1-405B-Instruct does not fit on H100-80GB",
-        "at TP=8 it needs 104.80 GiB per GPU",
+        "at TP=8 it needs 105.26 GiB per GPU",
         "Would fit: --pipeline-parallel-size 2 (16 GPUs in the group); or --quantization "
         "fp8_per_tensor (online fp8 weights).",
     ],
 }
 
 WARNED: dict[str, str] = {
-    "pod": "Qwen/Qwen3-8B fits on L4 with 0.10 GiB to spare, under the 0.94 GiB safety margin; "
-    "lower --max-model-len to 16896 or use --kv-cache-dtype fp8",
+    "pod": "Qwen/Qwen3-8B fits on L4 with 0.13 GiB to spare, under the 0.94 GiB safety margin; "
+    "lower --max-model-len to 16064 or use --kv-cache-dtype fp8",
     "deployment": "model 'acme-corp/private-llm-13b' is unknown to gatekeeper (not in the "
     "catalog), so it is not checked",
     "statefulset": "cannot tell whether it fits: no GPU named; set nodeSelector "
@@ -86,8 +86,8 @@ WARNED: dict[str, str] = {
     "nvidia.com/gpu.product): not in gatekeeper's GPU table",
     "cronjob": "cannot tell whether it fits: no model on the command line nor in a literal "
     "VLLM_MODEL, MODEL, MODEL_NAME",
-    "leaderworkerset": "meta-llama/Llama-3.1-405B-Instruct fits on H100-80GB with 1.33 GiB to "
-    "spare, under the 2.08 GiB safety margin; lower --max-model-len to 103056",
+    "leaderworkerset": "meta-llama/Llama-3.1-405B-Instruct fits on H100-80GB with 0.88 GiB to "
+    "spare, under the 2.08 GiB safety margin; lower --max-model-len to 87824",
 }
 
 MALFORMED: dict[str, str] = {
@@ -397,16 +397,16 @@ def test_lora_slots_are_counted(webhook):
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert "weights 26.00 GiB with LoRA slots 11.01 GiB" in message
-    assert "weights need 26.00 GiB per GPU but only 21.55 GiB can be allocated" in message
+    assert "weights need 26.00 GiB per GPU but only 21.52 GiB can be allocated" in message
     assert "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2." in message
     few = on_l4(webhook, LLAMA_8B, "--max-model-len", "4096", "--enable-lora", "--max-loras=2")
     assert few["allowed"] is True  # 2 slots of vLLM's default rank 16
 
 
 def test_speculative_decoding_ngram_is_free_and_an_eagle_draft_is_counted(webhook, tmp_path):
-    """At --max-model-len 28000 an L4 holds Llama-3.1-8B's KV cache (30,256 tokens fit,
+    """At --max-model-len 28000 an L4 holds Llama-3.1-8B's KV cache (29,520 tokens fit,
     under the safety margin); ngram proposals cost no GPU memory; an EAGLE head (one
-    decoder layer and fc, 0.47 GiB, and its KV page per token) leaves room for 25,488."""
+    decoder layer and fc, 0.47 GiB, and its KV page per token) leaves room for 24,768."""
     base = on_l4(webhook, LLAMA_8B, "--max-model-len", "28000")
     assert base["allowed"] is True
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
@@ -424,9 +424,9 @@ def test_speculative_decoding_ngram_is_free_and_an_eagle_draft_is_counted(webhoo
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert "weights 15.46 GiB with draft model 0.47 GiB" in message
-    assert "only 3.21 GiB is available (25488 tokens)" in message
-    assert "or --max-model-len 18000;" in message  # with the safety margin left
-    shorter = on_l4(webhook, LLAMA_8B, "--max-model-len", "18000", "-sc", json.dumps(eagle))
+    assert "only 3.12 GiB is available (24768 tokens)" in message
+    assert "or --max-model-len 17280;" in message  # with the safety margin left
+    shorter = on_l4(webhook, LLAMA_8B, "--max-model-len", "17280", "-sc", json.dumps(eagle))
     assert shorter == {"uid": shorter["uid"], "allowed": True}
 
 

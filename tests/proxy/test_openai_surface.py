@@ -241,4 +241,4 @@ def test_the_507_message_says_plainly_when_nothing_fits() -> None:
     assert not any(line.startswith("Would fit") for line in lines)
     assert lines[-1].startswith("No setting fits on this node: none of a shorter max_model_len")
     assert "even idle, its 1 GPU(s) cannot hold" in lines[-1]
-    assert "The closest is GPU 0 (H100-80GB), short by 99.83 GiB." in lines[-1]
+    assert "The closest is GPU 0 (H100-80GB), short by 100.32 GiB." in lines[-1]

@@ -355,7 +355,10 @@ def test_each_tables_defaults_are_the_accountings():
         assert table.vllm == release
         accounting = accounting_for(release)
         utilization = table.flags["gpu_memory_utilization"].default
-        assert utilization == accounting.default_utilization, (release, accounting.name)
+        # 0.34: None, resolved to 1.0 with the extensible KV cache and to the span's
+        # default_utilization (0.92) without it (config/cache.py:494-501 of 0.34.0)
+        expected = None if accounting.extensible_kv else accounting.default_utilization
+        assert utilization == expected, (release, accounting.name)
         assert {d: table.flags[d].default for d in modelled} == modelled, release
     # a table for every V1 span
     spans = {accounting_for(r).name for r in releases}
