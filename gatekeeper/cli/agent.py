@@ -121,6 +121,7 @@ def _start_plugin(
         PluginSockets,
         claim_reader,
         pod_reader,
+        slice_reader,
     )
     from gatekeeper.cluster.reserves import rank_sizer
     from gatekeeper.cluster.slices import DRIVER_NAME
@@ -136,6 +137,7 @@ def _start_plugin(
         quantity_bytes,
         read_pod=pod_reader(client),
         size_rank=rank_sizer(model_resolver(settings), placement_policy(settings)),
+        read_published=slice_reader(client, args.node_name, DRIVER_NAME),
         default_release=settings.default_vllm_version,
         count_prepare=prepares.count,
         wait_seconds=(

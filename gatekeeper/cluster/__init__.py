@@ -12,7 +12,10 @@ and reads the record the webhook leaves on a pod (``vllm-gatekeeper.io/claim``: 
 the bytes and the rank's components). ``attribution`` (pure) gives each
 GPU process to its pod's claim, the rest as foreign memory; ``agent_metrics`` exports the
 agent's state and those per-pod figures; ``pod_relay`` serves a pod's headroom at the pod's
-own address for the llm-d router (``deploy/llm-d``).
+own address for the llm-d router (``deploy/llm-d``). The kubelet plugin (``kubelet_plugin``,
+``dra_driver``) prepares claims: ``prepared`` (pure) reads a claim's devices and decides
+whether their bytes are free, ``allocation_check`` (pure) whether each booking is one the
+node's published slice allows, ``reserves`` (pure) whether the pods' vLLM flags fit it.
 
 May import: ``gatekeeper.placement`` (its types and its search), ``gatekeeper.vllm`` (the
 launch fractions), ``gatekeeper.estimator``, ``gatekeeper.models`` (the spec type),

@@ -5,7 +5,11 @@
 1. a claim already in the checkpoint answers with the devices it was prepared with, and
    nothing is checked again (kubelet may ask twice; a restarted agent answers the same);
 2. otherwise the claim is read from the apiserver (``read_claim``) and its devices of
-   this driver on this node's pool are taken (``prepared.claimed_devices``);
+   this driver on this node's pool are taken (``prepared.claimed_devices``), each booking
+   checked against the node's ResourceSlice as published (``read_published``;
+   ``allocation_check.check_published``): a device the slice does not list, zero or
+   negative bytes, bytes above the device's capacity or outside its request policy are
+   refused, whoever wrote the allocation;
 3. the pods the claim is reserved for are read (``read_pod``) and each container that
    runs vLLM on the claim found (``reserves.claim_users``); a pod with none is prepared
    without the flag check, which the log says. What those vLLM containers' flags let vLLM
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gatekeeper.cluster.allocation_check import check_published
 from gatekeeper.cluster.cdi import CONTROL_NODES, cdi_device_id, cdi_spec, spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint, write_atomically
 from gatekeeper.cluster.pod_cgroup import pod_uid
@@ -72,7 +77,7 @@ from gatekeeper.cluster.reserves import (
     claim_users,
     vllm_takes,
 )
-from gatekeeper.cluster.slices import DRIVER_NAME, device_name
+from gatekeeper.cluster.slices import DRIVER_NAME, device_name, slice_name
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 
@@ -125,6 +130,7 @@ class DraDriver:
         *,
         read_pod: Callable[[str, str], Mapping[str, Any]] | None = None,
         size_rank: RankSizer | None = None,
+        read_published: Callable[[], Mapping[str, Any] | None] | None = None,
         default_release: str | None = None,
         count_prepare: Callable[[Literal["prepared", "refused"]], None] | None = None,
         wait_seconds: float = 0.0,
@@ -141,6 +147,9 @@ class DraDriver:
         self._to_bytes = to_bytes
         self._read_pod = read_pod
         self._size_rank = size_rank
+        self._read_published = read_published
+        """The node's ResourceSlice of ``driver`` as the apiserver has it (None: not
+        published); None: allocations are not checked against it (tests of other steps)."""
         self._release = default_release
         longest = KUBELET_CALL_TIMEOUT_SECONDS - DEADLINE_MARGIN_SECONDS
         if not 0 <= wait_seconds <= longest:
@@ -200,6 +209,9 @@ class DraDriver:
             return done
         claim = self._read_claim(ref.namespace, ref.name)
         claimed = claimed_devices(claim, ref, self.driver, self.node_name, self._to_bytes)
+        if self._read_published is not None:
+            what = f"ResourceSlice {slice_name(self.node_name, self.driver)}"
+            check_published(ref, claimed, self._read_published(), self._to_bytes, what)
         reserved = (claim.get("status") or {}).get("reservedFor") or []
         reserved = [r for r in reserved if r.get("resource") == "pods"]
         pods = tuple(str(r.get("uid", "")) for r in reserved)

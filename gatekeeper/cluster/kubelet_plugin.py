@@ -36,12 +36,13 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from gatekeeper.cluster.dra_driver import DEADLINE_MARGIN_SECONDS, DraDriver
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_api import pluginregistration_v1_pb2 as reg
 from gatekeeper.cluster.prepared import ClaimRef, PrepareError
+from gatekeeper.cluster.slices import DRIVER_NAME, slice_name
 from gatekeeper.errors import GatekeeperError
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "PluginSockets",
     "claim_reader",
     "pod_reader",
+    "slice_reader",
 ]
 
 log = logging.getLogger("gatekeeper.cluster.kubelet_plugin")
@@ -253,3 +255,27 @@ def pod_reader(client: Client) -> Callable[[str, str], dict[str, Any]]:
     """Reads a Pod (one a claim is reserved for) as a plain dict; ``PrepareError`` when
     the apiserver does not answer it."""
     return _reader(client, Pod, "pod")
+
+
+def slice_reader(
+    client: Client, node_name: str, driver: str = DRIVER_NAME
+) -> Callable[[], dict[str, Any] | None]:
+    """Reads the node's ResourceSlice of ``driver`` (the one the node agent publishes) as
+    a plain dict, None when there is none; ``PrepareError`` when the apiserver refuses."""
+    name = slice_name(node_name, driver)
+
+    def read() -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = client.get(ResourceSlice, name).to_dict()
+        except ApiError as e:
+            if e.status.code == 404:
+                return None
+            raise PrepareError(
+                f"ResourceSlice {name}: the apiserver answered {e.status.code} "
+                f"({e.status.message}); kubelet retries the prepare",
+                field="resourceslice",
+                value=name,
+            ) from e
+        return found
+
+    return read

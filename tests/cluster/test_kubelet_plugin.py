@@ -13,6 +13,7 @@ The CDI specs validate against the CDI JSON schema (tests/fixtures/cdi).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -28,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from bench.dra_kubelet import Kubelet, registered
+from bench.dra_objects import allocated_claim
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.cdi import spec_file_name
 from gatekeeper.cluster.checkpoint import Checkpoint
@@ -40,7 +42,7 @@ from gatekeeper.cluster.dra_driver import DriverPaths
 from gatekeeper.cluster.kubelet_api import dra_v1_pb2 as dra
 from gatekeeper.cluster.kubelet_plugin import PluginSockets
 from gatekeeper.cluster.prepared import ClaimRef
-from gatekeeper.cluster.slices import uuid_device_name
+from gatekeeper.cluster.slices import slice_name, uuid_device_name
 from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100, subprocess_env, write_state
 from tests.support.dra_kubelet import (
     CGROUP,
@@ -495,3 +497,52 @@ def test_a_pod_with_the_flags_the_webhook_writes_is_prepared(
         == sizing.request_bytes
     )
     release(client, "sized")
+
+
+def test_an_allocation_the_slice_does_not_allow_is_refused_whoever_wrote_it(
+    node: PluginNode, client: Client
+) -> None:
+    """Allocations written into claims' status by hand (as the probe of issue 38 wrote
+    them; the apiserver takes each): above the 77.1 GiB the slice publishes, zero,
+    negative, off the 1 MiB step, a device the slice does not list. None is prepared, each
+    refusal names the bytes and what was published; a booking the scheduler could make is
+    prepared."""
+    assert node.kubelet is not None and node.inventory is not None
+    (published,) = {  # the slice's capacity of a recorded H100, 77.11 GiB
+        int(d["capacity"]["memory"]["value"])
+        for d in client.get(ResourceSlice, slice_name(NODE)).to_dict()["spec"]["devices"]
+    }
+    cases = {
+        "above": (79 * GiB, GPU[0], "that is above the device's published capacity"),
+        "zero": (0, GPU[0], "booked a positive number of bytes"),
+        "negative": (-5 * GiB, GPU[0], "booked a positive number of bytes"),
+        "very-negative": (-50 * GiB, GPU[1], "booked a positive number of bytes"),
+        "off-step": (GiB + 1, GPU[0], "steps of 1048576 bytes from 1048576"),
+        "unlisted": (GiB, "gpu-0000", "device gpu-0000 is not published with a memory"),
+    }
+    refs = {
+        name: allocated_claim(client, name, n, device, namespace=NS, node=NODE)
+        for name, (n, device, _) in cases.items()
+    }
+    prepared = []
+    try:
+        for name, (n, _, why) in cases.items():
+            answer = node.kubelet.prepare(refs[name])[refs[name].uid]
+            if not answer.error:
+                prepared.append(name)
+                continue
+            assert why in answer.error and "kube-scheduler never allocates that" in answer.error
+            if name != "unlisted":
+                assert f"books {n} bytes" in answer.error
+                assert f"capacity {published} bytes" in answer.error
+        print(f"prepares of impossible allocations: {len(prepared)} of {len(cases)}")
+        assert prepared == []
+        assert Checkpoint(node.paths.checkpoint).load() == {}
+        fair = allocated_claim(client, "fair", 12 * GiB, GPU[1], namespace=NS, node=NODE)
+        answer = node.kubelet.prepare(fair)[fair.uid]
+        assert not answer.error and len(answer.devices) == 1
+        node.kubelet.unprepare(fair)
+    finally:
+        for name in [*cases, "fair"]:
+            with contextlib.suppress(ApiError):
+                client.delete(ResourceClaim, name, namespace=NS)

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import pytest
 
+from gatekeeper.cluster.allocation_check import check_published
 from gatekeeper.cluster.checkpoint import Checkpoint, CheckpointError
 from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimedDevice, ClaimRef, PreparedDevice, PrepareError
@@ -211,3 +212,38 @@ def test_real_vllm_on_cpu_takes_the_kv_cache_the_flag_names(tmp_path: Path) -> N
     for line in log.splitlines():
         read = read.feed(line)
     assert read.memory.kv_cache == 256 * MIB  # 0.25 GiB, as gatekeeper reads the line
+
+
+def test_a_booking_is_checked_against_the_published_capacity_and_policy() -> None:
+    """``allocation_check``: the range policy the agent publishes, and a ``validValues``
+    one another publisher may write."""
+    ranged = {"value": "100", "requestPolicy": {"validRange": {"min": "10", "step": "10"}}}
+    listed = {"value": "100", "requestPolicy": {"validValues": ["25", "50"]}}
+    published = {
+        "spec": {
+            "devices": [
+                {"name": "a", "capacity": {"memory": ranged}},
+                {"name": "b", "capacity": {"memory": listed}},
+                {"name": "c", "capacity": {}},
+            ]
+        }
+    }
+    ref = ClaimRef("ns", "c", "u")
+
+    def refused(device: str, booked: int) -> str | None:
+        claimed = ClaimedDevice("r", "node", device, booked)
+        try:
+            check_published(ref, [claimed], published, int, "ResourceSlice s")
+        except PrepareError as e:
+            return str(e)
+        return None
+
+    assert refused("a", 100) is None and refused("a", 30) is None and refused("b", 50) is None
+    assert "above the device's published capacity" in (refused("a", 110) or "")
+    assert "steps of 10 bytes from 10" in (refused("a", 35) or "")
+    assert "allows 10 to 100 bytes" in (refused("a", 5) or "")
+    assert "allows only 25, 50 bytes" in (refused("b", 30) or "")
+    assert "positive number of bytes" in (refused("b", 0) or "")
+    assert "not published with a memory capacity" in (refused("c", 10) or "")
+    with pytest.raises(PrepareError, match="ResourceSlice s is not published"):
+        check_published(ref, [], None, int, "ResourceSlice s")

@@ -37,6 +37,7 @@ from gatekeeper.cluster.kubelet_plugin import (
     PluginSockets,
     claim_reader,
     pod_reader,
+    slice_reader,
 )
 from gatekeeper.cluster.pod_cgroup import pod_uid
 from gatekeeper.cluster.prepared import ClaimRef
@@ -183,6 +184,7 @@ class PluginNode:
             quantity_bytes,
             read_pod=pod_reader(self.client),
             size_rank=rank_sizer(model_resolver(Settings()), PlacementPolicy()),
+            read_published=slice_reader(self.client, self.node_name),
             wait_seconds=self.wait_seconds,
             poll_seconds=self.poll_seconds,
         )
