@@ -45,6 +45,7 @@ from gatekeeper.estimator.overhead import (
     sampler_peak_bytes,
 )
 from gatekeeper.estimator.plan import Plan, resolve_plan
+from gatekeeper.estimator.releases import release_warning
 from gatekeeper.estimator.state import state_bytes
 from gatekeeper.estimator.types import Estimate as Estimate
 from gatekeeper.estimator.types import GpuTarget as GpuTarget
@@ -340,7 +341,8 @@ def estimate(
     )
     reasons, warnings = _verdict(p, worst, layout, length_fits, tokens)
     unregistered = unknown_architecture_warning(spec.architecture)
-    warnings += [unregistered] if unregistered else []
+    past_newest = release_warning(options.vllm_version or default_version)
+    warnings += [w for w in (past_newest, unregistered) if w]
     sp = p.features.speculative
     return Estimate(
         model=spec.name,
