@@ -59,48 +59,7 @@ FEATURES = (
 _QUANTIZED = tuple(m for m in METHODS if m != "none")
 
 
-def _known(
-    archs: tuple[str, ...], methods: tuple[str, ...], why: str
-) -> dict[tuple[str, str], str]:
-    return {(a, m): why for a in archs for m in methods}
-
-
-_ALL = METHODS
-KNOWN: dict[tuple[str, str], str] = {
-    ("GptOssForCausalLM", "gptq"): "-1.5%: GPTQ experts (the gpt-oss helper's MoE part)",
-    **_known(
-        ("LagunaForCausalLM",),
-        _QUANTIZED,
-        "+2% (not yet diagnosed): outside the layers, vLLM 16 MiB, gatekeeper 64 MiB "
-        "(the shared expert gate or router kept in another dtype)",
-    ),
-    **_known(
-        ("MiniCPM3ForCausalLM",),
-        _QUANTIZED,
-        "+2% (not yet diagnosed): its MLA attention, vLLM 45 MiB, gatekeeper 55 MiB",
-    ),
-    **_known(
-        ("EmbeddingGemma2Model",),
-        _ALL,
-        "+116%: gatekeeper sizes per-layer embeddings (Gemma-4-like, 384 MiB) this "
-        "encoder does not build",
-    ),
-    **_known(
-        ("Gemma4UnifiedForConditionalGeneration",),
-        _ALL,
-        "-3.4%: vLLM builds the unified Gemma 4's vision embedder (vision_embedder.patch_dense "
-        "and pos_embedding, 67 MiB here) and the embed_vision / embed_audio projections even "
-        "with every modality off (language_model_only); gatekeeper sizes no vision part then",
-    ),
-    (
-        "KimiK25ForConditionalGeneration",
-        "none",
-    ): (
-        "-6%: vLLM's DeepseekV2ForCausalLM (Kimi K2.5's language model) never ties its "
-        "lm_head (deepseek_v2.py builds a ParallelLMHead whatever tie_word_embeddings says); "
-        "the class defaults say tied, so gatekeeper sizes no head (1.7 GiB here)"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 """(architecture, method) -> why gatekeeper differs from vLLM's build by more than 1% (or
 cannot size what vLLM built)."""
 
