@@ -35,6 +35,7 @@ from gatekeeper.cluster.claims import size_ranks
 from gatekeeper.cluster.prepared import ClaimRef, PreparedDevice, PrepareError
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.accounting import accounting_for
+from gatekeeper.estimator.plan import default_utilization
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import gib
@@ -165,7 +166,12 @@ def vllm_takes(command: VllmCommand, total_bytes: int, estimated: int | None) ->
         return Takes(max(estimated, kv), "--kv-cache-memory-bytes", how)
     u = command.options.gpu_memory_utilization
     given = u is not None
-    u = u if u is not None else accounting_for(command.vllm_version).default_utilization
+    if u is None:
+        acc = accounting_for(command.vllm_version)
+        try:  # 0.34's extensible KV cache: 1.0 of the device, a cap it may fill
+            u = default_utilization(acc, command.options)
+        except GatekeeperError:  # a flag the release refuses: vLLM would not start
+            u = acc.default_utilization
     how = f"{u} x {total_bytes} bytes total" + ("" if given else " (vLLM's default)")
     return Takes(math.ceil(u * total_bytes), "--gpu-memory-utilization", how)
 

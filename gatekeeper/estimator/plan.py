@@ -28,7 +28,14 @@ from gatekeeper.models.quantization import QuantSpec, quant_from_flag
 from gatekeeper.models.spec import DTYPE_BYTES, ModelSpec
 from gatekeeper.units import GIB
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Features", "Plan", "extensible_kv_cache", "resolve_plan"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "Features",
+    "Plan",
+    "default_utilization",
+    "extensible_kv_cache",
+    "resolve_plan",
+]
 
 DEFAULT_BLOCK_SIZE = 16
 """``CacheConfig.DEFAULT_BLOCK_SIZE`` before 0.34 (``Accounting.default_block_size``)."""
@@ -144,6 +151,13 @@ def _features(
     )
 
 
+def default_utilization(acc: Accounting, opts: ServeOptions) -> float:
+    """``--gpu-memory-utilization`` when it is not given, as the release resolves it: 1.0
+    (a cap) with 0.34's extensible KV cache, else the span's default (0.9, 0.92 from
+    0.20; ``CacheConfig.resolved_gpu_memory_utilization``, config/cache.py:494-501)."""
+    return EXTENSIBLE_UTILIZATION if extensible_kv_cache(acc, opts) else acc.default_utilization
+
+
 def extensible_kv_cache(acc: Accounting, opts: ServeOptions) -> bool:
     """Whether the release sizes the KV cache after warm-up (vLLM 0.34's extensible KV
     cache), as ``VllmConfig._resolve_extensible_kv_cache`` (config/vllm.py:3180-3269 of
@@ -231,8 +245,7 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
     # 0.34's default of 64 is one FlashMLA takes too: MLA stays at 64
     default_block = max(acc.default_block_size, acc.mla_block_size if spec.mla else 0)
     block = opts.block_size or default_block
-    default_utilization = EXTENSIBLE_UTILIZATION if extensible else acc.default_utilization
-    utilization = opts.gpu_memory_utilization or default_utilization
+    utilization = opts.gpu_memory_utilization or default_utilization(acc, opts)
     features = _features(spec, opts, shape, tp, gpu, pooling=pooling, length=length)
     _check_encoder_decoder(spec, shape, length, audio=features.weights.vision)
     return Plan(

@@ -33,6 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gatekeeper.estimator.accounting import accounting_by_name
 from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.estimator.vllm_method import Estimate
 from gatekeeper.placement.types import GpuLine, Placement, PlacementPolicy, PlacementRequest
@@ -136,7 +137,7 @@ def _shares(
         totals = min(g.total_bytes for g in chosen)
         utilization = asked.gpu_memory_utilization or ceil_fraction(in_budget, totals)
         return utilization, needs[chosen[0].total_bytes].kv_bytes, needed
-    context = pre_init_bytes(needs[chosen[0].total_bytes].estimate.tensor_parallel_size)
+    context = _context(needs[chosen[0].total_bytes].estimate)
     if policy.share_gpus:
         return _sized_fraction(chosen, needs, context, rules)
     outside = max(n.max_bytes - max(n.static_in_budget) - context for n in needs.values())
@@ -178,11 +179,25 @@ def _kv_in(
     chosen: Sequence[GpuLine], needs: Mapping[int, Need], utilization: float, rules: ReleaseBudget
 ) -> int:
     """KV bytes a utilization-sized worker gets: its budget less what is not KV (the
-    fewest of all ranks, as vLLM allocates)."""
-    context = pre_init_bytes(needs[chosen[0].total_bytes].estimate.tensor_parallel_size)
-    return min(
-        int(utilization * g.total_bytes)
-        - _held(g, context, rules)
-        - (max(needs[g.total_bytes].static_in_budget) - needs[g.total_bytes].kv_bytes)
-        for g in chosen
-    )
+    fewest of all ranks, as vLLM allocates). With vLLM 0.34's extensible KV cache the
+    budget is a cap, ``min(u x total, free at start - context - margin)``
+    (``estimator.extensible_kv``): the margin vLLM keeps free when it sizes the cache
+    after warm-up can bind before the cap does."""
+    e = needs[chosen[0].total_bytes].estimate
+    context = _context(e)
+    out = []
+    for g in chosen:
+        need = needs[g.total_bytes]
+        budget = int(utilization * g.total_bytes) - _held(g, context, rules)
+        if need.estimate.extensible_kv_cache:
+            budget = math.ceil(utilization * g.total_bytes)  # request_memory, utils.py:743
+            margin = max(s.kv_margin_bytes for s in need.estimate.stages)
+            budget = min(budget, g.free_bytes - context - margin)
+        out.append(budget - (max(need.static_in_budget) - need.kv_bytes))
+    return min(out)
+
+
+def _context(e: Estimate) -> int:
+    """What a rank holds before vLLM's snapshot: the CUDA context (NCCL under TP; from
+    0.33 the cuBLAS workspace), as the estimate's accounting has it."""
+    return pre_init_bytes(e.tensor_parallel_size, accounting_by_name(e.accounting))

@@ -221,6 +221,11 @@ def _need(request: PlacementRequest, e: Estimate, total: int, sequences: int) ->
     if o.kv_cache_memory_bytes is not None:
         kvs = [o.kv_cache_memory_bytes] * len(e.stages)
         what = f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes}"
+    elif o.gpu_memory_utilization is not None and e.extensible_kv_cache:
+        # vLLM 0.34's extensible cache: u x total is a cap, and the margin it keeps free
+        # when it sizes the cache after warm-up may bind first (the estimate's KV at u)
+        kvs = [s.kv_cache_bytes for s in e.stages]
+        what = f"--gpu-memory-utilization {o.gpu_memory_utilization}"
     elif o.gpu_memory_utilization is not None:
         budget = math.ceil(o.gpu_memory_utilization * total)
         kvs = [budget - e.rank_bytes(s, 0)[1] for s in e.stages]
