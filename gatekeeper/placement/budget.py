@@ -131,7 +131,12 @@ def _shares(
     if asked.gpu_memory_utilization is not None and asked.kv_cache_memory_bytes is None:
         # the operator's own budget, honoured: vLLM takes u x total on every GPU
         return asked.gpu_memory_utilization, None, needed
-    if asked.kv_cache_memory_bytes is not None or (policy.share_gpus and rules.byte_budget):
+    # vLLM 0.34 refuses --enable-extensible-kv-cache beside a byte budget: an operator who
+    # asks for the extensible cache on a shared GPU gets a fraction as its cap instead
+    extensible = asked.enable_extensible_kv_cache is True
+    if asked.kv_cache_memory_bytes is not None or (
+        policy.share_gpus and rules.byte_budget and not extensible
+    ):
         # (an asked byte budget on a release without the flag: launch_args names the release)
         in_budget = max(max(needs[g.total_bytes].static_in_budget) for g in chosen)
         totals = min(g.total_bytes for g in chosen)

@@ -59,7 +59,10 @@ def decide(
             placement=found.placement,
             reasons=(),
             gpus=tuple(mark_lines(found.lines, found.chosen, found.needs)),
-            warnings=(*model_warnings(request, policy), *kv_warnings(request, found.placement, policy)),
+            warnings=(
+                *model_warnings(request, policy),
+                *kv_warnings(request, found.placement, policy),
+            ),
         )
     return _reject(request, snapshot, found, policy, suggest, cache)
 

@@ -104,3 +104,19 @@ def test_the_kubelet_plugin_reads_a_0_34_container_without_flags_as_the_whole_de
     assert vllm_takes(bare, total, None).bytes == total
     assert vllm_takes(off, total, None).bytes == math.ceil(0.92 * total)
     assert vllm_takes(older, total, None).bytes == math.ceil(0.92 * total)
+
+
+def test_an_asked_extensible_cache_on_a_shared_gpu_gets_a_cap_not_a_byte_budget() -> None:
+    """vLLM refuses --enable-extensible-kv-cache beside --kv-cache-memory-bytes
+    (config/vllm.py:3262): the operator's choice is kept, with the smallest fraction that
+    covers the worker's need as the cap."""
+    policy = PlacementPolicy(share_gpus=True)
+    p, total, free = _placed(policy, enable_extensible_kv_cache=True)
+    assert p.flags.kv_cache_memory_bytes is None
+    assert "--enable-extensible-kv-cache" in p.args and "--kv-cache-memory-bytes" not in p.args
+    launched = _launched(p, total, free)
+    assert launched.extensible_kv_cache is True and launched.fits, launched.reasons
+    assert launched.worst.kv_cache_bytes == p.kv_cache_bytes
+    assert launched.worst.nvml_bytes <= p.promise_bytes[0]
+    shared, _, _ = _placed(policy)
+    assert p.kv_cache_bytes >= shared.kv_cache_bytes  # at least the KV cache asked for
