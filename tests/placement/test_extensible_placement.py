@@ -18,6 +18,7 @@ import math
 
 import pytest
 
+from gatekeeper.cluster.claims import size_ranks
 from gatekeeper.cluster.reserves import vllm_takes
 from gatekeeper.estimator import GpuTarget, estimate
 from gatekeeper.estimator.options import ServeOptions
@@ -120,3 +121,29 @@ def test_an_asked_extensible_cache_on_a_shared_gpu_gets_a_cap_not_a_byte_budget(
     assert launched.worst.nvml_bytes <= p.promise_bytes[0]
     shared, _, _ = _placed(policy)
     assert p.kv_cache_bytes >= shared.kv_cache_bytes  # at least the KV cache asked for
+
+
+def test_a_cluster_claim_for_0_34_holds_the_worker_its_flags_launch() -> None:
+    """The mutating webhook's sizing (``claims.size_ranks``) for a ``vllm-openai:v0.34``
+    container: a byte budget (the extensible cache off), and the kubelet plugin's reading
+    of the patched flags (``reserves.vllm_takes``) within the claim."""
+    snap = parse_declared_node("1xH100-80GB")
+    g = snap.gpus[0]
+    options = ServeOptions(max_model_len=8192, vllm_version=RELEASE)
+    sizing = size_ranks(LLAMA8, options, g.total_bytes, g.name, PlacementPolicy())
+    flags = ["--kv-cache-memory-bytes", str(sizing.kv_cache_memory_bytes),
+             "--gpu-memory-utilization", str(sizing.gpu_memory_utilization)]  # fmt: skip
+    command = parse_vllm_command(
+        ["vllm", "serve", LLAMA8.serve_reference, "--max-model-len", "8192", *flags],
+        [], f"vllm/vllm-openai:v{RELEASE}", {},
+    )  # fmt: skip
+    assert command is not None and command.vllm_version == RELEASE
+    launched = estimate(
+        LLAMA8,
+        dataclasses.replace(command.options, vllm_version=RELEASE),
+        GpuTarget(total_bytes=g.total_bytes, free_bytes=g.free_bytes),
+    )
+    assert launched.extensible_kv_cache is False and launched.fits, launched.reasons
+    assert launched.worst.nvml_bytes == sizing.rank_bytes <= sizing.request_bytes
+    takes = vllm_takes(command, g.total_bytes, launched.worst.nvml_bytes)
+    assert takes.bytes <= sizing.request_bytes
