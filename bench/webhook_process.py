@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,15 +75,20 @@ def _ready(webhook: WebhookProcess, ca_path: Path) -> bool:
     return False
 
 
-def start_webhook(directory: Path, *flags: str) -> WebhookProcess:
-    """``gatekeeper webhook`` with ``flags`` (``--mutate``, ``--kubeconfig F``), serving
-    TLS on 127.0.0.1, ready; raises RuntimeError with its log when it does not start."""
+def start_webhook(
+    directory: Path, *flags: str, env: Mapping[str, str] | None = None
+) -> WebhookProcess:
+    """``gatekeeper webhook`` with ``flags`` (``--mutate``, ``--kubeconfig F``) and the
+    settings in ``env`` (``GATEKEEPER_*``), serving TLS on 127.0.0.1, ready; raises
+    RuntimeError with its log when it does not start."""
     ca = make_ca(directory)
     cert, key = directory / "tls.crt", directory / "tls.key"
     issue(ca, cert, key)
     port = free_port()
+    settings = dict(env or {})
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
+    env |= settings
     argv = [sys.executable, "-m", "gatekeeper", "webhook", "--cert", str(cert), "--key",
             str(key), "--host", "127.0.0.1", "--port", str(port), *flags]  # fmt: skip
     log = directory / "webhook.log"

@@ -357,6 +357,28 @@ class Settings(BaseSettings):
     vLLM workload whose own DRA claim requests less GPU memory than a rank needs: ``deny``
     rejects it, ``warn`` allows it with a warning (``--undersized-claims`` overrides)."""
 
+    webhook_max_review_bytes: int = Field(default=3 * 2**20, ge=65536)
+    """The largest AdmissionReview either webhook reads (the apiserver's own request limit
+    is 3 MiB); a larger one is denied unread, naming this limit (docs/cluster.md, "Bounded
+    work per review")."""
+
+    webhook_max_containers_per_pod: int = Field(default=512, ge=1)
+    """The most containers (init containers included) of one pod template either webhook
+    reads; more are denied, naming this limit."""
+
+    webhook_max_line_bytes: int = Field(default=64 * 2**10, ge=1024)
+    """The largest vLLM command line (command, args and literal env values, in UTF-8
+    bytes) either webhook reads; a longer one is denied, naming this limit."""
+
+    webhook_max_flags_per_line: int = Field(default=128, ge=8)
+    """The most flags (words that begin with a dash) a vLLM command line may have for
+    either webhook to read it; more are denied, naming this limit."""
+
+    webhook_review_budget_seconds: float = Field(default=2.5, gt=0)
+    """How long either webhook may spend on one review: what it has not finished by then is
+    denied (half the shipped validating configuration's timeoutSeconds of 5, after which
+    the apiserver would follow the failure policy; the mutating one's is 10)."""
+
     webhook_claims_mode: Literal["gatekeeper", "nvidia-dra", "hami"] = "gatekeeper"
     """Whose GPUs the mutating webhook's requests name (``--claims-mode`` overrides;
     docs/cluster.md, "Coexistence and fallback"): ``gatekeeper``, claims against the

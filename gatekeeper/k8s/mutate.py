@@ -61,6 +61,7 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.claim_record import CLAIM_NAME, intact, ours
 from gatekeeper.k8s.fit import Finding
+from gatekeeper.k8s.limits import Budget, screen
 from gatekeeper.k8s.own_requests import asks_itself, check_own, template_reader
 from gatekeeper.k8s.pod_patch import (
     pointer,
@@ -73,10 +74,11 @@ from gatekeeper.k8s.pod_patch import (
     with_resources,
 )
 from gatekeeper.k8s.review import AdmissionRequest, AdmissionReview, parse_review, review_response
-from gatekeeper.k8s.webhook import AdmissionWebhook
+from gatekeeper.k8s.webhook import AdmissionWebhook, joined
 from gatekeeper.k8s.workloads import (
     SKIP_ANNOTATION,
     ContainerRequest,
+    LineCache,
     PodTemplate,
     pod_templates,
     unread_text,
@@ -109,13 +111,19 @@ class TemplateStore(Protocol):
 
 @dataclass(slots=True)
 class Mutation:
-    """What the review of one object comes to."""
+    """What the review of one object comes to, and what the review has read and sized
+    so far (identical containers are read and sized once)."""
 
     outcome: MutationOutcome = "unchanged"
     denials: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     patch: list[dict[str, Any]] = field(default_factory=list)
     templates: list[dict[str, Any]] = field(default_factory=list)
+    lines: LineCache = field(default_factory=dict, repr=False, compare=False)
+    sized: dict[tuple[object, ...], RankSizing | str] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    budget: Budget | None = field(default=None, repr=False, compare=False)
 
     def add(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -158,22 +166,26 @@ class Mutator:
         if self._count is not None:
             self._count(outcome)
 
-    def answer(self, body: bytes) -> tuple[int, dict[str, Any], MutationOutcome]:
-        """HTTP status, JSON body and outcome for a request body."""
+    def answer(
+        self, body: bytes, budget: Budget | None = None
+    ) -> tuple[int, dict[str, Any], MutationOutcome]:
+        """HTTP status, JSON body and outcome for a request body; ``budget``: the review's
+        time, from its arrival (else from now)."""
+        budget = budget or Budget(self.webhook.config.limits.budget_seconds)
         review = parse_review(body)
         if not isinstance(review, AdmissionReview):
             return review[0], review[1], "malformed"
         try:
-            m = self.decide(review.request)
-        except Exception as e:  # a bug: admit unmutated, say so
+            m = self.decide(review.request, budget)
+        except Exception as e:  # a bug: deny, as a webhook that is down is under Fail
             logger.exception("mutating webhook: internal error on review %s", review.request.uid)
-            m = Mutation("warned", warnings=[f"gatekeeper: internal error ({type(e).__name__})"])
+            m = Mutation("denied", denials=[_internal_error(e)])
         warnings = tuple(dict.fromkeys(m.warnings))
         allowed = not m.denials
-        payload = review_response(review, allowed, "\n".join(m.denials), warnings, m.patch)
+        payload = review_response(review, allowed, joined(m.denials), warnings, m.patch)
         return 200, payload, m.outcome
 
-    def decide(self, request: AdmissionRequest) -> Mutation:
+    def decide(self, request: AdmissionRequest, budget: Budget | None = None) -> Mutation:
         """The mutation of one request; creates the templates it names unless a dry run."""
         kind, obj = request.kind.kind, request.object
         if request.operation not in ("CREATE", "UPDATE") or request.sub_resource or obj is None:
@@ -182,24 +194,31 @@ class Mutator:
         metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
         if metadata.get("deletionTimestamp"):
             return Mutation("ignored")
-        old = request.old_object
         templates = pod_templates(kind, obj)
+        namespace = str(request.namespace or metadata.get("namespace") or "default")
+        where = f"{kind} {namespace}/{metadata.get('name') or metadata.get('generateName', '')}"
+        limits = self.webhook.config.limits
+        over = screen(kind, obj, templates, where, limits)
+        if over:
+            return Mutation("denied", denials=over)
+        old = request.old_object
         if request.operation == "UPDATE" and old and pod_templates(kind, old) == templates:
             return Mutation("ignored")  # a label, replicas...: no rollout of gatekeeper's making
-        namespace = request.namespace or metadata.get("namespace") or "default"
-        where = f"{kind} {namespace}/{metadata.get('name') or metadata.get('generateName', '')}"
-        m = Mutation()
+        m = Mutation(budget=budget or Budget(limits.budget_seconds))
         for template in templates:
             if template.annotations.get(SKIP_ANNOTATION, "").strip().lower() != "true":
                 self._template(m, kind, obj, template, namespace, where)
-        return self._finish(m, request.dry_run)
+        return self._finish(m, request.dry_run, where)
 
-    def _finish(self, m: Mutation, dry_run: bool) -> Mutation:
+    def _finish(self, m: Mutation, dry_run: bool, where: str) -> Mutation:
         if m.denials:
             m.patch, m.outcome = [], "denied"
             return m
         if not dry_run:
-            for template in m.templates:
+            for done, template in enumerate(m.templates):
+                if m.budget is not None and m.budget.spent():
+                    text = f"{m.budget.text(where, len(m.lines))}; {done} claim templates created"
+                    return Mutation("denied", denials=[text], warnings=m.warnings)
                 try:
                     self.store.ensure(template)
                 except GatekeeperError as e:
@@ -224,7 +243,7 @@ class Mutator:
         version = self.webhook.config.fit.default_vllm_version
         found = [
             _Container(f"container {c.name!r} of {where}{part}", i, c, containers[i])
-            for c in vllm_containers(template, version)
+            for c in vllm_containers(template, version, m.lines)
             for i in [_index(c.path)]
         ]
         multi = kind == "LeaderWorkerSet"
@@ -259,7 +278,10 @@ class Mutator:
         edits: dict[int, Mapping[str, Any]] = {}
         claims: list[dict[str, str]] = []
         record: dict[str, Any] = {}
-        for c in found:
+        for done, c in enumerate(found):
+            if m.budget is not None and m.budget.spent():
+                m.denials.append(m.budget.text(c.who.split(" of ", 1)[1], done))
+                return
             sizing = self._size(m, c, template, multi)
             edited = self._edited(m, c, sizing) if sizing is not None else None
             if sizing is None or edited is None:
@@ -270,7 +292,8 @@ class Mutator:
                 continue
             spec = claim_template_spec(sizing, driver)
             name, claim = template_name(spec), CLAIM_NAME + (f"-{len(claims)}" if claims else "")
-            m.templates.append(claim_template(namespace, spec))
+            if all(t["metadata"]["name"] != name for t in m.templates):
+                m.templates.append(claim_template(namespace, spec))
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
             record[c.request.name] = entry(name, sizing, self.mode)
@@ -293,11 +316,12 @@ class Mutator:
                 "write the claim yourself or annotate vllm-gatekeeper.io/skip"
             )
             return None
-        edited = with_budget_flags(c.raw, kv, u, lambda e: reads_back(e, c.request.command, kv, u))
+        command = c.request.command
+        edited = with_budget_flags(c.raw, kv, u, lambda e: reads_back(e, command, kv, u, m.lines))
         if isinstance(edited, str):
             m.denials.append(f"{c.who}: cannot write the flags: {edited}")
             return None
-        if not reads_back(edited, c.request.command, kv, u):
+        if not reads_back(edited, command, kv, u, m.lines):
             m.denials.append(
                 f"{c.who}: the flags written into its command line do not read back as "
                 "written; write the claim yourself or annotate vllm-gatekeeper.io/skip"
@@ -329,13 +353,20 @@ class Mutator:
         if options.kv_cache_memory_bytes is None:  # a fraction of an unknown GPU means nothing
             options = _without_fraction(options)
         ranks = (c.request.gpus or options.tensor_parallel_size) if multi_node else None
-        try:
-            return size_ranks(
-                spec, options, total, name, self.webhook.config.fit, draft=draft, ranks=ranks
-            )
-        except GatekeeperError as e:
-            m.denials.append(f"{c.who}: cannot size a claim: {e}")
+        key = (id(spec), options, total, name, id(draft), ranks)
+        sized = m.sized.get(key)
+        if sized is None:
+            try:
+                sized = size_ranks(
+                    spec, options, total, name, self.webhook.config.fit, draft=draft, ranks=ranks
+                )
+            except GatekeeperError as e:
+                sized = str(e)
+            m.sized[key] = sized
+        if isinstance(sized, str):
+            m.denials.append(f"{c.who}: cannot size a claim: {sized}")
             return None
+        return sized
 
     def _gpu(self, m: Mutation, c: _Container, template: PodTemplate) -> tuple[int, str]:
         """The GPU to size on: the template's (as the validating webhook finds it), else
@@ -394,6 +425,14 @@ def _unreadable(who: str, command: VllmCommand) -> str | None:
             "claim is written; fix the value"
         )
     return None
+
+
+def _internal_error(e: Exception) -> str:
+    return (
+        f"gatekeeper: internal error ({type(e).__name__}) while writing its claim; denied "
+        "rather than admitted without one (a webhook that is down is refused the same way "
+        "under failurePolicy Fail); the webhook's log has the traceback"
+    )
 
 
 def _without_fraction(options: ServeOptions) -> ServeOptions:

@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gatekeeper.k8s.workloads import GPU_RESOURCE
-from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+from gatekeeper.k8s.workloads import GPU_RESOURCE, LineCache, read_container
+from gatekeeper.vllm.command import VllmCommand
 from gatekeeper.vllm.shell import launcher_ends, script_index
 
 __all__ = [
@@ -141,21 +141,15 @@ def with_budget_flags(
 
 
 def reads_back(
-    container: Mapping[str, Any], before: VllmCommand, kv_bytes: int, utilization: float
+    container: Mapping[str, Any],
+    before: VllmCommand,
+    kv_bytes: int,
+    utilization: float,
+    cache: LineCache | None = None,
 ) -> bool:
-    """Whether the edited container reads as ``before``'s model with the budget written."""
-    env = {
-        str(e.get("name")): str(e.get("value"))
-        for e in container.get("env") or []
-        if isinstance(e, Mapping) and isinstance(e.get("value"), str)
-    }
-    after = parse_vllm_command(
-        _strings(container.get("command")),
-        _strings(container.get("args")),
-        str(container.get("image") or ""),
-        env,
-        default_release=before.vllm_version,
-    )
+    """Whether the edited container reads as ``before``'s model with the budget written
+    (read as the webhooks read it: ``workloads.read_container``)."""
+    after = read_container(container, before.vllm_version, cache)
     return (
         after is not None
         and after.model == before.model

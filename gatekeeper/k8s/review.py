@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,11 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 __all__ = [
+    "DRAIN_BYTES",
     "MAX_BODY_BYTES",
     "MAX_WARNING_CHARS",
     "AdmissionRequest",
     "AdmissionReview",
+    "Oversized",
     "clip_warning",
+    "oversized_answer",
     "parse_review",
     "review_body",
     "review_response",
@@ -30,8 +35,17 @@ __all__ = [
     "too_large",
 ]
 
-MAX_BODY_BYTES = 16 * 2**20
-"""Largest review accepted (objects are at most ~1.5 MiB in etcd; a review holds two)."""
+MAX_BODY_BYTES = 3 * 2**20
+"""Largest review read by default (``webhook_max_review_bytes``: the apiserver's own
+request limit; objects are at most ~1.5 MiB in etcd, an update's review holds two)."""
+DRAIN_BYTES = 16 * 2**20
+"""A review over the limit is read on, and dropped, up to this many bytes, so that its
+denial reaches the apiserver as an answer (not a connection cut while it still writes);
+past it the connection gets 413."""
+_HEAD_BYTES = 4096
+_UID = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,253})"')
+"""The first ``uid`` of a review: ``request.uid`` as the apiserver writes a review
+(``kind``, ``apiVersion``, then ``request`` with ``uid`` first)."""
 MAX_WARNING_CHARS = 256
 """The API server may truncate longer warnings; gatekeeper clips them itself."""
 
@@ -135,17 +149,57 @@ def review_response(
     return {"apiVersion": review.api_version, "kind": review.kind, "response": response}
 
 
-async def review_body(request: Request) -> bytes | None:
-    """The request's body, or None when it is larger than ``MAX_BODY_BYTES``."""
-    chunks, size = [], 0
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A review larger than the limit: its first bytes (where the apiserver writes
+    ``request.uid``) and how many bytes were read."""
+
+    head: bytes
+    size: int
+    limit: int
+
+
+async def review_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes | Oversized:
+    """The request's body, or ``Oversized`` when it is larger than ``limit`` bytes: only
+    its head is kept, the rest read and dropped up to ``DRAIN_BYTES``."""
+    chunks: list[bytes] = []
+    head, size = b"", 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+            continue
+        if chunks:
+            head, chunks = b"".join(chunks)[:_HEAD_BYTES], []
+        head = (head + chunk)[:_HEAD_BYTES] if len(head) < _HEAD_BYTES else head
+        if size > DRAIN_BYTES:
+            break
+    if size > limit:
+        return Oversized(head, size, limit)
     return b"".join(chunks)
 
 
-def too_large() -> Response:
-    """The 413 answer to a review larger than ``MAX_BODY_BYTES``."""
-    return JSONResponse(status_body(413, f"the review is larger than {MAX_BODY_BYTES} bytes"), 413)
+def oversized_answer(body: Oversized) -> tuple[int, dict[str, Any]]:
+    """A review over the limit, denied (200, so that the apiserver reads the denial rather
+    than a failed call it would follow its failure policy on) when its ``request.uid`` is
+    in its head; otherwise 413."""
+    text = (
+        f"the review is {body.size}{'+' if body.size > DRAIN_BYTES else ''} bytes, over the "
+        f"webhook's limit of {body.limit} review bytes (setting webhook_max_review_bytes); "
+        "make the object smaller"
+    )
+    found = _UID.search(body.head)
+    if found is None or body.size > DRAIN_BYTES:
+        return 413, status_body(413, text)
+    response = {"uid": found.group(1).decode(), "allowed": False, "status": status_body(413, text)}
+    return 200, {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+def too_large(body: Oversized) -> Response:
+    """The answer to a review larger than its limit (``oversized_answer``)."""
+    status, payload = oversized_answer(body)
+    return JSONResponse(payload, status)

@@ -31,8 +31,9 @@ from gatekeeper.cluster.claims import ClaimsMode
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.fit import gpu_from_value
 from gatekeeper.k8s.fleet import Fleet
+from gatekeeper.k8s.limits import Budget, ReviewLimits
 from gatekeeper.k8s.mutate import MutationOutcome, Mutator
-from gatekeeper.k8s.review import review_body, too_large
+from gatekeeper.k8s.review import Oversized, review_body, too_large
 from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
 from gatekeeper.metrics.exposition import metrics_endpoint
 from gatekeeper.models.spec import ModelSpec
@@ -61,7 +62,15 @@ def webhook_from_settings(
     mode: ``gatekeeper.k8s.published.PublishedDevices``) judges by the published devices;
     ``claims``: the mutating webhook's claims mode, when it runs beside."""
     default = settings.webhook_default_gpu
+    limits = ReviewLimits(
+        review_bytes=settings.webhook_max_review_bytes,
+        containers_per_pod=settings.webhook_max_containers_per_pod,
+        line_bytes=settings.webhook_max_line_bytes,
+        flags_per_line=settings.webhook_max_flags_per_line,
+        budget_seconds=settings.webhook_review_budget_seconds,
+    )
     config = WebhookConfig(
+        limits=limits,
         fit=placement_policy(settings),
         default_gpu=gpu_from_value(default, "setting webhook_default_gpu") if default else None,
         unknown_model=settings.webhook_unknown_model,
@@ -130,11 +139,14 @@ def mutate_endpoint(mutator: Mutator) -> Callable[[Request], Awaitable[Response]
     apiserver)."""
 
     async def endpoint(request: Request) -> Response:
-        body = await review_body(request)
-        if body is None:
-            mutator.counted("malformed")
-            return too_large()
-        status, payload, outcome = await anyio.to_thread.run_sync(mutator.answer, body)
+        limits = mutator.webhook.config.limits
+        budget = Budget(limits.budget_seconds)  # from the review's arrival
+        body = await review_body(request, limits.review_bytes)
+        if isinstance(body, Oversized):
+            answer = too_large(body)
+            mutator.counted("denied" if answer.status_code == 200 else "malformed")
+            return answer
+        status, payload, outcome = await anyio.to_thread.run_sync(mutator.answer, body, budget)
         mutator.counted(outcome)
         return JSONResponse(payload, status_code=status)
 

@@ -55,11 +55,13 @@ from gatekeeper.k8s.fit import (
     unknown_model_finding,
 )
 from gatekeeper.k8s.fleet import Fleet, choice, judge_published
+from gatekeeper.k8s.limits import Budget, ReviewLimits, screen
 from gatekeeper.k8s.node_scope import pod_scope
 from gatekeeper.k8s.review import (
     MAX_BODY_BYTES,
     AdmissionRequest,
     AdmissionReview,
+    Oversized,
     parse_review,
     review_body,
     review_response,
@@ -70,6 +72,7 @@ from gatekeeper.k8s.workloads import (
     LEGACY_ANNOTATIONS,
     SKIP_ANNOTATION,
     ContainerRequest,
+    LineCache,
     PodTemplate,
     gpu_product_constraint,
     pod_templates,
@@ -85,10 +88,12 @@ from gatekeeper.vllm.flags import model_location
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_MESSAGES",
     "AdmissionWebhook",
     "WebhookConfig",
     "WebhookDecision",
     "WebhookMetrics",
+    "joined",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,6 +115,8 @@ class WebhookConfig:
     """The most GPUs a suggestion puts on one node (``webhook_max_gpus_per_node``)."""
     claims: ClaimsMode | None = None
     """The mutating webhook's claims mode when it runs (its texts speak of claims)."""
+    limits: ReviewLimits = field(default_factory=ReviewLimits)
+    """What one review may hold and take (``gatekeeper.k8s.limits``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +173,13 @@ class AdmissionWebhook:
         """``POST /k8s/validate``: the review is decided in a worker thread (a hub lookup
         may block)."""
         start = time.perf_counter()
-        body = await review_body(request)
-        if body is None:
-            self._count("malformed", start)
-            return too_large()
-        status, payload, outcome = await anyio.to_thread.run_sync(self.answer, body)
+        budget = Budget(self.config.limits.budget_seconds)
+        body = await review_body(request, self.config.limits.review_bytes)
+        if isinstance(body, Oversized):
+            answer = too_large(body)
+            self._count("denied" if answer.status_code == 200 else "malformed", start)
+            return answer
+        status, payload, outcome = await anyio.to_thread.run_sync(self.answer, body, budget)
         self._count(outcome, start)
         return JSONResponse(payload, status_code=status)
 
@@ -179,13 +188,16 @@ class AdmissionWebhook:
             self.metrics.reviews.labels(outcome).inc()
             self.metrics.duration.observe(time.perf_counter() - start)
 
-    def answer(self, body: bytes) -> tuple[int, dict[str, Any], Outcome]:
-        """HTTP status, JSON body and outcome for a request body."""
+    def answer(
+        self, body: bytes, budget: Budget | None = None
+    ) -> tuple[int, dict[str, Any], Outcome]:
+        """HTTP status, JSON body and outcome for a request body; ``budget``: the review's
+        time, from its arrival (else from now)."""
         review = parse_review(body)
         if not isinstance(review, AdmissionReview):
             return review[0], review[1], "malformed"
         try:
-            decision = self.decide(review.request)
+            decision = self.decide(review.request, budget)
         except Exception as e:  # a bug: admit, say so, and keep the cluster working
             logger.exception("webhook: internal error on review %s", review.request.uid)
             decision = WebhookDecision(
@@ -198,12 +210,17 @@ class AdmissionWebhook:
 
     # -- decision --------------------------------------------------------------------
 
-    def decide(self, request: AdmissionRequest) -> WebhookDecision:
-        """Allow, warn or deny one admission request."""
+    def decide(self, request: AdmissionRequest, budget: Budget | None = None) -> WebhookDecision:
+        """Allow, warn or deny one admission request (within ``budget``)."""
         kind, obj = request.kind.kind, request.object
         if request.operation not in ("CREATE", "UPDATE") or request.sub_resource or obj is None:
             return WebhookDecision(True, "ignored")
         templates = pod_templates(kind, obj)
+        where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
+        limits = self.config.limits
+        over = screen(kind, obj, templates, where, limits)
+        if over:
+            return WebhookDecision(False, "denied", joined(over))
         metadata = obj.get("metadata")
         if not templates or (isinstance(metadata, dict) and metadata.get("deletionTimestamp")):
             return WebhookDecision(True, "ignored")
@@ -214,7 +231,7 @@ class AdmissionWebhook:
             and pod_templates(kind, old) == templates
         ):
             return WebhookDecision(True, "ignored")
-        where = f"{kind} {request.namespace or _namespace(obj)}/{_name(obj, request)}"
+        budget, lines = budget or Budget(limits.budget_seconds), LineCache()
         notes = [_legacy_text(where, old) for t in templates for old in t.legacy]
         findings: list[Finding] = []
         skipped = [t for t in templates if _skipped(t)]
@@ -225,8 +242,10 @@ class AdmissionWebhook:
             if template in skipped:
                 findings.append(Finding("warn", _skip_text(f"{where}{part}")))
                 continue
-            read = vllm_containers(template, self.config.fit.default_vllm_version)
-            for container in read:
+            read = vllm_containers(template, self.config.fit.default_vllm_version, lines)
+            for done, container in enumerate(read):
+                if budget.spent():
+                    return WebhookDecision(False, "denied", budget.text(where, done))
                 who = f"container {container.name!r} of {where}{part}"
                 findings += self._container(who, template, container, kind == "LeaderWorkerSet")
             findings += [
@@ -352,6 +371,19 @@ class AdmissionWebhook:
         ]
 
 
+MAX_MESSAGES = 16
+"""The most reasons one answer lists (a pod of 500 containers denied 500 times says 16
+and how many more)."""
+
+
+def joined(messages: list[str]) -> str:
+    """``messages``, one a line, the first ``MAX_MESSAGES`` of them and a count of the rest."""
+    unique = list(dict.fromkeys(messages))
+    shown = unique[:MAX_MESSAGES]
+    more = len(unique) - len(shown)
+    return "\n".join(shown + ([f"... and {more} more"] if more else []))
+
+
 def _namespace(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
     namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
@@ -391,7 +423,7 @@ def _combine(findings: list[Finding], skipped: list[str], notes: list[str]) -> W
     warnings += [_skip_text(where) for where in skipped] + notes
     unique = tuple(dict.fromkeys(warnings))
     if denials:
-        return WebhookDecision(False, "denied", "\n".join(denials), unique)
+        return WebhookDecision(False, "denied", joined(denials), unique)
     if skipped and not findings:
         return WebhookDecision(True, "skipped", warnings=unique)
     return WebhookDecision(True, "warned" if unique else "allowed", warnings=unique)

@@ -31,9 +31,13 @@ __all__ = [
     "LEGACY_ANNOTATIONS",
     "SKIP_ANNOTATION",
     "ContainerRequest",
+    "LineCache",
     "PodTemplate",
     "gpu_product_constraint",
+    "names_vllm",
     "pod_templates",
+    "read_container",
+    "template_paths",
     "unread_text",
     "unread_vllm_containers",
     "vllm_containers",
@@ -129,17 +133,22 @@ def _annotations(metadata: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items() if isinstance(v, str | int | float | bool)}
 
 
+def template_paths(kind: str) -> tuple[tuple[str, ...], ...]:
+    """Where an object of ``kind`` holds its pod templates (none for a Pod, which is its
+    own, and for kinds without one)."""
+    if kind == "LeaderWorkerSet":
+        lws = ("spec", "leaderWorkerTemplate")
+        return ((*lws, "leaderTemplate"), (*lws, "workerTemplate"))
+    return _TEMPLATE_PATHS.get(kind, ())
+
+
 def pod_templates(kind: str, obj: object) -> list[PodTemplate]:
     """The pod templates of an object of ``kind``; empty for kinds without one."""
     top = _annotations(_map(obj).get("metadata"))
     if kind == "Pod":
         return [_template("", top, _map(_map(obj).get("spec")))]
-    paths: tuple[tuple[str, ...], ...] = _TEMPLATE_PATHS.get(kind, ())
-    if kind == "LeaderWorkerSet":
-        lws = ("spec", "leaderWorkerTemplate")
-        paths = ((*lws, "leaderTemplate"), (*lws, "workerTemplate"))
     out = []
-    for path in paths:
+    for path in template_paths(kind):
         template = _dig(obj, path)
         if isinstance(template, Mapping):
             annotations = {**top, **_annotations(template.get("metadata"))}
@@ -188,24 +197,41 @@ def _claimed_ranks(template: PodTemplate, name: object) -> int | None:
     return ranks if ranks is not None and ranks > 0 and claimed else None
 
 
+LineCache = dict[tuple[object, ...], VllmCommand | None]
+"""The command lines one review has read, by their words, image, env and release: a pod
+of many identical containers is read once."""
+
+
+def read_container(
+    raw: object, default_release: str | None = None, cache: LineCache | None = None
+) -> VllmCommand | None:
+    """The vLLM command a container runs (``parse_vllm_command``, with the flags of the
+    release its image's tag names, else of ``default_release``), or None; read once per
+    review for identical lines when ``cache`` is given."""
+    container = _map(raw)
+    image = container.get("image")
+    image = image if isinstance(image, str) else ""
+    command, args = _strings(container.get("command")), _strings(container.get("args"))
+    env = _env(container)
+    key = (tuple(command), tuple(args), image, tuple(env.items()), default_release)
+    if cache is not None and key in cache:
+        return cache[key]
+    found = parse_vllm_command(command, args, image, env, default_release=default_release)
+    if cache is not None:
+        cache[key] = found
+    return found
+
+
 def vllm_containers(
-    template: PodTemplate, default_release: str | None = None
+    template: PodTemplate, default_release: str | None = None, cache: LineCache | None = None
 ) -> list[ContainerRequest]:
     """The containers of ``template`` that run vLLM (init containers are not looked at),
-    each read with the flags of the release its image's tag names, else of
-    ``default_release`` (``gatekeeper.vllm.command.parse_vllm_command``)."""
+    each read by ``read_container`` (``cache``: the lines this review has read)."""
     prefix = f"{template.path}.spec" if template.path else "spec"
     out = []
     for i, raw in enumerate(_seq(template.spec.get("containers"))):
         container = _map(raw)
-        image = container.get("image")
-        command = parse_vllm_command(
-            _strings(container.get("command")),
-            _strings(container.get("args")),
-            image if isinstance(image, str) else "",
-            _env(container),
-            default_release=default_release,
-        )
+        command = read_container(container, default_release, cache)
         if command is None:
             continue
         name = container.get("name")
@@ -224,6 +250,12 @@ def vllm_containers(
 _NAMES_VLLM = re.compile(r"(?:^|[\s/=;&|(])vllm(?:[\s/.]|$)")
 """``vllm`` as a command, a module or a path component (``vllm serve``, ``-m vllm.x``,
 ``/workspace/vllm/inference_api.py``), not inside another name (``vllm-router``)."""
+
+
+def names_vllm(text: str) -> bool:
+    """Whether ``text`` (a container's words, joined) names vLLM as a command, a module
+    or a path component."""
+    return _NAMES_VLLM.search(text) is not None
 
 
 def unread_vllm_containers(
