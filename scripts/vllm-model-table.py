@@ -49,9 +49,17 @@ model class's
   config with ``tie_word_embeddings`` true and ``--max-model-len`` ``PROBE_LEN``:
   ``ties_head``, whether the decoder's LM head then holds the embedding's tensor
   (DeepSeek-V2's class builds its own whatever the config says; absent: no head), and
-  ``rope_positions: max_model_len`` where the decoder's rotary cache then has
-  ``PROBE_LEN`` rows (EmbeddingGemma2: ``min(max_position_embeddings, max_model_len)``);
+  ``ties_always`` where it still does when built again with ``tie_word_embeddings`` false
+  (Zamba2 ties unconditionally); ``rope_positions: max_model_len`` where the decoder's
+  rotary cache then has ``PROBE_LEN`` rows (EmbeddingGemma2: ``min(max_position_embeddings,
+  max_model_len)``); ``default_max_model_len`` where ``VllmConfig`` without
+  ``--max-model-len`` serves a shorter length than the config's own (the class's
+  ``verify_and_update_config``, ``models/config.py``: EmbeddingGemma2 caps it at 8192);
   ``error`` where vLLM refused it;
+- ``supports_pp``: whether vLLM runs the class under pipeline parallelism (the registry's
+  ``_ModelInfo.supports_pp``, ``interfaces.supports_pp``: the ``SupportsPP`` interface);
+  ``ModelConfig.verify_with_parallel_config`` refuses ``--pipeline-parallel-size`` above 1
+  otherwise (Whisper, HRM-Text);
 - ``how``: how the class was read (``import``: imported and its attributes read, or
   ``source``: parsed from its file when the module cannot be imported on this build, with
   the ``error``).
@@ -81,6 +89,7 @@ from typing import Any
 
 import vllm
 from vllm.config.model import iter_architecture_defaults
+from vllm.model_executor.models.interfaces import supports_pp
 from vllm.model_executor.models.registry import _VLLM_MODELS
 from vllm.model_executor.models.utils import WeightsMapper
 
@@ -808,11 +817,40 @@ class Builder:
         tied = ties_head(model)
         if tied is not None:
             out["ties_head"] = tied
+        if tied and self._ties_untied(arch, config):
+            out["ties_always"] = True
         rows = {int(b.shape[0]) for n, b in model.named_buffers()
                 if n.endswith("cos_sin_cache") and not _SIDE_TOWERS.search(n)}  # fmt: skip
         if PROBE_LEN in rows:
             out["rope_positions"] = "max_model_len"
+        served = self._default_len(folder)
+        if served is not None:
+            out["default_max_model_len"] = served
         return out
+
+    def _ties_untied(self, arch: str, config: dict[str, Any]) -> bool:
+        """Whether the language model's head is still the embedding's tensor when built
+        with ``tie_word_embeddings`` false (zamba2.py ties it unconditionally)."""
+        untied = json.loads(json.dumps(config))
+        untied["tie_word_embeddings"] = False
+        if isinstance(untied.get("text_config"), dict):
+            untied["text_config"]["tie_word_embeddings"] = False
+        model = self._language_model(self.work / arch / "probe-untied", untied, None)
+        return model is not None and bool(ties_head(model))
+
+    def _default_len(self, folder: Path) -> int | None:
+        """The length ``VllmConfig`` serves the probe's config at without
+        ``--max-model-len``, where it is below the config's own (``ModelConfig``'s derived
+        length): a class's ``verify_and_update_config`` capping it; None otherwise."""
+        job = {"model": str(folder), "dtype": "bfloat16", "language_model_only": True}
+        try:
+            with _deadline(120):
+                model_config = self.meta_build.vllm_configs(job).model_config
+                derived = int(model_config.get_and_verify_max_len(None))
+        except Exception:  # vLLM refuses the config here: nothing to say
+            return None
+        served = int(model_config.max_model_len)
+        return served if served < derived else None
 
     def _language_model(
         self, folder: Path, config: dict[str, Any], quantization: str | None
@@ -1336,6 +1374,7 @@ def entry(arch: str, relname: str, class_name: str, builder: Builder | None) -> 
         row.update({"mapper": None, "packed": None, **source_only(module_name, class_name)})
         return row
     row["how"] = "import"
+    row["supports_pp"] = bool(supports_pp(cls))
     row["mapper"] = mapper_rows(getattr(cls, "hf_to_vllm_mapper", None))
     row["packed"] = packed_rows(getattr(cls, "packed_modules_mapping", None))
     row["packed_when"] = packed_when(cls)

@@ -6,6 +6,9 @@ Page size per layer and token (``v1/kv_cache_interface.py``):
   with ``kv_heads_rank = max(1, kv_heads // tp)`` (heads replicate past ``tp = kv_heads``);
 - MLA: ``(kv_lora_rank + qk_rope_head_dim) * b_kv`` on every rank (not divided by TP);
   ``fp8_ds_mla`` packs a token into 656 bytes. vLLM V0 aligned each MLA entry to 256 bytes.
+  A class that sizes MLA's projections around a plain ``Attention`` (MiniCPM3) keeps K and
+  V of every head instead: ``heads_rank * 2 * (qk_nope_head_dim + qk_rope_head_dim) * b_kv``
+  (V zero-padded to K's width, ``minicpm3.py``).
 
 Layers with their own heads (``ModelSpec.attention_shape``: Gemma 4's global layers) have
 their own page. Where pages differ, vLLM's hybrid allocator makes them equal
@@ -34,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gatekeeper.estimator.options import KvDtype
+from gatekeeper.estimator.options import KvDtype, latent_kv_cache
 from gatekeeper.models.spec import AttentionKind, ModelSpec
 from gatekeeper.units import cdiv, round_up
 
@@ -147,12 +150,16 @@ def page_bytes_per_token(
 ) -> int:
     """Bytes of KV one token takes in one attention layer (``layer``'s own heads when given)
     on one rank."""
-    if spec.mla is not None:
+    if spec.mla is not None and latent_kv_cache(spec):
         if kv.name == "fp8_ds_mla":
             return FP8_DS_MLA_BYTES
         width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
         raw = width * kv.numerator // kv.denominator + kv.per_head_extra_bytes
         return round_up(raw, mla_align) if mla_align else raw
+    if spec.mla is not None:  # minicpm3.py: Attention(heads, qk_head_dim, num_kv_heads=heads)
+        heads = max(1, spec.num_attention_heads // tp)
+        width = 2 * (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim)
+        return heads * (width * kv.numerator // kv.denominator + kv.per_head_extra_bytes)
     shape = spec.attention_shape(layer) if layer is not None else None
     kv_heads = shape.num_kv_heads if shape else spec.num_kv_heads
     heads = max(1, kv_heads // tp)
@@ -248,7 +255,7 @@ def _hybrid(
             state_bytes_per_sequence=per_sequence,
         )  # fmt: skip
     align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
-    if spec.mla is not None:
+    if latent_kv_cache(spec):
         align = max(align, MLA_HYBRID_ALIGNMENT)
     aligned = align * cdiv(state.bytes_per_sequence, align * page)
     aligned = KERNEL_BLOCK_ALIGNMENT * cdiv(aligned, KERNEL_BLOCK_ALIGNMENT)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.speculative import Speculative
+from gatekeeper.models.module_names import mla_attention, supports_pp
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ServeOptions",
     "check_parallelism",
     "draft_reference",
+    "latent_kv_cache",
     "resolve_kv_dtype",
 ]
 
@@ -370,6 +372,16 @@ KV_DTYPES: dict[str, KvDtype] = {
 }
 
 
+def latent_kv_cache(spec: ModelSpec) -> bool:
+    """Whether vLLM keeps MLA's latent cache for the model (``MLAAttentionSpec``: one
+    ``kv_lora_rank + qk_rope_head_dim`` entry per token, MLA's block size and KV dtypes):
+    ``spec.mla`` and the class runs ``MLAAttention`` (the names table's build). MiniCPM3
+    sizes MLA's projections but runs a plain ``Attention`` on full heads (minicpm3.py
+    ``MiniCPM3Attention``; ``use_mla`` False: minicpm3 is not in ``is_deepseek_mla``'s
+    model types), so its cache is K and V of every head, like any attention layer's."""
+    return spec.mla is not None and mla_attention(spec.architecture) is not False
+
+
 def resolve_kv_dtype(flag: str, model_dtype: str, spec: ModelSpec) -> KvDtype:
     """``--kv-cache-dtype``: auto stores KV in the model dtype."""
     name = model_dtype if flag == "auto" else flag.lower()
@@ -381,7 +393,7 @@ def resolve_kv_dtype(flag: str, model_dtype: str, spec: ModelSpec) -> KvDtype:
             field="kv_cache_dtype",
             value=flag,
         )
-    if kv.name == "fp8_ds_mla" and spec.mla is None:
+    if kv.name == "fp8_ds_mla" and not latent_kv_cache(spec):
         raise ServeOptionsError(
             f"kv_cache_dtype: fp8_ds_mla is for MLA models (DeepSeek V3); {spec.name} has none. Use fp8",
             field="kv_cache_dtype",
@@ -394,8 +406,9 @@ def check_parallelism(
     spec: ModelSpec, tp: int, pp: int, options: ServeOptions | None = None
 ) -> None:
     """vLLM's own checks: TP divides the attention heads, KV heads split or replicate
-    evenly, PP has at least one layer per stage; expert parallelism needs experts and
-    decode context parallelism splits TP ranks whose KV heads are replicated."""
+    evenly, PP has at least one layer per stage and a class that runs under it; expert
+    parallelism needs experts and decode context parallelism splits TP ranks whose KV
+    heads are replicated."""
     if options is not None:
         _check_ep_dcp(spec, tp, options)
     heads = spec.num_attention_heads
@@ -410,6 +423,16 @@ def check_parallelism(
             f"use one of {', '.join(map(str, divisors))}",
             field="tensor_parallel_size",
             value=tp,
+        )
+    if pp > 1 and supports_pp(spec.architecture) is False:
+        # ModelConfig.verify_with_parallel_config: the registry's supports_pp (SupportsPP)
+        raise ServeOptionsError(
+            f"pipeline_parallel_size: vLLM does not run {spec.architecture} under pipeline "
+            "parallelism (its class does not implement SupportsPP, so vLLM refuses to "
+            "start); use tensor parallelism instead (--tensor-parallel-size) with "
+            "--pipeline-parallel-size 1",
+            field="pipeline_parallel_size",
+            value=pp,
         )
     kv = spec.num_kv_heads
     if attention_free:
@@ -462,8 +485,8 @@ def _check_ep_dcp(spec: ModelSpec, tp: int, options: ServeOptions) -> None:
     problem = None
     if tp % dcp:
         problem = f"tensor_parallel_size {tp} must be divisible by it"
-    elif spec.mla is None:
-        kv = spec.num_kv_heads
+    elif not latent_kv_cache(spec):  # MiniCPM3's plain Attention: every head a KV head
+        kv = spec.num_kv_heads if spec.mla is None else spec.num_attention_heads
         if tp <= kv:
             problem = (
                 f"for GQA models tensor_parallel_size ({tp}) must exceed the {kv} KV heads, "

@@ -17,7 +17,7 @@ from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, Accounting, accounting_for
 from gatekeeper.estimator.dtype import resolve_dtype
 from gatekeeper.estimator.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LoraSlots
-from gatekeeper.estimator.options import ServeOptions, check_parallelism
+from gatekeeper.estimator.options import ServeOptions, check_parallelism, latent_kv_cache
 from gatekeeper.estimator.overhead import BatchShape, batch_defaults, capture_size
 from gatekeeper.estimator.rank_weights import WeightOptions
 from gatekeeper.estimator.runner import resolve_runner
@@ -243,7 +243,7 @@ def resolve_plan(spec: ModelSpec, opts: ServeOptions, gpu: GpuTarget, default_ve
     )
     extensible = extensible_kv_cache(acc, opts)
     # 0.34's default of 64 is one FlashMLA takes too: MLA stays at 64
-    default_block = max(acc.default_block_size, acc.mla_block_size if spec.mla else 0)
+    default_block = max(acc.default_block_size, acc.mla_block_size if latent_kv_cache(spec) else 0)
     block = opts.block_size or default_block
     utilization = opts.gpu_memory_utilization or default_utilization(acc, opts)
     features = _features(spec, opts, shape, tp, gpu, pooling=pooling, length=length)

@@ -36,6 +36,7 @@ from gatekeeper.models.module_names import (
     ModuleNames,
     mla_attention,
     module_names,
+    output_projection,
     rope_follows_max_model_len,
 )
 from gatekeeper.models.quantization import QuantSpec
@@ -58,6 +59,7 @@ __all__ = [
     "layer_parts",
     "mla_copy_bytes",
     "o_proj_name",
+    "output_projection_part",
     "per_layer_embedding_bytes",
     "pooling_head_parts",
     "rope_cache_bytes",
@@ -638,6 +640,17 @@ def pooling_head_parts(c: RankWeights) -> list[tuple[str, int]]:
         fmt = "" if dtype == "model" else dtype
         out[fmt] = out.get(fmt, 0) + t.numel * (DTYPE_BYTES[fmt] if fmt else c.dtype_bytes)
     return list(out.items())
+
+
+def output_projection_part(c: RankWeights) -> tuple[str, str, int]:
+    """The projection of the final hidden state (``ModelSpec.output_projection``:
+    EmbeddingGemma2's ``embedding_projection``, a ``ReplicatedLinear`` built with the
+    quantization config, whole on every rank) as (module group, format, bytes)."""
+    s = c.spec
+    name = output_projection(s.architecture) or "embedding_projection"
+    scheme = c.quant.scheme_for(name) if c.quant is not None else None
+    size = c.linear(name, s.hidden_size, s.output_projection)
+    return ("other", scheme.method if scheme is not None else "", size)
 
 
 def rope_dtype(spec: ModelSpec) -> str:

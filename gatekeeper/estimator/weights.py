@@ -34,6 +34,7 @@ from gatekeeper.estimator.rank_weights import (
     head_scheme,
     mla_copy_bytes,
     o_proj_name,
+    output_projection_part,
     per_layer_embedding_bytes,
     pooling_head_parts,
     rope_cache_bytes,
@@ -111,6 +112,8 @@ def stage_parts(c: RankWeights, *, first: bool, last: bool) -> list[tuple[str, s
             parts.append(("lm_head", scheme.method if scheme else "", head_bytes(c)))
         if c.opts.pooling:  # the pooling class's own heads (pooler, classifier, MLM head)
             parts += [("other", fmt, size) for fmt, size in pooling_head_parts(c)]
+        if s.output_projection:  # EmbeddingGemma2's embedding_projection
+            parts.append(output_projection_part(c))
     rope = rope_dtype(s)
     return [*parts, ("other", rope, rope_cache_bytes(s, c.dtype_bytes, c.opts.max_model_len))]
 

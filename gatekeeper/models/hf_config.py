@@ -39,7 +39,12 @@ from gatekeeper.models.layer_kinds import (
     recurrence_kv_caches,
     sparse_indexer,
 )
-from gatekeeper.models.module_names import ties_head
+from gatekeeper.models.module_names import (
+    output_projection,
+    served_length_cap,
+    ties_always,
+    ties_head,
+)
 from gatekeeper.models.pooling_heads import pooling_heads
 from gatekeeper.models.quantization import QuantSpec, quant_from_config
 from gatekeeper.models.rope import (
@@ -146,7 +151,11 @@ def _tied(
     (``VllmConfig.with_hf_config``); untied when the safetensors carry an ``lm_head``
     tensor (``ModelConfig.maybe_untie_word_embeddings``, ``checkpoint_has_lm_head``), or
     when vLLM's class builds a head of its own whatever the config says (the names
-    table's ``ties_head``: DeepSeek-V2's ``ParallelLMHead``, Kimi K2.5's language model)."""
+    table's ``ties_head``: DeepSeek-V2's ``ParallelLMHead``, Kimi K2.5's language model);
+    tied whatever the config says where the class ties unconditionally (``ties_always``:
+    Zamba2, Whisper)."""
+    if architecture and ties_always(architecture):
+        return True
     tied = next((bool(c["tie_word_embeddings"]) for c in (top, text)
                  if c.get("tie_word_embeddings") is not None), False)  # fmt: skip
     if tied and architecture and ties_head(architecture) is False:
@@ -339,6 +348,9 @@ def _read(
     longest, served_len, len_declared = derived_max_len(
         text, model_type, pooling.max_seq_length if pooling else None
     )
+    architecture = (config.get("architectures") or [model_type or "unknown"])[0]
+    cap = served_length_cap(str(architecture))  # EmbeddingGemma2: 8,192 (models/config.py)
+    served_len = min(served_len, cap) if cap else served_len
     moe, layer_moe = moe_layers(text, layers)
     facts = architecture_facts(text, model_type, max_pos)
     rotary, rope_positions, rope_caches = rope_cache(text, head_dim, mla, max_pos)
@@ -363,7 +375,6 @@ def _read(
         dense_inter = dense_inter or field_value(
             text, "intermediate_size", "intermediate_size", "ffn_dim"
         )
-    architecture = (config.get("architectures") or [model_type or "unknown"])[0]
     head_tensors, head_notes = pooling_heads(config, str(architecture))
     return ModelSpec(
         max_position_declared=len_declared,
@@ -411,6 +422,10 @@ def _read(
         rope_caches=rope_caches,
         rope_widths=widths if rope_positions else (),
         **per_layer_inputs(text, model_type, layers),
+        # embedding_gemma2.py: ReplicatedLinear(hidden_size, embedding_dim) after the norm
+        output_projection=positive("embedding_dim", text.get("embedding_dim"))
+        if output_projection(str(architecture))
+        else 0,
         **sparse_indexer(text, layers),
         learned_position_embeddings=facts.learned_positions,
         vision=vision_spec(config.get("vision_config"), config, hidden),

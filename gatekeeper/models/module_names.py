@@ -54,8 +54,12 @@ __all__ = [
     "known_architecture",
     "mla_attention",
     "module_names",
+    "output_projection",
     "registered_architecture",
     "rope_follows_max_model_len",
+    "served_length_cap",
+    "supports_pp",
+    "ties_always",
     "ties_head",
     "unknown_architecture_warning",
 ]
@@ -405,6 +409,46 @@ def ties_head(architecture: str) -> bool | None:
     inner = (row.get("names") or {}).get("language_model")
     if found is None and inner and inner != architecture:
         return ties_head(str(inner))
+    return bool(found) if found is not None else None
+
+
+def ties_always(architecture: str) -> bool:
+    """Whether vLLM's class ties its LM head to the input embedding even when the config
+    says untied (zamba2.py and whisper.py call ``tie_weights`` unconditionally), as the
+    table's ``probe`` found (the class built again with ``tie_word_embeddings`` false); a
+    wrapper without a probe of its own answers as its language model."""
+    row = _row(architecture)
+    probe = row.get("probe") or {}
+    inner = (row.get("names") or {}).get("language_model")
+    if not probe and inner and inner != architecture:
+        return ties_always(str(inner))
+    return bool(probe.get("ties_always"))
+
+
+def output_projection(architecture: str) -> str | None:
+    """The linear the class projects its final hidden state with, by vLLM's name, where it
+    builds one outside its decoder layers (EmbeddingGemma2's
+    ``language_model.embedding_projection``, hidden -> ``embedding_dim``: the table's
+    ``outside_linears``); None elsewhere."""
+    outside = (_row(architecture).get("built") or {}).get("outside_linears") or ()
+    return next((str(n) for n in outside if str(n).endswith(".embedding_projection")), None)
+
+
+def served_length_cap(architecture: str) -> int | None:
+    """The length vLLM serves the class at, at most, when ``--max-model-len`` is not given
+    (a class's ``verify_and_update_config`` in ``models/config.py``: EmbeddingGemma2's
+    8,192), as the table's ``probe`` found (``VllmConfig`` without a length); None where
+    vLLM serves the config's own length."""
+    cap = (_row(architecture).get("probe") or {}).get("default_max_model_len")
+    return int(cap) if cap else None
+
+
+def supports_pp(architecture: str) -> bool | None:
+    """Whether vLLM runs the class under pipeline parallelism (the registry's
+    ``supports_pp``: the ``SupportsPP`` interface); False where ``ModelConfig`` refuses
+    ``--pipeline-parallel-size`` above 1 (Whisper, HRM-Text, the encoders); None when the
+    table cannot say (a class this build cannot import)."""
+    found = _row(architecture).get("supports_pp")
     return bool(found) if found is not None else None
 
 

@@ -313,6 +313,10 @@ class ModelSpec:
     ``per_layer_input_vocab x (layers x size)`` table and its projection from the hidden
     state, and in every layer a gate and a projection of this width; 0 when none."""
     per_layer_input_vocab: int = 0
+    output_projection: int = 0
+    """The width the class projects the final hidden state to after the norm, where it
+    does (EmbeddingGemma2's ``embedding_projection``, hidden -> ``embedding_dim``: a
+    replicated linear on the last stage); 0 when none."""
     kv_shared_layers: int = 0
     """The last layers that read an earlier layer's KV instead of their own (Gemma 4's
     ``num_kv_shared_layers``): attention of q_proj and o_proj only, no KV cache."""

@@ -1,5 +1,6 @@
 """What vLLM built (``ModelSpec.built``) split into pipeline stages by the decoder's own
-layer path, whatever the class calls it (``model.layers``, BERT's ``encoder.layer``)."""
+layer path, whatever the class calls it (``model.layers``, GPT-2's ``transformer.h``;
+BERT's ``encoder.layer`` never runs under pipeline parallelism: no ``SupportsPP``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _config(architecture: str, model_type: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    ("architecture", "model_type"), [("LlamaForCausalLM", "llama"), ("BertModel", "bert")]
+    ("architecture", "model_type"), [("LlamaForCausalLM", "llama"), ("GPT2LMHeadModel", "gpt2")]
 )
 def test_each_stage_holds_its_own_layers(architecture: str, model_type: str) -> None:
     names = module_names(architecture)

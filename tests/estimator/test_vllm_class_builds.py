@@ -17,24 +17,46 @@ unified and Kimi K2.5 rows), each on a tiny config against vLLM's code:
 - Kimi K2.5's language model, DeepSeek-V2 (deepseek_v2.py): a ``ParallelLMHead`` of its
   own whatever ``tie_word_embeddings`` says.
 
+And what the classes do besides their weights (#36's leftovers):
+
+- MiniCPM3's plain ``Attention(heads, qk_head_dim, num_kv_heads=heads)`` keeps K and V of
+  every head (``FullAttentionSpec``), not MLA's latent entry, at the usual block size;
+- EmbeddingGemma2's ``embedding_projection`` (hidden -> ``embedding_dim``) and its default
+  ``--max-model-len`` capped at 8,192 (models/config.py ``EmbeddingGemma2ModelConfig``);
+- classes without ``SupportsPP`` (Whisper, HRM-Text, Zamba2) refused under pipeline
+  parallelism (config/model.py ``verify_with_parallel_config``);
+- Zamba2's head tied whatever the config says (zamba2.py ``tie_weights``).
+
 Each expected figure is computed by hand from the config and the vLLM file named."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.moe_backend import wna16_experts
 from gatekeeper.estimator.rank_weights import (
     RankWeights,
     attention_bytes,
     decoder_layer_bytes,
     mla_copy_bytes,
+    output_projection_part,
     per_layer_embedding_bytes,
     rope_cache_bytes,
 )
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.models.hf_config import spec_from_config
-from gatekeeper.models.module_names import mla_attention, rope_follows_max_model_len, ties_head
+from gatekeeper.models.module_names import (
+    mla_attention,
+    output_projection,
+    rope_follows_max_model_len,
+    served_length_cap,
+    supports_pp,
+    ties_always,
+    ties_head,
+)
 from gatekeeper.models.quantization import quant_from_config
 from gatekeeper.units import GIB
 from gatekeeper.vllm.flags import options_from_mapping
@@ -109,6 +131,22 @@ def test_minicpm3_builds_its_a_projections_apart_and_q_a_proj_asks_with_no_name(
     o = HEADS * V * H * 2
     norms = (Q_LORA + KV_LORA) * 2
     assert attention_bytes(c, 0) == q_a + kv_a + q_b + kv_b + o + norms
+
+
+def test_minicpm3_caches_k_and_v_of_every_head_not_mlas_latent():
+    # minicpm3.py: Attention(heads / tp, qk_nope + qk_rope, num_kv_heads=heads / tp), V
+    # zero-padded to K's width: a FullAttentionSpec, as vLLM's get_kv_cache_spec says
+    # (MiniCPM3-4B: 40 x 2 x 96 x 2 = 15,360 B a layer and token, not (256 + 32) x 2 = 576)
+    e = run(MINICPM3)
+    assert e.kv_bytes_per_token == 2 * HEADS * 2 * (NOPE + ROPE) * 2
+    assert run(MINICPM3, tensor_parallel_size=2).kv_bytes_per_token == e.kv_bytes_per_token // 2
+    # vLLM 0.32: FlashAttention's 16, not MLA's 64 (use_mla is False)
+    assert run(MINICPM3, vllm_version="0.32.0").block_size == 16
+    with pytest.raises(ServeOptionsError, match="fp8_ds_mla"):
+        run(MINICPM3, kv_cache_dtype="fp8_ds_mla")
+    # MLAAttention keeps its latent entry on every rank, at MLA's block size
+    assert run(DEEPSEEK_V2, tensor_parallel_size=2).kv_bytes_per_token == 2 * (KV_LORA + ROPE) * 2
+    assert run(DEEPSEEK_V2, vllm_version="0.32.0").block_size == 64
 
 
 # -- Laguna -----------------------------------------------------------------------------
@@ -252,6 +290,33 @@ def test_embedding_gemma2_projects_per_layer_inputs_with_no_table():
     )
 
 
+def test_embedding_gemma2_projects_its_output_to_embedding_dim():
+    assert output_projection("EmbeddingGemma2Model") == "language_model.embedding_projection"
+    spec = spec_from_config(EMBEDDING_GEMMA2, name="test")
+    assert spec.output_projection == 48
+    assert output_projection_part(RankWeights.of(spec, 2, 2, None)) == ("other", "", 64 * 48 * 2)
+    # a ReplicatedLinear built with the quantization config: quantized like the rest
+    quantized = spec_from_config({**EMBEDDING_GEMMA2, "quantization_config": GPTQ}, name="t")
+    c = RankWeights.of(quantized, 1, 2, quantized.quantization)
+    gptq = quant_from_config(GPTQ).linear_bytes(64, 48, 2)
+    assert output_projection_part(c) == ("other", "gptq", gptq)
+    plain = {**EMBEDDING_GEMMA2, "architectures": ["Gemma4ForCausalLM"]}
+    assert spec_from_config(plain, name="t").output_projection == 0
+
+
+def test_embedding_gemma2_serves_at_most_8192_tokens_unless_told():
+    assert served_length_cap("EmbeddingGemma2Model") == 8192
+    assert served_length_cap("LlamaForCausalLM") is None
+    text = {**EMBEDDING_GEMMA2["text_config"], "max_position_embeddings": 32768}
+    spec = spec_from_config({**EMBEDDING_GEMMA2, "text_config": text}, name="test")
+    assert (spec.default_max_model_len, spec.max_position_embeddings) == (8192, 32768)
+    options = options_from_mapping({"kv_cache_memory_bytes": GIB}, where="test")[0]
+    assert estimate(spec, options, H100).max_model_len == 8192
+    longer = run({**EMBEDDING_GEMMA2, "text_config": text}, max_model_len=16384)
+    assert longer.max_model_len == 16384
+    assert spec_from_config(EMBEDDING_GEMMA2, name="t").default_max_model_len == 8192
+
+
 # -- Gemma 4 unified -----------------------------------------------------------------------
 
 PIXELS, E, POSITIONS, TEXT_H, AUDIO = 3 * 8 * 8, 32, 10, 64, 16
@@ -326,3 +391,50 @@ def test_a_class_that_builds_its_own_head_is_untied_whatever_the_config_says():
     }
     e = run(kimi, **NO_MEDIA)
     assert groups(e)["lm_head"] == 1024 * H * 2  # the vocabulary padded to 64 rows
+
+
+def test_zamba2_ties_its_head_whatever_the_config_says():
+    assert ties_always("Zamba2ForCausalLM") and ties_always("WhisperForConditionalGeneration")
+    assert not ties_always("LlamaForCausalLM") and not ties_always("DeepseekV2ForCausalLM")
+    zamba2 = {
+        "architectures": ["Zamba2ForCausalLM"],
+        "model_type": "zamba2",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "layers_block_type": ["mamba", "hybrid"],
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "n_mamba_heads": 4,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
+    assert spec_from_config(zamba2, name="test").tie_word_embeddings
+    untied, tied = run(zamba2), run({**zamba2, "tie_word_embeddings": True})
+    assert "lm_head" not in groups(untied)
+    assert untied.worst.weights_bytes == tied.worst.weights_bytes
+
+
+# -- pipeline parallelism a class does not support -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arch", ["WhisperForConditionalGeneration", "HrmTextForCausalLM", "Zamba2ForCausalLM"]
+)
+def test_a_class_without_supports_pp_is_refused_under_pipeline_parallelism(arch: str):
+    assert supports_pp(arch) is False
+    plain = {k: v for k, v in MLA.items() if not k.endswith(("_rank", "_head_dim"))}
+    # the refusal is the class's, whatever the config: a plain decoder config named as it
+    config = {**plain, "architectures": [arch], "model_type": "llama"}
+    with pytest.raises(ServeOptionsError, match=f"{arch}.*tensor parallelism") as refused:
+        run(config, pipeline_parallel_size=2)
+    assert refused.value.field == "pipeline_parallel_size"
+    run(config, tensor_parallel_size=2)  # TP stays open
+
+
+def test_a_class_with_supports_pp_runs_under_pipeline_parallelism():
+    assert supports_pp("LlamaForCausalLM") and supports_pp("MiniCPM3ForCausalLM")
+    assert supports_pp("NoSuchForCausalLM") is None  # not in the table: not refused
+    plain = {k: v for k, v in MLA.items() if not k.endswith(("_rank", "_head_dim"))}
+    for arch in ("LlamaForCausalLM", "NoSuchForCausalLM"):
+        run({**plain, "architectures": [arch], "model_type": "llama"}, pipeline_parallel_size=2)

@@ -18,6 +18,7 @@ SHIPPED = REPO / "gatekeeper" / "data" / "vllm_models" / "0.32.0.json"
 CHECKED = [
     "BertForSequenceClassification",
     "DeepseekV3ForCausalLM",
+    "EmbeddingGemma2Model",  # its probe's default_max_model_len (8,192)
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
     "GptOssForCausalLM",
