@@ -3,7 +3,7 @@
 # (`gatekeeper agent`, the `cluster` extra) in one small image that runs as a non-root user.
 #
 #   docker build -t gatekeeper:0.1.0 .
-#   docker build -t gatekeeper:0.1.0-vllm --build-arg VLLM_VERSION=0.33.0 .
+#   docker build -t gatekeeper:0.1.0-vllm --build-arg VLLM_VERSION=0.34.0 .
 #
 # Without VLLM_VERSION the image has no vLLM: the webhook, the node agent, and a sidecar
 # that watches the GPUs or plans for declared nodes. Its gatekeeper environment

@@ -209,7 +209,7 @@ ACCOUNTINGS: tuple[Accounting, ...] = (
     _V1_034,
 )
 
-DEFAULT_VLLM_VERSION = "0.33.0"
+DEFAULT_VLLM_VERSION = "0.34.0"
 """The vLLM release whose accounting applies when nothing names one: the newest modelled.
 Settings, placement, the webhook and the estimator all default to it."""
 

@@ -192,7 +192,7 @@ def test_the_second_line_says_where_the_config_came_from_not_internal_files(tmp_
     out = gatekeeper("estimate", "qwen3-0.6b")
     second = out.stdout.splitlines()[1]
     assert second == (
-        "vLLM 0.33.0 accounting, per GPU (most loaded rank); "
+        f"vLLM {DEFAULT_VLLM_VERSION} accounting, per GPU (most loaded rank); "
         "config from embedded catalog (`gatekeeper models` lists it)"
     )
     assert ".md" not in out.stdout and "shared/" not in out.stdout and ".py" not in out.stdout

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, accounting_for
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.models.hf_config import spec_from_config
@@ -145,6 +146,10 @@ FALCON_H1 = {
 }
 
 
+ALIGN = accounting_for(DEFAULT_VLLM_VERSION).default_block_size
+"""The hybrid block's alignment at the default release (64 from vLLM 0.34)."""
+
+
 def run(config: dict[str, Any], **flags: Any) -> Estimate:
     spec = spec_from_config(config, name=config["model_type"])
     options = options_from_mapping(
@@ -159,8 +164,12 @@ def test_granite_4_h_aligns_the_attention_block_to_a_mamba2_state():
     ssm = 128 * 64 * 128 * 2  # heads x head_dim x d_state
     assert conv + ssm == 2_147_840
     attn_per_token = 8 * (128 + 128) * 2  # 8 KV heads, K and V of 128, bf16: 4,096 B
-    block = 16 * cdiv(conv + ssm, 16 * attn_per_token)  # 16 x 33 = 528 tokens
-    assert e.block_size == block == 528
+    # Platform._align_hybrid_block_size: the kernel alignment is max(the backend's least
+    # kernel block, the cache's block size): 16 up to 0.33 (16 x 33 = 528 tokens), 64 from
+    # 0.34 (CacheConfig.DEFAULT_BLOCK_SIZE; 64 x 9 = 576)
+    block = ALIGN * cdiv(conv + ssm, ALIGN * attn_per_token)
+    assert e.block_size == block == 576
+    assert run(GRANITE_H, vllm_version="0.33.0").block_size == 528
     # 4 attention layers, 36 Mamba layers: groups of 4 (1 attention group, 9 Mamba groups)
     bytes_per_block = 4 * attn_per_token * block
     assert e.kv_block_bytes == bytes_per_block
@@ -177,7 +186,7 @@ def test_granite_4_h_aligns_the_attention_block_to_a_mamba2_state():
 
 def test_without_prefix_caching_a_state_holds_one_block():
     e = run(GRANITE_H, enable_prefix_caching=False)
-    assert e.blocks_per_request == cdiv(8192, 528) + 9
+    assert e.blocks_per_request == cdiv(8192, 576) + 9
 
 
 def test_jamba_layers_mamba1_state_and_its_weights():
@@ -187,7 +196,7 @@ def test_jamba_layers_mamba1_state_and_its_weights():
     assert e.state_bytes_per_sequence == 28 * state  # attention at 4, 12, 20, 28
     attn_per_token = 4 * 256 * 2  # 8 KV heads over TP 2
     assert e.kv_bytes_per_token == 4 * attn_per_token
-    assert e.block_size == 16 * cdiv(state, 16 * attn_per_token) == 80
+    assert e.block_size == ALIGN * cdiv(state, ALIGN * attn_per_token) == 128
     # the published 51.6B parameters, 96.1 GiB in bf16 over two ranks
     assert 2 * e.worst.weights_bytes == pytest.approx(51.6e9 * 2, rel=0.01)
 
@@ -199,7 +208,7 @@ def test_qwen3_next_gated_delta_net_state():
     assert state == 1_097_728
     assert e.state_bytes_per_sequence == 36 * state  # every 4th of 48 layers attends
     attn_per_token = 2 * 512 * 2
-    assert e.block_size == 16 * cdiv(state, 16 * attn_per_token) == 544
+    assert e.block_size == ALIGN * cdiv(state, ALIGN * attn_per_token) == 576
     assert e.kv_bytes_per_token == 12 * attn_per_token
 
 

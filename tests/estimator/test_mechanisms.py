@@ -175,7 +175,7 @@ def test_an_eagle_head_adds_its_layer_and_fc_and_shares_embedding_and_lm_head():
     assert eagle.worst.draft_weights_bytes == layer + fc + norm == 503_341_056
     # one more attention layer in the shared blocks: 8 KV heads x 128 x (K + V) x 2 B
     assert eagle.kv_bytes_per_token - base.kv_bytes_per_token == 8 * 128 * 2 * 2
-    assert eagle.kv_block_bytes == (131_072 + 4_096) * 16
+    assert eagle.kv_block_bytes == (131_072 + 4_096) * eagle.block_size
 
 
 def test_a_draft_model_brings_all_its_weights_and_kv():
@@ -328,10 +328,11 @@ def test_no_images_means_no_vision_tower_and_no_encoder_profile():
 
 def test_num_gpu_blocks_override_allocates_exactly_those_blocks():
     e = run(LLAMA_8B, num_gpu_blocks_override=1000)
-    assert e.kv_block_bytes == 32 * 2 * 8 * 128 * 2 * 16  # 2 MiB
-    assert e.worst.kv_cache_bytes == 1000 * 2 * 2**20
-    assert e.kv_cache_tokens == 1000 * 16  # 8192 is a whole number of 16-token blocks
-    too_few = run(LLAMA_8B, num_gpu_blocks_override=100)  # 1,600 tokens < 8192
+    assert e.block_size == 64  # vLLM 0.34's default block (16 before)
+    assert e.kv_block_bytes == 32 * 2 * 8 * 128 * 2 * 64  # 8 MiB
+    assert e.worst.kv_cache_bytes == 1000 * 8 * 2**20
+    assert e.kv_cache_tokens == 1000 * 64  # 8192 is a whole number of 64-token blocks
+    too_few = run(LLAMA_8B, num_gpu_blocks_override=100)  # 6,400 tokens < 8192
     assert not too_few.fits
 
 

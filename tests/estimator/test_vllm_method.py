@@ -192,8 +192,15 @@ def test_model_bigger_than_the_gpu_does_not_fit():
 def test_free_memory_check_uses_live_free_memory():
     spec = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
     busy = dataclasses.replace(H100, free_bytes=40 * GIB)
-    e = estimate(spec, ServeOptions(max_model_len=8192), busy)
+    e = estimate(spec, ServeOptions(max_model_len=8192, vllm_version="0.33.0"), busy)
     assert not e.fits and "free memory" in e.reasons[0]
+    # 0.34's extensible KV cache skips the refusal (v1/worker/utils.py:783-786) and sizes
+    # the cache from what is free; with the cache off the refusal is back
+    capped = estimate(spec, ServeOptions(max_model_len=8192, vllm_version="0.34.0"), busy)
+    assert capped.fits and capped.worst.kv_cache_bytes < 40 * GIB - capped.worst.weights_bytes
+    off = ServeOptions(max_model_len=8192, vllm_version="0.34.0", enable_extensible_kv_cache=False)
+    refused = estimate(spec, off, busy)
+    assert not refused.fits and "free memory" in refused.reasons[0]
 
 
 def test_cuda_graphs_enter_the_budget_from_v0_21():

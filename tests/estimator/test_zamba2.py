@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, accounting_for
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, estimate
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.units import GIB, cdiv
@@ -79,7 +80,8 @@ def test_zamba2_kv_in_the_hybrid_layers_and_a_mamba2_state_in_every_layer():
     conv = (INNER + 2 * 1 * N) * (4 - 1) * 2  # (I + 2 G N) x (k - 1)
     ssm = HEADS * (INNER // HEADS) * N * 2  # heads x mamba_headdim x d_state
     assert e.state_bytes_per_sequence == 6 * (conv + ssm)
-    assert e.block_size == max(16, 16 * cdiv(conv + ssm, 16 * attn_per_token))
+    align = accounting_for(DEFAULT_VLLM_VERSION).default_block_size  # 64 from vLLM 0.34
+    assert e.block_size == align * cdiv(conv + ssm, align * attn_per_token)
     # 3 attention and 6 Mamba layers: groups of 3 (one attention group, two Mamba groups),
     # 3 Mamba-2 state blocks each (prefix caching's align mode + the prefill checkpoint)
     assert e.blocks_per_request == cdiv(8192, e.block_size) + 2 * 3

@@ -19,7 +19,6 @@ from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement import PlacementPolicy
 from gatekeeper.settings import Settings
-from gatekeeper.vllm.table import flag_table
 from tests.estimator.test_mechanisms import EAGLE_LLAMA
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
@@ -477,8 +476,8 @@ def test_an_unknown_flag_is_a_warning_not_a_denial(webhook):
     assert response["allowed"] is True
     assert response["warnings"] == [
         "container 'vllm' of Deployment ml-serving/llama: '--frobnicate' is not a flag of vllm "
-        f"serve {flag_table().vllm}; vLLM would refuse an unknown flag unless the image's "
-        "release has it; checked without it"
+        "serve 0.33.0; vLLM would refuse an unknown flag unless the image's "
+        "release has it; checked without it"  # the fixture's image: vllm-openai:v0.33.0
     ]
     # the flags around it are still read: the length that does not fit is still denied
     long = on_l4(webhook, LLAMA_8B, "--frobnicate", "yes", "--max-model-len", "64k")

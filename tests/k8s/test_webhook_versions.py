@@ -69,12 +69,14 @@ def test_a_flag_a_later_release_dropped_is_read_by_the_old_release(webhook, imag
 @pytest.mark.parametrize(
     ("image", "utilization"),
     [("vllm/vllm-openai:v0.8.5", "0.9"), ("vllm/vllm-openai:v0.11.0", "0.9"),
-     ("vllm/vllm-openai:v0.33.0", "0.92"), ("vllm/vllm-openai:latest", "0.92"),
-     ("vllm/vllm-openai@sha256:" + "a" * 64, "0.92")],
+     ("vllm/vllm-openai:v0.33.0", "0.92"), ("vllm/vllm-openai:v0.34.0", "1.0"),
+     ("vllm/vllm-openai:latest", "1.0"), ("vllm/vllm-openai@sha256:" + "a" * 64, "1.0")],
 )  # fmt: skip
 def test_the_accounting_is_the_images_release(webhook, image, utilization):
     """Qwen3-8B at 32k on an L4 is denied by every release; the budget it is judged
-    against is the release's: vLLM's default utilization is 0.92 from 0.20, 0.9 before."""
+    against is the release's: vLLM's default utilization is 0.92 from 0.20, 0.9 before, and
+    from 0.34 a cap of 1.0 on the extensible KV cache (the default release's, for an image
+    that names none)."""
     response = review(webhook, image, QWEN3_8B, "--max-model-len", "32000")
     assert response["allowed"] is False
     message = response["status"]["message"]

@@ -114,7 +114,8 @@ def test_shared_worker_gets_a_byte_budget_for_the_kv_it_asked_for():
     kv, kv_one = d.placement.flags.kv_cache_memory_bytes, one.placement.flags.kv_cache_memory_bytes
     assert kv is not None and kv_one is not None
     block = d.placement.estimate.kv_block_bytes
-    assert kv == block * (4 * 512 + 1) and kv_one == block * (512 + 1)
+    per = 8192 // d.placement.estimate.block_size  # blocks of one sequence of 8192
+    assert kv == block * (4 * per + 1) and kv_one == block * (per + 1)
     e = d.placement.estimate.worst
     in_budget = (
         e.weights_bytes + e.non_torch_bytes + e.activation_peak_bytes + kv + e.cuda_graph_bytes
