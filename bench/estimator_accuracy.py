@@ -11,6 +11,13 @@ start/no-start verdict accuracy.
 
 KV cache errors are scored on rows that started (``outcome: ok``); rows that failed are
 scored by the verdict. Rows whose component is absent are skipped for that component.
+A row of vLLM 0.34 is estimated with the ``v1-0.34`` span; with its extensible KV cache
+(on unless the row says ``"enable_extensible_kv_cache": false`` or its quote holds
+"Disabling the extensible KV cache") "Available KV cache memory" (``kv_cache_gib``) is the
+address space reserved, not the cache, so the KV figure scored is read from the quote with
+gatekeeper's log reader ("Extended KV cache to N blocks (X GiB)", "Memory after warmup"),
+else ``num_gpu_blocks`` or ``kv_cache_tokens`` times the estimate's block bytes
+(``record_kv_cache``).
 
 Then the conformance tables: (#12) per architecture family, a tiny random checkpoint loaded
 by the real vLLM CPU build against gatekeeper's prediction for the same directory
@@ -53,6 +60,7 @@ from gatekeeper.estimator import (
 from gatekeeper.gpus import best_capability
 from gatekeeper.models import ModelSpec, find_in_catalog, spec_from_config
 from gatekeeper.units import GIB
+from gatekeeper.vllm.log import StartupLog
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared/calibration/vllm_observations.jsonl"
@@ -71,6 +79,41 @@ def record_version(r: dict[str, Any]) -> str:
         match = re.search(r"vLLM ~?(\d+\.\d+(?:\.\d+)?)(?: \((V0)\))?", str(r.get("notes")))
         text = f"{match.group(1)} {match.group(2) or ''}" if match else "0.6.4"
     return text.replace("~", "")
+
+
+def record_log(r: dict[str, Any]) -> StartupLog:
+    """The row's quoted log lines (joined with `` | ``) read by gatekeeper's log reader."""
+    log = StartupLog()
+    for line in str(r.get("quote") or "").split(" | "):
+        log = log.feed(line)
+    return log
+
+
+def record_extensible(r: dict[str, Any]) -> bool | None:
+    """Whether a 0.34 row's worker had the extensible KV cache: the row's
+    ``enable_extensible_kv_cache``, else False where its quote says vLLM disabled it, else
+    None (vLLM's default)."""
+    if r.get("enable_extensible_kv_cache") is not None:
+        return bool(r["enable_extensible_kv_cache"])
+    return False if record_log(r).memory.extensible_kv_cache is False else None
+
+
+def record_kv_cache(r: dict[str, Any], e: Estimate) -> float | None:
+    """The row's KV cache in GiB as its worker sized it: ``kv_cache_gib`` ("Available KV
+    cache memory"), but with vLLM 0.34's extensible KV cache, where that is the
+    reservation, the log reader's figure from the quote, else the row's blocks or tokens
+    in the estimate's blocks (the block bytes follow the config, not the memory)."""
+    if not e.extensible_kv_cache:
+        return r.get("kv_cache_gib")
+    memory = record_log(r).memory
+    if memory.extensible_kv_cache and memory.kv_cache is not None:
+        return memory.kv_cache / GIB
+    if r.get("num_gpu_blocks"):
+        return int(r["num_gpu_blocks"]) * e.kv_block_bytes / GIB
+    if r.get("kv_cache_tokens") and e.max_model_len:
+        blocks = int(r["kv_cache_tokens"]) * e.blocks_per_request / e.max_model_len
+        return blocks * e.kv_block_bytes / GIB
+    return None
 
 
 def record_options(r: dict[str, Any]) -> ServeOptions:
@@ -92,6 +135,7 @@ def record_options(r: dict[str, Any]) -> ServeOptions:
         gpu_memory_utilization=r.get("gpu_memory_utilization"),
         enforce_eager=bool(r.get("enforce_eager")),
         vllm_version=record_version(r),
+        enable_extensible_kv_cache=record_extensible(r),
         # Notebook logs come from vLLM's LLM class in a process that already used CUDA.
         embedded=r.get("source_kind") == "notebook_log",
     )
@@ -190,8 +234,11 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
             print(f"{r['id']} is inconsistent: {why}")
         else:
             groups.append("all consistent")
+        actuals = {
+            n: record_kv_cache(r, e) if n == "kv_cache" else r.get(f"{n}_gib") for n in COMPONENTS
+        }
         for name in COMPONENTS:
-            actual = r.get(f"{name}_gib")
+            actual = actuals[name]
             if actual is None or (name == "kv_cache" and not started) or actual == 0:
                 continue
             for method, values in (("gatekeeper", ours), ("seed", seed)):
@@ -206,7 +253,7 @@ def score(rows: list[dict[str, Any]], show_rows: bool) -> int:
             failures_caught[0] += not e.fits
             failures_caught[1] += 1
         if show_rows:
-            row = " ".join(f"{n[:4]} {ours[n]:7.2f}/{r.get(n + '_gib')}" for n in COMPONENTS)
+            row = " ".join(f"{n[:4]} {ours[n]:7.2f}/{actuals[n]}" for n in COMPONENTS)
             print(
                 f"{r['id']} {spec.name[:34]:<34} {e.accounting:<11} {row} fits={e.fits} ({r['outcome']})"
             )
