@@ -14,8 +14,9 @@ from typing import Any
 from gatekeeper.simulator import flags
 from gatekeeper.simulator.argv import rewrite
 from gatekeeper.simulator.env import SimEnv
+from gatekeeper.simulator.extensible import FIRST_RELEASE, config_error
 from gatekeeper.simulator.http import SIMULATOR_NOTE
-from gatekeeper.simulator.process import SIMULATED_FLAGS, VLLM_VERSION, Simulator
+from gatekeeper.simulator.process import VLLM_VERSION, Simulator, simulated_flags
 
 __all__ = ["build_parser", "main", "parse_args"]
 
@@ -23,10 +24,10 @@ _SENSITIVE = frozenset({"api_key", "hf_token", "watermark_config"})
 """Flags whose values vLLM logs as ``***``."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``vllm serve``'s parser from the shipped table of the release the simulator copies."""
-    release, rows = flags.table(VLLM_VERSION)
-    missing = sorted(SIMULATED_FLAGS - {row["dest"] for row in rows})
+def build_parser(played: str = VLLM_VERSION) -> argparse.ArgumentParser:
+    """``vllm serve``'s parser from the shipped table of the release the simulator plays."""
+    release, rows = flags.table(played)
+    missing = sorted(simulated_flags(played) - {row["dest"] for row in rows})
     if missing:
         raise RuntimeError(
             f"vLLM {release}'s flag table has no {', '.join(missing)}, which the simulator "
@@ -35,13 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     return flags.build_parser(rows, description=f"{SIMULATOR_NOTE} (flags of vLLM {release}).")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """``argv`` (what follows ``vllm serve``) as vLLM reads it, and the ``non-default
-    args`` vLLM logs; argparse's errors exit 2, and what vLLM refuses before argparse
+def parse_args(
+    argv: Sequence[str], played: str = VLLM_VERSION
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """``argv`` (what follows ``vllm serve``) as vLLM ``played`` reads it, and the
+    ``non-default args`` vLLM logs; argparse's errors exit 2, and what vLLM refuses before
+    argparse, or in its config (0.34: ``--enable-extensible-kv-cache`` with a byte budget),
     raises ``ValueError`` (or ``OSError`` for a config file that cannot be read)."""
-    parser = build_parser()
-    _, rows = flags.table(VLLM_VERSION)
+    parser = build_parser(played)
+    _, rows = flags.table(played)
     args = parser.parse_args(rewrite(argv, flags.option_strings(rows)))
+    if played == FIRST_RELEASE and (error := config_error(args)) is not None:
+        raise ValueError(error)
     if args.model_tag is not None:
         args.model = args.model_tag  # as `vllm serve` does, before it logs
     defaults = vars(parser.parse_args([]))
@@ -55,7 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     try:
-        args, non_default = parse_args(argv)
+        env: SimEnv | None = SimEnv.from_environ(os.environ)
+        env_error = None
+    except ValueError as e:
+        env, env_error = None, e
+    played = env.vllm_version if env is not None else VLLM_VERSION
+    try:
+        args, non_default = parse_args(argv, played)
     except (ValueError, OSError) as e:
         print(
             "Traceback (most recent call last):\n"
@@ -64,10 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    try:
-        env = SimEnv.from_environ(os.environ)
-    except ValueError as e:
-        build_parser().error(str(e))
+    if env is None:
+        build_parser(played).error(str(env_error))
     return asyncio.run(Simulator(args, non_default, env).run())
 
 

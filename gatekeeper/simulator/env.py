@@ -6,6 +6,7 @@ rehearsal, the tests); ``gatekeeper.simulator`` documents each one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,11 @@ __all__ = [
     "COMPONENT_VARS",
     "FAIL_MODES",
     "PREFIX_ENV",
+    "RELEASES",
     "TIMED_MODES",
+    "VLLM_VERSION_VAR",
     "SimEnv",
+    "played_release",
 ]
 
 FAIL_MODES = ("free-memory", "max-model-len", "oom-load", "oom-sampler", "hang")
@@ -34,6 +38,28 @@ COMPONENT_VARS = {
 """The per-GPU figures the simulator's log reports, by component."""
 ACTUAL_BYTES_VAR = PREFIX_ENV + "ACTUAL_BYTES"
 """The bytes the simulator holds per GPU."""
+VLLM_VERSION_VAR = PREFIX_ENV + "VLLM_VERSION"
+"""The vLLM release whose worker the simulator plays (``played_release``)."""
+RELEASES = ("0.33.0", "0.34.0")
+"""The releases whose start-up the simulator plays, oldest first: the first is the default."""
+
+
+def _release_key(text: str) -> tuple[int, int, int]:
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", text.strip())
+    if match is None:
+        raise ValueError(f"{VLLM_VERSION_VAR}={text!r} is not a vLLM release such as 0.34.0")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def played_release(text: str | None) -> str:
+    """The release of ``RELEASES`` the simulator plays for vLLM ``text``: the newest at or
+    before it (0.33.0 for older releases and when unset: their lines are 0.33's)."""
+    if not text:
+        return RELEASES[0]
+    key = _release_key(text)
+    older = [r for r in RELEASES if _release_key(r) <= key]
+    return older[-1] if older else RELEASES[0]
 
 
 def _size_env(environ: Mapping[str, str], name: str) -> int | None:
@@ -66,6 +92,8 @@ class SimEnv:
     kv_bytes_per_token: int | None = None
     nvml_state: Path | None = None
     visible_devices: str | None = None
+    vllm_version: str = RELEASES[0]
+    """The release played (``played_release`` of ``GATEKEEPER_SIM_VLLM_VERSION``)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SimEnv:
@@ -99,4 +127,5 @@ class SimEnv:
             kv_bytes_per_token=_size_env(environ, "KV_BYTES_PER_TOKEN"),
             nvml_state=Path(state) if state else None,
             visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+            vllm_version=played_release(environ.get(VLLM_VERSION_VAR)),
         )

@@ -3,8 +3,9 @@
 Part of the gatekeeper simulator (``gatekeeper.simulator``), a stand-in for ``vllm
 serve`` in rehearsals and tests. ``plan_memory`` turns the flags and the
 ``GATEKEEPER_SIM_*`` sizes into the per-GPU figures the start-up log reports (the
-split is made up, but the lines agree with each other as vLLM's do); the
-``*_failure`` functions build vLLM 0.33's error for each start-up failure
+split is made up, but the lines agree with each other as vLLM's do; a vLLM 0.34 worker's
+extensible KV cache is ``extensible``'s); the ``*_failure`` functions build vLLM 0.33's
+error for each start-up failure
 (``free-memory``, ``max-model-len``, ``oom-load``, ``oom-sampler``) with numbers taken
 from the plan. vLLM formats GiB with ``round(x, 2)``, so ``12.3``, not ``12.30``.
 """
@@ -73,15 +74,22 @@ class MemoryPlan:
     activation_bytes: int
     cuda_graph_bytes: int
     kv_bytes: int
+    capacity_bytes: int | None = None
+    """vLLM 0.34's extensible KV cache: the reservation "Available KV cache memory" shows
+    (``kv_bytes`` is then the cache as sized after warm-up; ``extensible``)."""
 
     def gib(self, component: str) -> str:
         return fmt(int(getattr(self, f"{component}_bytes")))
 
     def summary_line(self) -> str:
-        """gpu_worker.py's breakdown after start-up (not logged with a KV byte budget)."""
+        """gpu_worker.py's breakdown after start-up (not logged with a KV byte budget):
+        "peak activation" holds the CUDA-graph estimate (the graphs' bytes here; none with
+        0.34's extensible KV cache, whose "current kv cache memory" is the reservation)."""
         consumed = self.weights_bytes + self.non_torch_bytes
-        peak = self.activation_bytes + self.cuda_graph_bytes
-        non_kv = consumed + peak + SUGGESTION_BUFFER_BYTES
+        estimate = 0 if self.capacity_bytes is not None else self.cuda_graph_bytes
+        peak = self.activation_bytes + estimate
+        non_kv = consumed + peak + self.cuda_graph_bytes + SUGGESTION_BUFFER_BYTES
+        kv = self.kv_bytes if self.capacity_bytes is None else self.capacity_bytes
         fit, full = self.requested_bytes - non_kv, self.free_bytes - non_kv
         return (
             f"Free memory on device ({fmt(self.free_bytes)}/{fmt(self.total_bytes)} GiB) on "
@@ -91,7 +99,7 @@ class MemoryPlan:
             f"{fmt(self.cuda_graph_bytes)} GiB for CUDAGraph memory. Replace "
             f"gpu_memory_utilization config with `--kv-cache-memory={fit}` ({fmt(fit)} GiB) to "
             f"fit into requested memory, or `--kv-cache-memory={full}` ({fmt(full)} GiB) to "
-            f"fully utilize gpu memory. Current kv cache memory in use is {fmt(self.kv_bytes)} GiB."
+            f"fully utilize gpu memory. Current kv cache memory in use is {fmt(kv)} GiB."
         )
 
     def kv_bytes_line(self) -> str:
@@ -125,10 +133,14 @@ def plan_memory(
     args: argparse.Namespace,
     total_bytes: int | None = None,
     free_bytes: int | None = None,
+    default_utilization: float = 0.92,
 ) -> MemoryPlan:
-    """The figures for one GPU of ``total_bytes`` (visible) with ``free_bytes`` free."""
+    """The figures for one GPU of ``total_bytes`` (visible) with ``free_bytes`` free;
+    ``default_utilization`` where ``--gpu-memory-utilization`` is None (vLLM 0.34's
+    default with the KV cache sized by the profile)."""
     total = env.gpu_total_bytes or total_bytes or DEFAULT_TOTAL_BYTES
-    u = float(args.gpu_memory_utilization)
+    given_u = args.gpu_memory_utilization
+    u = float(default_utilization if given_u is None else given_u)
     kv_flag: int | None = args.kv_cache_memory_bytes
     actual = env.actual_bytes
     if actual is None:
@@ -175,12 +187,17 @@ class KvCapacity:
 
 
 def kv_capacity(
-    plan: MemoryPlan, max_model_len: int, args: argparse.Namespace, bytes_per_token: int | None
+    plan: MemoryPlan,
+    max_model_len: int,
+    args: argparse.Namespace,
+    bytes_per_token: int | None,
+    default_block_size: int = 16,
 ) -> KvCapacity:
-    """vLLM's capacity numbers; ``fits`` is its check when ``bytes_per_token`` is given."""
+    """vLLM's capacity numbers; ``fits`` is its check when ``bytes_per_token`` is given.
+    ``default_block_size``: where ``--block-size`` is not given (64 from vLLM 0.34)."""
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     per_token = bytes_per_token or cdiv(KV_BYTES_PER_TOKEN, world)
-    block_size = args.block_size or 16
+    block_size = args.block_size or default_block_size
     block_bytes = block_size * per_token
     num_blocks = max(plan.kv_bytes, 0) // block_bytes
     per_request = cdiv(max_model_len, block_size)

@@ -148,18 +148,21 @@ def _prune_dead(lines: list[str]) -> None:
 
 def claim(
     state: Path,
-    claims: Sequence[Claim],
+    claims: Sequence[Claim] | Callable[[list[DeviceMemory]], Sequence[Claim]],
     check: Callable[[list[DeviceMemory]], None] = lambda devices: None,
 ) -> list[DeviceMemory]:
     """Add ``claims`` to the state file; returns the GPUs as they were before.
 
     ``check`` sees the GPUs before the claim, under the lock, and may raise to abort
-    it (the simulator's free-memory check), leaving the file unchanged.
+    it (the simulator's free-memory check), leaving the file unchanged. ``claims`` may be
+    a function of the GPUs, called after ``check`` (a vLLM 0.34 worker takes what is free).
     """
     with _locked(state) as lines:
         _prune_dead(lines)
         devices = _devices(lines)
         check(devices)
+        if callable(claims):
+            claims = claims(devices)
         for c in claims:
             lines.append(f"proc|{c.position}|{c.pid}|{c.used_bytes}")
             _add_used(lines, c.position, c.used_bytes)

@@ -2,7 +2,8 @@
 
 Part of the gatekeeper simulator; ``gatekeeper.simulator`` documents the command line
 and the ``GATEKEEPER_SIM_*`` variables and builds the ``Simulator`` run here. The
-start-up prints vLLM 0.33's log lines in its order, from ``APIServer``, ``EngineCore``
+start-up prints the log lines of the vLLM release played (0.33's, or 0.34's with
+``GATEKEEPER_SIM_VLLM_VERSION``: ``extensible``) in its order, from ``APIServer``, ``EngineCore``
 and, with TP x PP > 1, ``Worker_TP<k>`` (all with this process's pid), pausing for a
 share of the start-up time between steps; the port is bound at once and listens only
 when ready. The HTTP app is ``gatekeeper.simulator.http``'s, under uvicorn.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from gatekeeper._version import __version__
+from gatekeeper.simulator import extensible as ext
 from gatekeeper.simulator import nvml_claims as nvml
 from gatekeeper.simulator.http import (
     SIMULATOR_NOTE,
@@ -34,8 +36,11 @@ from gatekeeper.simulator.http import (
     build_app,
 )
 from gatekeeper.simulator.memory import (
+    KV_BYTES_PER_TOKEN,
+    KvCapacity,
     MemoryPlan,
     StartupFailure,
+    fmt,
     free_memory_failure,
     kv_capacity,
     max_model_len_failure,
@@ -43,15 +48,22 @@ from gatekeeper.simulator.memory import (
     oom_sampler_failure,
     plan_memory,
 )
-from gatekeeper.units import GIB
+from gatekeeper.units import GIB, cdiv
 
 if TYPE_CHECKING:
     from gatekeeper.simulator.env import SimEnv
 
-__all__ = ["DEFAULT_MAX_MODEL_LEN", "SIMULATED_FLAGS", "VLLM_VERSION", "Simulator"]
+__all__ = [
+    "DEFAULT_MAX_MODEL_LEN",
+    "SIMULATED_FLAGS",
+    "VLLM_VERSION",
+    "Simulator",
+    "simulated_flags",
+]
 
 VLLM_VERSION = "0.33.0"
-"""The vLLM release whose log lines and HTTP shapes the simulator copies."""
+"""The vLLM release whose log lines and HTTP shapes the simulator copies by default
+(``GATEKEEPER_SIM_VLLM_VERSION`` picks another of ``env.RELEASES``)."""
 DEFAULT_MAX_MODEL_LEN = 8192
 """``--max-model-len`` when not given (vLLM would derive it from the model's config)."""
 SIMULATED_FLAGS = frozenset(
@@ -76,6 +88,14 @@ SIMULATED_FLAGS = frozenset(
 """The flags whose values the simulator reads (here and in ``memory``); every other flag
 of vLLM's table is accepted, checked with its grammar, logged among the non-default args
 and changes nothing."""
+
+
+def simulated_flags(release: str) -> frozenset[str]:
+    """``SIMULATED_FLAGS`` of the release played: 0.34's adds
+    ``--[no-]enable-extensible-kv-cache``."""
+    if release == ext.FIRST_RELEASE:
+        return SIMULATED_FLAGS | {"enable_extensible_kv_cache"}
+    return SIMULATED_FLAGS
 
 
 class _Log:
@@ -120,6 +140,11 @@ class Simulator:
             else DEFAULT_MAX_MODEL_LEN
         )
         self.world = args.tensor_parallel_size * args.pipeline_parallel_size
+        self.release = env.vllm_version
+        self.v034 = self.release == ext.FIRST_RELEASE
+        self.extensible = self.v034 and ext.extensible_kv_cache(args)
+        self.block_size = ext.BLOCK_SIZE if self.v034 else 16
+        self.sizing: ext.ExtensibleSizing | None = None
         self.stop = asyncio.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.claimed = False
@@ -132,6 +157,21 @@ class Simulator:
         if pp == 1:
             return [f"Worker_TP{k}" for k in range(tp)]
         return [f"Worker_PP{p}_TP{k}" for p in range(pp) for k in range(tp)]
+
+    def block_bytes(self) -> int:
+        per_token = self.env.kv_bytes_per_token or cdiv(KV_BYTES_PER_TOKEN, self.world)
+        return (self.args.block_size or self.block_size) * per_token
+
+    def plan(self, total_bytes: int | None = None, free_bytes: int | None = None) -> MemoryPlan:
+        """The figures on a GPU of ``total_bytes`` with ``free_bytes`` free, as the release
+        played sizes them (``self.sizing``: the extensible KV cache's sizing)."""
+        if self.extensible:
+            plan, self.sizing = ext.plan_extensible(
+                self.env, self.args, self.block_bytes(), total_bytes, free_bytes
+            )
+            return plan
+        u = ext.resolved_utilization(self.args) if self.v034 else 0.92
+        return plan_memory(self.env, self.args, total_bytes, free_bytes, u)
 
     def worker_log(self, where: str, message: str) -> None:
         for name in self.worker_names():
@@ -151,7 +191,7 @@ class Simulator:
         self.log(
             "APIServer",
             "simulator.py:1",
-            f"{SIMULATOR_NOTE}: simulating `vllm serve {self.model}` (vLLM {VLLM_VERSION} "
+            f"{SIMULATOR_NOTE}: simulating `vllm serve {self.model}` (vLLM {self.release} "
             "log formats); no model is loaded and no GPU is used",
             "WARNING",
         )
@@ -213,36 +253,47 @@ class Simulator:
         state, child = self.env.nvml_state, self.child
         forced = self.env.fail == "free-memory"
         if state is None or child is None:
-            if forced:
+            if forced and not self.extensible:
                 raise free_memory_failure(plan, 0, forced=True)
             return plan
         positions = nvml.visible_positions(
             self.env.visible_devices, self.world, nvml.gpu_uuids(state)
         )
-        own = plan.actual_bytes * 9 // 10
-        claims = [nvml.Claim(p, self.pid, own) for p in positions]
-        claims += [nvml.Claim(p, child.pid, plan.actual_bytes - own) for p in positions]
-        seen: list[MemoryPlan] = []
+        seen: list[tuple[MemoryPlan, ext.ExtensibleSizing | None]] = []
 
         def check(devices: list[nvml.DeviceMemory]) -> None:
             for rank, position in enumerate(positions):
                 device = devices[position]
-                checked = plan_memory(self.env, self.args, device.total_bytes, device.free_bytes)
-                if forced or device.free_bytes < checked.requested_bytes:
+                checked = self.plan(device.total_bytes, device.free_bytes)
+                # v1/worker/utils.py:783-797: no refusal with 0.34's extensible KV cache
+                refused = forced or device.free_bytes < checked.requested_bytes
+                if refused and not self.extensible:
                     raise free_memory_failure(checked, rank, forced=forced)
-                if device.free_bytes < checked.actual_bytes:
+                held = checked.weights_bytes if self.extensible else checked.actual_bytes
+                if device.free_bytes < held:
                     raise oom_load_failure(checked, self.args)
-                seen.append(checked)
+                seen.append((checked, self.sizing))
+            # every rank commits the fewest blocks (gpu_worker.py:1230, _min_across_ranks)
+            fewest = min(seen, key=lambda p: p[0].kv_bytes)
+            seen[:] = [fewest]
+
+        def claims(devices: list[nvml.DeviceMemory]) -> list[nvml.Claim]:
+            actual = seen[0][0].actual_bytes
+            own = actual * 9 // 10
+            out = [nvml.Claim(p, self.pid, own) for p in positions]
+            return out + [nvml.Claim(p, child.pid, actual - own) for p in positions]
 
         nvml.claim(state, claims, check)
         self.claimed = True
-        return seen[0]
+        plan, self.sizing = seen[0]
+        return plan
 
     async def start_up(self, started: float) -> MemoryPlan | None:
         """vLLM's start-up, in its order; None when stopped, StartupFailure on failure."""
         args, fail = self.args, self.env.fail
         self.log("APIServer", "startup.py:93", f"non-default args: {self.non_default}")
-        ignored = [k for k in self.non_default if k not in SIMULATED_FLAGS | {"model_tag"}]
+        simulated = simulated_flags(self.release) | {"model_tag"}
+        ignored = [k for k in self.non_default if k not in simulated]
         if ignored:
             self.log(
                 "APIServer",
@@ -261,13 +312,13 @@ class Simulator:
         self.log(
             "EngineCore",
             "core.py:97",
-            f"Initializing a V1 LLM engine (v{VLLM_VERSION}, {SIMULATOR_NOTE}) with config: "
+            f"Initializing a V1 LLM engine (v{self.release}, {SIMULATOR_NOTE}) with config: "
             f"model={self.model!r}, max_seq_len={self.max_model_len}, "
             f"tensor_parallel_size={args.tensor_parallel_size}, "
             f"pipeline_parallel_size={args.pipeline_parallel_size}, "
             f"enforce_eager={args.enforce_eager}",
         )
-        plan = plan_memory(self.env, args)
+        plan = self.plan()
         try:
             plan = self.claim(plan)
         except (ValueError, OSError) as e:
@@ -286,21 +337,13 @@ class Simulator:
         self.log_kv_cache(plan)
         if not await self.pause(0.25):
             return None
-        if plan.cuda_graph_bytes and not args.enforce_eager:
-            self.worker_log(
-                "gpu_model_runner.py:3810",
-                f"Graph capturing finished in {self.env.startup_seconds * 0.25:.0f} secs, "
-                f"took {plan.cuda_graph_bytes / GIB:.2f} GiB",
-            )
-            self.worker_log(
-                "gpu_worker.py:437",
-                f"CUDA graph pool memory: {plan.gib('cuda_graph')} GiB (actual), "
-                f"{plan.gib('cuda_graph')} GiB (estimated), difference: 0.0 GiB (0.0%).",
-            )
+        self.log_graphs(plan)
         if fail == "oom-sampler":
             raise oom_sampler_failure(args)
         if args.kv_cache_memory_bytes is None:
             self.worker_log("gpu_worker.py:455", plan.summary_line())
+        if self.extensible:
+            self.size_kv_cache(plan)
         if not await self.pause(0.1):
             return None
         self.log(
@@ -311,7 +354,27 @@ class Simulator:
         )
         return plan
 
+    def log_graphs(self, plan: MemoryPlan) -> None:
+        """The CUDA-graph capture's lines (none with ``--enforce-eager``)."""
+        args = self.args
+        if not plan.cuda_graph_bytes or args.enforce_eager:
+            return
+        self.worker_log(
+            "gpu_model_runner.py:3810",
+            f"Graph capturing finished in {self.env.startup_seconds * 0.25:.0f} secs, "
+            f"took {plan.cuda_graph_bytes / GIB:.2f} GiB",
+        )
+        if not self.v034 or (not self.extensible and args.kv_cache_memory_bytes is None):
+            self.worker_log(  # 0.34: only where the estimate was made (gpu_worker.py:1112)
+                "gpu_worker.py:437",
+                f"CUDA graph pool memory: {plan.gib('cuda_graph')} GiB (actual), "
+                f"{plan.gib('cuda_graph')} GiB (estimated), difference: 0.0 GiB (0.0%).",
+            )
+
     def log_kv_cache(self, plan: MemoryPlan) -> None:
+        if self.v034:
+            self.log_kv_cache_034(plan)
+            return
         args = self.args
         if args.kv_cache_memory_bytes is not None:
             self.worker_log("gpu_worker.py:318", plan.kv_bytes_line())
@@ -327,15 +390,79 @@ class Simulator:
             raise max_model_len_failure(plan, self.max_model_len, capacity)
         self.log("EngineCore", "kv_cache_utils.py:1324", capacity.line(self.max_model_len))
 
+    def log_kv_cache_034(self, plan: MemoryPlan) -> None:
+        """vLLM 0.34's ``determine_available_memory`` and, with the cache off, its KV cache
+        check and capacity (with it on, both wait for ``size_kv_cache``)."""
+        args, fail = self.args, self.env.fail
+        if args.kv_cache_memory_bytes is not None:
+            self.worker_log("gpu_worker.py:708", plan.kv_bytes_line())
+        reserved = plan.kv_bytes if plan.capacity_bytes is None else plan.capacity_bytes
+        if args.kv_cache_memory_bytes is None:
+            self.worker_log("gpu_worker.py:795", f"Available KV cache memory: {fmt(reserved)} GiB")
+            if plan.cuda_graph_bytes and not self.extensible:
+                self.worker_log("gpu_worker.py:809", ext.graph_profiling_line(plan))
+        failure = ext.kv_memory_failure(
+            plan,
+            args,
+            self.max_model_len,
+            reserved,
+            self.env.kv_bytes_per_token,
+            extensible=self.extensible,
+            forced=fail == "max-model-len" and not self.extensible,
+        )
+        if failure is not None:
+            raise failure
+        if not self.extensible:
+            self.log_capacity(plan)
+
+    def size_kv_cache(self, plan: MemoryPlan) -> None:
+        """The extensible KV cache sized after warm-up (``extensible``): its line, the late
+        ``max_model_len`` check, the capacity and the committed blocks."""
+        sizing = self.sizing
+        assert sizing is not None
+        self.worker_log(
+            "extensible_kv_cache.py:693", sizing.after_warmup_line(plan.requested_bytes)
+        )
+        fail = self.env.fail
+        kv = 0 if fail == "free-memory" else plan.kv_bytes  # a GPU with nothing left
+        failure = ext.kv_memory_failure(
+            plan,
+            self.args,
+            self.max_model_len,
+            kv,
+            self.env.kv_bytes_per_token,
+            extensible=True,
+            after_warmup=True,
+            forced=fail == "max-model-len",
+        )
+        if failure is not None:
+            raise failure
+        self.log_capacity(plan)
+        self.worker_log("extensible_kv_cache.py:536", sizing.extended_line())
+
+    def capacity(self, plan: MemoryPlan) -> KvCapacity:
+        return kv_capacity(
+            plan,
+            self.max_model_len,
+            self.args,
+            self.env.kv_bytes_per_token,
+            default_block_size=self.block_size,
+        )
+
+    def log_capacity(self, plan: MemoryPlan) -> None:
+        self.log(
+            "EngineCore", "kv_cache_utils.py:1168", self.capacity(plan).line(self.max_model_len)
+        )
+
     async def serve(self, sock: socket.socket, plan: MemoryPlan) -> int:
-        capacity = kv_capacity(plan, self.max_model_len, self.args, self.env.kv_bytes_per_token)
+        capacity = self.capacity(plan)
         counters = ServingCounters()
         config = ServingConfig(
             model=self.model,
             served_model_names=self.names,
             max_model_len=self.max_model_len,
             token_seconds=self.env.token_seconds,
-            simulated_version=f"{VLLM_VERSION}+gatekeeper.simulator.{__version__}",
+            simulated_version=f"{self.release}+gatekeeper.simulator.{__version__}",
             log=lambda message: self.log("APIServer", "serving.py:226", message),
             crash=self.crash,
             stopping=lambda: self.server is not None and self.server.should_exit,
