@@ -31,7 +31,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,8 +274,12 @@ def _wait_local(cluster: KubeCluster, component: Component, port: int, deadline:
     _wait(cluster, component, probe, url, deadline)
 
 
-def start_cluster(bin_dir: Path, work_dir: Path) -> KubeCluster:
-    """Starts etcd, the apiserver, the scheduler and the controller manager, each ready."""
+def start_cluster(
+    bin_dir: Path, work_dir: Path, apiserver_flags: Sequence[str] = ()
+) -> KubeCluster:
+    """Starts etcd, the apiserver (with ``apiserver_flags`` besides its own, e.g.
+    ``--admission-control-config-file``), the scheduler and the controller manager, each
+    ready."""
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     port, etcd_port = free_port(), free_port()
     server = f"https://127.0.0.1:{port}"
@@ -283,7 +287,8 @@ def start_cluster(bin_dir: Path, work_dir: Path) -> KubeCluster:
     cluster = KubeCluster(server, token, ca_path, kubeconfig, work_dir)
     try:
         start = [("etcd", _etcd_args(work_dir, etcd_port))]
-        start.append(("kube-apiserver", _apiserver_args(work_dir, port, etcd_port)))
+        apiserver = [*_apiserver_args(work_dir, port, etcd_port), *apiserver_flags]
+        start.append(("kube-apiserver", apiserver))
         for name, args in start:
             cluster.components.append(_spawn(bin_dir, work_dir, name, args))
         _wait_ready(cluster, cluster.components[-1], "/readyz", deadline)

@@ -62,15 +62,16 @@ def make_ca(directory: Path) -> Authority:
     return Authority(key, cert, path)
 
 
-def issue(ca: Authority, cert_path: Path, key_path: Path) -> int:
-    """A server certificate for localhost/127.0.0.1, written atomically (as a Secret volume
-    swaps its files); returns its serial number."""
+def issue(ca: Authority, cert_path: Path, key_path: Path, *, client: bool = False) -> int:
+    """A server certificate for localhost/127.0.0.1 (with ``client``, a client
+    certificate of ``kube-apiserver``, as the apiserver presents to a webhook), written
+    atomically (as a Secret volume swaps its files); returns its serial number."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     serial = x509.random_serial_number()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
+        .subject_name(_name("kube-apiserver" if client else "localhost"))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(serial)
@@ -83,7 +84,12 @@ def issue(ca: Authority, cert_path: Path, key_path: Path) -> int:
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
         )

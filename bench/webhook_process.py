@@ -41,6 +41,16 @@ class WebhookProcess:
     log: Path
     ca: Authority
     """The CA that issued its certificate (``directory/tls.crt``): a test renews with it."""
+    client: tuple[Path, Path] | None = None
+    """The client certificate and key it is given (``--client-ca-file``), if any."""
+
+    def context(self, client: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+        """A client's TLS context trusting its CA, presenting ``client`` (a certificate and
+        its key) when given."""
+        context = ssl.create_default_context(cadata=self.ca_pem.decode())
+        if client is not None:
+            context.load_cert_chain(*client)
+        return context
 
     @property
     def ca_bundle(self) -> str:
@@ -62,9 +72,9 @@ class WebhookProcess:
         self.process.wait(timeout=10)
 
 
-def _ready(webhook: WebhookProcess, ca_path: Path) -> bool:
+def _ready(webhook: WebhookProcess) -> bool:
     """Polls ``/healthz`` until 200 (True) or the process exits or time runs out (False)."""
-    context = ssl.create_default_context(cafile=str(ca_path))
+    context = webhook.context(webhook.client)
     deadline = time.monotonic() + START_SECONDS
     with httpx.Client(verify=context, timeout=2) as client:
         while time.monotonic() < deadline and webhook.process.poll() is None:
@@ -76,15 +86,20 @@ def _ready(webhook: WebhookProcess, ca_path: Path) -> bool:
 
 
 def start_webhook(
-    directory: Path, *flags: str, env: Mapping[str, str] | None = None
+    directory: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    client: tuple[Path, Path] | None = None,
+    port: int | None = None,
 ) -> WebhookProcess:
     """``gatekeeper webhook`` with ``flags`` (``--mutate``, ``--kubeconfig F``) and the
-    settings in ``env`` (``GATEKEEPER_*``), serving TLS on 127.0.0.1, ready; raises
-    RuntimeError with its log when it does not start."""
+    settings in ``env`` (``GATEKEEPER_*``), serving TLS on 127.0.0.1 (``port``, else a free
+    one), ready (asked with the ``client`` certificate and key when flags require one);
+    raises RuntimeError with its log when it does not start."""
     ca = make_ca(directory)
     cert, key = directory / "tls.crt", directory / "tls.key"
     issue(ca, cert, key)
-    port = free_port()
+    port = port or free_port()
     settings = dict(env or {})
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     env |= {"GATEKEEPER_STATE_DIR": str(directory / "state"), "PYTHONUNBUFFERED": "1"}
@@ -94,8 +109,8 @@ def start_webhook(
     log = directory / "webhook.log"
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    webhook = WebhookProcess(process, port, ca.path.read_bytes(), log, ca)
-    if not _ready(webhook, ca.path):
+    webhook = WebhookProcess(process, port, ca.path.read_bytes(), log, ca, client)
+    if not _ready(webhook):
         webhook.kill()
         raise RuntimeError(f"gatekeeper webhook did not start: {log.read_text()}")
     return webhook

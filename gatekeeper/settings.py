@@ -374,6 +374,23 @@ class Settings(BaseSettings):
     """The most flags (words that begin with a dash) a vLLM command line may have for
     either webhook to read it; more are denied, naming this limit."""
 
+    webhook_max_templates_per_review: int = Field(default=8, ge=1)
+    """The most distinct ResourceClaimTemplates the mutating webhook creates for one review;
+    a review that needs more is denied, naming this limit, before any is created."""
+
+    webhook_mutating_name: str = Field(default="*.vllm-gatekeeper.io", min_length=1)
+    """The name the MutatingWebhookConfigurations give the mutating webhook, or a
+    shell-style pattern of it: it creates claim templates only in namespaces the
+    namespaceSelector of a webhook of such a name selects (read from the configurations;
+    docs/cluster.md, "Only the apiserver"). The default takes every mutating webhook in
+    gatekeeper's domain (the shipped one is ``claims.vllm-gatekeeper.io``)."""
+
+    webhook_client_ca_file: Path | None = None
+    """A CA certificate (PEM): the webhook's TLS listener then requires a client
+    certificate signed by it (``gatekeeper webhook --client-ca-file``; the apiserver
+    presents one configured in its AdmissionConfiguration), and serves /healthz and
+    /metrics without one on ``--health-port``. Unset: any client may connect."""
+
     webhook_review_budget_seconds: float = Field(default=2.5, gt=0)
     """How long either webhook may spend on one review: what it has not finished by then is
     denied (half the shipped validating configuration's timeoutSeconds of 5, after which

@@ -20,12 +20,25 @@ the GPUs gatekeeper's node agents publish as ResourceSlices on the nodes a pod m
 client at most every ``--published-refresh-seconds`` (``gatekeeper.k8s.published``),
 instead of a node selector's GPU product; with nothing published it warns and judges as
 before. With ``--mutate`` the validating webhook's suggestions speak of the claims mode's
-claims, not of ``nvidia.com/gpu`` counts.
+claims, not of ``nvidia.com/gpu`` counts. The mutating webhook creates templates only in
+namespaces the namespace selector of its MutatingWebhookConfiguration (the webhook named
+``GATEKEEPER_WEBHOOK_MUTATING_NAME``) selects.
+
+``--client-ca-file FILE`` (else ``GATEKEEPER_WEBHOOK_CLIENT_CA_FILE``; the name
+kube-apiserver gives its own flag) makes the TLS listener require a client certificate
+signed by that CA: only a caller holding one (the apiserver, configured through its
+AdmissionConfiguration) gets a review answered; ``--health-port PORT`` serves ``/healthz``
+and ``/metrics`` in plain HTTP on a port of their own, for kubelet's probes and Prometheus,
+which hold none (docs/cluster.md, "Only the apiserver").
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,6 +102,21 @@ def add_parser(subparsers: Any) -> None:
         "admitted with a warning (default: the setting webhook_undersized_claims, deny)",
     )
     w.add_argument(
+        "--client-ca-file",
+        type=Path,
+        default=None,
+        help="require a client certificate signed by this CA (PEM) on the TLS listener: "
+        "only the apiserver, given one, gets answers (default: the setting "
+        "webhook_client_ca_file, unset: any client)",
+    )
+    w.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="also serve /healthz and /metrics in plain HTTP on this port (for probes and "
+        "Prometheus when --client-ca-file is set; default: none)",
+    )
+    w.add_argument(
         "--claims-mode",
         choices=("gatekeeper", "nvidia-dra", "hami"),
         default=None,
@@ -107,11 +135,16 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     from gatekeeper.k8s.server import (
         CertReloader,
         build_webhook_app,
+        check_client_ca,
         check_tls,
+        health_app,
         webhook_from_settings,
     )
 
     check_tls(args.cert, args.key)
+    client_ca = args.client_ca_file or settings.webhook_client_ca_file
+    if client_ca is not None:
+        check_client_ca(client_ca)
     registry = CollectorRegistry()
     Info("gatekeeper_build", "gatekeeper's version.", registry=registry).info(
         {"version": __version__}
@@ -122,9 +155,11 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     mode = args.claims_mode or settings.webhook_claims_mode
     claims = mode if args.mutate else None
     webhook = webhook_from_settings(settings, registry=registry, published=published, claims=claims)
-    mutator = _mutator(client, webhook, registry, undersized, mode) if args.mutate else None
-    reloader = CertReloader(args.cert, args.key, args.reload_seconds)
+    hook = settings.webhook_mutating_name
+    mutator = _mutator(client, webhook, registry, undersized, mode, hook) if args.mutate else None
+    reloader = CertReloader(args.cert, args.key, args.reload_seconds, client_ca)
     host = args.host or settings.host
+    mutual = {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     config = uvicorn.Config(
         build_webhook_app(webhook, registry, reloader, mutator),
         host=host,
@@ -133,20 +168,56 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
         ssl_keyfile=str(args.key),
         log_level="warning",
         lifespan="on",
+        **(mutual if client_ca is not None else {}),  # type: ignore[arg-type]
     )
     config.load()
     reloader.context = config.ssl
+    health = None
+    if args.health_port is not None:
+        health = uvicorn.Config(
+            health_app(registry), host=host, port=args.health_port, log_level="warning",
+            lifespan="off",
+        )  # fmt: skip
     log_format = start_logging(args, settings)
     url = f"https://{host}:{args.port}/k8s/validate"
     mutate = f"https://{host}:{args.port}/k8s/mutate" if mutator is not None else None
     if args.json:
         print_json({"url": url, "mutate_url": mutate, "cert": str(args.cert),
-                    "reload_seconds": args.reload_seconds})  # fmt: skip
+                    "reload_seconds": args.reload_seconds,
+                    "client_ca": str(client_ca) if client_ca else None,
+                    "health_port": args.health_port})  # fmt: skip
     else:
         lines = [f"gatekeeper admission webhook on {url}"]
-        announce([*lines, f"claims written on {mutate}"] if mutate else lines, log_format, __name__)
-    uvicorn.Server(config).run()
+        lines += [f"claims written on {mutate}"] if mutate else []
+        lines += [f"client certificates required (CA {client_ca})"] if client_ca else []
+        announce(lines, log_format, __name__)
+    if health is None:
+        uvicorn.Server(config).run()
+    else:
+        asyncio.run(_serve_both(uvicorn.Server(config), _quiet(health)))
     return 0
+
+
+def _quiet(config: Any) -> Any:
+    """A uvicorn server for a second listener, which leaves the signals to the first."""
+    import uvicorn
+
+    class Quiet(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Quiet(config)
+
+
+async def _serve_both(main: Any, health: Any) -> None:
+    """The webhook's TLS listener and the plain health listener; both end with the first."""
+    task = asyncio.create_task(health.serve())
+    try:
+        await main.serve()
+    finally:
+        health.should_exit = True
+        await task
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -191,12 +262,18 @@ def _published(client: Any, args: argparse.Namespace) -> Any:
 
 
 def _mutator(
-    client: Any, webhook: Any, registry: Any, undersized: Literal["warn", "deny"], mode: Any
+    client: Any,
+    webhook: Any,
+    registry: Any,
+    undersized: Literal["warn", "deny"],
+    mode: Any,
+    hook: str,
 ) -> Any:
-    """The mutating webhook on a lightkube client; ``mode``: its claims mode."""
+    """The mutating webhook on a lightkube client; ``mode``: its claims mode; ``hook``: its
+    name in the MutatingWebhookConfigurations, whose namespace selector it keeps to."""
     from gatekeeper.k8s.mutate import Mutator
     from gatekeeper.k8s.server import mutation_counter
-    from gatekeeper.k8s.template_store import ApiTemplateStore
+    from gatekeeper.k8s.template_store import ApiNamespaceScope, ApiTemplateStore
 
     return Mutator(
         webhook,
@@ -204,4 +281,5 @@ def _mutator(
         undersized=undersized,
         mode=mode,
         count=mutation_counter(registry),
+        scope=ApiNamespaceScope(client, hook),
     )

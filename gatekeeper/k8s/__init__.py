@@ -7,8 +7,11 @@ and suggests from placement's menu of nearby configurations; ``server`` builds t
 webhook from the settings and serves it on its own over TLS. ``mutate.Mutator``
 (``POST /k8s/mutate``, ``gatekeeper webhook --mutate``) gives a vLLM workload a DRA claim
 of the bytes its ranks need (``gatekeeper.cluster.claims``) and the flags that hold it to
-them (``pod_patch``), recording what it wrote (``claim_record``); ``template_store`` creates
-the claim templates through the API. In cluster mode (``--published-devices``) the
+them (``pod_patch``), recording what it wrote (``claim_record``), saying why it could not
+(``mutation_texts``); ``template_store`` creates the claim templates through the API, only
+in namespaces the webhook's configuration selects (``scope``, pure: the selector). Both
+webhooks bound the work of a review first (``limits``, pure: the shapes they read, the
+sizes and a time budget). In cluster mode (``--published-devices``) the
 validating webhook judges by the devices the node agents publish: ``published`` reads the
 ResourceSlices and the Nodes' labels, ``fleet`` (pure) turns them into device shapes and
 judges with ``fit``, ``node_scope`` (pure) keeps the nodes a pod may land on; ``gpu_terms``

@@ -22,7 +22,10 @@ naming the field, or the limit and its setting) that stop it from reading furthe
   (``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``) and their values are not
   counted, so that a line at the limit, mutated, still reads for the validating webhook;
 - **review bytes** (``webhook_max_review_bytes``) is the body's, counted as it is read
-  (``review.review_body``); over it the review is denied unread (``review.over_limit``).
+  (``review.review_body``); over it the review is denied unread (``review.over_limit``);
+- **templates per review** (``webhook_max_templates_per_review``): the distinct claim
+  templates the mutating webhook would create for one review (``too_many_templates``),
+  checked before it creates any.
 
 A ``Budget`` bounds the rest: each webhook checks it between containers and denies what
 it has not finished within ``webhook_review_budget_seconds`` (2.5 s: half the shipped
@@ -40,7 +43,7 @@ from typing import Any
 from gatekeeper.k8s.pod_patch import BUDGET_FLAGS
 from gatekeeper.k8s.workloads import PodTemplate, names_vllm, template_paths
 
-__all__ = ["Budget", "ReviewLimits", "screen"]
+__all__ = ["Budget", "ReviewLimits", "screen", "too_many_templates"]
 
 _NEGATIVE_NUMBER = re.compile(r"-\.?\d")
 
@@ -60,6 +63,9 @@ class ReviewLimits:
     budget_seconds: float = 2.5
     """Half the shipped validating configuration's ``timeoutSeconds: 5`` (the mutating
     one's is 10)."""
+    templates_per_review: int = 8
+    """The most distinct ResourceClaimTemplates the mutating webhook creates for one review
+    (a LeaderWorkerSet's two pod templates, a pod with a few vLLM containers)."""
 
 
 @dataclass(slots=True)
@@ -289,3 +295,13 @@ def screen(
             "read rather than admit it unread (the apiserver's own validation refuses it too)"
         ]
     return [text for template in templates for text in _template_limits(where, template, limits)]
+
+
+def too_many_templates(where: str, count: int, cap: int) -> str:
+    """The denial of a review whose vLLM containers need ``count`` distinct templates."""
+    return (
+        f"{where}: its vLLM containers need {count} distinct ResourceClaimTemplates, over the "
+        f"webhook's limit of {cap} templates per review (setting "
+        "webhook_max_templates_per_review); give containers of one size the same flags, or "
+        "split the workload"
+    )

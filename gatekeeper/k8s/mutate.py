@@ -61,7 +61,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.claim_record import CLAIM_NAME, intact, ours
 from gatekeeper.k8s.fit import Finding
-from gatekeeper.k8s.limits import Budget, screen
+from gatekeeper.k8s.limits import Budget, screen, too_many_templates
+from gatekeeper.k8s.mutation_texts import internal_error, unreadable
 from gatekeeper.k8s.own_requests import asks_itself, check_own, template_reader
 from gatekeeper.k8s.pod_patch import (
     pointer,
@@ -86,14 +87,21 @@ from gatekeeper.k8s.workloads import (
     vllm_containers,
 )
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.vllm.command import VllmCommand
 from gatekeeper.vllm.launch import release_budget
 
-__all__ = ["CLAIM_NAME", "Mutation", "Mutator", "TemplateStore"]
+__all__ = ["CLAIM_NAME", "Mutation", "Mutator", "NamespaceScope", "TemplateStore"]
 
 logger = logging.getLogger(__name__)
 
 MutationOutcome = Literal["mutated", "unchanged", "warned", "denied", "ignored", "malformed"]
+
+
+class NamespaceScope(Protocol):
+    """Where templates may be created (``template_store.ApiNamespaceScope``)."""
+
+    def excluded(self, namespace: str) -> str | None:
+        """Why nothing is written for ``namespace`` (None: it may be); ``GatekeeperError``
+        when that cannot be told."""
 
 
 class TemplateStore(Protocol):
@@ -145,7 +153,8 @@ class _Container:
 class Mutator:
     """Reviews in, JSON Patches out. ``webhook`` finds models and GPUs as the validating
     webhook does; ``store`` creates and reads claim templates; ``undersized``: what to do
-    with a hand-written claim smaller than a rank needs; ``mode``: whose GPUs it claims."""
+    with a hand-written claim smaller than a rank needs; ``mode``: whose GPUs it claims;
+    ``scope``: the namespaces its configuration selects (None: every one)."""
 
     def __init__(
         self,
@@ -155,9 +164,11 @@ class Mutator:
         undersized: Literal["warn", "deny"] = "deny",
         mode: ClaimsMode = "gatekeeper",
         count: Callable[[MutationOutcome], None] | None = None,
+        scope: NamespaceScope | None = None,
     ) -> None:
         self.webhook = webhook
         self.store = store
+        self.scope = scope
         self.undersized = undersized
         self.mode = mode
         self._count = count
@@ -179,7 +190,7 @@ class Mutator:
             m = self.decide(review.request, budget)
         except Exception as e:  # a bug: deny, as a webhook that is down is under Fail
             logger.exception("mutating webhook: internal error on review %s", review.request.uid)
-            m = Mutation("denied", denials=[_internal_error(e)])
+            m = Mutation("denied", denials=[internal_error(e)])
         warnings = tuple(dict.fromkeys(m.warnings))
         allowed = not m.denials
         payload = review_response(review, allowed, joined(m.denials), warnings, m.patch)
@@ -201,6 +212,9 @@ class Mutator:
         over = screen(kind, obj, templates, where, limits)
         if over:
             return Mutation("denied", denials=over)
+        outside = self._outside(namespace, where)
+        if outside is not None:
+            return outside
         old = request.old_object
         if request.operation == "UPDATE" and old and pod_templates(kind, old) == templates:
             return Mutation("ignored")  # a label, replicas...: no rollout of gatekeeper's making
@@ -210,7 +224,22 @@ class Mutator:
                 self._template(m, kind, obj, template, namespace, where)
         return self._finish(m, request.dry_run, where)
 
+    def _outside(self, namespace: str, where: str) -> Mutation | None:
+        """The answer to a review of a namespace the configuration does not select
+        (nothing written, said), or to one whose scope cannot be told (denied); None when
+        the namespace is selected."""
+        if self.scope is None:
+            return None
+        try:
+            why = self.scope.excluded(namespace)
+        except GatekeeperError as e:
+            return Mutation("denied", denials=[f"{where}: {e}"])
+        return Mutation("ignored", warnings=[f"{where}: {why}"]) if why is not None else None
+
     def _finish(self, m: Mutation, dry_run: bool, where: str) -> Mutation:
+        cap = self.webhook.config.limits.templates_per_review
+        if len(m.templates) > cap:
+            m.denials.append(too_many_templates(where, len(m.templates), cap))
         if m.denials:
             m.patch, m.outcome = [], "denied"
             return m
@@ -334,7 +363,7 @@ class Mutator:
     ) -> RankSizing | None:
         """The container's sizing, or None with the reasons in ``m``."""
         command = c.request.command
-        unread = _unreadable(c.who, command)
+        unread = unreadable(c.who, command)
         if unread:
             m.denials.append(unread)
             return None
@@ -401,38 +430,6 @@ def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:
 def _index(path: str) -> int:
     """The container's index in its ``…containers[i]`` path."""
     return int(path.rsplit("[", 1)[1].rstrip("]"))
-
-
-def _unreadable(who: str, command: VllmCommand) -> str | None:
-    """Why the command line cannot be sized, or None."""
-    texts = [command.model or "", *command.problems, *command.unknown]
-    expansions = sorted({w for t in texts for w in t.split() if "$" in w})
-    if expansions:
-        return (
-            f"{who}: its vllm serve line holds shell or Kubernetes expansions gatekeeper cannot "
-            f"resolve ({', '.join(expansions)[:120]}): a script it cannot read, not a bad flag; "
-            "give the values literally (or in a literal env value), write the claim yourself, "
-            "or annotate vllm-gatekeeper.io/skip"
-        )
-    if command.model is None:
-        return (
-            f"{who}: cannot size a claim: no model on the vllm serve line nor in a literal "
-            "VLLM_MODEL, MODEL or MODEL_NAME env value; name the model on the command line"
-        )
-    if command.problems:
-        return (
-            f"{who}: its vllm serve line cannot be read ({'; '.join(command.problems)}), so no "
-            "claim is written; fix the value"
-        )
-    return None
-
-
-def _internal_error(e: Exception) -> str:
-    return (
-        f"gatekeeper: internal error ({type(e).__name__}) while writing its claim; denied "
-        "rather than admitted without one (a webhook that is down is refused the same way "
-        "under failurePolicy Fail); the webhook's log has the traceback"
-    )
 
 
 def _without_fraction(options: ServeOptions) -> ServeOptions:

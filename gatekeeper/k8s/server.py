@@ -42,7 +42,9 @@ from gatekeeper.settings import Settings, model_resolver, placement_policy
 __all__ = [
     "CertReloader",
     "build_webhook_app",
+    "check_client_ca",
     "check_tls",
+    "health_app",
     "mutate_endpoint",
     "mutation_counter",
     "webhook_from_settings",
@@ -68,6 +70,7 @@ def webhook_from_settings(
         line_bytes=settings.webhook_max_line_bytes,
         flags_per_line=settings.webhook_max_flags_per_line,
         budget_seconds=settings.webhook_review_budget_seconds,
+        templates_per_review=settings.webhook_max_templates_per_review,
     )
     config = WebhookConfig(
         limits=limits,
@@ -84,17 +87,21 @@ def webhook_from_settings(
 
 class CertReloader:
     """Loads the certificate and key into a server's SSL context again when the files
-    change (a Secret volume swaps them through a symlink)."""
+    change (a Secret volume swaps them through a symlink), and the client CA (``ca``,
+    ``--client-ca-file``) when it does: a renewed CA is trusted beside the old one until
+    the webhook restarts (an SSL context can add CAs, not drop them)."""
 
-    def __init__(self, cert: Path, key: Path, interval_seconds: float = 60.0) -> None:
-        self.cert, self.key = cert, key
+    def __init__(
+        self, cert: Path, key: Path, interval_seconds: float = 60.0, ca: Path | None = None
+    ) -> None:
+        self.cert, self.key, self.ca = cert, key, ca
         self.interval_seconds = interval_seconds
         self.context: ssl.SSLContext | None = None
         self._seen = self._stamp()
 
     def _stamp(self) -> tuple[tuple[int, int, int], ...]:
         out = []
-        for path in (self.cert, self.key):
+        for path in (self.cert, self.key, *([self.ca] if self.ca else [])):
             try:
                 st = os.stat(path)
                 out.append((st.st_ino, st.st_mtime_ns, st.st_size))
@@ -109,6 +116,8 @@ class CertReloader:
             return False
         try:
             self.context.load_cert_chain(self.cert, self.key)
+            if self.ca is not None:
+                self.context.load_verify_locations(self.ca)
         except (OSError, ssl.SSLError):  # half-written: keep the old one, try again later
             return False
         self._seen = stamp
@@ -181,6 +190,34 @@ def build_webhook_app(
     if mutator is not None:
         routes.append(Route("/k8s/mutate", mutate_endpoint(mutator), methods=["POST"]))
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def health_app(registry: CollectorRegistry) -> Starlette:
+    """``GET /healthz`` and ``GET /metrics`` alone, for the plain-HTTP ``--health-port``
+    (kubelet's probes and Prometheus present no client certificate); no reviews."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__})
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint(registry), methods=["GET"]),
+        ]
+    )
+
+
+def check_client_ca(path: Path) -> None:
+    """Raise ``GatekeeperError`` unless ``path`` loads as a PEM CA certificate."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(path)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        raise GatekeeperError(
+            f"webhook: cannot load the client CA {path} ({e}); give the PEM certificate of "
+            "the CA that signs the apiserver's client certificate (--client-ca-file)",
+            field="webhook_client_ca_file",
+            value=str(path),
+        ) from e
 
 
 def check_tls(cert: Path, key: Path) -> None:

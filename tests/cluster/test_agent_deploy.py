@@ -47,6 +47,9 @@ NOT_THE_AGENTS = [
 ]
 
 
+CLUSTER_SCOPED = ("resourceslices", "nodes", "namespaces", "mutatingwebhookconfigurations")
+
+
 def docs(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((COMPONENT / name).read_text()) if d]
 
@@ -73,7 +76,7 @@ def allowed(client: Client, verb: str, group: str, resource: str, user: str = AG
                 "verb": verb,
                 "group": group,
                 "resource": resource,
-                "namespace": "" if resource in ("resourceslices", "nodes") else "agent-test",
+                "namespace": "" if resource in CLUSTER_SCOPED else "agent-test",
             },
         },
     }
@@ -125,6 +128,9 @@ WEBHOOK_CALLS = [
     ("get", "resource.k8s.io", "resourceclaimtemplates"),
     ("list", "resource.k8s.io", "resourceslices"),  # --published-devices
     ("list", "", "nodes"),  # --published-devices: the labels a pod's node selector matches
+    # --mutate: the namespaces its configuration's selector selects
+    ("list", "admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+    ("get", "", "namespaces"),
 ]
 NOT_THE_WEBHOOKS = [
     ("update", "resource.k8s.io", "resourceclaimtemplates"),
@@ -134,6 +140,8 @@ NOT_THE_WEBHOOKS = [
     ("create", "", "pods"),
     ("get", "", "secrets"),
     ("update", "", "nodes"),
+    ("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+    ("list", "", "namespaces"),
 ]
 
 

@@ -78,7 +78,8 @@ def test_builtin_kinds_validate_against_the_schemas(item):
 
 def check_certificate(doc: Doc) -> None:
     spec = doc["spec"]
-    assert spec["secretName"] and spec["dnsNames"] and spec["issuerRef"]["name"]
+    assert spec["secretName"] and spec["issuerRef"]["name"]
+    assert spec.get("dnsNames") or spec.get("commonName")  # a server's, or a client's or CA's
     assert set(spec) <= {"secretName", "duration", "renewBefore", "dnsNames", "privateKey",
                          "usages", "issuerRef", "commonName", "isCA", "subject"}  # fmt: skip
 
@@ -193,11 +194,14 @@ def test_the_mutating_webhook_configuration():
     covered = {g: set(r["resources"]) for r in hook["rules"] for g in r["apiGroups"]}
     assert covered == {"": {"pods"}, "apps": {"deployments", "statefulsets"},
                        "leaderworkerset.x-k8s.io": {"leaderworkersets"}}  # fmt: skip
-    rule, slices, nodes = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
+    rules = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
+    rule, slices, nodes, configurations, namespaces = rules
     assert rule["resources"] == ["resourceclaimtemplates"]
     assert set(rule["verbs"]) == {"get", "create"}
     assert (slices["resources"], slices["verbs"]) == (["resourceslices"], ["list"])
     assert (nodes["apiGroups"], nodes["resources"], nodes["verbs"]) == ([""], ["nodes"], ["list"])
+    assert configurations["resources"] == ["mutatingwebhookconfigurations"]
+    assert (configurations["verbs"], namespaces["verbs"]) == (["list"], ["get"])
     binding = one("ClusterRoleBinding", "gatekeeper-webhook-claims")
     assert binding["subjects"][0]["name"] == "gatekeeper-webhook"
     component = yaml.safe_load(
