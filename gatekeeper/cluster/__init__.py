@@ -16,6 +16,8 @@ own address for the llm-d router (``deploy/llm-d``). The kubelet plugin (``kubel
 ``dra_driver``) prepares claims: ``prepared`` (pure) reads a claim's devices and decides
 whether their bytes are free, ``allocation_check`` (pure) whether each booking is one the
 node's published slice allows, ``reserves`` (pure) whether the pods' vLLM flags fit it.
+``unclaimed`` (pure) finds the node's pods that hold ``nvidia.com/gpu`` in no claim, which the
+agent reports.
 
 May import: ``gatekeeper.placement`` (its types and its search), ``gatekeeper.vllm`` (the
 launch fractions), ``gatekeeper.estimator``, ``gatekeeper.models`` (the spec type),

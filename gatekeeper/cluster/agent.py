@@ -16,6 +16,12 @@ Each pass reads the node's GPUs and the ResourceClaims allocated on its pool, th
    (``k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go``,
    ``syncPool``: "Kept generation because at most one update API call is necessary").
 
+Each pass also lists the node's pods and reports every one that holds GPUs through
+``nvidia.com/gpu`` in no gatekeeper claim (``unclaimed``: admitted while the mutating webhook
+was down, in a namespace it leaves out, or skipped): once per pod, a WARNING log line and an
+``UnclaimedGpus`` Warning Event on it, and their count in ``unclaimed`` (the metric
+``gatekeeper_agent_unclaimed_gpu_pods``). A pod list that fails is logged and the pass goes on.
+
 A restarted agent finds its slice, sees the same devices and writes nothing: allocations
 live in the claims and are never touched by the agent. When a device vanishes, each pod
 whose claim was allocated on it is reported once: a WARNING log line and a
@@ -41,6 +47,7 @@ from typing import Any, Literal
 import httpx2
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.utils.quantity import parse_quantity
 
@@ -67,6 +74,7 @@ from gatekeeper.cluster.slices import (
     resource_slice,
     slice_name,
 )
+from gatekeeper.cluster.unclaimed import UnclaimedPod, unclaimed_gpu_pods, unclaimed_text
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.types import PlacementPolicy
@@ -103,6 +111,8 @@ class PassResult:
     vanished: tuple[Allocation, ...] = ()
     shared: tuple[tuple[str, str], ...] = ()
     """Devices another driver also publishes, with that driver (``SHARED_TAINT_KEY``)."""
+    unclaimed: tuple[UnclaimedPod, ...] = ()
+    """The node's pods that hold ``nvidia.com/gpu`` in no gatekeeper claim."""
 
 
 def quantity_bytes(text: str) -> int:
@@ -183,11 +193,13 @@ class NodeAgent:
         config: AgentConfig,
         read_gpus: Callable[[], InventorySnapshot],
         list_claims: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+        list_pods: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self._client = client
         self._config = config
         self._read_gpus = read_gpus
         self._list_claims = list_claims or ClaimsWatch(client)
+        self._list_pods = list_pods or self._node_pods
         self.slice_name = slice_name(config.node_name, config.driver)
         self.last: PassResult | None = None
         """The last pass that succeeded."""
@@ -199,6 +211,11 @@ class NodeAgent:
         """Allocations on vanished devices, with the vanished GPU's uuid, by (namespace,
         claim, device); kept until the claim is deallocated (its pod deleted), and recorded on
         the slice (``VANISHED_ANNOTATION``) so that a restarted agent keeps them."""
+        self.unclaimed: tuple[UnclaimedPod, ...] = ()
+        """The node's pods that hold ``nvidia.com/gpu`` in no gatekeeper claim, as the
+        last pod list found them."""
+        self._reported: set[str] = set()
+        """The uids of the unclaimed pods already reported (one Event per pod)."""
 
     def _published(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """Our slice (None before it is created) and every driver's slices on this node
@@ -297,7 +314,35 @@ class NodeAgent:
             self._report_vanished(allocation, uuid)
         gone_allocations = tuple(a for a, _ in gone)
         shared = tuple(sorted(self.shared.items()))
-        return PassResult(action, generation, names, tainted, gone_allocations, shared)
+        self._report_unclaimed()
+        return PassResult(
+            action, generation, names, tainted, gone_allocations, shared, self.unclaimed
+        )
+
+    def _node_pods(self) -> list[dict[str, Any]]:
+        """The pods bound to this node (one list, by ``spec.nodeName``)."""
+        found = self._client.list(
+            Pod, namespace="*", fields={"spec.nodeName": self._config.node_name}
+        )
+        return [p.to_dict() for p in found]
+
+    def _report_unclaimed(self) -> None:
+        """The node's pods holding ``nvidia.com/gpu`` in no gatekeeper claim: each new one
+        logged and given an Event once; ``unclaimed`` kept for the metrics."""
+        try:
+            pods = list(self._list_pods())
+        except (ApiError, httpx2.HTTPError, OSError) as e:
+            log.warning("the pods of node %s not listed: %s", self._config.node_name, e)
+            return
+        self.unclaimed = tuple(unclaimed_gpu_pods(pods))
+        node = self._config.node_name
+        for pod in self.unclaimed:
+            if pod.uid in self._reported:
+                continue
+            message = unclaimed_text(pod, node)
+            log.warning("%s", message)
+            self._post_event(pod.namespace, pod.name, message, "UnclaimedGpus")
+        self._reported = {pod.uid for pod in self.unclaimed}
 
     def _replace(self, current: Mapping[str, Any], desired: dict[str, Any]) -> Action:
         desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
@@ -345,16 +390,16 @@ class NodeAgent:
                 "the pod so that its workload is placed again"
             )
             log.warning("pod %s/%s: %s", allocation.namespace, pod, message)
-            self._post_event(allocation.namespace, pod, message)
+            self._post_event(allocation.namespace, pod, message, "GpuVanished")
 
-    def _post_event(self, namespace: str, pod: str, message: str) -> None:
+    def _post_event(self, namespace: str, pod: str, message: str, reason: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{pod}.", "namespace": namespace},
             "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
-            "reason": "GpuVanished",
+            "reason": reason,
             "message": message,
             "type": "Warning",
             "source": {"component": "gatekeeper-agent", "host": self._config.node_name},

@@ -9,6 +9,8 @@
 - ``gatekeeper_agent_orphaned_pod_info{namespace,pod,claim,device,uuid}``: 1 for each pod
   whose claim was allocated on a GPU that vanished, until the claim is deallocated (a
   restarted agent reads them back from the slice: ``accounting.VANISHED_ANNOTATION``);
+- ``gatekeeper_agent_unclaimed_gpu_pods``: the node's pods that hold GPUs through
+  ``nvidia.com/gpu`` in no gatekeeper claim (``unclaimed``), as the last pass listed them;
 - ``gatekeeper_agent_device_tainted{device}``: 1 for a published device tainted for memory
   no claim books, else 0;
 - ``gatekeeper_agent_prepares_total{outcome}``: the kubelet plugin's prepares, ``prepared``
@@ -43,6 +45,7 @@ from gatekeeper.cluster.accounting import Orphans
 from gatekeeper.cluster.agent import Action, PassResult
 from gatekeeper.cluster.attribution import Attribution, PodClaim, attribute, pod_claims
 from gatekeeper.cluster.claim_annotation import claim_components
+from gatekeeper.cluster.unclaimed import UnclaimedPod
 from gatekeeper.estimator.components import ComponentName
 from gatekeeper.gpus.inventory import InventorySnapshot
 
@@ -72,6 +75,8 @@ class AgentState(Protocol):
     def passes(self) -> Counter[str]: ...
     @property
     def orphans(self) -> Orphans: ...
+    @property
+    def unclaimed(self) -> tuple[UnclaimedPod, ...]: ...
 
 
 class PrepareCounter:
@@ -129,6 +134,12 @@ class AgentCollector(Collector):
                 labels = [allocation.namespace, pod, allocation.claim, allocation.device, uuid]
                 orphans.add_metric(labels, 1)
         yield orphans
+        unclaimed = GaugeMetricFamily(
+            "gatekeeper_agent_unclaimed_gpu_pods",
+            "Pods on the node that hold GPUs through nvidia.com/gpu in no gatekeeper claim",
+        )
+        unclaimed.add_metric([], len(agent.unclaimed))
+        yield unclaimed
         yield from self._devices_and_prepares(last)
 
     def _devices_and_prepares(self, last: PassResult | None) -> Iterator[Metric]:

@@ -37,6 +37,7 @@ AGENT_CALLS = [
     ("list", "resource.k8s.io", "resourceclaims"),
     ("create", "", "events"),
     ("get", "", "pods"),  # the kubelet plugin: the vLLM flags of a claim's pods
+    ("list", "", "pods"),  # the pods of its node holding nvidia.com/gpu in no claim
 ]
 NOT_THE_AGENTS = [
     ("update", "resource.k8s.io", "resourceclaims"),

@@ -2,9 +2,9 @@
 fail-open (issue 38 item 1).
 
 ``gatekeeper webhook --mutate`` runs as its own process behind the shipped configurations
-(their rules, ``failurePolicy: Ignore`` and timeouts as shipped; the namespace selector
-narrowed to this module's namespace), so that a webhook that timed out or failed would
-admit the pod as written and the apiserver's
+(their rules and timeouts as shipped, ``failurePolicy: Ignore`` for both, the namespace
+selector narrowed to this module's namespace), so that a webhook that timed out or failed
+would admit the pod as written and the apiserver's
 ``apiserver_admission_webhook_fail_open_count`` would move. The limits are the defaults
 but the review bytes, set to 256 KiB (``GATEKEEPER_WEBHOOK_MAX_REVIEW_BYTES``) so that a
 review one byte over is one the apiserver takes (its own request limit is 3 MiB). First
@@ -72,9 +72,10 @@ def over_each_limit() -> dict[str, tuple[dict[str, Any], str]]:
 
 
 def padded(size: int) -> dict[str, Any]:
-    """A pod with no vLLM whose review is about ``size`` bytes larger than an empty one's."""
+    """A vLLM pod whose review is about ``size`` bytes larger, padded in a container that
+    runs no vLLM (the mutating configuration sends only objects that name vLLM)."""
     env = [{"name": "PAD", "value": "p" * size}]
-    return pod("padded", {"name": "c", "image": "busybox", "env": env})
+    return pod("padded", vllm([MODEL]), {"name": "c", "image": "busybox", "env": env})
 
 
 def fail_opens(cluster: KubeCluster) -> dict[str, float]:

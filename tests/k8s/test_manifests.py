@@ -183,9 +183,11 @@ def test_the_mutating_webhook_configuration():
     (config,) = by_kind("MutatingWebhookConfiguration")
     (hook,) = config["webhooks"]
     assert hook["sideEffects"] == "NoneOnDryRun" and hook["reinvocationPolicy"] == "IfNeeded"
-    assert hook["failurePolicy"] == "Ignore" and 1 <= hook["timeoutSeconds"] <= 10
+    assert hook["failurePolicy"] == "Fail" and 1 <= hook["timeoutSeconds"] <= 10
+    (condition,) = hook["matchConditions"]  # only objects naming vLLM wait on it
+    assert condition["name"] == "names-vllm" and "'vllm'" in condition["expression"]
     text = (DEPLOY / "components" / "cluster" / "mutatingwebhookconfiguration.yaml").read_text()
-    for comment in ("# sideEffects NoneOnDryRun:", "# failurePolicy Ignore:",
+    for comment in ("# sideEffects NoneOnDryRun:", "# failurePolicy Fail (",
                     "# reinvocationPolicy IfNeeded:"):  # fmt: skip
         assert comment in text
     service = hook["clientConfig"]["service"]

@@ -261,6 +261,7 @@ def test_alert_rules_are_complete():
         "GatekeeperDeviceTaintedForForeignMemory",
         "GatekeeperGpuPublishedByTwoDrivers",
         "GatekeeperPreparesRefused",
+        "GatekeeperUnclaimedGpuPods",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:

@@ -75,6 +75,7 @@ FIRING = {
     "alert GatekeeperPredictionDrift",
     "alert GatekeeperWorkerFailed",
     "alert GatekeeperPodOnVanishedGpu",  # the agent's pod on a vanished GPU
+    "alert GatekeeperUnclaimedGpuPods",  # the agent's pod holding a whole GPU in no claim
 }
 
 

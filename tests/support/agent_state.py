@@ -1,6 +1,7 @@
 """The node agent's metrics over a fixed state, for the metrics doc, dashboard and alert
 tests: the pass that republished one GPU after the other vanished (generation 2), the
-one pod whose claim was on the vanished GPU, and the per-pod figures of one pod on the
+one pod whose claim was on the vanished GPU, one pod holding a whole GPU in no claim, and
+the per-pod figures of one pod on the
 remaining GPU (a 24 GiB claim, 20 GiB used, the components the webhook recorded on the
 pod) beside 2 GiB of a process in no pod."""
 
@@ -20,13 +21,16 @@ from gatekeeper.cluster.agent import PassResult, quantity_bytes
 from gatekeeper.cluster.agent_metrics import AgentCollector, PodCollector, PrepareCounter
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.cluster.slices import device_name
+from gatekeeper.cluster.unclaimed import UnclaimedPod
 from gatekeeper.gpus.inventory import InventorySnapshot
 from tests.support.snapshots import busy_gpu
 
 ORPHAN = Allocation("team-a", "qwen-0-vllm-gpus-x7k2p", "gpu-1", 16 * 2**30, ("qwen-0",))
 """The pod on a vanished GPU."""
 VANISHED_UUID = "GPU-00000001-aaaa-bbbb-cccc-000000000001"
-LAST = PassResult("updated", 2, ("gpu-0",), (), (ORPHAN,))
+UNCLAIMED = UnclaimedPod("team-b", "whole-gpu-0", "9f8e7d6c-0000-4000-8000-00000000000b", 1)
+"""A pod holding a whole GPU through nvidia.com/gpu, in no claim."""
+LAST = PassResult("updated", 2, ("gpu-0",), (), (ORPHAN,), (), (UNCLAIMED,))
 
 
 @dataclass
@@ -36,6 +40,7 @@ class AgentState:
     last: PassResult | None = LAST
     passes: Counter[str] = field(default_factory=lambda: Counter(created=1, updated=1))
     orphans: Orphans = field(default_factory=lambda: {orphan_key(ORPHAN): (ORPHAN, VANISHED_UUID)})
+    unclaimed: tuple[UnclaimedPod, ...] = (UNCLAIMED,)
 
 
 NODE = "node-a"
