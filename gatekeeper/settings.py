@@ -192,10 +192,18 @@ class Settings(BaseSettings):
     """How long a whole request body may take from the end of its headers, plus one
     second for each ``request_body_min_bytes_per_second`` bytes of it received (Apache's
     ``mod_reqtimeout`` ``body=60,MinRate=500``): a body trickled slower gets 408 and its
-    connection is closed; a large one that keeps coming at that rate is never cut."""
+    connection is closed; a large one that keeps coming at that rate is cut only at
+    ``request_body_max_seconds``."""
 
     request_body_min_bytes_per_second: int = Field(default=500, gt=0)
     """The rate that earns a request body more time than ``request_body_total_seconds``."""
+
+    request_body_max_seconds: float = Field(default=300.0, gt=0)
+    """The most time a whole request body may take from the end of its headers, whatever
+    rate it comes at: a body that keeps just above ``request_body_min_bytes_per_second``
+    would otherwise hold its connection for hours (a 32 MiB body at 600 B/s: 15 hours).
+    Five minutes is the largest body the proxy takes (32 MiB) at 112 KB/s; past it the
+    client gets 408 and its connection is closed."""
 
     max_request_head_bytes: int = Field(default=32768, ge=1024)
     """The largest request head: request line and header fields (and a chunked body's

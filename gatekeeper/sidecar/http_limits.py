@@ -11,7 +11,8 @@ and the whole answers it closes a connection with when one is passed:
   whole body within ``request_body_total_seconds`` plus one second per
   ``request_body_min_bytes_per_second`` bytes received (Apache's ``mod_reqtimeout``
   ``body=...,MinRate=...``, since nginx's ``client_body_timeout`` is per read and lets a
-  body trickled a byte at a time run forever): 408.
+  body trickled a byte at a time run forever), and never past
+  ``request_body_max_seconds`` (``mod_reqtimeout``'s ``body=20-40``: the ``40``): 408.
 
 Every answer is in the proxy's JSON error shape (vLLM's ``type`` on ``/v1``, the
 reason phrase or the admin API's ``request_timeout`` elsewhere), with
@@ -100,6 +101,8 @@ class ProtocolOptions:
     body_total_seconds: float
     body_min_rate: int
     """Bytes per second that earn a body one more second past ``body_total_seconds``."""
+    body_max_seconds: float
+    """The most a whole body may take, whatever its rate."""
     max_head_bytes: int
     max_headers: int
     headers_late: bytes
@@ -124,6 +127,7 @@ def protocol_options(settings: Settings, direct: Mapping[str, ASGIApp]) -> Proto
         body_seconds=settings.request_body_timeout_seconds,
         body_total_seconds=settings.request_body_total_seconds,
         body_min_rate=settings.request_body_min_bytes_per_second,
+        body_max_seconds=settings.request_body_max_seconds,
         max_head_bytes=head,
         max_headers=headers,
         headers_late=closing_answer(
@@ -168,8 +172,9 @@ def _body_late(settings: Settings) -> dict[bool, bytes]:
         "The request body stalled or came too slowly: no next chunk within "
         f"{settings.request_body_timeout_seconds:g} s (request_body_timeout_seconds), or "
         f"not whole within {total:g} s plus 1 s per {rate} bytes received "
-        "(request_body_total_seconds, request_body_min_bytes_per_second). Send the whole "
-        "body the request announces at once."
+        "(request_body_total_seconds, request_body_min_bytes_per_second), nor within "
+        f"{settings.request_body_max_seconds:g} s at any rate (request_body_max_seconds). "
+        "Send the whole body the request announces at once."
     )
     return {
         v1: closing_answer(

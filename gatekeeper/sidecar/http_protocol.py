@@ -26,7 +26,8 @@ and a lean path for the proxy's POSTs. The limits and their answers are
   sends and stalls ties up its request's task and whatever it holds. The same timer
   bounds the whole body (``request_body_total_seconds`` plus a second per
   ``request_body_min_bytes_per_second`` bytes received), which a body trickled a byte
-  at a time would otherwise never meet.
+  at a time would otherwise never meet, and never past ``request_body_max_seconds``
+  (a body kept just above the rate would otherwise take hours).
 - Either deadline past: the client gets 408 (the proxy's JSON error shape: vLLM's
   ``type`` on ``/v1``, the admin API's ``request_timeout`` elsewhere) and its connection
   is closed; the request's app, if one is running, sees ``http.disconnect``.
@@ -390,12 +391,14 @@ class SidecarHttpProtocol(HttpToolsProtocol):
     def _body_due(self) -> float:
         """When the current body passes a deadline: its next chunk's, or the whole body's
         (``request_body_total_seconds`` from its start, and a second per
-        ``request_body_min_bytes_per_second`` bytes received)."""
+        ``request_body_min_bytes_per_second`` bytes received, at most
+        ``request_body_max_seconds`` from its start)."""
         options = self.options
         whole = self._body_start + options.body_total_seconds
         return min(
             self._body_seen + options.body_seconds,
             whole + self._body_bytes / options.body_min_rate,
+            self._body_start + options.body_max_seconds,
         )
 
     def _body_too_late(self) -> None:

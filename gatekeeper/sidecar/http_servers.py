@@ -44,7 +44,8 @@ GRANIAN_MAX_HEADER_MS = 60_000
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _BODY = (
-    "request_body_timeout_seconds, request_body_total_seconds, request_body_min_bytes_per_second"
+    "request_body_timeout_seconds, request_body_total_seconds, request_body_min_bytes_per_second, "
+    "request_body_max_seconds"
 )
 _MISSING = {
     "gatekeeper": None,

@@ -7,7 +7,8 @@ against a real sidecar with simulator workers on a declared node, through raw so
   wait for its end);
 - a body trickled slower than ``request_body_min_bytes_per_second`` past
   ``request_body_total_seconds`` gets 408 and the connection is closed, while a large
-  body that keeps coming at the rate is read whole;
+  body that keeps coming at the rate is read whole, up to ``request_body_max_seconds``:
+  one that keeps coming just above the rate is cut there;
 - with ``api_keys`` set, an open route (``/tokenize``, ``/pooling``, ...) without a key
   reaches only a model with a ready worker: anything that would launch one is 401.
 """
@@ -31,6 +32,8 @@ HEAD_BYTES = 32768
 TOTAL_SECONDS = 1.0
 RATE = 100_000
 """Bytes per second that earn a body one more second (request_body_min_bytes_per_second)."""
+MAX_SECONDS = 2.5
+"""The most a whole body may take (request_body_max_seconds)."""
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,7 @@ def sc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
         request_body_timeout_seconds=10.0,  # per chunk: never what ends these bodies
         request_body_total_seconds=TOTAL_SECONDS,
         request_body_min_bytes_per_second=RATE,
+        request_body_max_seconds=MAX_SECONDS,
     )
     assert settings.max_request_head_bytes == HEAD_BYTES
     assert settings.max_request_headers == 100
@@ -191,6 +195,35 @@ def test_a_large_body_that_keeps_coming_at_the_rate_is_read_whole(sc: Sidecar) -
     finally:
         conn.close()
     assert status == 404, answer  # read whole, then routed: no such model
+
+
+def test_a_body_just_above_the_rate_is_cut_at_the_ceiling(sc: Sidecar) -> None:
+    """1.1 x the rate earns more time than it takes, for ever (the issue's 600 B/s against
+    500 held a connection for about 15 hours); the ceiling cuts it at MAX_SECONDS."""
+    body = json.dumps({"model": "tiny", "prompt": "x" * (5 * RATE)}).encode()
+    request = post("/v1/completions", body)
+    conn = Conn(sc.url)
+    try:
+        conn.sock.sendall(request[: -len(body)])
+        started = time.monotonic()
+        sent = 0
+        while sent < len(body) and not select.select([conn.sock], [], [], 0.0)[0]:
+            conn.sock.sendall(body[sent : sent + RATE // 10])
+            sent += RATE // 10
+            time.sleep(0.09)  # 1.11 x RATE bytes per second
+        status, headers_, answer = conn.response()
+        seconds = time.monotonic() - started
+        assert conn.sock.recv(1) == b"", "the connection stayed open"
+    finally:
+        conn.close()
+    print(
+        f"a body at 1.11 x the minimum rate cut after {seconds:.2f} s, {sent} of {len(body)} bytes"
+    )
+    assert status == 408 and headers_["connection"] == "close", answer
+    assert MAX_SECONDS - 0.1 <= seconds < MAX_SECONDS + 1.0, seconds
+    assert sent < len(body)  # the rate rule alone would have read it whole
+    error = json.loads(answer)["error"]
+    assert "request_body_max_seconds" in error["message"]
 
 
 def _deployments(sc: Sidecar) -> list[str]:
