@@ -62,8 +62,8 @@ def api(kube_cluster: KubeCluster) -> Iterator[Client]:
     except ApiError as e:
         assert e.status.code == 404, e
     for resource in (Deployment, Pod):
-        for found in client.list(resource, namespace=NAMESPACE):  # type: ignore[attr-defined]
-            name = found.to_dict()["metadata"]["name"]
+        for found in client.list(resource, namespace=NAMESPACE):
+            name = found.metadata.name  # type: ignore[attr-defined]
             client.delete(resource, name, namespace=NAMESPACE, grace_period=0)
     client.delete(Namespace, NAMESPACE)
     client.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 from gatekeeper.estimator.calibration import CORRECTED as CALIBRATION_CORRECTED
 from gatekeeper.estimator.components import (
@@ -48,7 +49,8 @@ def test_each_log_key_is_what_the_start_up_log_reports():
     assert {c.log_key for c in MEMORY_COMPONENTS} <= {
         f.name for f in dataclasses.fields(MemoryFigures)
     }
-    figures = MemoryFigures(**{c.log_key: i + 1 for i, c in enumerate(MEMORY_COMPONENTS)})
+    sizes: dict[str, Any] = {c.log_key: i + 1 for i, c in enumerate(MEMORY_COMPONENTS)}
+    figures = MemoryFigures(**sizes)
     assert set(figures.components()) == {c.log_key for c in MEMORY_COMPONENTS}
     assert by_log_key(figures.components()) == {c: i + 1 for i, c in enumerate(COMPONENTS)}
 

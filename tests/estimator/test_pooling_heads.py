@@ -87,7 +87,9 @@ def test_siglip_text_head_follows_projection_size():
 def test_jambas_sequence_classifier_keeps_its_lm_head_beside_the_score():
     # jamba.py JambaForSequenceClassification(JambaForCausalLM): the causal LM whole, its
     # lm_head included, and score = nn.Linear(hidden, num_labels, bias=False) in head_dtype
-    config = {"model_type": "jamba", "architectures": ["JambaForSequenceClassification"]}
+    config: dict[str, Any] = {
+        "model_type": "jamba", "architectures": ["JambaForSequenceClassification"]
+    }  # fmt: skip
     config |= {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": 4}
     config |= {"num_key_value_heads": 2, "intermediate_size": 4 * H, "vocab_size": VOCAB}
     config |= {"torch_dtype": "bfloat16", "num_experts": 1, "tie_word_embeddings": False}

@@ -20,7 +20,8 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.metrics.release_info import register_release_info
 from gatekeeper.settings import Settings
 from gatekeeper.vllm.table import flag_table, shipped_releases
-from tests.k8s.test_webhook_versions import LLAMA_8B, review, warnings
+from tests.k8s.test_webhook import LLAMA_8B
+from tests.k8s.test_webhook_versions import review, warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAST = "0.99.0"

@@ -62,7 +62,10 @@ from gatekeeper.units import GIB
 from gatekeeper.vllm.flags import options_from_mapping
 
 H100 = GpuTarget(total_bytes=round(79.19 * GIB), name="H100-80GB")
-NVFP4 = {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
+NVFP4: dict[str, Any] = {
+    "quant_method": "modelopt",
+    "quantization": {"quant_algo": "NVFP4", "group_size": 16},
+}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 FP8_BLOCK = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gatekeeper.errors import ModelSpecError
@@ -52,7 +54,9 @@ def test_a_head_dimension_that_is_no_number_is_refused():
 
 
 def test_head_dtype_is_read_as_vllm_reads_it():
-    config = {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}
+    config: dict[str, Any] = {
+        "model_type": "bert", "architectures": ["BertForSequenceClassification"]
+    }  # fmt: skip
     config |= {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}
     config |= {"intermediate_size": 16, "vocab_size": 10}
     assert spec_from_config(config, name="m").head_dtype == ""
