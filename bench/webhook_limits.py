@@ -16,7 +16,8 @@ counted: the catalog's load), and reports each one's p50, p99 and max in millise
   (``--served-model-name``): mutated;
 - ``pod-500-same``: a Pod of 500 identical vLLM containers: mutated (read and sized once);
 - ``pod-500-distinct``: a Pod of 500 vLLM containers, each with its own
-  ``--max-model-len``: mutated, every line read and sized.
+  ``--max-model-len``: denied by ``templates per review`` at the ninth distinct template
+  (the validating webhook reads and judges every line).
 
 The last line is one JSON object.
 

@@ -25,7 +25,7 @@ naming the field, or the limit and its setting) that stop it from reading furthe
   (``review.review_body``); over it the review is denied unread (``review.over_limit``);
 - **templates per review** (``webhook_max_templates_per_review``): the distinct claim
   templates the mutating webhook would create for one review (``too_many_templates``),
-  checked before it creates any.
+  checked as each is added: it stops sizing at the first one over, and creates none.
 
 A ``Budget`` bounds the rest: each webhook checks it between containers and denies what
 it has not finished within ``webhook_review_budget_seconds`` (2.5 s: half the shipped
@@ -298,9 +298,10 @@ def screen(
 
 
 def too_many_templates(where: str, count: int, cap: int) -> str:
-    """The denial of a review whose vLLM containers need ``count`` distinct templates."""
+    """The denial of a review whose vLLM containers need ``count`` distinct templates (or
+    more: the webhook stops at the first one over the limit)."""
     return (
-        f"{where}: its vLLM containers need {count} distinct ResourceClaimTemplates, over the "
+        f"{where}: its vLLM containers need at least {count} distinct ResourceClaimTemplates, over the "
         f"webhook's limit of {cap} templates per review (setting "
         "webhook_max_templates_per_review); give containers of one size the same flags, or "
         "split the workload"

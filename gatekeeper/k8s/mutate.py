@@ -238,7 +238,7 @@ class Mutator:
 
     def _finish(self, m: Mutation, dry_run: bool, where: str) -> Mutation:
         cap = self.webhook.config.limits.templates_per_review
-        if len(m.templates) > cap:
+        if len(m.templates) > cap and not m.denials:
             m.denials.append(too_many_templates(where, len(m.templates), cap))
         if m.denials:
             m.patch, m.outcome = [], "denied"
@@ -323,6 +323,11 @@ class Mutator:
             name, claim = template_name(spec), CLAIM_NAME + (f"-{len(claims)}" if claims else "")
             if all(t["metadata"]["name"] != name for t in m.templates):
                 m.templates.append(claim_template(namespace, spec))
+                cap = self.webhook.config.limits.templates_per_review
+                if len(m.templates) > cap:  # stop here: the review is denied
+                    where = c.who.split(" of ", 1)[1]
+                    m.denials.append(too_many_templates(where, len(m.templates), cap))
+                    return
             edits[c.index] = with_claim(edited, claim)
             claims.append({"name": claim, "resourceClaimTemplateName": name})
             record[c.request.name] = entry(name, sizing, self.mode)

@@ -246,3 +246,19 @@ def test_an_oversized_review_is_denied_by_its_uid_or_refused() -> None:
     )
     assert "review bytes (setting webhook_max_review_bytes)" in message
     assert oversized_answer(Oversized(b"{}", 9 * 2**20, 3 * 2**20))[0] == 413
+
+
+def test_more_templates_than_one_review_may_create_stop_the_sizing() -> None:
+    """500 containers of 500 sizes: denied at the ninth distinct template, none created,
+    the rest never sized."""
+    store = Store()
+    webhook = webhook_from_settings(Settings())
+    sizes = pod(
+        *(vllm(f"c{i}", args=[MODEL, "--max-model-len", str(2048 * (i + 1))]) for i in range(500))
+    )
+    parsed = parse_review(review(sizes))
+    assert isinstance(parsed, AdmissionReview)
+    m = Mutator(webhook, store).decide(parsed.request)
+    assert m.outcome == "denied" and store.made == [] and len(m.sized) == 9
+    (text,) = m.denials
+    assert "need at least 9 distinct ResourceClaimTemplates, over the webhook's limit of 8 " in text
