@@ -51,6 +51,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)", field="arguments")
 
 
+_CONFIG_AFTER = (
+    "a .toml file: gatekeeper's settings, as `gatekeeper --config FILE`; a .yaml or .yml "
+    "file: vllm serve's --config (its flags)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gatekeeper",
@@ -58,12 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gatekeeper {__version__}")
     parser.add_argument(
-        "--config", type=Path, default=None, help="TOML settings file (GATEKEEPER_* keys)"
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML settings file (GATEKEEPER_* keys); also taken after the command",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for command in (estimate, models, gpus, check, serve, operator, webhook, agent, completion):
         command.add_parser(subparsers)
+    for name, sub in subparsers.choices.items():  # `gatekeeper serve --config f.toml`
+        sub.add_argument(
+            "--config",
+            dest="command_config",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help=_CONFIG_AFTER
+            if name in SERVING_COMMANDS
+            else "TOML settings file, as `gatekeeper --config FILE`",
+        )
     parser.set_defaults(root_parser=parser)  # gatekeeper completion reads the whole parser
     return parser
 
@@ -115,10 +136,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: list[str]) -> int:
     args = _parse(build_parser(), argv)
-    settings = load_settings(args.config)
+    settings = load_settings(_settings_file(args))
     warn(unknown_environment(), args, settings)
     code: int = args.func(args, settings)
     return code
+
+
+def _settings_file(args: argparse.Namespace) -> Path | None:
+    """The settings file: ``--config`` before the command or after it (the same file
+    named in both places is fine; two different ones are an error naming both)."""
+    before: Path | None = args.config
+    after: Path | None = getattr(args, "command_config", None)
+    if before is not None and after is not None and before.resolve() != after.resolve():
+        raise UsageError(
+            f"--config: two settings files, {str(before)!r} before {args.command} and "
+            f"{str(after)!r} after it; give one",
+            field="config",
+        )
+    return before or after
 
 
 if __name__ == "__main__":

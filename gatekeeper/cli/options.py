@@ -79,7 +79,8 @@ def split_serving_argv(
     """(gatekeeper's tokens, vLLM's tokens) of one serving command's arguments.
 
     gatekeeper's tokens are its own options (those ``command`` defines, spelled whole,
-    with their values) and the model (the first bare token, after an optional ``vllm
+    with their values; ``--config`` only with a ``.toml`` file, gatekeeper's settings,
+    a YAML one being vLLM's) and the model (the first bare token, after an optional ``vllm
     serve``); everything else is ``vllm serve``'s, each flag taking as many values as
     the table of the ``--vllm-version`` given (else the newest) says it takes."""
     own_options = {
@@ -96,6 +97,9 @@ def split_serving_argv(
         name = token.split("=", 1)[0]
         if token in ("-h", "--help"):
             own.append(token)
+        elif name == "--config" and not _settings_file(token, args[i + 1 : i + 2]):
+            vllm += args[i : i + 1 + ("=" not in token)]  # vLLM's --config FILE.yaml
+            i += "=" not in token
         elif name in own_options:
             action = own_options[name]
             takes_value = action.nargs != 0 and "=" not in token
@@ -112,6 +116,13 @@ def split_serving_argv(
             vllm.append(token)  # parse_serve_args says what is wrong with it
         i += 1
     return own, vllm
+
+
+def _settings_file(token: str, rest: Sequence[str]) -> bool:
+    """Whether ``--config`` (``token``, its value in it or first in ``rest``) names
+    gatekeeper's settings, a ``.toml`` file; vLLM's ``--config`` takes only YAML."""
+    value = token.partition("=")[2] if "=" in token else (rest[0] if rest else "")
+    return value.lower().endswith(".toml")
 
 
 def _is_number(token: str) -> bool:
