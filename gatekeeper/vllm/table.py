@@ -24,7 +24,7 @@ import bisect
 import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -221,10 +221,21 @@ class FlagTable:
         )
 
     def nearest(self, name: str) -> list[str]:
-        """The spellings closest to an unknown ``name`` (at most three)."""
-        key = "--" + name.lstrip("-").replace("_", "-")
-        spellings = [o for o in self.by_option if o.startswith("--")]
-        return difflib.get_close_matches(key, spellings, n=3, cutoff=0.6)
+        """The spellings closest to an unknown ``name`` (at most three), a short alias
+        with the long form it stands for: ``--tp`` -> ``-tp (--tensor-parallel-size)``
+        alone, its letters being the alias's; else the long spellings and the aliases
+        (for a name of at most four letters) ranked together by difflib's ratio."""
+        letters = name.lstrip("-").partition("=")[0].replace("_", "-")
+        shorts = _short_aliases(self)
+        alias = "-" + letters
+        if alias in shorts:
+            return [f"{alias} ({shorts[alias]})"]
+        scored: list[tuple[float, str]] = []
+        if len(letters) <= 4:  # an alias first among equals (the sort is stable)
+            scored += _close(alias, shorts)
+        scored += _close("--" + letters, _long_spellings(self))
+        scored.sort(key=lambda s: -s[0])
+        return [f"{o} ({shorts[o]})" if o in shorts else o for _, o in scored[:3]]
 
     def unknown(self, name: str, where: str) -> ServeOptionsError:
         """The error for a flag this release does not have: ambiguous (the candidates),
@@ -286,6 +297,32 @@ def _shipped() -> tuple[str, ...]:
 def _sorted_spellings(table: FlagTable) -> tuple[str, ...]:
     """``table``'s spellings and ``--help``, sorted: a prefix's matches are adjacent."""
     return tuple(sorted((_HELP, *table.by_option)))
+
+
+def _close(typed: str, spellings: Iterable[str]) -> list[tuple[float, str]]:
+    """(ratio, spelling) of each of ``spellings`` within difflib's 0.6 of ``typed``, in
+    their order: ``difflib.get_close_matches``'s test, scores kept to rank two lists."""
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(typed)
+    out = []
+    for spelling in spellings:
+        matcher.set_seq1(spelling)
+        quick = matcher.real_quick_ratio() >= 0.6 and matcher.quick_ratio() >= 0.6
+        if quick and (ratio := matcher.ratio()) >= 0.6:
+            out.append((ratio, spelling))
+    return out
+
+
+@cache
+def _long_spellings(table: FlagTable) -> tuple[str, ...]:
+    return tuple(o for o in table.by_option if o.startswith("--"))
+
+
+@cache
+def _short_aliases(table: FlagTable) -> dict[str, str]:
+    """``table``'s one-dash spellings and the long one each stands for (``-tp`` ->
+    ``--tensor-parallel-size``)."""
+    return {o: f.name for o, f in table.by_option.items() if not o.startswith("--")}
 
 
 def shipped_releases() -> list[str]:
