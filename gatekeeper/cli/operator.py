@@ -321,7 +321,7 @@ def run_forget(args: argparse.Namespace, settings: Settings) -> int:
     rehearsal = False
     forgotten = []
     for deployment_id in ids:
-        data = client.call("DELETE", f"/admin/deployments/{deployment_id}/record")
+        data = _on_deployment(client, "DELETE", deployment_id, "/record")
         rehearsal = bool(data.pop("rehearsal", False))
         forgotten.append(data)
     if args.json:
@@ -335,7 +335,7 @@ def run_forget(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_undeploy(args: argparse.Namespace, settings: Settings) -> int:
     client = SidecarClient(args, settings)
-    data = client.call("DELETE", f"/admin/deployments/{args.id}", timeout=600.0)
+    data = _on_deployment(client, "DELETE", args.id, timeout=600.0)
     rehearsal = bool(data.pop("rehearsal", False))
     if args.json:
         print_json({"deployment": data, "rehearsal": rehearsal})
@@ -343,3 +343,38 @@ def run_undeploy(args: argparse.Namespace, settings: Settings) -> int:
     _banner(rehearsal)
     print(f"stopped {args.id}")
     return 0
+
+
+_FEW = 5
+"""Up to this many deployments, a not-found hint names them all."""
+
+
+def _on_deployment(
+    client: SidecarClient, method: str, deployment_id: str, tail: str = "", **kw: Any
+) -> dict[str, Any]:
+    """``method`` on one deployment; a 404 (no such deployment) says what exists the
+    CLI's way: run ``gatekeeper ps``, and the deployments when there are few (a name
+    given for an ID: the ID it stands for)."""
+    try:
+        return client.call(method, f"/admin/deployments/{deployment_id}{tail}", **kw)
+    except SidecarRefused as e:
+        if e.status != 404:
+            raise
+        raise SidecarRefused(404, _not_found(client, deployment_id), e.kind, e.body) from None
+
+
+def _not_found(client: SidecarClient, deployment_id: str) -> str:
+    message = f"deployment {deployment_id!r} does not exist"
+    try:
+        known = client.call("GET", "/admin/deployments", timeout=10.0)["deployments"]
+    except (GatekeeperError, KeyError, TypeError):
+        known = None
+    named = [d for d in known or () if d.get("name") == deployment_id]
+    if named:
+        ids = ", ".join(d["id"] for d in named)
+        return f"{message}; it is the name of {ids}: give the ID (gatekeeper ps lists them)"
+    hint = "; run `gatekeeper ps` to list what is deployed (--all: stopped ones too)"
+    if known is not None and len(known) <= _FEW:
+        listed = ", ".join(f"{d['id']} ({d['name']}, {d['state']})" for d in known)
+        hint += f"; the sidecar has {listed or 'none'}"
+    return message + hint
