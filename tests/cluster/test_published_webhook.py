@@ -166,7 +166,8 @@ def test_a_model_a_published_device_holds_is_allowed(
 def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> None:
     """The component adds --published-devices to the webhook's arguments, and its RBAC
     lets the webhook list ResourceSlices and Nodes (the two calls ``PublishedDevices``
-    makes)."""
+    makes) and the MutatingWebhookConfigurations (``ApiNamespaceScope``), and nothing
+    else."""
     component = DEPLOY / "components" / "cluster"
     kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
     (patch,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "Deployment"]
@@ -182,7 +183,10 @@ def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> No
     assert listed == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},  # node_scope's labels
-    ]
+        # the mutating webhook's namespace selector, checked in the webhook itself (#38)
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["mutatingwebhookconfigurations"], "verbs": ["list"]},
+    ]  # fmt: skip
 
 
 def test_the_reader_reads_again_only_after_its_refresh(api: Client) -> None:
