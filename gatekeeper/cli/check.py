@@ -53,7 +53,7 @@ def add_parser(subparsers: Any) -> None:
         help="admit a file of deployments in order and show the node's headroom",
         description="Capacity planning: FILE (TOML or YAML) lists deployments.",
     )
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, help="the plan: deployments in order (TOML or YAML)")
     p.add_argument(
         "--node", default=None, help="declared node (default: the file's, else settings)"
     )
@@ -65,8 +65,17 @@ def _add_request_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--node", default=None, help="declared node such as 2xH100-80GB (default: live GPUs)"
     )
-    c.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
-    c.add_argument("--min-sequences", type=positive_int("--min-sequences"), default=1)
+    c.add_argument(
+        "--min-kv-tokens",
+        type=positive_int("--min-kv-tokens"),
+        help="KV cache for at least this many tokens (with --min-sequences: the larger)",
+    )
+    c.add_argument(
+        "--min-sequences",
+        type=positive_int("--min-sequences"),
+        default=1,
+        help="KV cache for at least N requests of max_model_len (default 1, vLLM's least)",
+    )
     c.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
 
 

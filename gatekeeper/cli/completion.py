@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
         "parser: `source <(gatekeeper completion bash)` in ~/.bashrc, or "
         '`gatekeeper completion zsh > "${fpath[1]}/_gatekeeper"`.',
     )
-    c.add_argument("shell", choices=("bash", "zsh"))
+    c.add_argument("shell", choices=("bash", "zsh"), help="the shell the script is for")
     c.set_defaults(func=run_completion)
 
 

@@ -49,7 +49,13 @@ def add_parser(subparsers: Any) -> None:
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", default=None, help=f"GPU product (default {DEFAULT_GPU})")
     gpu.add_argument("--gpu-memory", default=None, help="GPU total memory, e.g. 79.19GiB")
-    p.add_argument("--method", choices=("vllm", "simple"), default="vllm")
+    p.add_argument(
+        "--method",
+        choices=("vllm", "simple"),
+        default="vllm",
+        help="vllm: each component as vLLM accounts it (default); simple: the rule of thumb "
+        "parameters x bytes x 1.2, for comparison",
+    )
     add_weights_from(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
     p.set_defaults(func=run)

@@ -42,8 +42,17 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument("model", nargs="?", help="or `model:` in a --config file")
     d.add_argument("--name", default=None, help="the name clients use (default: the model)")
     add_serving_flags(d)
-    d.add_argument("--min-sequences", type=positive_int("--min-sequences"))
-    d.add_argument("--min-kv-tokens", type=positive_int("--min-kv-tokens"))
+    d.add_argument(
+        "--min-sequences",
+        type=positive_int("--min-sequences"),
+        help="KV cache for at least N requests of max_model_len (default: the model's "
+        "setting, else 1)",
+    )
+    d.add_argument(
+        "--min-kv-tokens",
+        type=positive_int("--min-kv-tokens"),
+        help="KV cache for at least this many tokens (with --min-sequences: the larger)",
+    )
     d.add_argument("--wait", action="store_true", help="follow the start-up until ready")
     _client_flags(d)
     d.set_defaults(func=run_deploy)
@@ -69,7 +78,7 @@ def add_parser(subparsers: Any) -> None:
     _client_flags(f)
     f.set_defaults(func=run_forget)
     u = subparsers.add_parser("undeploy", help="drain and stop a deployment")
-    u.add_argument("id")
+    u.add_argument("id", metavar="ID", help="the deployment's ID (gatekeeper ps lists them)")
     _client_flags(u)
     u.set_defaults(func=run_undeploy)
 

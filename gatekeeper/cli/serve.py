@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
         "runs on a declared node with the simulator as the worker, no GPU needed.",
     )
     s.add_argument("--host", default=None, help="listen address (default: settings, 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--port", type=int, default=None, help="listen port (default: settings, 8080)")
     s.add_argument(
         "--rehearsal",
         action="store_true",

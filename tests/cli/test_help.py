@@ -6,6 +6,7 @@ in a real bash."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.cli.entry import build_parser
 from gatekeeper.models.source import MODEL_SOURCE_FLAGS
 from gatekeeper.vllm.flags import MODELLED, flag_table
 
@@ -107,3 +109,26 @@ def test_zsh_completion_is_the_bash_one_under_bashcompinit():
         return  # the bash half ran in bash above; zsh itself is not on this machine
     zsh = subprocess.run(["zsh", "-c", script], capture_output=True, text=True, timeout=30)
     assert zsh.returncode == 0, zsh.stderr
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_every_option_of_every_command_has_help(command: str):
+    """#39: no option (or positional) is listed bare in ``gatekeeper COMMAND --help``."""
+    parser = _commands()[command]
+    bare = [
+        a.option_strings[0] if a.option_strings else a.dest
+        for a in parser._actions
+        if not isinstance(a, argparse._SubParsersAction) and not a.help
+    ]
+    assert not bare, f"gatekeeper {command}: no help for {bare}"
+    text = gatekeeper(*([command] if command else []), "--help")
+    for action in parser._actions:
+        if action.help and action.help != argparse.SUPPRESS and "%" not in action.help:
+            first = action.help.split()[0]
+            assert first in text, (command, action.dest)
