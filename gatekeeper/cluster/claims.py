@@ -55,7 +55,9 @@ from gatekeeper.vllm.launch import floor_fraction
 
 __all__ = [
     "CLAIMS_MODES",
+    "CLAIM_NAME",
     "GATEKEEPER_DRIVER",
+    "GPU_RESOURCE",
     "HAMI_GPU",
     "HAMI_GPUMEM",
     "MIN_CAPABILITY",
@@ -69,8 +71,10 @@ __all__ = [
     "claim_driver",
     "claim_template",
     "claim_template_spec",
+    "container_gpus",
     "hami_resources",
     "min_capability",
+    "ours",
     "requested_memory",
     "size_ranks",
     "template_name",
@@ -136,7 +140,35 @@ and ``cudaComputeCapability``, ``driverVersion``, ``cudaDriverVersion`` (version
 ``applyConsumableShares``). It publishes no node attribute: its slices are node-local
 (``nodeName``), so one claim's devices are on one node without a constraint."""
 
-HAMI_GPU = "nvidia.com/gpu"
+CLAIM_NAME = "vllm-gpus"
+"""The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The device plugin's whole GPUs per container (NVIDIA's device plugin; HAMi's too)."""
+
+
+def ours(entry: object) -> bool:
+    """A pod claim gatekeeper wrote (``vllm-gpus``, ``vllm-gpus-1`` …)."""
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    return isinstance(name, str) and (name == CLAIM_NAME or name.startswith(f"{CLAIM_NAME}-"))
+
+
+def container_gpus(container: Mapping[str, Any]) -> int | None:
+    """``resources.limits["nvidia.com/gpu"]`` of a container, else its requests; None when
+    neither names it or the value is not a whole number."""
+    resources = container.get("resources")
+    for section in ("limits", "requests"):
+        values = resources.get(section) if isinstance(resources, Mapping) else None
+        value = values.get(GPU_RESOURCE) if isinstance(values, Mapping) else None
+        if value is None:
+            continue
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            return None
+    return None
+
+
+HAMI_GPU = GPU_RESOURCE
 """HAMi's count of physical GPUs per container (Project-HAMi/HAMi at commit
 4707fb02c91c545bc7343ce26dba4c32919f9a3e, ``charts/hami/values.yaml`` ``resourceName``)."""
 HAMI_GPUMEM = "nvidia.com/gpumem"
@@ -311,7 +343,7 @@ def hami_resources(sizing: RankSizing) -> dict[str, str]:
     return {HAMI_GPU: str(sizing.ranks), HAMI_GPUMEM: str(-(-sizing.request_bytes // _MIB))}
 
 
-def template_name(spec: Mapping[str, Any], prefix: str = "vllm-gpus") -> str:
+def template_name(spec: Mapping[str, Any], prefix: str = CLAIM_NAME) -> str:
     """``<prefix>-<16 hex digits of the spec's SHA-256>``: the same spec, the same name."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     return f"{prefix}-{digest[:16]}"

@@ -18,11 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GPU_RESOURCE", "UnclaimedPod", "unclaimed_gpu_pods", "unclaimed_text"]
+from gatekeeper.cluster.claims import GPU_RESOURCE, container_gpus, ours
 
-GPU_RESOURCE = "nvidia.com/gpu"
-_CLAIM_NAME = "vllm-gpus"
-"""The pod claims the mutating webhook writes (``gatekeeper.k8s.claim_record``)."""
+__all__ = ["GPU_RESOURCE", "UnclaimedPod", "unclaimed_gpu_pods", "unclaimed_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,23 +41,6 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _gpus(container: Mapping[str, Any]) -> int:
-    resources = _map(container.get("resources"))
-    for section in ("limits", "requests"):
-        value = _map(resources.get(section)).get(GPU_RESOURCE)
-        if value is not None:
-            try:
-                return max(0, int(str(value).strip()))
-            except ValueError:
-                return 0
-    return 0
-
-
-def _ours(entry: object) -> bool:
-    name = _map(entry).get("name")
-    return isinstance(name, str) and (name == _CLAIM_NAME or name.startswith(f"{_CLAIM_NAME}-"))
-
-
 def unclaimed_gpu_pods(pods: Iterable[Mapping[str, Any]]) -> list[UnclaimedPod]:
     """The pods of ``pods`` (a node's, as the API lists them) that hold GPUs through
     ``nvidia.com/gpu`` without a gatekeeper claim, by namespace and name."""
@@ -68,10 +49,10 @@ def unclaimed_gpu_pods(pods: Iterable[Mapping[str, Any]]) -> list[UnclaimedPod]:
         metadata, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
         if _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
             continue
-        if any(_ours(e) for e in _list(spec.get("resourceClaims"))):
+        if any(ours(e) for e in _list(spec.get("resourceClaims"))):
             continue
         containers = [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]
-        gpus = max((_gpus(_map(c)) for c in containers), default=0)
+        gpus = max((container_gpus(_map(c)) or 0 for c in containers), default=0)
         if gpus > 0:
             namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
             out.append(UnclaimedPod(namespace, name, str(metadata.get("uid", "")), gpus))

@@ -92,24 +92,9 @@ def kv_cache_available(
     return available - max(transient_peak_bytes, torch_reserve_growth_bytes)  # line 617
 
 
-def measure_kv_cache_bytes(
-    *,
-    init_free_memory: int,
-    free_memory: int,
-    committed_bytes: int,
-    requested_memory: int,
-    transient_peak_bytes: int = 0,
-    torch_reserve_growth_bytes: int = 0,
-) -> int:
+def measure_kv_cache_bytes(**measured: int) -> int:
     """Bytes the KV cache may take given the memory measured after warm-up, as
-    ``measure_kv_cache_bytes`` (extensible_kv_cache.py:592-618) computes them: 0 when
-    nothing is left (vLLM then commits no block and refuses to start)."""
-    available = kv_cache_available(
-        init_free_memory=init_free_memory,
-        free_memory=free_memory,
-        committed_bytes=committed_bytes,
-        requested_memory=requested_memory,
-        transient_peak_bytes=transient_peak_bytes,
-        torch_reserve_growth_bytes=torch_reserve_growth_bytes,
-    )
-    return max(available, 0)  # line 618
+    ``measure_kv_cache_bytes`` (extensible_kv_cache.py:592-618) computes them: what
+    ``kv_cache_available`` says of the same keywords, 0 when nothing is left (line 618: vLLM
+    then commits no block and refuses to start)."""
+    return max(kv_cache_available(**measured), 0)

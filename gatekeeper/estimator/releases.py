@@ -16,10 +16,13 @@ from gatekeeper.estimator.accounting import ACCOUNTINGS, accounting_for, parse_v
 __all__ = ["newest_modelled_release", "release_modelled", "release_warning"]
 
 
+def _newest() -> tuple[int, int, int]:
+    return max(a.since for a in ACCOUNTINGS)
+
+
 def newest_modelled_release() -> str:
     """The release whose source the newest accounting span follows (``0.34.0``)."""
-    major, minor, patch = max(a.since for a in ACCOUNTINGS)
-    return f"{major}.{minor}.{patch}"
+    return ".".join(map(str, _newest()))
 
 
 def release_modelled(release: str) -> bool:
@@ -27,8 +30,7 @@ def release_modelled(release: str) -> bool:
     release is not past the newest span's (a patch release of it is: patch releases do
     not change the accounting, and a span says when one does)."""
     version, _ = parse_vllm_version(release)
-    newest = max(a.since for a in ACCOUNTINGS)
-    return version[:2] <= newest[:2]
+    return version[:2] <= _newest()[:2]
 
 
 def release_warning(release: str) -> str | None:

@@ -18,19 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gatekeeper.cluster.claim_annotation import RecordEntry, read_record
-from gatekeeper.cluster.claims import HAMI_GPUMEM, RankSizing, hami_resources
+from gatekeeper.cluster.claims import CLAIM_NAME, HAMI_GPUMEM, RankSizing, hami_resources, ours
 from gatekeeper.k8s.workloads import ContainerRequest, PodTemplate
 
 __all__ = ["CLAIM_NAME", "intact", "ours"]
-
-CLAIM_NAME = "vllm-gpus"
-"""The pod claim gatekeeper adds (``vllm-gpus-1`` … for further vLLM containers)."""
-
-
-def ours(entry: object) -> bool:
-    """A pod claim gatekeeper wrote (``vllm-gpus``, ``vllm-gpus-1`` …)."""
-    name = entry.get("name") if isinstance(entry, dict) else None
-    return isinstance(name, str) and (name == CLAIM_NAME or name.startswith(f"{CLAIM_NAME}-"))
 
 
 def intact(template: PodTemplate, containers: Sequence[ContainerRequest]) -> bool:

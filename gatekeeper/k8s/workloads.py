@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gatekeeper.cluster.claim_annotation import ANNOTATION_PREFIX, read_record
+from gatekeeper.cluster.claims import GPU_RESOURCE, container_gpus
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 
 __all__ = [
@@ -56,7 +57,6 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 """The node label of a GKE GPU node pool, e.g. ``nvidia-l4``: GKE's samples pin vLLM to a
 GPU with it, not with ``nvidia.com/gpu.product``."""
-GPU_RESOURCE = "nvidia.com/gpu"
 _GKE_PRODUCTS = {
     "nvidia-tesla-t4": "T4",
     "nvidia-tesla-v100": "V100-16GB",
@@ -175,19 +175,6 @@ def _env(container: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-def _gpus(container: Mapping[str, Any]) -> int | None:
-    resources = _map(container.get("resources"))
-    for section in ("limits", "requests"):
-        value = _map(resources.get(section)).get(GPU_RESOURCE)
-        if value is None:
-            continue
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            return None
-    return None
-
-
 def _claimed_ranks(template: PodTemplate, name: object) -> int | None:
     """The devices the mutating webhook claimed for container ``name``, when its record
     is on the template and the container still uses a claim."""
@@ -235,7 +222,7 @@ def vllm_containers(
         if command is None:
             continue
         name = container.get("name")
-        gpus = _gpus(container)
+        gpus = container_gpus(container)
         out.append(
             ContainerRequest(
                 name=name if isinstance(name, str) else f"#{i}",

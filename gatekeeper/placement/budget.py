@@ -194,7 +194,7 @@ def _kv_in(
     for g in chosen:
         need = needs[g.total_bytes]
         budget = int(utilization * g.total_bytes) - _held(g, context, rules)
-        if need.estimate.extensible_kv_cache:
+        if need.estimate.extensible_kv_cache:  # never a whole-device release: nothing held
             budget = math.ceil(utilization * g.total_bytes)  # request_memory, utils.py:743
             margin = max(s.kv_margin_bytes for s in need.estimate.stages)
             budget = min(budget, g.free_bytes - context - margin)
