@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gatekeeper.cluster.claim_annotation import RecordEntry, read_record
-from gatekeeper.cluster.claims import CLAIM_NAME, HAMI_GPUMEM, RankSizing, hami_resources, ours
+from gatekeeper.cluster.claims import HAMI_GPUMEM, RankSizing, hami_resources
 from gatekeeper.k8s.workloads import ContainerRequest, PodTemplate
 
-__all__ = ["CLAIM_NAME", "intact", "ours"]
+__all__ = ["intact"]
 
 
 def intact(template: PodTemplate, containers: Sequence[ContainerRequest]) -> bool:

@@ -47,19 +47,21 @@ from typing import Any, Literal, Protocol
 
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION, entry
 from gatekeeper.cluster.claims import (
+    CLAIM_NAME,
     ClaimsMode,
     RankSizing,
     claim_driver,
     claim_template,
     claim_template_spec,
     hami_resources,
+    ours,
     size_ranks,
     template_name,
 )
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
-from gatekeeper.k8s.claim_record import CLAIM_NAME, intact, ours
+from gatekeeper.k8s.claim_record import intact
 from gatekeeper.k8s.fit import Finding
 from gatekeeper.k8s.limits import Budget, screen, too_many_templates
 from gatekeeper.k8s.mutation_texts import internal_error, unreadable

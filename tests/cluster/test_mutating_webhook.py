@@ -33,8 +33,8 @@ from lightkube.utils.quantity import parse_quantity
 from bench.cluster_fleet import device_class, webhook_configuration
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
+from gatekeeper.cluster.claims import CLAIM_NAME
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
-from gatekeeper.k8s.mutate import CLAIM_NAME
 from gatekeeper.k8s.review import AdmissionRequest
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.types import PlacementPolicy
