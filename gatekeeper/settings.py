@@ -129,6 +129,14 @@ class Settings(BaseSettings):
     safety_margin_fraction: float = Field(default=0.02, ge=0, lt=1)
     """Fraction of each GPU's total memory kept free on top of the estimate."""
 
+    host_memory_root: Path = Path("/")
+    """Where the node's host memory is read: ``<root>/proc/meminfo`` and the memory cgroup
+    the sidecar runs under, ``<root>/sys/fs/cgroup`` (``/`` on a node; a directory of such
+    files written by a test or a demo stands in, ``gpus.host_memory.write_host_files``)."""
+
+    host_margin_bytes: int = Field(default=1024**3, ge=0)
+    """Host bytes kept available on top of every worker's predicted host memory."""
+
     share_gpus: bool = False
     """Let several workers share a GPU, each with a byte budget
     (``--kv-cache-memory-bytes``); off: a GPU hosts one gatekeeper worker, which gets all
