@@ -48,6 +48,7 @@ from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.gpus.source import GpuSource, parse_gpu_source
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.vllm.flags import flag_table, options_from_mapping
+from gatekeeper.vllm.sleep_mode import IdleAction, sleep_level_problem
 
 if TYPE_CHECKING:
     from gatekeeper.models.spec import ModelSpec
@@ -86,6 +87,15 @@ class ModelEntry(BaseModel):
     min_kv_tokens: int | None = Field(default=None, gt=0)
     preload: bool = False
     """Deploy when the sidecar starts instead of on the first request."""
+    idle_action: IdleAction | None = None
+    """This model's ``idle_action`` (``stop`` or ``sleep``); unset: the global one."""
+    sleep_level: int | None = None
+    """This model's ``sleep_level`` (1 or 2); unset: the global one."""
+
+    @field_validator("sleep_level")
+    @classmethod
+    def _entry_sleep_level(cls, value: int | None) -> int | None:
+        return value if value is None else _checked_sleep_level(value)
 
 
 class Settings(BaseSettings):
@@ -345,6 +355,26 @@ class Settings(BaseSettings):
     idle_seconds: float = Field(default=300.0, ge=0)
     """A worker counts as idle after this long without requests."""
 
+    idle_action: IdleAction = "stop"
+    """What an idle worker becomes: ``stop`` (stopped when its room is needed, with
+    ``idle_eviction``) or ``sleep``: launched with vLLM's ``--enable-sleep-mode``, put to
+    sleep after ``idle_seconds`` without requests (at once when its room is needed), its
+    GPU memory released but for vLLM's residue, and woken by the next request naming it.
+    Per model: ``[[models]]``' ``idle_action``; per deployment: the deploy body's."""
+
+    sleep_level: int = 1
+    """vLLM's sleep level for ``idle_action = "sleep"``: 1 keeps the weights in pinned host
+    memory (a wake copies them back), 2 drops them (less host memory, a slower wake)."""
+
+    @field_validator("sleep_level")
+    @classmethod
+    def _global_sleep_level(cls, value: int) -> int:
+        return _checked_sleep_level(value)
+
+    wake_timeout_seconds: float = Field(default=120.0, gt=0)
+    """How long a sleeping worker may take to answer ``/wake_up``; past it the worker is
+    stopped and restarted per ``restart_policy``."""
+
     calibration: bool = True
     """Correct each admission's predicted bytes per model family and component by what
     earlier workers of that family used (learned when they reach ready, bounded to
@@ -466,6 +496,13 @@ class Settings(BaseSettings):
         if toml_path:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_path)))
         return tuple(sources)
+
+
+def _checked_sleep_level(value: int) -> int:
+    problem = sleep_level_problem(value)
+    if problem is not None:
+        raise ValueError(f"sleep_level = {value!r}: {problem}")
+    return value
 
 
 def placement_policy(settings: Settings) -> PlacementPolicy:
