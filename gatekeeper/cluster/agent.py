@@ -21,6 +21,9 @@ Each pass also lists the node's pods and reports every one that holds GPUs throu
 was down, in a namespace it leaves out, or skipped): once per pod, a WARNING log line and an
 ``UnclaimedGpus`` Warning Event on it, and their count in ``unclaimed`` (the metric
 ``gatekeeper_agent_unclaimed_gpu_pods``). A pod list that fails is logged and the pass goes on.
+And it reports each Pending pod whose gatekeeper claim kube-scheduler "cannot allocate":
+an ``Unallocatable`` Warning Event with the bytes the claim asks and what each node's
+devices have free (``allocation_events``; one Event per pod per change between all agents).
 
 A restarted agent finds its slice, sees the same devices and writes nothing: allocations
 live in the claims and are never touched by the agent. When a device vanishes, each pod
@@ -67,6 +70,7 @@ from gatekeeper.cluster.accounting import (
     vanished,
     with_taints,
 )
+from gatekeeper.cluster.allocation_events import AllocationReporter
 from gatekeeper.cluster.claims_watch import ClaimsWatch
 from gatekeeper.cluster.slices import (
     DRIVER_NAME,
@@ -74,6 +78,7 @@ from gatekeeper.cluster.slices import (
     resource_slice,
     slice_name,
 )
+from gatekeeper.cluster.unallocatable import pod_event
 from gatekeeper.cluster.unclaimed import UnclaimedPod, unclaimed_gpu_pods, unclaimed_text
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
@@ -216,6 +221,10 @@ class NodeAgent:
         last pod list found them."""
         self._reported: set[str] = set()
         """The uids of the unclaimed pods already reported (one Event per pod)."""
+        self.unallocatable = AllocationReporter(
+            client, config.driver, config.node_name, self._list_claims, quantity_bytes
+        )
+        """The Pending pods whose claims the scheduler cannot allocate: an Event each."""
 
     def _published(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """Our slice (None before it is created) and every driver's slices on this node
@@ -315,6 +324,7 @@ class NodeAgent:
         gone_allocations = tuple(a for a, _ in gone)
         shared = tuple(sorted(self.shared.items()))
         self._report_unclaimed()
+        self.unallocatable.report()
         return PassResult(
             action, generation, names, tainted, gone_allocations, shared, self.unclaimed
         )
@@ -394,19 +404,7 @@ class NodeAgent:
 
     def _post_event(self, namespace: str, pod: str, message: str, reason: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod}.", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
-            "reason": reason,
-            "message": message,
-            "type": "Warning",
-            "source": {"component": "gatekeeper-agent", "host": self._config.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        event = pod_event((namespace, pod, ""), message, reason, self._config.node_name, now)
         try:
             self._client.create(from_dict(event))
         except ApiError as e:
