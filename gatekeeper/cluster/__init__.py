@@ -17,13 +17,16 @@ own address for the llm-d router (``deploy/llm-d``). The kubelet plugin (``kubel
 whether their bytes are free, ``allocation_check`` (pure) whether each booking is one the
 node's published slice allows, ``reserves`` (pure) whether the pods' vLLM flags fit it.
 ``unclaimed`` (pure) finds the node's pods that hold ``nvidia.com/gpu`` in no claim, which the
-agent reports.
+agent reports; ``unallocatable`` (pure) the Pending pods whose claims kube-scheduler cannot
+allocate, with the bytes they ask and what each node has free, which the agent reports
+through ``allocation_events`` (an Event per pod per change).
 
 May import: ``gatekeeper.placement`` (its types and its search), ``gatekeeper.vllm`` (the
 launch fractions), ``gatekeeper.estimator``, ``gatekeeper.models`` (the spec type),
-``gatekeeper.gpus`` (the inventory types, the GPU table), ``errors``, ``units``. Only ``agent`` imports
-the Kubernetes client (lightkube, the ``cluster`` extra), and this package does not import
-``agent``: ``import gatekeeper.cluster`` loads no client.
+``gatekeeper.gpus`` (the inventory types, the GPU table), ``errors``, ``units``. Only
+``agent`` and the modules it and the kubelet plugin run (``allocation_events``,
+``claims_watch`` ...) import the Kubernetes client (lightkube, the ``cluster`` extra), and
+this package imports none of them: ``import gatekeeper.cluster`` loads no client.
 """
 
 from gatekeeper.cluster.slices import (
