@@ -112,15 +112,20 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     )
     live = args.node is None
     snapshot = _snapshot(settings, args.node)
-    from gatekeeper.sidecar.ledger import ledger_usage  # the CLI loads the sidecar only here
-
-    reserved, workers = ledger_usage(settings.state_dir.expanduser()) if live else ({}, {})
+    reserved, workers = _ledger_usage(settings) if live else ({}, {})
     decision = decide(
         request, snapshot, reserved=reserved, workers=workers, policy=placement_policy(settings)
     )
     note_unmodelled(args, "decision")
     _print(decision, args.json)
     return EXIT_OK if decision.admitted else EXIT_REJECTED
+
+
+def _ledger_usage(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
+    """What the sidecar's ledger holds per GPU (a declared ``--node`` reads none)."""
+    from gatekeeper.sidecar.ledger import ledger_usage  # the CLI loads the sidecar only here
+
+    return ledger_usage(settings.state_dir.expanduser())
 
 
 def _print(decision: Decision, as_json: bool) -> None:

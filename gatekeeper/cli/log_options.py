@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 from gatekeeper.settings import Settings
-from gatekeeper.sidecar.logs import JsonFormatter, configure_logging
 
 __all__ = ["add_log_format", "announce", "start_logging", "warn"]
 
@@ -31,6 +30,8 @@ def add_log_format(p: argparse.ArgumentParser) -> None:
 def start_logging(args: argparse.Namespace, settings: Settings) -> LogFormat:
     """Configure logging as the command line (else the settings) asks; call it once
     ``uvicorn.Config`` is built. The format chosen."""
+    from gatekeeper.sidecar.logs import configure_logging  # only what runs a server logs
+
     chosen: LogFormat = args.log_format or settings.log_format
     configure_logging(chosen)
     return chosen
@@ -54,6 +55,8 @@ def warn(lines: Sequence[str], args: argparse.Namespace, settings: Settings) -> 
     )
     for line in lines:
         if chosen == "json":
+            from gatekeeper.sidecar.logs import JsonFormatter
+
             record = logging.makeLogRecord(
                 {"name": "gatekeeper.settings", "levelname": "WARNING", "msg": line}
             )

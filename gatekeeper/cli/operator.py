@@ -30,7 +30,6 @@ from gatekeeper.cli.output import (
 )
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.components import MEMORY_COMPONENTS
-from gatekeeper.metrics.worker_states import FINISHED_STATES
 from gatekeeper.settings import Settings
 from gatekeeper.units import format_gib
 
@@ -277,6 +276,8 @@ def _print_memory(deployment: dict[str, Any], rehearsal: bool) -> None:
 
 
 def run_ps(args: argparse.Namespace, settings: Settings) -> int:
+    from gatekeeper.metrics.worker_states import FINISHED_STATES  # its face loads Prometheus
+
     data = SidecarClient(args, settings).call("GET", "/admin/deployments")
     rehearsal = bool(data.get("rehearsal"))
     shown = [d for d in data["deployments"] if args.all or d["state"] not in FINISHED_STATES]
@@ -316,6 +317,8 @@ def _total(figures: Any) -> str:
 
 
 def run_forget(args: argparse.Namespace, settings: Settings) -> int:
+    from gatekeeper.metrics.worker_states import FINISHED_STATES
+
     client = SidecarClient(args, settings)
     ids = list(args.ids)
     if args.all:

@@ -20,7 +20,6 @@ from gatekeeper.cli.output import print_json
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.settings import Settings, gpu_source, setting_source
-from gatekeeper.sidecar.http_servers import LISTEN_BACKLOG
 
 __all__ = ["add_parser", "rehearsal_settings", "stored_token"]
 
@@ -200,6 +199,8 @@ def _check_preloads(settings: Settings) -> None:
 def _bind(host: str, port: int) -> socket.socket:
     """The sidecar's listening socket, bound and listening, or a clear error naming the
     address and what to do."""
+    from gatekeeper.sidecar.http_servers import LISTEN_BACKLOG
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:

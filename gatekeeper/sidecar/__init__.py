@@ -19,14 +19,18 @@ May import every wing below it: ``k8s``, ``metrics``, ``settings``, ``placement`
 only), ``errors``, ``units``. Nothing of ``gatekeeper.cli``.
 """
 
-from gatekeeper.sidecar.app import build_app
-from gatekeeper.sidecar.calibrator import Calibrator
-from gatekeeper.sidecar.deployment import Deployment, DeploymentError, ManagerConfig
-from gatekeeper.sidecar.ledger import Ledger, ledger_path, ledger_usage
-from gatekeeper.sidecar.ledger_file import LedgerError
-from gatekeeper.sidecar.manager import DeploymentManager
-from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
-from gatekeeper.sidecar.rehearsal import SIMULATOR, RehearsalInventory
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gatekeeper.sidecar.app import build_app
+    from gatekeeper.sidecar.calibrator import Calibrator
+    from gatekeeper.sidecar.deployment import Deployment, DeploymentError, ManagerConfig
+    from gatekeeper.sidecar.ledger import Ledger, ledger_path, ledger_usage
+    from gatekeeper.sidecar.ledger_file import LedgerError
+    from gatekeeper.sidecar.manager import DeploymentManager
+    from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
+    from gatekeeper.sidecar.rehearsal import SIMULATOR, RehearsalInventory
 
 __all__ = [
     "SIMULATOR",
@@ -44,3 +48,31 @@ __all__ = [
     "ledger_path",
     "ledger_usage",
 ]
+
+_HOMES = {
+    "SIMULATOR": "rehearsal",
+    "Calibrator": "calibrator",
+    "Deployment": "deployment",
+    "DeploymentError": "deployment",
+    "DeploymentManager": "manager",
+    "Ledger": "ledger",
+    "LedgerError": "ledger_file",
+    "ManagerConfig": "deployment",
+    "ModelNotAllowed": "registry",
+    "ModelRegistry": "registry",
+    "RehearsalInventory": "rehearsal",
+    "build_app": "app",
+    "ledger_path": "ledger",
+    "ledger_usage": "ledger",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the face, imported from its module when first asked for (PEP 562), so
+    that importing one module of the wing (``ledger``, ``logs``: ``gatekeeper check``
+    and ``gpus`` read the ledger) loads neither the HTTP stack nor the rest of it."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
