@@ -3,6 +3,8 @@
 Each product also carries its CUDA compute capability (what vLLM's quantization
 methods check: ``get_min_capability``). The memory figure is what ``cudaMemGetInfo`` reports as total, which is what vLLM
 multiplies by ``--gpu-memory-utilization``: an H100 80GB shows 79.19 GiB, not 80.
+Products NVML does not read (AMD Instinct; GB10, whose unified memory NVML does not
+report) are in the table for declared nodes and GPU names only (``GpuProduct.nvml``).
 Lookup is forgiving: ``H100-80GB``, ``h100``, ``NVIDIA H100 80GB HBM3`` and the GPU
 Feature Discovery label ``NVIDIA-H100-80GB-HBM3`` all name the same product.
 """
@@ -33,6 +35,11 @@ class GpuProduct:
     aliases: tuple[str, ...] = ()
     gfd_products: tuple[str, ...] = ()
     compute_capability: tuple[int, int] | None = None
+    nvml: bool = True
+    """False for a product gatekeeper only declares: NVML does not read it (AMD Instinct) or
+    reports no memory for it (GB10's unified memory); plan with ``--node`` or a GPU name."""
+    unified_memory: bool = False
+    """The GPU shares its memory with the CPU (GB10): what is free depends on the host too."""
 
 
 def _key(name: str) -> str:
@@ -59,6 +66,8 @@ def gpu_products() -> tuple[GpuProduct, ...]:
             aliases=tuple(p.get("aliases", ())),
             gfd_products=tuple(p.get("gfd_products", ())),
             compute_capability=_capability(p.get("compute_capability")),
+            nvml=bool(p.get("nvml", True)),
+            unified_memory=p.get("memory") == "unified",
         )
         for p in raw["products"]
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -131,11 +132,48 @@ def test_every_gpu_table_figure_has_a_source_that_gives_it() -> None:
     for product in products:
         gib = product.total_bytes / GIB
         kind, _, detail = product.source.partition(": ")
-        assert kind in {"vllm-log", "smi-less-reserved"}, product.name
+        assert kind in {"vllm-log", "smi-less-reserved", "datasheet"}, product.name
         if kind == "vllm-log":
             assert f"{gib:.2f}" in detail, product.name
+        elif kind == "datasheet":  # the vendor's GB (10^9 bytes), a lower bound
+            match = re.match(r"(\d+) GB ", detail)
+            assert match is not None, product.name
+            assert abs(int(match[1]) * 10**9 / GIB - gib) < 0.006, product.name
+            assert "lower bound" in detail, product.name
         else:
             match = re.fullmatch(r"(\d+) MiB less ~(\d+\.\d+) GiB", detail)
             assert match is not None, product.name
             smi_mib, reserved_gib = int(match[1]), float(match[2])
             assert abs(smi_mib / 1024 - reserved_gib - gib) < 0.011, product.name
+
+
+def test_late_2026_products_and_what_nvml_reads_of_them() -> None:
+    """Grace-Blackwell, B300, RTX PRO 6000 Blackwell, GB10 and AMD Instinct are in the table;
+    AMD parts and GB10's unified memory are declared-only (NVML reads no memory of them),
+    and every NVML name the table lists says where it was seen."""
+    raw = json.loads((resources.files("gatekeeper") / "data" / "gpus.json").read_text())
+    rows = {row["name"]: row for row in raw["products"]}
+    for name in ("B300", "GB200", "GB300", "GB10", "RTX-PRO-6000-Blackwell-Server",
+                 "RTX-PRO-6000-Blackwell-Workstation", "MI300X", "MI325X", "MI355X"):  # fmt: skip
+        assert name in rows, name
+    declared_only = {p.name for p in gpu_products() if not p.nvml}
+    assert declared_only == {"GB10", "MI300X", "MI325X", "MI355X"}
+    assert {p.name for p in gpu_products() if p.unified_memory} == {"GB10"}
+    for product in gpu_products():
+        nvml_names = [a for a in product.aliases if a.startswith(("NVIDIA ", "Tesla "))]
+        if product.name in rows and rows[product.name]["source"].startswith("datasheet"):
+            assert bool(nvml_names) == bool(rows[product.name].get("nvml_seen_in")), product.name
+        if not product.nvml:
+            assert not nvml_names and not product.gfd_products, product.name
+    assert lookup_gpu("NVIDIA B300 SXM6 AC").name == "B300"
+    assert lookup_gpu("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition").name.endswith("Server")
+    assert lookup_gpu("DGX Spark").name == "GB10"
+    assert lookup_gpu("mi355x").compute_capability is None  # no CUDA capability
+
+
+def test_declared_node_of_declared_only_products() -> None:
+    """AMD and unified-memory parts plan through a declared node like any other."""
+    snapshot = parse_declared_node("8xMI300X")
+    assert len(snapshot.gpus) == 8
+    assert snapshot.gpus[0].total_bytes == lookup_gpu("MI300X").total_bytes == 191995775549
+    assert parse_declared_node("GB10").gpus[0].name == "GB10"
