@@ -48,7 +48,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.placement.gpu_search import search
+from gatekeeper.placement.gpu_search import SearchResult, search
+from gatekeeper.placement.sizing import need_text, sequences_held
 from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.units import format_gib, round_up
 from gatekeeper.vllm.launch import floor_fraction
@@ -203,6 +204,9 @@ class RankSizing:
     predicted: Prediction | None = None
     """Per component, the rank placement sized (its worst stage, with the KV cache above);
     they add up to ``rank_bytes`` less the CUDA context. None: not sized here."""
+    sequences: int = 0
+    """Sequences of max_model_len the KV cache holds (``placement.sizing.sequences_held``:
+    "sized for N sequences of M tokens", as ``check`` and ``plan`` say it)."""
 
     @property
     def request_bytes(self) -> int:
@@ -268,7 +272,7 @@ def size_ranks(
     request = PlacementRequest(spec, options, auto_parallel=False, draft=draft)
     found = search(request, _node(world, gpu_total_bytes, gpu_name), policy=shared)
     if found.placement is None:
-        raise ClaimError(_unplaced(spec, gpu_name, found.tried), field="model", value=spec.name)
+        raise ClaimError(_unplaced(spec, gpu_name, found), field="model", value=spec.name)
     placement = found.placement
     return RankSizing(
         ranks=ranks or world,
@@ -279,6 +283,7 @@ def size_ranks(
         ),
         min_capability=min_capability(spec, options),
         predicted=placement.prediction,
+        sequences=sequences_held(placement.estimate, placement.kv_cache_bytes),
     )
 
 
@@ -288,13 +293,22 @@ def _in_budget(placement: Placement) -> int:
     return max(e.rank_bytes(s, placement.kv_cache_bytes)[1] for s in e.stages)
 
 
-def _unplaced(spec: ModelSpec, gpu_name: str, tried: tuple[Any, ...]) -> str:
-    needs = [n.max_bytes for _, by_total in tried for n in by_total.values()]
-    need = f" needs {format_gib(min(needs))} per rank and" if needs else ""
+def _unplaced(spec: ModelSpec, gpu_name: str, found: SearchResult) -> str:
+    """Why no rank fits, in placement's words (``placement.sizing.need_text``: the KV
+    cache the rank was sized with, "sized for N sequences of M tokens"), and what one GPU
+    holds once the margin is kept."""
+    parts = [
+        need_text(spec.name, tp, pp, need.estimate, need.max_bytes, need.kv_bytes)
+        for (tp, pp), by_total in found.tried
+        for need in by_total.values()
+    ]
+    parts += [n.short for _, by_total in found.tried for n in by_total.values() if n.short]
+    gpu = found.lines[0] if found.lines else None
+    room = f" ({format_gib(gpu.usable_bytes)} usable once the margin is kept)" if gpu else ""
     return (
-        f"model {spec.name}{need} does not fit on one {gpu_name} with a KV cache for one "
-        "request of --max-model-len; lower --max-model-len, raise --tensor-parallel-size "
-        "or quantize"
+        f"{'; '.join(parts) or spec.name}; it does not fit on one {gpu_name}{room}; lower "
+        "--max-model-len, raise "
+        "--tensor-parallel-size or quantize"
     )
 
 

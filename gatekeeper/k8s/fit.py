@@ -9,7 +9,8 @@ will at start-up (its budget is ``gpu_memory_utilization x total``)::
 
     need  = weights (+ LoRA slots, + the draft, - what --cpu-offload-gb keeps in host
             memory) + non-torch + activation peak [+ CUDA graphs, vLLM 0.21+]
-            + the KV cache of one request of max_model_len (vLLM's minimum)
+            + the KV cache of one sequence of max_model_len (vLLM's minimum; said as
+              placement says it, "sized for 1 sequence of M tokens": ``placement.sizing``)
     slack = budget - need        (total - what the worker holds, with --kv-cache-memory-bytes)
     deny  when vLLM would refuse to start; warn when slack < margin + fraction x total
 
@@ -40,6 +41,7 @@ from gatekeeper.placement.nearby import (
     larger_sizes,
     lighter_variants,
 )
+from gatekeeper.placement.sizing import kv_text
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import format_gib, parse_size
 from gatekeeper.vllm.command import VllmCommand
@@ -297,8 +299,7 @@ def _denial(who: str, case: Case, ev: _Eval, fixes: list[str]) -> str:
     return (
         f"{who}: {spec.name} does not fit on {gpu.label} ({gpu.origin}): at {shape} it needs "
         f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}"
-        f"{_weights_parts(w)}, KV cache "
-        f"{format_gib(ev.kv_min_bytes)} for one request of --max-model-len {e.max_model_len}, "
+        f"{_weights_parts(w)}, {kv_text(e, ev.kv_min_bytes)} (vLLM's least), "
         f"activation {format_gib(w.activation_peak_bytes)}, non-torch "
         f"{format_gib(w.non_torch_bytes)}{graphs}) but the GPU has "
         f"{format_gib(gpu.total_bytes)}, of which vLLM may use {format_gib(w.budget_bytes)} at "

@@ -18,6 +18,7 @@ from gatekeeper.models.module_names import unknown_architecture_warning
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, SearchResult, search
 from gatekeeper.placement.hints import rejection_reasons, suggestions
+from gatekeeper.placement.sizing import sequences_held, sized_for
 from gatekeeper.placement.types import (
     Decision,
     GpuLine,
@@ -110,15 +111,15 @@ def kv_warnings(
     budgeted = policy.share_gpus or p.flags.kv_cache_memory_bytes is not None
     if not budgeted or not e.kv_block_bytes or p.kv_cache_bytes >= e.kv_bytes_for(e.max_num_seqs):
         return ()
-    held = max(0, p.kv_cache_bytes // e.kv_block_bytes - 1) // max(1, e.blocks_per_request)
+    held = sequences_held(e, p.kv_cache_bytes)
     fix = (
         "raise --kv-cache-memory-bytes"
         if request.options.kv_cache_memory_bytes is not None
         else f"raise shared_kv_sequences (now {policy.shared_kv_sequences}) or min_sequences"
     )
     return (
-        f"{request.model.name}: its KV cache ({format_gib(p.kv_cache_bytes)} per GPU) holds {held} "
-        f"sequence(s) of max_model_len {e.max_model_len} at once, fewer than max_num_seqs "
+        f"{request.model.name}: its KV cache ({format_gib(p.kv_cache_bytes)} per GPU) is "
+        f"{sized_for(held, e.max_model_len)} at once, fewer than max_num_seqs "
         f"{e.max_num_seqs}; requests beyond that wait or are preempted. To run more at full "
         f"length, {fix}, or lower --max-model-len; else set --max-num-seqs {max(held, 1)}.",
     )

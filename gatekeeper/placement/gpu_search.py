@@ -40,6 +40,7 @@ from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import best_capability
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.budget import Need, placement_for, whole_device_status
+from gatekeeper.placement.sizing import sequences_held, sized_for
 from gatekeeper.placement.types import (
     GpuLine,
     Placement,
@@ -238,9 +239,9 @@ def _need(request: PlacementRequest, e: Estimate, total: int, sequences: int) ->
     if what and min(kvs) < wanted:
         short = (
             f"{what} leaves {format_gib(max(min(kvs), 0))} of KV cache on a "
-            f"{format_gib(total)} GPU, less than the {format_gib(wanted)} that "
-            f"{request.min_sequences} request(s) of max_model_len {e.max_model_len} need; "
-            "raise it or leave it to gatekeeper"
+            f"{format_gib(total)} GPU, less than the {format_gib(wanted)} of a KV cache "
+            f"{sized_for(sequences_held(e, wanted), e.max_model_len)}; raise it or leave it to "
+            "gatekeeper"
         )
     return Need(
         e,

@@ -21,6 +21,7 @@ from gatekeeper.gpus.products import best_capability
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, Shape, search
 from gatekeeper.placement.nearby import lighter_variants, longest_length
+from gatekeeper.placement.sizing import kv_text, need_text
 from gatekeeper.placement.types import (
     GpuLine,
     Placement,
@@ -30,7 +31,7 @@ from gatekeeper.placement.types import (
 )
 from gatekeeper.units import format_gib
 
-__all__ = ["rejection_reasons", "suggestions"]
+__all__ = ["rejection_reasons", "share_suggestion", "suggestions"]
 
 
 def rejection_reasons(
@@ -43,29 +44,17 @@ def rejection_reasons(
     if not snapshot.ok:
         return [f"{name}: the GPU snapshot failed ({snapshot.error}); nothing can be placed"]
     reasons: list[str] = []
-    if not any(g.status in ("too small", "candidate") for g in lines):
-        reasons.append(f"{name}: no GPU on this node can take work")
+    if not any(g.status in ("too small", "fits", "candidate") for g in lines):
+        why = "; ".join(dict.fromkeys(f"GPU {g.index} {g.status}" for g in lines))
+        reasons.append(f"{name}: no GPU on this node can take work ({why})")
     for (tp, pp), needs in tried:
         need = needs[max(needs)]  # on the largest GPU product
-        reasons.append(_need_line(name, tp, pp, need))
+        reasons.append(need_text(name, tp, pp, need.estimate, need.max_bytes, need.kv_bytes))
         if need.estimate.length_beyond_model:
             reasons += [r for r in need.estimate.reasons if r.startswith("max_model_len")]
         reasons += [f"{name} at TP={tp}: {n.short}" for n in needs.values() if n.short]
     reasons += [g.text() for g in lines]
     return reasons
-
-
-def _need_line(name: str, tp: int, pp: int, need: Need) -> str:
-    e = need.estimate
-    w = e.worst
-    shape = f"TP={tp}" + (f" PP={pp}" if pp > 1 else "")
-    return (
-        f"{name} at {shape} needs {format_gib(need.max_bytes)} per GPU "
-        f"({e.gpu_total_bytes / 2**30:.2f} GiB GPUs): weights {format_gib(w.weights_bytes)}, "
-        f"KV cache {format_gib(need.kv_bytes)} for max_model_len {e.max_model_len}, "
-        f"activation {format_gib(w.activation_peak_bytes)}, non-torch {format_gib(w.non_torch_bytes)}, "
-        f"CUDA graphs {format_gib(w.cuda_graph_bytes)}"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +103,38 @@ def suggestions(
         workers={g.uuid: g.workers for g in lines if g.workers},
         cache=cache if cache is not None else EstimateCache(),
     )
-    found = [_shorter(probe), *_lighter(probe), _parallel(probe)]
+    found = [_shared(probe), _shorter(probe), *_lighter(probe), _parallel(probe)]
     out = [s for s in found if s is not None]
     return out or _idle(probe, lines)
+
+
+def _shared(probe: _Probe) -> Suggestion | None:
+    """``share_gpus`` when it is off and the request, as asked, fits with it on beside
+    the workers there now (``share_suggestion``)."""
+    if probe.policy.share_gpus:
+        return None
+    shared = dataclasses.replace(probe, policy=dataclasses.replace(probe.policy, share_gpus=True))
+    p = shared.placed()
+    return share_suggestion(p, "beside the workers there") if p is not None else None
+
+
+def share_suggestion(p: Placement, where: str) -> Suggestion:
+    """The ``share_gpus`` hint for a refusal that sharing would admit, placed as ``p``:
+    its GPUs, its KV cache in placement's words (sized for up to ``shared_kv_sequences``
+    sequences) and the budget flag its release takes (``--kv-cache-memory-bytes`` from
+    vLLM 0.10.2, else a fraction)."""
+    budget = (
+        f"--kv-cache-memory-bytes {p.flags.kv_cache_memory_bytes}"
+        if p.flags.kv_cache_memory_bytes is not None
+        else f"--gpu-memory-utilization {p.flags.gpu_memory_utilization}"
+    )
+    return Suggestion(
+        "share_gpus",
+        f"share_gpus = true (GATEKEEPER_SHARE_GPUS=true) fits it on {_where(p)} {where}: "
+        f"{kv_text(p.estimate, p.kv_cache_bytes)} ({budget}), "
+        f"{format_gib(max(p.promise_bytes))} per GPU",
+        {"share_gpus": True},
+    )
 
 
 def _shorter(probe: _Probe) -> Suggestion | None:
@@ -177,13 +195,13 @@ def _idle(probe: _Probe, lines: Sequence[GpuLine]) -> list[Suggestion]:
     does."""
     request = probe.request
     idle = _idle_probe(probe)
-    held = format_gib(sum(g.total_bytes - g.free_bytes for g in lines))
+    held = format_gib(sum(g.total_bytes - g.free_bytes + g.reserved_bytes for g in lines))
     p = idle.placed()
     if p is not None:
         return [
             Suggestion(
                 "wait",
-                f"it would fit on {_where(p)} of this node once they are idle ({held} is held by other processes now)",
+                f"it would fit on {_where(p)} of this node once they are idle ({held} is held by other processes and promised to gatekeeper workers now)",
             )
         ]
     changed = [s for s in (_shorter(idle), *_lighter(idle)) if s is not None]

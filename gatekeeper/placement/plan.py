@@ -23,6 +23,7 @@ A deployment's options are read with the flag table of its vLLM release: its own
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import EstimateCache, gpu_lines
+from gatekeeper.placement.hints import share_suggestion
 from gatekeeper.placement.render import LEGEND, render_bar
+from gatekeeper.placement.sizing import kv_text
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, auto_parallel
 from gatekeeper.units import format_gib
 from gatekeeper.vllm.flags import options_from_mapping
@@ -171,6 +174,18 @@ class PlanResult:
     final: InventorySnapshot
     planned: Mapping[str, int]
     policy: PlacementPolicy
+    shared: tuple[Decision, ...] | None = None
+    """With ``share_gpus`` off and a deployment refused: the plan's decisions with it on."""
+
+    def sharing_line(self) -> str | None:
+        """What the plan places with ``share_gpus`` on, beside what it places now."""
+        if self.shared is None:
+            return None
+        now, on = _tally(self.decisions), _tally(self.shared)
+        return (
+            f"with share_gpus = true (GATEKEEPER_SHARE_GPUS=true) this plan places {on[0]} of "
+            f"{len(self.decisions)} deployments on {on[1]} GPU(s); now {now[0]} on {now[1]}"
+        )
 
     def render(self) -> str:
         out = []
@@ -180,11 +195,19 @@ class PlanResult:
                 out.append(
                     f"ADMITTED {name} on GPU {gpus}: vllm serve {' '.join(d.placement.args)}"
                 )
+                p = d.placement
+                out.append(
+                    f"    {kv_text(p.estimate, p.kv_cache_bytes)}, promised "
+                    f"{format_gib(max(p.promise_bytes))} per GPU"
+                )
                 out += [f"    warning: {w}" for w in d.warnings]
             else:
                 headline = next((r for r in reversed(d.reasons) if " at TP=" in r), None)
                 out.append(f"REJECTED {name}: {headline or (d.reasons[0] if d.reasons else '?')}")
                 out += [f"    * {s.text}" for s in d.suggestions]
+        sharing = self.sharing_line()
+        if sharing:
+            out.append(sharing)
         out.append("")
         out.append("headroom after the plan (r = planned workers):")
         for line in gpu_lines(self.final, self.planned, {}, self.policy):
@@ -193,7 +216,12 @@ class PlanResult:
         return "\n".join(out)
 
     def to_json(self) -> dict[str, Any]:
+        shared = None
+        if self.shared is not None:
+            placed, gpus = _tally(self.shared)
+            shared = {"admitted": placed, "gpus_used": gpus, "text": self.sharing_line()}
         return {
+            "with_share_gpus": shared,
             "deployments": [
                 {"name": n, **d.to_json()} for n, d in zip(self.names, self.decisions, strict=True)
             ],
@@ -211,32 +239,78 @@ class PlanResult:
         }
 
 
+def _tally(decisions: tuple[Decision, ...]) -> tuple[int, int]:
+    """(deployments admitted, distinct GPUs they use)."""
+    placed = [d.placement for d in decisions if d.placement is not None]
+    return len(placed), len({i for p in placed for i in p.gpu_indices})
+
+
 def run_plan(
     plan: Plan,
     snapshot: InventorySnapshot,
     policy: PlacementPolicy,
     resolve: Callable[[str], ModelSpec],
 ) -> PlanResult:
-    """Admit the plan's deployments in order; ``resolve`` turns a reference into a spec."""
+    """Admit the plan's deployments in order; ``resolve`` turns a reference into a spec.
+
+    With ``share_gpus`` off and a deployment refused, the plan is run again with it on:
+    each refusal that sharing would admit names ``share_gpus`` (``hints.share_suggestion``)
+    and the result keeps what the plan places that way (``shared``)."""
+    specs: dict[str, ModelSpec] = {}
+
+    def spec(reference: str) -> ModelSpec:
+        if reference not in specs:
+            specs[reference] = resolve(reference)
+        return specs[reference]
+
+    cache = EstimateCache()
+    decisions, planned = _admit(plan, snapshot, policy, spec, cache)
+    shared: tuple[Decision, ...] | None = None
+    if not policy.share_gpus and not all(d.admitted for d in decisions):
+        sharing = dataclasses.replace(policy, share_gpus=True)
+        on = _admit(plan, snapshot, sharing, spec, cache)[0]
+        shared = tuple(on)
+        decisions = [
+            dataclasses.replace(
+                d,
+                suggestions=(
+                    share_suggestion(s.placement, "as this plan places it"),
+                    *d.suggestions,
+                ),
+            )
+            if not d.admitted and s.placement is not None
+            else d
+            for d, s in zip(decisions, on, strict=True)
+        ]
+    names = tuple(d.name for d in plan.deployments)
+    return PlanResult(names, tuple(decisions), snapshot, dict(planned), policy, shared)
+
+
+def _admit(
+    plan: Plan,
+    snapshot: InventorySnapshot,
+    policy: PlacementPolicy,
+    spec: Callable[[str], ModelSpec],
+    cache: EstimateCache,
+) -> tuple[list[Decision], dict[str, int]]:
+    """The decisions of the plan's deployments in order, each admission's promise taken
+    from its GPUs before the next; and the bytes planned per GPU UUID."""
     planned: dict[str, int] = {}
     workers: dict[str, int] = {}
     decisions = []
-    cache = EstimateCache()
     for dep in plan.deployments:
-        spec = resolve(dep.model)
         draft = draft_reference(dep.options)
         request = PlacementRequest(
-            spec,
+            spec(dep.model),
             dep.options,
             dep.auto_parallel,
             dep.min_kv_tokens,
             dep.min_sequences,
-            draft=resolve(draft) if draft else None,
+            draft=spec(draft) if draft else None,
         )
         d = decide(request, snapshot, reserved=planned, workers=workers, policy=policy, cache=cache)
         for uuid, num_bytes in d.promises():
             planned[uuid] = planned.get(uuid, 0) + num_bytes
             workers[uuid] = workers.get(uuid, 0) + 1
         decisions.append(d)
-    names = tuple(d.name for d in plan.deployments)
-    return PlanResult(names, tuple(decisions), snapshot, dict(planned), policy)
+    return decisions, planned

@@ -7,6 +7,7 @@ legend: # used by others  r reserved (starting workers)  W weights  K KV cache
 
 from __future__ import annotations
 
+from gatekeeper.placement.sizing import kv_text
 from gatekeeper.placement.types import Decision, GpuLine, Placement
 from gatekeeper.units import format_gib
 
@@ -63,7 +64,7 @@ def render_decision(d: Decision) -> str:
         lines.append("  vllm serve " + " ".join(p.args))
         lines.append(
             f"  predicted per GPU: weights {format_gib(p.estimate.worst.weights_bytes)}, "
-            f"KV cache {format_gib(p.kv_cache_bytes)}, "
+            f"{kv_text(p.estimate, p.kv_cache_bytes)}, "
             f"promised {format_gib(max(p.promise_bytes))} until ready"
         )
         lines += [f"  warning: {w}" for w in d.warnings]

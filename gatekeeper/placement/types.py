@@ -13,6 +13,7 @@ from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate
 from gatekeeper.models.spec import ModelSpec
+from gatekeeper.placement.sizing import kv_text, sequences_held
 from gatekeeper.units import MIB, format_gib
 from gatekeeper.vllm.launch import LaunchFlags
 
@@ -227,6 +228,10 @@ def _placement_json(p: Placement) -> dict[str, Any]:
             "max_num_batched_tokens": f.max_num_batched_tokens,
         },
         "predicted": p.prediction.to_json(),
+        "host_bytes": p.estimate.host.host_bytes,
+        "host": p.estimate.host.to_json(),
+        "kv_sequences": sequences_held(p.estimate, p.kv_cache_bytes),
+        "sizing": kv_text(p.estimate, p.kv_cache_bytes),
         "vllm_version": p.estimate.vllm_version,
         "accounting": p.estimate.accounting,
     }

@@ -48,14 +48,14 @@ def test_deploy_ps_and_admin_api_name_the_warning(sidecar: Sidecar):
     budget = expected_budget(placement_policy(sidecar.settings), 1024)
     assert f"--kv-cache-memory-bytes {budget}" in r.stdout
     [warning] = [line.strip() for line in r.stdout.splitlines() if "warning:" in line]
-    assert "holds 8 sequence(s) of max_model_len 32768" in warning
+    assert "is sized for 8 sequences of 32768 tokens at once" in warning
     assert "max_num_seqs 1024" in warning
     sidecar.wait_state(did, ("ready",))
     table = gatekeeper(sidecar, "ps").stdout
-    assert f"warning: {did}: " in table and "holds 8 sequence(s)" in table
+    assert f"warning: {did}: " in table and "sized for 8 sequences" in table
     listed = json.loads(gatekeeper(sidecar, "ps", "--json").stdout)["deployments"]
     [d] = [d for d in listed if d["id"] == did]
-    assert len(d["warnings"]) == 1 and "holds 8 sequence(s)" in d["warnings"][0]
+    assert len(d["warnings"]) == 1 and "sized for 8 sequences" in d["warnings"][0]
     api = sidecar.admin.get(f"/admin/deployments/{did}").json()
     assert api["warnings"] == d["warnings"]
 
@@ -66,7 +66,7 @@ def test_the_admin_apis_decision_carries_the_warning(sidecar: Sidecar):
     assert answer.status_code == 201, answer.text
     data = answer.json()
     [warning] = data["decision"]["warnings"]
-    assert "holds 8 sequence(s)" in warning and "max_num_seqs 512" in warning
+    assert "sized for 8 sequences" in warning and "max_num_seqs 512" in warning
     assert data["deployment"]["warnings"] == [warning]
 
 

@@ -79,7 +79,7 @@ def test_fp8_weights_need_the_capability_vllm_checks() -> None:
 def test_a_model_no_gpu_of_the_size_holds_is_refused_with_the_need() -> None:
     llama = resolve_model("meta-llama/Llama-3.1-70B-Instruct")
     l4 = lookup_gpu("L4")
-    with pytest.raises(ClaimError, match=r"needs .* GiB per rank and does not fit on one L4"):
+    with pytest.raises(ClaimError, match=r"needs .* GiB per GPU .*; it does not fit on one L4"):
         size_ranks(llama, ServeOptions(max_model_len=8192), l4.total_bytes, l4.name, POLICY)
 
 

@@ -30,7 +30,7 @@ DENIED: dict[str, list[str]] = {
     "pod": [
         "container 'vllm' of Pod ml-serving/qwen3-8b: Qwen/Qwen3-8B does not fit on L4 "
         "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 21.53 GiB per GPU",
-        "KV cache 4.40 GiB for one request of --max-model-len 32000",
+        "KV cache 4.40 GiB sized for 1 sequence of 32000 tokens (vLLM's least)",
         "the GPU has 22.05 GiB, of which vLLM may use 20.29 GiB at --gpu-memory-utilization 0.92",
         "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --max-model-len 16064; "
         "or --kv-cache-dtype fp8; or --quantization fp8_per_tensor (online fp8 weights).",
@@ -481,7 +481,7 @@ def test_an_unknown_flag_is_a_warning_not_a_denial(webhook):
     ]
     # the flags around it are still read: the length that does not fit is still denied
     long = on_l4(webhook, LLAMA_8B, "--frobnicate", "yes", "--max-model-len", "64k")
-    assert long["allowed"] is False and "--max-model-len 64000" in long["status"]["message"]
+    assert long["allowed"] is False and "1 sequence of 64000 tokens" in long["status"]["message"]
 
 
 def test_data_parallel_times_tensor_parallel_gpus(webhook):

@@ -54,7 +54,7 @@ def test_the_default_holds_shared_kv_sequences_and_warns_below_max_num_seqs():
     assert sequences == 8 and kv == e.kv_bytes_for(8)  # not the one request of before
     assert kv > 8 * 0.375 * GIB
     [warning] = d.warnings
-    assert "holds 8 sequence(s) of max_model_len 32768" in warning
+    assert "is sized for 8 sequences of 32768 tokens at once" in warning
     assert "max_num_seqs 1024" in warning and "shared_kv_sequences (now 8)" in warning
     assert d.to_json()["warnings"] == [warning]
     assert f"warning: {warning}" in render_decision(d)
@@ -81,7 +81,7 @@ def test_a_busy_gpu_gets_the_most_sequences_that_fit(room_sequences):
     room = alone.gpus[0].usable_bytes - need_8 + (8 - room_sequences) * per_sequence
     d = decide(qwen(max_num_seqs=1024), h100((room - per_sequence // 2) / GIB), policy=SHARED)
     assert placed(d)[0] == room_sequences
-    assert f"holds {room_sequences} sequence(s)" in d.warnings[0]
+    assert f"sized for {room_sequences} sequence" in d.warnings[0]
 
 
 def test_when_not_even_min_sequences_fit_it_is_rejected():
@@ -124,3 +124,22 @@ def test_a_plan_shows_each_workers_warning(tmp_path):
     wide, narrow = result.to_json()["deployments"]
     assert len(wide["warnings"]) == 1 and narrow["warnings"] == []
     assert f"    warning: {wide['warnings'][0]}" in result.render().splitlines()
+
+
+def test_a_refusal_beside_whole_gpu_workers_names_share_gpus_when_it_would_admit():
+    """The sidecar's door: a GPU hosting a gatekeeper worker that left room (its own
+    small budget) passes over a new worker while sharing is off; the refusal names
+    share_gpus only because a search with it on admits the request there."""
+    node = h100(used_gib=20)
+    (gpu,) = node.gpus
+    off = decide(qwen(), node, workers={gpu.uuid: 1}, policy=PlacementPolicy())
+    assert not off.admitted
+    (hint,) = [s for s in off.suggestions if s.kind == "share_gpus"]
+    assert hint.text.startswith("share_gpus = true (GATEKEEPER_SHARE_GPUS=true) fits it on GPU 0")
+    assert "sized for 8 sequences of 32768 tokens (--kv-cache-memory-bytes " in hint.text
+    on = decide(qwen(), node, workers={gpu.uuid: 1}, policy=SHARED)
+    assert on.admitted
+    full = h100(used_gib=79)
+    (gpu,) = full.gpus
+    refused = decide(qwen(), full, workers={gpu.uuid: 1}, policy=PlacementPolicy())
+    assert not refused.admitted and all(s.kind != "share_gpus" for s in refused.suggestions)
