@@ -195,6 +195,7 @@ def render(e: Estimate, spec: ModelSpec) -> str:
         ),
         *_state_lines(e),
         *_parallel_lines(e),
+        _host_line(e),
         f"  weights from: {e.weights_source}",
         *([f"  MoE experts padded as backend {e.experts_backend}"] if e.experts_backend else []),
         f"  verdict: {'FITS' if e.fits else 'DOES NOT FIT'}",
@@ -269,6 +270,16 @@ def config_source(spec: ModelSpec) -> str:
         note = f"; the hub look-up failed: {fallback[2]}" if fallback[1] else ""
         return f"{CATALOG_SOURCE} (`gatekeeper models` lists it){note}"
     return source
+
+
+def _host_line(e: Estimate) -> str:
+    """The deployment's host memory, all its processes and GPUs together, by part."""
+    h = e.host
+    named = (("CPU offload", h.cpu_offload_bytes), ("KV offloading", h.kv_offload_bytes),
+             ("swap space", h.swap_space_bytes), ("sleeping weights", h.sleeping_weights_bytes))  # fmt: skip
+    parts = [f"processes {format_gib(h.process_bytes)} (a floor)"]
+    parts += [f"{name} {format_gib(value)}" for name, value in named if value]
+    return f"  host memory: {format_gib(h.host_bytes)} for the deployment: {', '.join(parts)}"
 
 
 def _state_lines(e: Estimate) -> list[str]:

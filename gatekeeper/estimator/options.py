@@ -154,6 +154,12 @@ class ServeOptions:
     """vLLM's ``--speculative-config``, read (``gatekeeper.estimator.speculative``)."""
     cpu_offload_gb: float = 0.0
     """GiB (2^30 bytes) of each GPU's decoder-layer weights kept in host memory (UVA)."""
+    kv_offloading_size: float | None = None
+    """GiB of host memory for vLLM's KV offloading buffer, summed across the TP ranks
+    (``CacheConfig.kv_offloading_size``); host memory only (``estimator.host``)."""
+    swap_space: float | None = None
+    """V0's CPU swap space, GiB per GPU (vLLM's default 4; the flag is gone from 0.18);
+    host memory only, and only the V0 engine allocates it (``estimator.host``)."""
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     decode_context_parallel_size: int = 1
@@ -222,6 +228,14 @@ class ServeOptions:
                 field="gpu_memory_utilization",
                 value=u,
             )
+        for flag, size in (("kv_offloading_size", self.kv_offloading_size),
+                           ("swap_space", self.swap_space)):  # fmt: skip
+            if size is not None and (size < 0 or (flag == "kv_offloading_size" and size == 0)):
+                raise ServeOptionsError(
+                    f"{flag}: {size} must be more than 0 GiB; omit it for none",
+                    field=flag,
+                    value=size,
+                )
         if self.cpu_offload_gb < 0:
             raise ServeOptionsError(
                 f"cpu_offload_gb: {self.cpu_offload_gb} must be 0 or more GiB per GPU",
@@ -301,6 +315,8 @@ _FIELD_TYPES: dict[str, type] = {
     "max_cpu_loras": int,
     "speculative_config": Speculative,
     "cpu_offload_gb": float,
+    "kv_offloading_size": float,
+    "swap_space": float,
     "data_parallel_size": int,
     "enable_expert_parallel": bool,
     "decode_context_parallel_size": int,
@@ -332,7 +348,7 @@ _OPTIONAL = frozenset(
      "limit_mm_per_prompt", "num_gpu_blocks_override", "cudagraph_capture_sizes",
      "max_cudagraph_capture_size", "compilation_config", "optimization_level",
      "enable_prefix_caching", "enable_extensible_kv_cache", "revision", "download_dir",
-     "tokenizer", "hf_overrides"}
+     "tokenizer", "hf_overrides", "kv_offloading_size", "swap_space"}
 )  # fmt: skip
 _KIND_NAMES: dict[type, str] = {
     str: "string",

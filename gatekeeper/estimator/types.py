@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gatekeeper.estimator.accounting import accounting_by_name
+from gatekeeper.estimator.host import HostEstimate
 from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.estimator.weight_groups import WeightGroups
 
@@ -119,6 +120,8 @@ class Estimate:
     extensible_kv_cache: bool = False
     """vLLM 0.34's extensible KV cache sized the KV cache after warm-up and CUDA-graph
     capture from measured memory (``extensible_kv``); the budget is then a cap."""
+    host: HostEstimate = field(default_factory=HostEstimate)
+    """The deployment's host memory, all its processes together (``host``)."""
 
     @property
     def gpus(self) -> int:
@@ -188,6 +191,8 @@ class Estimate:
             "lora_bytes": w.lora_bytes,
             "draft_weights_bytes": w.draft_weights_bytes,
             "cpu_offloaded_bytes": w.cpu_offloaded_bytes,
+            "host_bytes": self.host.host_bytes,
+            "host": self.host.to_json(),
             "gpus": self.gpus,
             "weights_source": self.weights_source,
             "experts_backend": self.experts_backend or None,

@@ -32,6 +32,7 @@ from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION, parse_vllm_version
 from gatekeeper.estimator.drafter import DraftContext, DraftCost, draft_cost
 from gatekeeper.estimator.extensible_kv import kv_cache_available, kv_cache_margin
+from gatekeeper.estimator.host import host_estimate
 from gatekeeper.estimator.kv_cache import KvLayout, KvOptions, StatePages, kv_layout
 from gatekeeper.estimator.lora import lora_bytes
 from gatekeeper.estimator.moe_backend import experts_backend_label
@@ -384,6 +385,15 @@ def estimate(
         cuda_graph_capture_size=p.features.cap,
         state_bytes_per_sequence=layout.state_bytes_per_sequence,
         extensible_kv_cache=p.extensible,
+        host=host_estimate(
+            ranks=p.tp * p.pp,
+            replicas=options.data_parallel_size,
+            weights_bytes=sum(s.weights_bytes for s in stages) * p.tp,
+            cpu_offloaded_bytes=sum(s.cpu_offloaded_bytes for s in stages) * p.tp,
+            kv_offloading_gib=options.kv_offloading_size,
+            swap_space_gib=options.swap_space,
+            engine=p.acc.engine,
+        ),
     )
 
 

@@ -20,10 +20,13 @@ from prometheus_client.registry import CollectorRegistry
 
 from gatekeeper._version import __version__
 from gatekeeper.gpus.cached import CachedInventory
+from gatekeeper.gpus.host_memory import HostMemory
+from gatekeeper.gpus.host_usage import tree_host_bytes
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.gpus.proctree import read_parent_map
 from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_margin
+from gatekeeper.metrics.host import HostCollector, HostWorkerView
 from gatekeeper.metrics.release_info import register_release_info
 from gatekeeper.metrics.workers import WorkerCollector, WorkerView
 from gatekeeper.placement.types import PlacementPolicy
@@ -33,6 +36,14 @@ __all__ = ["MetricSources", "SidecarCollectors", "register_collectors"]
 
 def _no_factors() -> Mapping[tuple[str, str], tuple[float, int]]:
     return {}
+
+
+def _nothing_reserved() -> int:
+    return 0
+
+
+def _no_host_workers() -> Iterable[HostWorkerView]:
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,14 @@ class MetricSources:
     """Every pid's parent (``/proc``), to sum a worker's process tree."""
     version: str = __version__
     """``gatekeeper_build_info``'s ``version``."""
+    host_memory: Callable[[], HostMemory] | None = None
+    """The node's host memory (``ProcHostMemory.read``); None: no host series."""
+    host_reserved: Callable[[], int] = _nothing_reserved
+    """Host bytes admission counts against the available memory (margin, promises)."""
+    host_workers: Callable[[], Iterable[HostWorkerView]] = _no_host_workers
+    """The live deployments' predicted host bytes and pids."""
+    host_tree_bytes: Callable[[Iterable[int]], int] = tree_host_bytes
+    """A process tree's host bytes (PSS from ``/proc``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,7 @@ class SidecarCollectors:
     gpus: GpuCollector
     workers: WorkerCollector
     calibration: CalibrationCollector
+    host: HostCollector | None = None
 
 
 def register_collectors(registry: CollectorRegistry, sources: MetricSources) -> SidecarCollectors:
@@ -92,4 +112,15 @@ def register_collectors(registry: CollectorRegistry, sources: MetricSources) -> 
         version=sources.version,
     )
     register_release_info(registry, sources.policy.default_vllm_version)
-    return SidecarCollectors(registry, metrics, gpus, workers, calibration)
+    host = None
+    if sources.host_memory is not None:
+        host = HostCollector(
+            sources.host_memory,
+            sources.host_reserved,
+            sources.host_workers,
+            parent_map=sources.parent_map,
+            tree_bytes=sources.host_tree_bytes,
+            node=sources.node,
+            registry=registry,
+        )
+    return SidecarCollectors(registry, metrics, gpus, workers, calibration, host)

@@ -8,10 +8,17 @@ a worker turning ready in between is counted by the snapshot, the ledger, or bot
 and an admitted decision's promises are written before the transaction commits. Two
 admissions, from threads or from processes, can therefore never promise the same
 bytes. Suggestions for a rejection are worked out after the transaction.
+
+With a ``HostBudget`` (``gatekeeper.sidecar.host_admission``), host memory is checked in
+the same transaction: a failed host reading refuses before anything is decided, and an
+admitting decision whose worker's host bytes exceed what is usable (the pending rows'
+host promises counted inside) becomes a refusal with the numbers and what would fit;
+the admitted rows carry the deployment's host bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 
@@ -19,6 +26,13 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import EstimateCache, search
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.sidecar.host_admission import (
+    HostBudget,
+    host_promises,
+    pending_host_bytes,
+    refuse,
+    unreadable,
+)
 from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation
 from gatekeeper.sidecar.ledger_view import promised_bytes
 
@@ -35,8 +49,10 @@ def admit(
     ttl_seconds: float,
     cache: EstimateCache | None = None,
     since: float | None = None,
+    host: HostBudget | None = None,
 ) -> Decision:
     """Decide and reserve atomically; a rejection comes back with its suggestions.
+    ``host``: the node's host memory as read before the transaction (None: not checked).
     ``cache`` keeps estimates across admissions. ``since`` is ``ledger.now()`` read
     before ``snapshot`` was: rows that became ready from then on count as promised
     (``Ledger.admit``).
@@ -44,20 +60,24 @@ def admit(
     The estimates are computed before the ledger's write lock is taken (a search against
     the promises as they stand), so that the decision inside the transaction only adds
     up bytes: no estimate runs while other admissions wait for the lock."""
+    if host is not None and not host.reading.ok:
+        return unreadable(request, host.reading)
     view = ledger.view()
     workers = view.workers
     cache = cache if cache is not None else EstimateCache()
     search(request, snapshot, reserved=view.promised, workers=workers, policy=policy, cache=cache)
     counted: dict[str, int] = {}
+    refused: list[Decision] = []
+    decide_locked = _decide_locked(request, snapshot, workers, policy, cache, counted)
     decision = ledger.admit(
         deployment_id,
         request.model.name,
-        _decide_locked(request, snapshot, workers, policy, cache, counted),
+        _host_checked(decide_locked, host, refused),
         ttl_seconds=ttl_seconds,
         payload=lambda d: json.dumps(d.to_json()),
         since=since,
     )
-    if decision.admitted:
+    if decision.admitted or refused:
         return decision
     # The suggestions are worked out against what the transaction counted: re-reading
     # the ledger could find less (rows released or turned ready since) and turn the
@@ -88,6 +108,29 @@ def _decide_locked(
             suggest=False,
             cache=cache,
         )
-        return d, tuple(Promise(gpu, num_bytes) for gpu, num_bytes in d.promises())
+        host_bytes = d.placement.estimate.host.host_bytes if d.placement is not None else 0
+        return d, host_promises(d.promises(), host_bytes)
 
     return decide_locked
+
+
+def _host_checked(
+    decide_locked: Callable[[tuple[Reservation, ...]], tuple[Decision, tuple[Promise, ...]]],
+    host: HostBudget | None,
+    refused: list[Decision],
+) -> Callable[[tuple[Reservation, ...]], tuple[Decision, tuple[Promise, ...]]]:
+    """``decide_locked`` with the host check after it: an admitting decision the host
+    cannot hold is refused (and left in ``refused``), nothing reserved."""
+
+    def checked(outstanding: tuple[Reservation, ...]) -> tuple[Decision, tuple[Promise, ...]]:
+        d, promises = decide_locked(outstanding)
+        if host is None or d.placement is None:
+            return d, promises
+        budget = dataclasses.replace(host, pending_bytes=pending_host_bytes(outstanding))
+        refusal = refuse(d, d.placement.estimate.host, budget)
+        if refusal is None:
+            return d, promises
+        refused.append(refusal)
+        return refusal, ()
+
+    return checked

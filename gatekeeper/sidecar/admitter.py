@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gatekeeper.gpus.host_memory import ProcHostMemory
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.events import SidecarMetrics
 from gatekeeper.placement.gpu_search import EstimateCache
@@ -23,6 +24,11 @@ from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import DeploymentError, ManagerConfig
+from gatekeeper.sidecar.host_admission import (
+    HostBudget,
+    unrealised_host_bytes,
+    worker_host_bytes,
+)
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
@@ -56,6 +62,7 @@ class Admitter:
         # ledger transaction even if the snapshot missed it (Ledger.admit's since).
         since = self.ledger.now()
         snapshot = await self.snapshot()
+        host = await asyncio.to_thread(self.host_budget)
         return await asyncio.to_thread(
             admit,
             self.ledger,
@@ -66,7 +73,15 @@ class Admitter:
             ttl_seconds=self.config.startup_timeout_seconds + 60,
             cache=self.estimates,
             since=since,
+            host=host,
         )
+
+    def host_budget(self) -> HostBudget:
+        """The node's host memory now, less what running workers have yet to take of
+        their promises (``host_admission``): read before the ledger's transaction."""
+        reading = ProcHostMemory(self.config.host_memory_root).read()
+        unrealised = unrealised_host_bytes(self.ledger.live(), worker_host_bytes)
+        return HostBudget(reading, self.config.host_margin_bytes, unrealised)
 
     async def admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
         """``_admit`` bounded by ``admission_timeout_seconds``. The admission's thread

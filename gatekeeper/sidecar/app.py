@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gatekeeper._version import __version__
+from gatekeeper.gpus.host_memory import ProcHostMemory
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.metrics.events import SidecarMetrics
@@ -39,6 +40,7 @@ from gatekeeper.sidecar.admin_api import AdminApi, DeployBody
 from gatekeeper.sidecar.calibrator import Calibrator
 from gatekeeper.sidecar.deployment import ManagerConfig, worker_view
 from gatekeeper.sidecar.discovery import advertised_host, worker_targets
+from gatekeeper.sidecar.host_admission import host_reserved_bytes, host_views
 from gatekeeper.sidecar.http_guard import HttpGuard
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.manager import DeploymentManager
@@ -75,6 +77,8 @@ def manager_config(settings: Settings) -> ManagerConfig:
         health_interval_seconds=settings.health_interval_seconds,
         health_timeout_seconds=settings.health_timeout_seconds,
         health_failures=settings.health_failures,
+        host_memory_root=settings.host_memory_root,
+        host_margin_bytes=settings.host_margin_bytes,
     )
 
 
@@ -218,6 +222,9 @@ def _register_metrics(
             calibration=calibrator.metric_items,
             policy=placement_policy(settings),
             node=node,
+            host_memory=ProcHostMemory(settings.host_memory_root).read,
+            host_reserved=lambda: host_reserved_bytes(ledger, settings.host_margin_bytes),
+            host_workers=lambda: host_views(list(holder["manager"].deployments.values())),
         ),
     ).metrics
 

@@ -210,6 +210,10 @@ class ManagerConfig:
     """... each probe waiting this long ..."""
     health_failures: int = 3
     """... and this many failures in a row make it ``unhealthy``."""
+    host_memory_root: Path = Path("/")
+    """Where host memory is read (``gatekeeper.gpus.host_memory.ProcHostMemory``)."""
+    host_margin_bytes: int = 1 << 30
+    """Host bytes kept available beyond every worker's predicted host memory."""
 
 
 def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:

@@ -62,7 +62,7 @@ _MAX_BYTES = 2**63 - 1  # SQLite's INTEGER range
 
 _COLUMNS = (
     "id, deployment_id, model, gpu_uuid, bytes, state, created_at, expires_at, pid, payload,"
-    " ready_at"
+    " ready_at, host_bytes"
 )
 _OUTSTANDING = "state = 'pending' AND expires_at > ?"
 _LIVE = "(state = 'ready' OR (state = 'pending' AND expires_at > ?))"
@@ -93,6 +93,9 @@ class Reservation:
     ready_at: float | None = None
     """Clock seconds when the row became ready (``mark_ready``/``adopt_ready``), else
     ``None`` (still pending, released before ready, or a ready row from schema 1)."""
+    host_bytes: int = 0
+    """Host bytes promised with this row (``Promise.host_bytes``): a deployment's are the
+    sum over its rows; 0 in rows from schema 2 and before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,9 @@ class Promise:
 
     gpu_uuid: str
     bytes: int
+    host_bytes: int = 0
+    """The part of the deployment's host bytes promised with this GPU's row (the
+    deployment's host figure is the sum over its rows)."""
 
 
 def ledger_path(state_dir: Path) -> Path:
@@ -228,10 +234,14 @@ class Ledger:
                 if not isinstance(text, str):
                     raise invalid("payload", type(text).__name__, "return JSON text (a str)")
                 common = (now, now + ttl_seconds, text)
-                rows = [(deployment_id, model, p.gpu_uuid, p.bytes, *common) for p in checked]
+                rows = [
+                    (deployment_id, model, p.gpu_uuid, p.bytes, p.host_bytes, *common)
+                    for p in checked
+                ]
                 conn.executemany(
-                    "INSERT INTO reservations (id, deployment_id, model, gpu_uuid, bytes, state,"
-                    " created_at, expires_at, payload) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                    "INSERT INTO reservations (id, deployment_id, model, gpu_uuid, bytes,"
+                    " host_bytes, state, created_at, expires_at, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
                     [(uuid.uuid4().hex, *row) for row in rows],
                 )
             return decision
@@ -298,11 +308,11 @@ class Ledger:
             state, ready_at = ("ready", now) if ready else ("pending", None)
             common = (state, now, now + ttl_seconds, pid, payload, ready_at)
             rows = [
-                (uuid.uuid4().hex, deployment_id, model, p.gpu_uuid, p.bytes, *common)
+                (uuid.uuid4().hex, deployment_id, model, p.gpu_uuid, p.bytes, *common, p.host_bytes)
                 for p in checked
             ]
             conn.executemany(
-                f"INSERT INTO reservations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO reservations ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
             return len(rows)
@@ -404,6 +414,12 @@ def _check_promises(promises: object) -> tuple[Promise, ...]:
         if not (_is_int(p.bytes) and 0 < p.bytes <= _MAX_BYTES):
             raise invalid(
                 "bytes", p.bytes, f"a promise on {p.gpu_uuid} must be an int number of bytes > 0"
+            )
+        if not (_is_int(p.host_bytes) and 0 <= p.host_bytes <= _MAX_BYTES):
+            raise invalid(
+                "host_bytes",
+                p.host_bytes,
+                f"a promise on {p.gpu_uuid} must carry an int number of host bytes >= 0",
             )
     return tuple(promises)
 

@@ -35,7 +35,7 @@ __all__ = [
 LEDGER_FILENAME = "reservations.sqlite3"
 """The ledger's file name inside the state directory."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of the schema this module writes."""
 
 _MAX_BYTES = 2**63 - 1  # SQLite's INTEGER range
@@ -53,14 +53,21 @@ CREATE TABLE reservations (
     released_at REAL,
     pid INTEGER,
     payload TEXT NOT NULL,
-    ready_at REAL
+    ready_at REAL,
+    host_bytes INTEGER NOT NULL DEFAULT 0 CHECK (host_bytes >= 0)
 );
 CREATE INDEX reservations_by_state ON reservations (state, expires_at);
 CREATE INDEX reservations_by_deployment ON reservations (deployment_id);
 """
 
 
-_MIGRATIONS = {1: ("ALTER TABLE reservations ADD COLUMN ready_at REAL",)}
+_MIGRATIONS = {
+    1: ("ALTER TABLE reservations ADD COLUMN ready_at REAL",),
+    2: (
+        "ALTER TABLE reservations ADD COLUMN host_bytes INTEGER NOT NULL DEFAULT 0"
+        " CHECK (host_bytes >= 0)",
+    ),
+}
 """Statements that bring a file of schema version ``key`` to ``key + 1``."""
 
 
@@ -197,8 +204,9 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Create the schema in a new file, bring an older one up to date (``_MIGRATIONS``:
-    version 1 gains ``ready_at``, NULL on its rows); refuse a file this version cannot
-    read."""
+    version 1 gains ``ready_at``, NULL on its rows; version 2 ``host_bytes``, 0 on its
+    rows: workers admitted before host memory was counted promise none); refuse a file
+    this version cannot read."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version == 0:
         for statement in _SCHEMA.split(";"):

@@ -163,6 +163,8 @@ def _feature_args(o: ServeOptions) -> list[str]:
         ("max_cpu_loras", o.max_cpu_loras, None),
         ("speculative_config", o.speculative_config, None),
         ("cpu_offload_gb", o.cpu_offload_gb, 0.0),
+        ("kv_offloading_size", o.kv_offloading_size, None),
+        ("swap_space", o.swap_space, None),
         ("data_parallel_size", o.data_parallel_size, 1),
         ("decode_context_parallel_size", o.decode_context_parallel_size, 1),
         ("limit_mm_per_prompt", o.limit_mm_per_prompt, None),

@@ -27,10 +27,10 @@ def test_deploy_sends_vllms_flags_and_the_sidecar_refuses_what_it_cannot_size(tm
         assert lora.returncode == 0, lora.stderr  # LoRA slots are sized, so it launches
         assert "--enable-lora" in lora.stdout
         overrides = gatekeeper(
-            "deploy", "tiny", "--name", "t3", "--kv-offloading-size", "4", *client
+            "deploy", "tiny", "--name", "t3", "--kv-offloading-backend", "lmcache", *client
         )
         assert overrides.returncode == 2  # the sidecar's 400: bad input, not a rejection
-        assert "400" in overrides.stderr and "kv_offloading_size" in overrides.stderr
+        assert "400" in overrides.stderr and "kv_offloading_backend" in overrides.stderr
         assert "does not size" in overrides.stderr
         typo = gatekeeper("deploy", "tiny", "--max-modle-len", "4096", *client)
         assert typo.returncode == 2 and "did you mean --max-model-len" in typo.stderr

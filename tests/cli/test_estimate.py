@@ -147,11 +147,11 @@ def test_any_vllm_flag_and_a_pasted_command_line_are_read_as_vllm_reads_them():
     pasted = gatekeeper(
         "estimate", "vllm", "serve", "Qwen/Qwen3-8B", "--enable-lora", "--max-loras", "4",
         "--kv-cache-memory-bytes", "20G", "--hf-overrides.max_position_embeddings", "8192",
-        "--kv-offloading-size", "4",
+        "--kv-offloading-backend", "lmcache",
         "--json",
     )  # fmt: skip
     assert pasted.returncode == (0 if json.loads(pasted.stdout)["fits"] else 1), pasted.stderr
-    assert "--kv-offloading-size read but not modelled" in pasted.stderr
+    assert "--kv-offloading-backend read but not modelled" in pasted.stderr
     assert "--hf-overrides" not in pasted.stderr  # laid over the config, as vLLM does
     assert json.loads(pasted.stdout)["max_model_len"] == 8192  # the overridden length
     assert json.loads(pasted.stdout)["kv_cache_bytes"] == 20 * 2**30

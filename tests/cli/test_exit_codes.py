@@ -163,7 +163,11 @@ def test_bad_settings_exit_2_with_json(tmp_path: Path):
     ("args", "status", "code"),
     [
         (["deploy", "Qwen/Nosuch-1B"], 400, "bad_request"),  # allowed by pattern, found nowhere
-        (["deploy", "tiny", "--name", "t", "--kv-offloading-size", "4"], 400, "bad_request"),
+        (
+            ["deploy", "tiny", "--name", "t", "--kv-offloading-backend", "lmcache"],
+            400,
+            "bad_request",
+        ),
         (["undeploy", "no-such-deployment"], 404, "deployment_error"),
     ],
 )
@@ -173,7 +177,7 @@ def test_what_the_sidecar_finds_wrong_exits_2(
     human = gatekeeper(*args, *client)
     assert human.returncode == 2 and f"gatekeeper: error: {status}: " in human.stderr
     payload = json_error(gatekeeper(*args, *client, "--json"), code, 2)
-    assert payload["error"]["field"] in ("model", "kv_offloading_size", "id"), payload
+    assert payload["error"]["field"] in ("model", "kv_offloading_backend", "id"), payload
 
 
 def test_a_wrong_token_exits_2(sc: Sidecar):

@@ -182,6 +182,8 @@ def test_the_issue_s_panels_are_there():
         "headroom per node",
         "devices tainted by foreign memory",
         "kubelet plugin prepares",
+        "host memory per node",
+        "host memory per worker: predicted versus actual",
     ):
         assert words in titles, words
 
@@ -262,6 +264,7 @@ def test_alert_rules_are_complete():
         "GatekeeperGpuPublishedByTwoDrivers",
         "GatekeeperPreparesRefused",
         "GatekeeperUnclaimedGpuPods",
+        "GatekeeperWorkerHostOverPrediction",
     } == names
     assert "GatekeeperGpuHeadroomLow" not in names  # fired on every whole-card worker
     for r in rules:

@@ -263,7 +263,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path, clock: FakeClock) -> None:
     with Ledger(path, clock=clock) as again:  # opening a migrated file is a no-op
         assert len(again.live()) == 2
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
 
 
@@ -275,7 +275,7 @@ def test_a_new_file_has_ready_at(tmp_path: Path) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     conn.close()
     assert "ready_at" in columns
-    assert version == 2
+    assert version == 3
 
 
 def test_an_adopted_serving_worker_is_ready_again_even_after_its_row_expired(

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gatekeeper.gpus.host_memory import CgroupLimit, HostMemory
 from gatekeeper.gpus.inventory import GpuInventory, InventorySnapshot
 from gatekeeper.metrics import (
     MetricSources,
@@ -17,6 +18,7 @@ from gatekeeper.metrics import (
     WorkerView,
     register_collectors,
 )
+from gatekeeper.metrics.host import HostWorkerView
 from gatekeeper.units import GIB, MIB
 
 GPU2_UUID = "GPU-00000002-aaaa-bbbb-cccc-000000000002"
@@ -65,6 +67,27 @@ STOPPED = WorkerView(worker="phi-3a4b5c6d", model="phi", state="stopped")
 VIEWS = (LLAMA, QWEN, FAILED, STOPPED)
 MODELS = frozenset(v.model for v in VIEWS)
 
+HOST = HostMemory(
+    ok=True,
+    available_bytes=180 * GIB,
+    total_bytes=256 * GIB,
+    meminfo_available_bytes=200 * GIB,
+    cgroup=CgroupLimit("/gatekeeper.slice", 2, 240 * GIB, 60 * GIB),
+)
+"""The fixture node's host memory: its cgroup binds (180 GiB of headroom)."""
+HOST_WORKERS = (
+    HostWorkerView(LLAMA.worker, LLAMA.model, 210, {"process": 2 * GIB, "kv_offload": 16 * GIB}),
+    HostWorkerView(QWEN.worker, QWEN.model, 300, {"process": GIB}),
+)
+PSS: Mapping[int, int] = {210: GIB, 211: 8 * GIB, 212: 8 * GIB}
+"""Host bytes (PSS) of the fixture's processes: the TP=2 worker's tree holds 17 GiB of the
+18 GiB predicted (a healthy node: ``GatekeeperWorkerHostOverPrediction`` stays quiet)."""
+
+
+def fixture_tree_bytes(pids: Iterable[int]) -> int:
+    """The fixture processes' host bytes, as ``tree_host_bytes`` reads them from /proc."""
+    return sum(PSS.get(pid, 0) for pid in pids)
+
 
 class FailingInventory:
     """An inventory whose reading raises (a bug, not an NVML error)."""
@@ -97,6 +120,10 @@ def sidecar_registry(
         node=NODE,
         parent_map=lambda: parents,
         version="test",
+        host_memory=lambda: HOST,
+        host_reserved=lambda: GIB + 20 * GIB,
+        host_workers=lambda: HOST_WORKERS,
+        host_tree_bytes=fixture_tree_bytes,
     )
     return register_collectors(CollectorRegistry(), sources)
 

@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.gpus.host_memory import write_host_files
 from gatekeeper.gpus.inventory import GpuInventory
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.settings import ModelEntry, Settings
@@ -25,6 +26,9 @@ from gatekeeper.sidecar.ledger import Ledger, ledger_path
 from gatekeeper.sidecar.rehearsal import SIMULATOR as REHEARSAL_SIMULATOR
 
 TOKEN = "test-token"
+HOST_BYTES = 1 << 40
+"""The host memory of the harness's node (a stand-in, ``write_host_files``): 1 TiB, all of
+it available, so that tests of other things never meet the shared machine's memory."""
 SIMULATOR = list(REHEARSAL_SIMULATOR)
 
 
@@ -64,6 +68,11 @@ def settings_for(state_dir: Path, **overrides: Any) -> Settings:
         },
     }
     values.update(overrides)
+    if "host_memory_root" not in values:
+        root = state_dir.parent / f"{state_dir.name}-host"
+        values["host_memory_root"] = write_host_files(
+            root, total_bytes=HOST_BYTES, available_bytes=HOST_BYTES
+        )
     return Settings(**values)
 
 

@@ -93,6 +93,8 @@ ASKED: dict[str, st.SearchStrategy[Any]] = {
     "max_cpu_loras": optional(st.integers(1, 64)),
     "speculative_config": optional(st.sampled_from(SPECULATIVE)),
     "cpu_offload_gb": st.sampled_from([0, 0.5, 2.5, 16]),
+    "kv_offloading_size": optional(st.sampled_from([0.5, 4, 64])),
+    "swap_space": st.none(),  # V0's flag: gone from the releases these launches are read with
     "data_parallel_size": st.sampled_from([1, 2, 4]),
     "enable_expert_parallel": st.booleans(),
     "decode_context_parallel_size": st.sampled_from([1, 2]),
