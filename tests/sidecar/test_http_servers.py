@@ -21,6 +21,7 @@ import pytest
 from gatekeeper.settings import Settings
 from gatekeeper.sidecar.http_servers import missing_limits
 from gatekeeper.sidecar.launcher import process_group_alive
+from tests.support.processes import ctrl_c_reaches_children, end_group, interrupt
 
 GATEKEEPER = Path(sys.executable).parent / "gatekeeper"
 CHAT = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}]}
@@ -33,14 +34,23 @@ def _env(tmp_path: Path, server: str) -> dict[str, str]:
 
 def _start(tmp_path: Path, server: str) -> tuple[subprocess.Popen[str], str, Path]:
     log = tmp_path / "serve.log"
-    with log.open("w") as out:
+    with log.open("w") as out, ctrl_c_reaches_children():
         process = subprocess.Popen(
             [str(GATEKEEPER), "serve", "--rehearsal", "--port", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
             env=_env(tmp_path, server),
+            process_group=0,
         )
+    try:
+        return (process, _wait_serving(process, log), log)
+    except BaseException:
+        end_group(process)  # a start that failed or timed out leaves nothing running
+        raise
+
+
+def _wait_serving(process: subprocess.Popen[str], log: Path) -> str:
     deadline = time.monotonic() + 60
     while not (found := re.search(r"sidecar on (http://127\.0\.0\.1:\d+)", log.read_text())):
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -50,7 +60,7 @@ def _start(tmp_path: Path, server: str) -> tuple[subprocess.Popen[str], str, Pat
     while True:
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url, log
+                return url
         except httpx.TransportError:
             pass
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -58,15 +68,7 @@ def _start(tmp_path: Path, server: str) -> tuple[subprocess.Popen[str], str, Pat
 
 
 def _stop(process: subprocess.Popen[str]) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            return process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise
-    return process.returncode
+    return interrupt(process, timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import pytest
 
 from bench import serve_process
 from gatekeeper.sidecar.launcher import process_group_alive
+from tests.support.processes import ctrl_c_reaches_children, interrupt
 from tests.support.sidecar_harness import free_port_block, running_sidecar, settings_for
 
 
@@ -28,9 +29,12 @@ def _serve(tmp_path: Path, *, keep: bool) -> Iterator[tuple[subprocess.Popen[byt
     """The installed ``gatekeeper serve --rehearsal`` (``bench.serve_process.sidecar``),
     its simulator workers kept when it exits if ``keep``; its log is ``sidecar.log``."""
     port = free_port_block(100)  # and its workers' ports after it
-    with serve_process.sidecar(
-        tmp_path, port, preload=False, worker_env="{}", rehearsal=True, keep_workers=keep
-    ) as process:
+    with (
+        ctrl_c_reaches_children(),  # the Ctrl-C below reaches it in a suite that ignores it
+        serve_process.sidecar(
+            tmp_path, port, preload=False, worker_env="{}", rehearsal=True, keep_workers=keep
+        ) as process,
+    ):
         yield process, f"http://127.0.0.1:{port}"
 
 
@@ -57,8 +61,7 @@ def test_ctrl_c_on_a_rehearsal_stops_its_simulators_or_says_they_keep_running(
     try:
         with _serve(tmp_path, keep=keep) as (process, url):
             pid = _deploy_ready(url)
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=60)  # exited: the block's end has nothing to stop
+            interrupt(process, timeout=60)  # exited: the block's end has nothing to stop
         out = (tmp_path / "sidecar.log").read_text()
         if keep:
             assert "workers keep running when the sidecar exits" in out, out

@@ -1,7 +1,8 @@
 """The installed ``gatekeeper serve`` in a subprocess, as operators run it, for tests of
 its HTTP edge: a declared node, the simulator as the worker, settings from a TOML file
-of the test's, and a state directory of its own. SIGTERM at the end (it stops its
-workers); the log is kept in the state directory for assertion messages."""
+of the test's, and a state directory of its own, in a process group of its own. SIGTERM
+to the group at the end (it stops its workers), SIGKILL 30 s later, even when the test
+failed or was cut short by its timeout; the log is kept for assertion messages."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.serve_process import stop
 from gatekeeper.sidecar.rehearsal import SIMULATOR
+from tests.support.processes import end_group
 from tests.support.sidecar_harness import free_port_block
 
 __all__ = ["ServeProcess", "serve_process"]
@@ -72,13 +73,15 @@ def serve_process(work: Path, **settings: object) -> Iterator[ServeProcess]:
     log = work / "serve.log"
     argv = [str(GATEKEEPER), "--config", str(config), "serve", "--port", str(base)]
     with log.open("ab") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0
+        )
     served = ServeProcess(process, f"http://127.0.0.1:{base}", base, log)
     try:
         _wait_healthy(served)
         yield served
     finally:
-        stop(process, 30)
+        end_group(process, 30)
 
 
 def _wait_healthy(served: ServeProcess) -> None:
