@@ -5,13 +5,14 @@ A vLLM deployment takes host RAM for (``HostEstimate``'s parts):
 - ``process_bytes``: its processes themselves (Python, torch, vLLM, the tokenizer): one
   API server, and per engine replica (``-dp``) one process per rank (``tp x pp``) plus,
   when there are several ranks, the engine core that drives them (V1's
-  ``MultiprocExecutor``; one rank runs inside the engine core, ``UniProcExecutor``).
-  The figures are the CPU build's, measured (docs/host-memory.md): ``FRONTEND_BYTES``
-  for a process without a model (the API server; the engine core of several ranks is
-  counted as one too) and ``RANK_BYTES`` for one holding a rank, less its weights and KV
-  cache. They are a **floor**: a GPU build's rank also maps the CUDA libraries (CUDA
-  runtime, cuBLAS, cuDNN, NCCL, their kernels) and keeps pinned staging buffers, which
-  the CPU build has none of.
+  ``MultiprocExecutor``; a single rank runs inside the engine core on a GPU,
+  ``UniProcExecutor``). The figures are the CPU build's (vLLM 0.32, measured by
+  ``tests/support/host_baseline.py``, docs/host-memory.md): ``FRONTEND_BYTES`` the API
+  server's PSS, ``ENGINE_CORE_BYTES`` the engine core's without a model, ``RANK_BYTES``
+  the worker's less its KV cache (the tiny model's weights are 0.3 MB). They are a
+  **floor**: a GPU build's rank also maps the CUDA libraries (CUDA runtime, cuBLAS,
+  cuDNN, NCCL and their kernels) and keeps pinned staging buffers, which the CPU build
+  has none of, and a model's tokenizer and processor grow the API server.
 - ``cpu_offload_bytes``: ``--cpu-offload-gb``, per GPU rank: the weights the estimator
   moved off each rank's GPU (``StageEstimate.cpu_offloaded_bytes``, at most the flag's
   GiB) sit in pinned host memory, once per GPU.
@@ -29,7 +30,8 @@ A vLLM deployment takes host RAM for (``HostEstimate``'s parts):
   worker holds none. ``at_sleep_level`` gives the figure for a level.
 
 Example: Llama-3.1-8B at TP 2 with ``--cpu-offload-gb 4`` and ``--kv-offloading-size
-16`` on a V1 release: process 2 x RANK + 2 x FRONTEND, offload 2 x 4 GiB, KV offload
+16`` on a V1 release: process FRONTEND + ENGINE_CORE + 2 x RANK (2.41 GiB), offload
+2 x 4 GiB (8.02: vLLM moves whole parameters until it passes the figure), KV offload
 16 GiB; asleep at level 1, plus the 2 ranks' weights (about 15 GiB).
 """
 
@@ -41,6 +43,7 @@ from typing import Literal
 from gatekeeper.units import GIB, MIB
 
 __all__ = [
+    "ENGINE_CORE_BYTES",
     "FRONTEND_BYTES",
     "RANK_BYTES",
     "V0_DEFAULT_SWAP_GIB",
@@ -49,10 +52,13 @@ __all__ = [
     "process_bytes",
 ]
 
-FRONTEND_BYTES = 420 * MIB
-"""A vLLM process without a model (API server, a multi-rank engine core), CPU build."""
-RANK_BYTES = 560 * MIB
-"""A vLLM process holding one rank, less its weights and KV cache, CPU build."""
+FRONTEND_BYTES = 614 * MIB
+"""vLLM's API server (PSS), CPU build 0.32: 614.8 and 636.1 MiB measured."""
+ENGINE_CORE_BYTES = 594 * MIB
+"""The engine core without a model (PSS), CPU build 0.32: 594.3 and 619.9 MiB measured."""
+RANK_BYTES = 629 * MIB
+"""A worker holding one rank, less its KV cache (PSS), CPU build 0.32: 629.2 and
+650.6 MiB measured."""
 V0_DEFAULT_SWAP_GIB = 4.0
 """V0's ``--swap-space`` default (``CacheConfig.swap_space``), GiB per GPU."""
 
@@ -104,7 +110,7 @@ class HostEstimate:
 def process_bytes(ranks: int, replicas: int = 1) -> int:
     """The processes' own bytes: one API server, and per replica ``ranks`` rank
     processes plus an engine core of its own when there are several ranks."""
-    core = FRONTEND_BYTES if ranks > 1 else 0
+    core = ENGINE_CORE_BYTES if ranks > 1 else 0
     return FRONTEND_BYTES + replicas * (ranks * RANK_BYTES + core)
 
 

@@ -4,7 +4,12 @@ sleeping weights at level 1 only."""
 
 from __future__ import annotations
 
-from gatekeeper.estimator.host import FRONTEND_BYTES, RANK_BYTES, process_bytes
+from gatekeeper.estimator.host import (
+    ENGINE_CORE_BYTES,
+    FRONTEND_BYTES,
+    RANK_BYTES,
+    process_bytes,
+)
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.types import GpuTarget
 from gatekeeper.estimator.vllm_method import estimate
@@ -23,7 +28,7 @@ def host_of(**options: object):
 def test_an_awake_worker_without_offload_holds_its_processes_only() -> None:
     _, host = host_of()
     assert host.host_bytes == host.process_bytes == FRONTEND_BYTES + RANK_BYTES
-    assert process_bytes(2) == 2 * FRONTEND_BYTES + 2 * RANK_BYTES  # + the engine core
+    assert process_bytes(2) == FRONTEND_BYTES + ENGINE_CORE_BYTES + 2 * RANK_BYTES
 
 
 def test_kv_offloading_is_one_buffer_across_ranks_and_cpu_offload_one_per_gpu() -> None:
