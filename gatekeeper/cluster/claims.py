@@ -201,6 +201,8 @@ class RankSizing:
     gpu_memory_utilization: float
     min_capability: tuple[int, int] | None
     """The compute capability the quantization needs; None when any GPU runs it."""
+    max_model_len: int = 0
+    """The max_model_len the rank was sized with (0: not sized here)."""
     predicted: Prediction | None = None
     """Per component, the rank placement sized (its worst stage, with the KV cache above);
     they add up to ``rank_bytes`` less the CUDA context. None: not sized here."""
@@ -282,6 +284,7 @@ def size_ranks(
             MIN_FRACTION, floor_fraction(_in_budget(placement), _largest_total())
         ),
         min_capability=min_capability(spec, options),
+        max_model_len=placement.estimate.max_model_len,
         predicted=placement.prediction,
         sequences=sequences_held(placement.estimate, placement.kv_cache_bytes),
     )

@@ -15,7 +15,9 @@ sizes and a time budget). In cluster mode (``--published-devices``) the
 validating webhook judges by the devices the node agents publish: ``published`` reads the
 ResourceSlices and the Nodes' labels, ``fleet`` (pure) turns them into device shapes and
 judges with ``fit``, ``node_scope`` (pure) keeps the nodes a pod may land on; ``gpu_terms``
-words the GPU counts and suggestions for the mutating webhook's claims mode.
+words the GPU counts and suggestions for the mutating webhook's claims mode. Both webhooks
+say each decision on a vLLM workload through ``decisions``: a line on
+``gatekeeper.decisions`` and the estimate as the response's ``auditAnnotations``.
 
 May import: ``gatekeeper.cluster`` (its pure modules; ``template_store`` also the agent's
 quantity reader), ``gatekeeper.settings``, ``gatekeeper.metrics``,

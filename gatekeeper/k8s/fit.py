@@ -31,6 +31,7 @@ from gatekeeper.errors import GatekeeperError, HubError, ServeOptionsError, Unkn
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate, GpuTarget, StageEstimate, estimate
 from gatekeeper.gpus.products import lookup_gpu
+from gatekeeper.k8s.decisions import Sizing
 from gatekeeper.k8s.gpu_terms import give_text, gpus_text, has_text, nothing_nearby
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import (
@@ -41,7 +42,7 @@ from gatekeeper.placement.nearby import (
     larger_sizes,
     lighter_variants,
 )
-from gatekeeper.placement.sizing import kv_text
+from gatekeeper.placement.sizing import kv_text, sequences_held
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import format_gib, parse_size
 from gatekeeper.vllm.command import VllmCommand
@@ -83,6 +84,9 @@ class GpuChoice:
 class Finding:
     outcome: Outcome
     message: str | None = None
+    sizing: Sizing | None = None
+    """How the container was sized, on the findings ``judge`` makes once it has (the
+    decision line and the audit annotations say it)."""
 
 
 def gpu_from_value(value: str, origin: str) -> GpuChoice:
@@ -241,8 +245,9 @@ def _evaluate(case: Case, options: ServeOptions) -> _Eval:
 
 
 def judge(who: str, case: Case) -> list[Finding]:
-    """The findings for one container whose model and GPU are known."""
-    spec, command, gpu = case.spec, case.command, case.gpu
+    """The findings for one container whose model and GPU are known, each with the
+    container's ``Sizing`` once the estimate gave it."""
+    command, gpu = case.command, case.gpu
     options = command.options
     refused = _fp8_refusal(who, options, gpu)
     if refused is not None:
@@ -256,6 +261,19 @@ def judge(who: str, case: Case) -> list[Finding]:
     if command.max_model_len_auto and ev.e.max_model_len_fit > 0 and not ev.e.fits:
         length = dataclasses.replace(options, max_model_len=ev.e.max_model_len_fit)
         ev = _evaluate(case, length)
+    return [
+        dataclasses.replace(f, sizing=_sizing(case, ev)) for f in _judged(who, case, ev, findings)
+    ]
+
+
+def _sizing(case: Case, ev: _Eval) -> Sizing:
+    e = ev.e
+    held = sequences_held(e, ev.kv_min_bytes)
+    return Sizing(ev.need_bytes, e.gpus, e.max_model_len, held, case.gpu.label)
+
+
+def _judged(who: str, case: Case, ev: _Eval, findings: list[Finding]) -> list[Finding]:
+    spec, gpu, options = case.spec, case.gpu, case.command.options
     if not ev.e.fits:
         fixes = suggestions(case, ev)
         return [*findings, Finding("deny", _denial(who, case, ev, fixes))]

@@ -62,6 +62,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.claim_record import intact
+from gatekeeper.k8s.decisions import Judged, Sizing, said
 from gatekeeper.k8s.fit import Finding
 from gatekeeper.k8s.limits import Budget, screen, too_many_templates
 from gatekeeper.k8s.mutation_texts import internal_error, unreadable
@@ -134,6 +135,8 @@ class Mutation:
         default_factory=dict, repr=False, compare=False
     )
     budget: Budget | None = field(default=None, repr=False, compare=False)
+    judged: list[Judged] = field(default_factory=list, repr=False, compare=False)
+    """The vLLM containers sized, with their sizing (``decisions``)."""
 
     def add(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -195,7 +198,12 @@ class Mutator:
             m = Mutation("denied", denials=[internal_error(e)])
         warnings = tuple(dict.fromkeys(m.warnings))
         allowed = not m.denials
-        payload = review_response(review, allowed, joined(m.denials), warnings, m.patch)
+        reason = joined(m.denials) or "\n".join(warnings)
+        speaks = bool(warnings) or m.outcome == "denied"
+        audit = said("mutating", m.outcome, review.request, m.judged, reason, always=speaks)
+        payload = review_response(
+            review, allowed, joined(m.denials), warnings, m.patch, audit=audit
+        )
         return 200, payload, m.outcome
 
     def decide(self, request: AdmissionRequest, budget: Budget | None = None) -> Mutation:
@@ -402,6 +410,7 @@ class Mutator:
         if isinstance(sized, str):
             m.denials.append(f"{c.who}: cannot size a claim: {sized}")
             return None
+        m.judged.append(Judged(c.request.name, command.model, _sizing(sized, name)))
         return sized
 
     def _gpu(self, m: Mutation, c: _Container, template: PodTemplate) -> tuple[int, str]:
@@ -419,13 +428,20 @@ class Mutator:
         self, m: Mutation, c: _Container, template: PodTemplate, namespace: str, multi: bool
     ) -> None:
         """A workload's own request is left alone unless it is smaller than a rank."""
-        sizing = self._size(Mutation(), c, template, multi)
+        scratch = Mutation()
+        sizing = self._size(scratch, c, template, multi)
+        m.judged += scratch.judged
         if sizing is None:
             return
         read = template_reader(self.store, namespace)
         found = check_own(c.who, template.spec, c.raw, sizing, read, self.undersized)
         m.denials += found.denials
         m.warnings += found.warnings
+
+
+def _sizing(sized: RankSizing, gpu: str) -> Sizing:
+    """A claim's sizing as the decision line and the audit annotations say it."""
+    return Sizing(sized.rank_bytes, sized.ranks, sized.max_model_len, sized.sequences, gpu)
 
 
 def _dig(obj: Mapping[str, Any], path: str) -> Mapping[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -135,9 +136,12 @@ def review_response(
     message: str,
     warnings: tuple[str, ...],
     patch: list[dict[str, Any]] | None = None,
+    audit: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview answering ``review``; a mutating webhook's ``patch`` (RFC 6902
-    operations) goes base64-encoded with ``patchType: JSONPatch``."""
+    operations) goes base64-encoded with ``patchType: JSONPatch``; ``audit``: the
+    ``auditAnnotations`` (the apiserver records them in its audit log, each key prefixed
+    with the webhook's name)."""
     response: dict[str, Any] = {"uid": review.request.uid, "allowed": allowed}
     if not allowed:
         response["status"] = status_body(403, message)
@@ -146,6 +150,8 @@ def review_response(
         response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     if warnings:
         response["warnings"] = [clip_warning(w) for w in warnings]
+    if audit:
+        response["auditAnnotations"] = dict(audit)
     return {"apiVersion": review.api_version, "kind": review.kind, "response": response}
 
 

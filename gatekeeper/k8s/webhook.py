@@ -29,6 +29,7 @@ Kubernetes ``Status`` whose message says what is wrong; never a 500.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -44,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from gatekeeper.cluster.claims import ClaimsMode
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.options import ServeOptions, draft_reference
+from gatekeeper.k8s.decisions import Judged, said
 from gatekeeper.k8s.fit import (
     Case,
     Finding,
@@ -125,6 +127,9 @@ class WebhookDecision:
     outcome: Outcome
     message: str = ""
     warnings: tuple[str, ...] = ()
+    judged: tuple[Judged, ...] = ()
+    """The vLLM containers judged, with their sizing (``decisions``: the log line, the
+    audit annotations)."""
 
 
 class WebhookMetrics:
@@ -205,7 +210,13 @@ class AdmissionWebhook:
                 "warned",
                 warnings=(f"gatekeeper: internal error ({type(e).__name__}); allowed unchecked",),
             )
-        answer = review_response(review, decision.allowed, decision.message, decision.warnings)
+        reason = decision.message or "\n".join(decision.warnings)
+        speaks = decision.outcome in ("denied", "warned", "skipped")
+        audit = said("validating", decision.outcome, review.request, decision.judged, reason,
+                     always=speaks)  # fmt: skip
+        answer = review_response(
+            review, decision.allowed, decision.message, decision.warnings, audit=audit
+        )
         return 200, answer, decision.outcome
 
     # -- decision --------------------------------------------------------------------
@@ -234,6 +245,7 @@ class AdmissionWebhook:
         budget, lines = budget or Budget(limits.budget_seconds), LineCache()
         notes = [_legacy_text(where, old) for t in templates for old in t.legacy]
         findings: list[Finding] = []
+        judged: list[Judged] = []
         skipped = [t for t in templates if _skipped(t)]
         if skipped == templates:
             return _combine([], [where], notes)
@@ -247,12 +259,15 @@ class AdmissionWebhook:
                 if budget.spent():
                     return WebhookDecision(False, "denied", budget.text(where, done))
                 who = f"container {container.name!r} of {where}{part}"
-                findings += self._container(who, template, container, kind == "LeaderWorkerSet")
+                found = self._container(who, template, container, kind == "LeaderWorkerSet")
+                findings += found
+                sizing = next((f.sizing for f in found if f.sizing is not None), None)
+                judged.append(Judged(container.name + part, container.command.model, sizing))
             findings += [
                 Finding("warn", unread_text(f"container {name!r} of {where}{part}", words))
                 for _, name, words in unread_vllm_containers(template, read)
             ]
-        return _combine(findings, [], notes)
+        return dataclasses.replace(_combine(findings, [], notes), judged=tuple(judged))
 
     def _container(
         self, who: str, template: PodTemplate, container: ContainerRequest, multi_node: bool

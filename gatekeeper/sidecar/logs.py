@@ -12,6 +12,12 @@ handler, so that every line on stderr is JSON. gatekeeper's loggers speak from I
 
 Text keeps today's behaviour: nothing is configured, and warnings reach stderr as bare
 messages through logging's last resort.
+
+Decision lines (``DECISIONS_LOGGER``, ``gatekeeper.decisions``: each webhook decision, each
+sidecar rejection, each claim the scheduler cannot allocate) carry their fields as
+logging's ``extra={"fields": {...}}``: in JSON, each field is a key of the line beside
+``message``; in text, the line is the message and the fields as ``key=value`` pairs
+(logfmt: a value with spaces or quotes quoted), on stderr, at INFO as well.
 """
 
 from __future__ import annotations
@@ -20,15 +26,18 @@ import contextvars
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
 __all__ = [
+    "DECISIONS_LOGGER",
     "LOG_FIELDS",
     "JsonFormatter",
     "configure_logging",
     "deployment_context",
     "deployment_extra",
+    "logfmt",
 ]
 
 LOG_FIELDS = ("deployment_id", "model")
@@ -40,6 +49,10 @@ deployment_context: contextvars.ContextVar[dict[str, str] | None] = contextvars.
 """The deployment the running task works for (set by its supervising task, ``Supervisor.run``)."""
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+DECISIONS_LOGGER = "gatekeeper.decisions"
+"""The logger of the decision lines (the webhooks, the sidecar's rejections, the agent's
+unallocatable claims use this name, written out where they cannot import this module)."""
+_RESERVED = ("time", "level", "logger", "message", "exception", "stack")
 
 
 def deployment_extra(deployment_id: str, model: str) -> dict[str, str]:
@@ -59,6 +72,46 @@ class _ContextFields(logging.Filter):
         return True
 
 
+def logfmt(message: str, fields: Mapping[str, Any]) -> str:
+    """``message`` and ``fields`` as one text line: ``key=value`` pairs after the message, a
+    value with a space, a quote, a ``=`` or nothing quoted as JSON quotes it; None left
+    out."""
+    parts = [message] if message else []
+    for key, value in fields.items():
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if not text or any(c in text for c in ' "=\\\n\t'):
+            text = json.dumps(text)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def _fields(record: logging.LogRecord) -> Mapping[str, Any]:
+    fields = getattr(record, "fields", None)
+    return fields if isinstance(fields, Mapping) else {}
+
+
+class _LogfmtFormatter(logging.Formatter):
+    """A decision line in text: the message and its fields (``logfmt``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return logfmt(record.getMessage(), _fields(record))
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to ``sys.stderr`` as it is when a line is written (a test's
+    capture, a redirected stream), as logging's last resort does."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, the deployment's fields
     where they apply, and the traceback when there is one."""
@@ -74,6 +127,9 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, key, None)
             if value is not None:
                 out[key] = value
+        for key, value in _fields(record).items():
+            if value is not None and key not in _RESERVED:
+                out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.stack_info:
@@ -84,12 +140,21 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(log_format: Literal["text", "json"], stream: TextIO | None = None) -> None:
     """Route every log line through one JSON handler on stderr (``"json"``), uvicorn's
     included; call it after ``uvicorn.Config`` is built, which applies uvicorn's own
-    logging configuration. ``"text"`` leaves logging as it is."""
+    logging configuration. ``"text"`` leaves logging as it is but for the decision lines
+    (``DECISIONS_LOGGER``), which reach stderr from INFO as ``logfmt`` lines."""
     if log_format != "json":
+        decisions = logging.getLogger(DECISIONS_LOGGER)
+        if not any(isinstance(h, _Stderr) for h in decisions.handlers):
+            text = _Stderr()
+            text.setFormatter(_LogfmtFormatter())
+            decisions.addHandler(text)
+        decisions.setLevel(logging.INFO)
         return
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(_ContextFields())
+    decisions = logging.getLogger(DECISIONS_LOGGER)
+    decisions.handlers[:] = [h for h in decisions.handlers if not isinstance(h, _Stderr)]
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
