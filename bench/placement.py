@@ -26,8 +26,14 @@
 
    The optimum ignores order; gatekeeper decides online, in the mix's order, so it can
    fall short of the optimum even when each single decision is the right one.
+3. **Sharing**, through the installed CLI: catalog fleets (``FLEETS``) and random mixes
+   written as plan files and run by ``gatekeeper plan --json`` with ``share_gpus`` off and
+   on (``GATEKEEPER_SHARE_GPUS``): deployments placed, GPUs used, the KV cache in all and
+   the sequences of max_model_len per worker, and the refusals that name ``share_gpus``
+   (docs/placement.md, "Sharing: off by default").
 
     python bench/placement.py [--mixes 100] [--seed 7] [--runs 500] [--examples 3]
+    python bench/placement.py --sharing [--mixes 20]    # the sharing figures only
 
 Needs scipy (``pip install scipy``), a bench-only dependency.
 """
@@ -539,13 +545,157 @@ def describe(r: MixResult, needs: Needs, node: Node) -> None:
     print(f"    gatekeeper's room left per GPU (GiB): {', '.join(f'{x:.1f}' for x in left)}")
 
 
+# --- sharing, both ways, through the installed CLI ------------------------------------------
+
+FLEETS: dict[str, tuple[str, list[tuple[str, dict[str, object]]]]] = {
+    "first-day": (
+        "1xH200",
+        [
+            ("Qwen/Qwen3-0.6B", {"max_model_len": 8192}),
+            ("Qwen/Qwen2.5-7B-Instruct-AWQ", {"max_model_len": 16384}),
+        ],
+    ),
+    "team-node": (
+        "8xH100-80GB",
+        [
+            ("meta-llama/Llama-3.3-70B-Instruct", {"max_model_len": 8192, "kv_cache_dtype": "fp8"}),
+            ("Qwen/Qwen2.5-32B-Instruct", {"max_model_len": 32768}),
+            ("meta-llama/Llama-3.1-8B-Instruct", {"max_model_len": 16384}),
+            ("meta-llama/Llama-3.1-8B-Instruct", {"max_model_len": 8192}),
+            ("Qwen/Qwen2.5-7B-Instruct-AWQ", {"max_model_len": 16384}),
+            ("Qwen/Qwen2.5-14B-Instruct", {"max_model_len": 16384}),
+            ("meta-llama/Llama-3.2-1B-Instruct", {"max_model_len": 8192}),
+            ("Qwen/Qwen3-0.6B", {"max_model_len": 8192}),
+            ("Qwen/Qwen3-8B", {"max_model_len": 32768}),
+            ("mistralai/Mistral-7B-Instruct-v0.3", {"max_model_len": 16384}),
+        ],
+    ),
+    "small-gpus": (
+        "4xL4",
+        [
+            ("Qwen/Qwen3-0.6B", {"max_model_len": 8192}),
+            ("meta-llama/Llama-3.2-1B-Instruct", {"max_model_len": 8192}),
+            ("Qwen/Qwen2.5-7B-Instruct-AWQ", {"max_model_len": 8192}),
+            ("meta-llama/Llama-3.1-8B-Instruct", {"max_model_len": 8192, "kv_cache_dtype": "fp8"}),
+            ("google/gemma-3-4b-it", {"max_model_len": 8192}),
+        ],
+    ),
+}
+"""Catalog fleets for the sharing figures: node, then (model, vllm serve flags) in the
+order they are deployed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFigures:
+    """One ``gatekeeper plan --json`` run: what it placed and with what KV cache."""
+
+    admitted: int
+    deployments: int
+    gpus_used: int
+    kv_sequences: list[int]
+    """Sequences of max_model_len each admitted worker's KV cache holds."""
+    share_hints: int
+    """Refusals that name share_gpus."""
+    kv_bytes: int
+    """The KV cache of every admitted worker (per GPU x its GPUs), summed."""
+
+
+def plan_file(node: str, entries: Sequence[tuple[str, Mapping[str, object]]], path: Path) -> None:
+    lines = [f'node = "{node}"']
+    for model, flags in entries:
+        lines += ["[[deployments]]", f'model = "{model}"']
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in flags.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_plan_cli(path: Path, share: bool) -> PlanFigures:
+    """``gatekeeper plan FILE --json`` with ``share_gpus`` on or off (the installed CLI)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    cli = shutil.which("gatekeeper", path=str(Path(sys.executable).parent)) or "gatekeeper"
+    env = {**os.environ, "GATEKEEPER_SHARE_GPUS": "true" if share else "false"}
+    out = subprocess.run(
+        [cli, "plan", str(path), "--json"], capture_output=True, text=True, env=env, check=False
+    )
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"gatekeeper plan failed ({out.returncode}): {out.stderr[-2000:]}")
+    result = json.loads(out.stdout)
+    placed = [d["placement"] for d in result["deployments"] if d["admitted"]]
+    hints = [
+        d for d in result["deployments"] if any(s["kind"] == "share_gpus" for s in d["suggestions"])
+    ]
+    return PlanFigures(
+        admitted=len(placed),
+        deployments=len(result["deployments"]),
+        gpus_used=len({i for p in placed for i in p["gpu_indices"]}),
+        kv_sequences=[p["kv_sequences"] for p in placed],
+        share_hints=len(hints),
+        kv_bytes=sum(p["predicted"]["kv_cache_bytes"] * len(p["gpu_indices"]) for p in placed),
+    )
+
+
+def _fleet_line(name: str, node: str, f: PlanFigures) -> str:
+    seqs = sorted(f.kv_sequences)
+    median = seqs[len(seqs) // 2] if seqs else 0
+    return (
+        f"  {name:<26} {node:<12} placed {f.admitted:>2}/{f.deployments:<2} GPUs used "
+        f"{f.gpus_used:>2}  KV {f.kv_bytes / GIB:7.1f} GiB, sequences per worker min "
+        f"{min(seqs, default=0):>3} median {median:>4}  refusals naming share_gpus {f.share_hints}"
+    )
+
+
+def sharing(mixes: int, seed: int) -> None:
+    """The catalog fleets and ``mixes`` random mixes planned with share_gpus off and on."""
+    import tempfile
+
+    print("\n== sharing: gatekeeper plan --json with share_gpus off / on ==")
+    fleets = [(name, node, list(entries)) for name, (node, entries) in FLEETS.items()]
+    for i, mix in enumerate(random_mixes(mixes, seed)):
+        entries: list[tuple[str, dict[str, object]]] = [
+            (d.model, {"max_model_len": d.max_model_len}) for d in mix
+        ]
+        fleets.append((f"random mix {i}", NODE, entries))
+    totals = {False: [0, 0, 0, 0, 0], True: [0, 0, 0, 0, 0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, node, entries in fleets:
+            path = Path(tmp) / "plan.toml"
+            plan_file(node, entries, path)
+            for share in (False, True):
+                f = run_plan_cli(path, share)
+                totals[share][0] += f.admitted
+                totals[share][1] += f.deployments
+                totals[share][2] += f.gpus_used
+                totals[share][3] += f.kv_bytes
+                totals[share][4] += f.share_hints
+                if not name.startswith("random") or mixes <= 3:
+                    print(_fleet_line(f"{name} ({'on' if share else 'off'})", node, f))
+    for share, (admitted, asked, used, kv, hints) in totals.items():
+        print(
+            f"  all {len(fleets)} fleets, share_gpus {'on ' if share else 'off'}: placed "
+            f"{admitted}/{asked} deployments on {used} GPUs, KV cache {kv / GIB:.0f} GiB in all; "
+            f"{asked - admitted} refused, {hints} of them naming share_gpus"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", type=int, default=500, help="decisions timed per case")
     parser.add_argument("--examples", type=int, default=3, help="shortfalls to print")
+    parser.add_argument(
+        "--sharing",
+        action="store_true",
+        help="only the sharing figures: catalog fleets and --mixes random mixes through "
+        "`gatekeeper plan --json`, share_gpus off and on",
+    )
     args = parser.parse_args()
+    if args.sharing:
+        sharing(args.mixes, args.seed)
+        return 0
     try:
         import scipy.optimize  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
     except ImportError:
@@ -555,6 +705,7 @@ def main() -> int:
     models = Models()
     latency(models, args.runs, args.seed)
     packing(models, args.mixes, args.seed, args.examples)
+    sharing(min(args.mixes, 20), args.seed)
     print(f"\nbench/placement.py ran in {time.perf_counter() - started:.1f} s")
     return 0
 
