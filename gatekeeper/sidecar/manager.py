@@ -52,6 +52,7 @@ from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_extra
 from gatekeeper.sidecar.records import remove_record
+from gatekeeper.sidecar.rejection import log_rejection, rejection_fields
 from gatekeeper.sidecar.supervisor import Supervisor
 
 __all__ = [
@@ -152,18 +153,22 @@ class DeploymentManager:
             if live:
                 if self.metrics is not None:
                     self.metrics.admission("conflict")
-                raise DeploymentError(
+                conflict = DeploymentError(
                     f"model name {name!r} is already deployed as {live[0].id} ({live[0].state}); "
                     "undeploy it first or choose another name",
                     status=409,
                     field="name",
                     value=name,
                 )
+                log_rejection({"event": "sidecar_rejection", "status": 409, "name": name,
+                               "model": request.model.name, "reason": str(conflict)})  # fmt: skip
+                raise conflict
             deployment_id = f"{slug(name)}-{uuid.uuid4().hex[:8]}"
             decision = await self._admitter.admit(deployment_id, request)
             if self.metrics is not None:
                 self.metrics.decision(decision)
             if not decision.admitted:
+                log_rejection(rejection_fields(name, decision))
                 return decision, None
             d = Deployment.admitted(deployment_id, name, request, decision, body)
             self.deployments[d.id] = d

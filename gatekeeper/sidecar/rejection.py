@@ -1,15 +1,22 @@
 """The proxy's 507 message: why a model does not fit on this node now, and what would
 (the decision's suggestions, ``gatekeeper.placement.nearby``'s menu, all of them as
-``gatekeeper check`` shows them)."""
+``gatekeeper check`` shows them); and the decision line each admission rejection writes
+(``log_rejection``, on ``gatekeeper.decisions``: the model, the bytes the closest GPU
+needed against what it had free and usable, and the reason)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
-from gatekeeper.placement.types import Decision
+from gatekeeper.placement.types import Decision, GpuLine
+from gatekeeper.sidecar.logs import DECISIONS_LOGGER
 from gatekeeper.units import format_gib
 
-__all__ = ["rejection_text"]
+__all__ = ["log_rejection", "rejection_fields", "rejection_text"]
+
+decisions = logging.getLogger(DECISIONS_LOGGER)
 
 
 def rejection_text(model: str, decision: Decision, served_as: Sequence[str] = ()) -> str:
@@ -40,10 +47,9 @@ def rejection_text(model: str, decision: Decision, served_as: Sequence[str] = ()
 def _nothing_fits(decision: Decision) -> str:
     why = next((s.text for s in decision.suggestions if s.kind == "none"), "")
     why = why.removeprefix("nothing fits on this node: ")
-    short = [g for g in decision.gpus if g.need_bytes is not None]
+    best = _closest(decision)
     closest = ""
-    if short:
-        best = min(short, key=lambda g: (g.need_bytes or 0) - g.usable_bytes)
+    if best is not None:
         gap = format_gib((best.need_bytes or 0) - best.usable_bytes)
         closest = f" The closest is GPU {best.index} ({best.name}), short by {gap}."
     return (
@@ -52,3 +58,40 @@ def _nothing_fits(decision: Decision) -> str:
         f"{closest} Serve it on a node with more GPU memory, or pick a smaller or "
         "quantised model."
     )
+
+
+def _closest(decision: Decision) -> GpuLine | None:
+    """The GPU that comes closest to holding a rank (None when none was sized)."""
+    short = [g for g in decision.gpus if g.need_bytes is not None]
+    return min(short, key=lambda g: (g.need_bytes or 0) - g.usable_bytes) if short else None
+
+
+def rejection_fields(name: str, decision: Decision, status: int = 507) -> dict[str, Any]:
+    """The rejection line's fields: ``name`` (the deployment's) and the model, the HTTP
+    status, the closest GPU with the bytes a rank needed there and what it had free and
+    usable (free less reservations and the margin), and the reason."""
+    gpu_lines = {g.text() for g in decision.gpus}
+    reasons = [r for r in decision.reasons if r not in gpu_lines]
+    best = _closest(decision)
+    fields: dict[str, Any] = {
+        "event": "sidecar_rejection",
+        "status": status,
+        "name": name,
+        "model": decision.model,
+    }
+    if best is not None:
+        fields |= {
+            "gpu": best.index,
+            "gpu_name": best.name,
+            "need_bytes": best.need_bytes,
+            "free_bytes": best.free_bytes,
+            "usable_bytes": best.usable_bytes,
+        }
+    fields["reason"] = "; ".join(reasons[:3]) or _nothing_fits(decision)
+    return fields
+
+
+def log_rejection(fields: dict[str, Any]) -> None:
+    """The rejection's decision line (WARNING)."""
+    decisions.warning("sidecar: %s refused (%s)", fields.get("name"), fields.get("status"),
+                      extra={"fields": fields})  # fmt: skip
