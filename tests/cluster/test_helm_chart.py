@@ -21,7 +21,6 @@ import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from gatekeeper.cli.entry import build_parser
 from tests.support.helm_chart import (
@@ -143,28 +142,48 @@ def test_every_builtin_object_validates_with_all_options_on() -> None:
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     (endpoint,) = monitor["spec"]["endpoints"]  # the HTTPS port answers only the apiserver
     assert (endpoint["port"], endpoint["scheme"]) == ("health", "http")
+    # the generated client CA (its tls.crt is what --client-ca-file reads) signed the
+    # apiserver's client certificate, a certificate for client auth
+    client_ca = _pem(_secret(docs, "gatekeeper-apiserver-client-ca")["tls.crt"])
+    client = _pem(_secret(docs, "gatekeeper-apiserver-client-tls")["tls.crt"])
+    client.verify_directly_issued_by(client_ca)
+    usages = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    (volume,) = [
+        v for v in webhook["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca"
+    ]
+    assert volume["secret"]["secretName"] == "gatekeeper-apiserver-client-ca"
 
 
-def _public_key_verifies(issuer: x509.Certificate, cert: x509.Certificate) -> None:
-    key = issuer.public_key()
-    if isinstance(key, rsa.RSAPublicKey):
-        assert cert.signature_hash_algorithm is not None
-        key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
-                   cert.signature_hash_algorithm)  # fmt: skip
-    else:
-        assert isinstance(key, ec.EllipticCurvePublicKey)
-        assert cert.signature_hash_algorithm is not None
-        key.verify(cert.signature, cert.tbs_certificate_bytes,
-                   ec.ECDSA(cert.signature_hash_algorithm))  # fmt: skip
+def test_an_existing_secret_serves_with_the_ca_bundle_given() -> None:
+    """webhook.tls.mode secret: nothing is made, the Deployment mounts the Secret named and
+    both configurations carry the CA bundle given."""
+    bundle = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...").decode()
+    docs = template({"webhook": {"tls": {"mode": "secret", "secretName": "own-tls",
+                                         "caBundle": bundle}}})  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "Secret" or "cert-manager" in d["apiVersion"]]
+    (webhook,) = [d for d in docs if d["kind"] == "Deployment"]
+    (tls,) = [v for v in webhook["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == "own-tls"
+    for config in [d for d in docs if d["kind"].endswith("WebhookConfiguration")]:
+        (hook,) = config["webhooks"]
+        assert hook["clientConfig"]["caBundle"] == bundle
+
+
+def _secret(docs: list[dict[str, Any]], name: str) -> dict[str, bytes]:
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == name]
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def _pem(data: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(data)
 
 
 def test_a_generated_certificate_serves_the_service_and_chains_to_the_ca_bundle() -> None:
     docs = template({"webhook": {"tls": {"mode": "generate", "extraDnsNames": ["localhost"]}}})
-    (secret,) = [d for d in docs if d["kind"] == "Secret"]
-    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    cert = x509.load_pem_x509_certificate(data["tls.crt"])
-    ca = x509.load_pem_x509_certificate(data["ca.crt"])
-    _public_key_verifies(ca, cert)
+    data = _secret(docs, "gatekeeper-webhook-tls")
+    cert, ca = _pem(data["tls.crt"]), _pem(data["ca.crt"])
+    cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert set(names.get_values_for_type(x509.DNSName)) == {
         f"gatekeeper-webhook.{RELEASE_NAMESPACE}.svc",

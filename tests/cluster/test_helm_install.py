@@ -44,7 +44,7 @@ import pytest
 import yaml
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
-from lightkube.resources.apps_v1 import DaemonSet, Deployment
+from lightkube.resources.apps_v1 import DaemonSet, Deployment, ReplicaSet
 from lightkube.resources.core_v1 import Node, Pod, Secret
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -230,6 +230,12 @@ def installed(
         for process in processes:
             _stop(process)
         shutil.rmtree(sockets, ignore_errors=True)
+        # No garbage collector runs here: the webhook Deployment's ReplicaSet and pods (and
+        # the vLLM Deployment's) outlive their owners unless deleted, and would keep the
+        # scheduler busy for the modules after this one.
+        for namespace in (NAMESPACE, WORKLOADS):
+            for owned in (Deployment, ReplicaSet, Pod):
+                api.deletecollection(owned, namespace=namespace)
         for kind, name in ((ResourceSlice, f"{NODE}-{DRIVER_NAME}"), (Node, NODE)):
             with contextlib.suppress(ApiError):
                 api.delete(kind, name)
