@@ -2,15 +2,21 @@
 
 One JSON file per model in ``gatekeeper/catalog/``: ``repo_id``, ``aliases``,
 ``provenance`` (where the values come from), ``parameters`` (published count, when
-known) and ``config``. Lookup ignores case and accepts aliases such as ``llama3.1:8b``.
+known), ``config`` and, where the checkpoint has them, ``files``: the small JSON files
+beside its ``config.json`` that vLLM reads too (``hf_quant_config.json``, ``modules.json``,
+``sentence_bert_config.json``, ``tokenizer_config.json``), by name; ``implicit_defaults``
+marks a config read with its class's defaults filled in. Lookup ignores case and accepts
+aliases such as ``llama3.1:8b``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["CatalogEntry", "catalog_entries", "find_in_catalog"]
@@ -23,6 +29,12 @@ class CatalogEntry:
     provenance: str
     parameters: int | None
     config: dict[str, Any]
+    files: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The JSON files published beside ``config.json`` (name -> parsed content)."""
+    implicit_defaults: bool = False
+    """The config leaves class defaults implicit that change how it reads (transformers 5
+    configs of Gemma 4, GLM-5, Kimi-K2.5 ...): it is read with its class's defaults filled
+    in, as vLLM's transformers reads it, not as written."""
 
 
 @cache
@@ -41,6 +53,8 @@ def catalog_entries() -> tuple[CatalogEntry, ...]:
                 provenance=raw.get("provenance", ""),
                 parameters=raw.get("parameters"),
                 config=raw["config"],
+                files=MappingProxyType(dict(raw.get("files", {}))),
+                implicit_defaults=bool(raw.get("implicit_defaults", False)),
             )
         )
     return tuple(sorted(entries, key=lambda e: e.repo_id.lower()))

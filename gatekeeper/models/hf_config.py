@@ -291,9 +291,11 @@ def _output_gate(text: Mapping[str, Any], model_type: str) -> bool:
 def _with_defaults(config: Mapping[str, Any], name: str) -> ClassDefaults:
     """The config with its class's defaults; a catalog config as it is, since the catalog
     writes its configs out whole (``tests/models/test_hf_config_defaults.py`` checks that
-    the defaults change nothing in them), so that transformers is not imported for it."""
+    the defaults change nothing in them), so that transformers is not imported for it;
+    those it marks ``implicit_defaults`` are filled in too."""
     entry = find_in_catalog(name)
-    if entry is not None and entry.config == config and written_out(config):
+    whole = entry is not None and not entry.implicit_defaults and entry.config == config
+    if whole and written_out(config):
         return ClassDefaults(dict(config))
     return class_defaults(config)
 

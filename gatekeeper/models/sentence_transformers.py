@@ -20,7 +20,7 @@ smaller of it and the config's length, before a ``max_seq_length`` replaces both
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "POOLING_MODULE_TYPES",
     "TOKENIZER_CONFIG",
     "PoolingFiles",
+    "pooling_files",
     "read_pooling_files",
 ]
 
@@ -77,6 +78,10 @@ class PoolingFiles:
         return cap if config.get("position_embedding_type") == "absolute" else None
 
 
+Load = Callable[[str], Any]
+"""A file beside the config by its name: its parsed JSON, or None when there is no such file."""
+
+
 def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -88,32 +93,29 @@ def _json(path: Path) -> Any:
         ) from e
 
 
-def _has_pooling(modules: Any, path: Path) -> bool:
+def _has_pooling(modules: Any, path: str) -> bool:
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ModelSpecError(
             f"modules.json: {path} is not a list of modules; sentence-transformers writes "
             '[{"idx": 0, "name": "0", "path": "", "type": "..."}, ...]. Fix or remove it',
             field="modules.json",
-            value=str(path),
+            value=path,
         )
     return any(m.get("type") in POOLING_MODULE_TYPES for m in modules)
 
 
-def _max_seq_length(directory: Path) -> int | None:
+def _max_seq_length(load: Load, where: str) -> int | None:
     for name in ENCODER_CONFIG_FILES:
-        path = directory / name
-        if not path.is_file():
-            continue
-        encoder = _json(path)
+        encoder = load(name)
         if not encoder:
-            continue  # vLLM reads the next file when this one is empty
+            continue  # absent, or empty: vLLM reads the next file
         value = encoder.get("max_seq_length") if isinstance(encoder, dict) else None
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ModelSpecError(
-                f"max_seq_length: {path} says {value!r}; it must be a positive number of "
-                "tokens. Fix the file",
+                f"max_seq_length: {where}/{name} says {value!r}; it must be a positive number "
+                "of tokens. Fix the file",
                 field="max_seq_length",
                 value=value if isinstance(value, str | int | float) else repr(value),
             )
@@ -121,33 +123,42 @@ def _max_seq_length(directory: Path) -> int | None:
     return None
 
 
-def _tokenizer_max_length(directory: Path) -> int | None:
+def _tokenizer_max_length(load: Load, where: str) -> int | None:
     """``model_max_length`` of ``tokenizer_config.json`` (transformers writes 10^30 for
     "no limit", which then caps nothing)."""
-    path = directory / TOKENIZER_CONFIG
-    if not path.is_file():
-        return None
-    tokenizer = _json(path)
+    tokenizer = load(TOKENIZER_CONFIG)
     value = tokenizer.get("model_max_length") if isinstance(tokenizer, dict) else None
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         raise ModelSpecError(
-            f"model_max_length: {path} says {value!r}; it must be a positive number of "
-            "tokens. Fix the file, or remove the key to take the config's length",
+            f"model_max_length: {where}/{TOKENIZER_CONFIG} says {value!r}; it must be a "
+            "positive number of tokens. Fix the file, or remove the key to take the config's "
+            "length",
             field="model_max_length",
             value=value if isinstance(value, str | int | float) else repr(value),
         )
     return int(value)
 
 
-def read_pooling_files(directory: Path) -> PoolingFiles | None:
-    """The sentence-transformers files and the tokenizer config in ``directory``; None
-    when it has none of them."""
-    modules = directory / "modules.json"
-    pooling = modules.is_file() and _has_pooling(_json(modules), modules)
-    length = _max_seq_length(directory)
-    tokenizer = _tokenizer_max_length(directory)
+def pooling_files(load: Load, where: str) -> PoolingFiles | None:
+    """What the sentence-transformers files and the tokenizer config that ``load`` finds
+    say (``where`` names their folder in errors); None when it finds none of them."""
+    modules = load("modules.json")
+    pooling = modules is not None and _has_pooling(modules, f"{where}/modules.json")
+    length = _max_seq_length(load, where)
+    tokenizer = _tokenizer_max_length(load, where)
     if not pooling and length is None and tokenizer is None:
         return None
     return PoolingFiles(pooling=pooling, max_seq_length=length, tokenizer_max_length=tokenizer)
+
+
+def read_pooling_files(directory: Path) -> PoolingFiles | None:
+    """The sentence-transformers files and the tokenizer config in ``directory``; None
+    when it has none of them."""
+
+    def load(name: str) -> Any:
+        path = directory / name
+        return _json(path) if path.is_file() else None
+
+    return pooling_files(load, str(directory))

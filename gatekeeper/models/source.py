@@ -41,7 +41,7 @@ from gatekeeper.models.hf_cache import (
 )
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.safetensors import read_checkpoint
-from gatekeeper.models.sentence_transformers import read_pooling_files
+from gatekeeper.models.sentence_transformers import pooling_files, read_pooling_files
 from gatekeeper.models.spec import ModelSpec
 
 __all__ = ["MODEL_SOURCE_FLAGS", "load_model_dir", "resolve_model"]
@@ -103,6 +103,14 @@ def _with_modelopt_config(config: Any, directory: Path) -> Any:
             field="hf_quant_config.json",
             value=str(path),
         ) from e
+    return _with_quant(config, quant)
+
+
+def _with_quant(config: Any, quant: Any) -> Any:
+    """``config`` with ModelOpt's ``hf_quant_config.json`` as its ``quantization_config``
+    where it names none."""
+    if not isinstance(config, dict) or config.get("quantization_config"):
+        return config
     return {**config, "quantization_config": quant} if isinstance(quant, dict) else config
 
 
@@ -236,11 +244,12 @@ def _from_catalog(
     entry: CatalogEntry, note: str = "", overrides: Mapping[str, Any] | None = None
 ) -> ModelSpec:
     return spec_from_config(
-        entry.config,
+        _with_quant(entry.config, entry.files.get("hf_quant_config.json")),
         name=entry.repo_id,
         source=f"embedded catalog ({entry.provenance}){note}",
         declared_parameters=entry.parameters,
         overrides=overrides,
+        pooling=pooling_files(entry.files.get, f"the catalog's {entry.repo_id}"),
     )
 
 

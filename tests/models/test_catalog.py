@@ -17,8 +17,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CATALOG_DIR = REPO_ROOT / "gatekeeper" / "catalog"
 CATALOG_FILES = sorted(CATALOG_DIR.glob("*.json"))
 
-TOP_KEYS = {"repo_id", "aliases", "provenance", "parameters", "config"}
-REQUIRED_TOP_KEYS = TOP_KEYS - {"parameters"}
+TOP_KEYS = {
+    "repo_id",
+    "aliases",
+    "provenance",
+    "parameters",
+    "implicit_defaults",
+    "config",
+    "files",
+}
+REQUIRED_TOP_KEYS = TOP_KEYS - {"parameters", "implicit_defaults", "files"}
+# the JSON files beside config.json that vLLM reads and the catalog may carry (verbatim)
+SIDE_FILES = {
+    "hf_quant_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "tokenizer_config.json",
+}
 TEXT_FIELDS = (
     "hidden_size",
     "num_hidden_layers",
@@ -286,6 +301,11 @@ def test_file_shape(path: Path) -> None:
     if "parameters" in entry:
         assert isinstance(entry["parameters"], int)
         assert entry["parameters"] > 0
+    files = entry.get("files", {})
+    assert isinstance(files, dict)
+    assert set(files) <= SIDE_FILES, set(files) - SIDE_FILES
+    for name in files:
+        assert name in entry["provenance"], f"{path.name}: the provenance does not name {name}"
 
 
 @pytest.mark.parametrize("path", CATALOG_FILES, ids=lambda p: p.stem)
@@ -318,14 +338,19 @@ def test_config_has_architecture_fields(path: Path) -> None:
     assert isinstance(config.get("architectures"), list)
     assert config["architectures"]
     assert isinstance(config.get("model_type"), str)
-    # gpt-oss (mxfp4) ships without torch_dtype; every unquantized checkpoint states it.
-    if "torch_dtype" in config or not _is_quantized(config):
-        assert config.get("torch_dtype") in {"float16", "bfloat16", "float32"}
     text = _text_config(config)
+    # gpt-oss (mxfp4) ships without torch_dtype; every unquantized checkpoint states it
+    # (transformers 5 writes it as ``dtype``; Qwen3-VL only in its text_config).
+    dtype = next((c[k] for c in (config, text) for k in ("torch_dtype", "dtype") if c.get(k)), None)
+    if dtype is not None or not _is_quantized(config):
+        assert dtype in {"float16", "bfloat16", "float32"}
     for field in TEXT_FIELDS:
         assert isinstance(text.get(field), int), field
         assert text[field] > 0, field
-    assert isinstance(text.get("intermediate_size") or text.get("ffn_dim"), int)
+    width = (
+        text.get("intermediate_size") or text.get("ffn_dim") or text.get("moe_intermediate_size")
+    )
+    assert isinstance(width, int)  # Qwen3.5 MoE: experts only
     if text.get("model_type") != "opt":
         assert isinstance(text.get("num_key_value_heads"), int)
         assert text["num_attention_heads"] % text["num_key_value_heads"] == 0
@@ -338,8 +363,9 @@ def test_moe_mla_quant_fields(path: Path) -> None:
     config = _load(path)["config"]
     text = _text_config(config)
     if _is_moe(text):
-        assert isinstance(text.get("num_experts_per_tok"), int)
-        assert text["num_experts_per_tok"] >= 1
+        top_k = text.get("num_experts_per_tok") or text.get("top_k_experts")  # Gemma 4
+        assert isinstance(top_k, int)
+        assert top_k >= 1
     if _is_mla(text):
         for key in MLA_KEYS:
             assert key in text, key

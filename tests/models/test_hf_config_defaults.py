@@ -17,7 +17,7 @@ from gatekeeper.errors import ModelSpecError
 from gatekeeper.estimator.weights import parameter_count
 from gatekeeper.models.catalog import catalog_entries, find_in_catalog
 from gatekeeper.models.config_defaults import class_defaults
-from gatekeeper.models.hf_config import spec_from_config, written_out
+from gatekeeper.models.hf_config import _read, spec_from_config, written_out
 from gatekeeper.models.spec import ModelSpec
 
 GPT2: dict[str, Any] = {
@@ -211,13 +211,16 @@ def test_a_catalog_model_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-WRITTEN_OUT = [e for e in catalog_entries() if written_out(e.config)]
+WRITTEN_OUT = [e for e in catalog_entries() if written_out(e.config) and not e.implicit_defaults]
+IMPLICIT = [e for e in catalog_entries() if e.implicit_defaults]
 
 
 def test_the_catalog_configs_that_leave_defaults_implicit():
     implicit = {e.repo_id for e in catalog_entries()} - {e.repo_id for e in WRITTEN_OUT}
+    implicit -= {e.repo_id for e in IMPLICIT}  # marked: read with the defaults filled in
     assert all(r.startswith(("google/gemma-", "meta-llama/Llama-4-")) for r in implicit - {
-        "facebook/opt-125m", "TechxGenus/DeepSeek-Coder-V2-Lite-Instruct-AWQ"})  # fmt: skip
+        "facebook/opt-125m", "TechxGenus/DeepSeek-Coder-V2-Lite-Instruct-AWQ",
+        "XiaomiMiMo/MiMo-V2-Flash"})  # fmt: skip
     assert "meta-llama/Llama-3.1-8B-Instruct" not in implicit
 
 
@@ -230,6 +233,21 @@ def test_the_class_defaults_change_nothing_in_a_catalog_config(entry):
     as_read = spec_from_config(entry.config, name=entry.repo_id)
     assert _arch(spec_from_config(filled.config, name="not-the-catalog")) == _arch(
         dataclasses.replace(as_read, name="not-the-catalog")
+    )
+
+
+@pytest.mark.parametrize("entry", IMPLICIT, ids=lambda e: e.repo_id)
+def test_a_catalog_config_marked_implicit_reads_otherwise_with_the_defaults(entry):
+    """``implicit_defaults`` is needed: the reading with the class defaults filled in (the
+    one the catalog then takes, as vLLM's transformers does) differs from the config as
+    written (transformers 5 configs: Gemma 4's per-layer heads, Kimi-K2.5's vision config,
+    MiniMax-M2's rotary width, GLM-5's and Nemotron-H's layer lists)."""
+    filled = class_defaults(entry.config)
+    as_written = _read(entry.config, name="x", source="", checkpoint=None)
+    with_defaults = spec_from_config(filled.config, name="x")
+    assert _arch(as_written) != _arch(with_defaults)
+    assert _arch(spec_from_config(entry.config, name=entry.repo_id)) == _arch(
+        dataclasses.replace(with_defaults, name=entry.repo_id)
     )
 
 
