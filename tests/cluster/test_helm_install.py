@@ -52,7 +52,7 @@ from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.gpus.stand_in import h100, subprocess_env, write_state
 from tests.support import vllm_workloads
-from tests.support.helm_chart import CHART, helm, helm_missing_reason
+from tests.support.helm_chart import CHART, helm, helm_missing_reason, pod_of
 from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port
@@ -250,24 +250,16 @@ def _slice(api: Client) -> dict[str, Any] | None:
     return found
 
 
-def _pod_from(workload: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
-    template = workload["spec"]["template"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": template["metadata"]["labels"]},
-            "spec": template["spec"]}  # fmt: skip
-
-
 def test_the_agents_pod_is_admitted_in_its_namespace_and_refused_in_the_releases(
     installed: Installed,
 ) -> None:
     api = installed.api
     daemonset = api.get(DaemonSet, f"{RELEASE}-agent", namespace=AGENT_NAMESPACE).to_dict()
-    admitted = api.create(from_dict(_pod_from(daemonset, "agent-dry", AGENT_NAMESPACE)),
+    admitted = api.create(from_dict(pod_of(daemonset, AGENT_NAMESPACE)),
                           dry_run=True)  # fmt: skip
-    assert admitted.metadata is not None and admitted.metadata.name == "agent-dry"
+    assert admitted.metadata is not None and admitted.metadata.name == f"{RELEASE}-agent"
     with pytest.raises(ApiError) as refused:
-        api.create(from_dict(_pod_from(daemonset, "agent-dry", NAMESPACE)), dry_run=True)
+        api.create(from_dict(pod_of(daemonset, NAMESPACE)), dry_run=True)
     message = str(refused.value.status.message)
     assert refused.value.status.code == 403, message
     assert 'violates PodSecurity "restricted:latest"' in message and "hostPID=true" in message

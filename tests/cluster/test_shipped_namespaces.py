@@ -27,6 +27,7 @@ import yaml
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 
+from tests.support.helm_chart import pod_of
 from tests.support.kube_cluster import KubeCluster, create_unless_present
 
 pytestmark = pytest.mark.k8s
@@ -64,14 +65,6 @@ def api(kube_cluster: KubeCluster) -> Iterator[Client]:
     client.close()
 
 
-def _pod(workload: dict[str, Any], namespace: str) -> dict[str, Any]:
-    template = workload["spec"]["template"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": workload["metadata"]["name"], "namespace": namespace,
-                         "labels": template["metadata"]["labels"]},
-            "spec": template["spec"]}  # fmt: skip
-
-
 def _admit(api: Client, manifest: dict[str, Any]) -> None:
     answered = api.create(from_dict(manifest), dry_run=True)
     assert answered.metadata is not None and answered.metadata.name == manifest["metadata"]["name"]
@@ -82,7 +75,7 @@ AGENT = DEPLOY / "components" / "cluster" / "agent-daemonset.yaml"
 
 def test_the_agents_pod_is_refused_under_restricted(api: Client) -> None:
     with pytest.raises(ApiError) as refused:
-        _admit(api, _pod(_one(AGENT, "DaemonSet"), RESTRICTED))
+        _admit(api, pod_of(_one(AGENT, "DaemonSet"), RESTRICTED))
     message = str(refused.value.status.message)
     assert refused.value.status.code == 403, message
     assert 'violates PodSecurity "restricted:latest"' in message
@@ -94,7 +87,7 @@ def test_the_agents_pod_is_admitted_in_its_privileged_namespace(api: Client) -> 
     daemonset = _one(AGENT, "DaemonSet")
     namespace = _one(AGENT.parent / "agent-namespace.yaml", "Namespace")
     assert daemonset["metadata"]["namespace"] == namespace["metadata"]["name"]
-    _admit(api, _pod(daemonset, PRIVILEGED))
+    _admit(api, pod_of(daemonset, PRIVILEGED))
 
 
 @pytest.mark.parametrize(("path", "kind"), [("webhook-deployment.yaml", "Deployment"),
@@ -102,7 +95,7 @@ def test_the_agents_pod_is_admitted_in_its_privileged_namespace(api: Client) -> 
 def test_the_webhooks_and_the_sidecars_pods_pass_restricted(
     api: Client, path: str, kind: str
 ) -> None:
-    _admit(api, _pod(_one(DEPLOY / path, kind), RESTRICTED))
+    _admit(api, pod_of(_one(DEPLOY / path, kind), RESTRICTED))
 
 
 def _applied_by_kubectl_f(folder: Path) -> list[Path]:

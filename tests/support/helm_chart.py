@@ -7,7 +7,9 @@ when it is not there. ``template(values)`` renders ``deploy/helm/gatekeeper`` as
 ``kustomize(components)`` builds ``deploy/kubernetes`` with those components through
 ``kubectl kustomize``, as the kustomize tests do (``kubectl_missing_reason()`` when kubectl
 is absent). ``comparable`` keys the objects by kind, namespace and name, without the labels
-only Helm adds, so that the two renderings compare as dicts.
+only Helm adds, so that the two renderings compare as dicts. ``pod_of`` makes a workload's
+pod template a Pod, for the apiserver's admission (there is no kubelet or DaemonSet
+controller in the test control plane to make one).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "helm_missing_reason",
     "kubectl_missing_reason",
     "kustomize",
+    "pod_of",
     "template",
 ]
 
@@ -141,3 +144,12 @@ def comparable(docs: Iterable[Doc]) -> dict[tuple[str, str, str, str], Doc]:
         assert key not in keyed, f"{key} rendered twice"
         keyed[key] = doc
     return keyed
+
+
+def pod_of(workload: Doc, namespace: str) -> Doc:
+    """The Pod a controller would make of ``workload``'s pod template in ``namespace``,
+    named as the workload."""
+    template = workload["spec"]["template"]
+    meta = {"name": workload["metadata"]["name"], "namespace": namespace,
+            "labels": template["metadata"]["labels"]}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
