@@ -127,9 +127,10 @@ def _host_checked(
         if host is None or d.placement is None:
             return d, promises
         budget = dataclasses.replace(host, pending_bytes=pending_host_bytes(outstanding))
-        refusal = refuse(d, d.placement.estimate.host, budget)
+        need = d.placement.estimate.host.at_sleep_level(host.sleep_level)
+        refusal = refuse(d, need, budget)
         if refusal is None:
-            return d, promises
+            return d, host_promises(d.promises(), need.host_bytes)
         refused.append(refusal)
         return refusal, ()
 

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from gatekeeper.gpus.host_memory import ProcHostMemory
 from gatekeeper.gpus.inventory import InventorySnapshot
@@ -56,13 +57,15 @@ class Admitter:
         factors = self.calibrator.factors(request.model.model_type)
         return dataclasses.replace(request, corrections=factors)
 
-    async def _admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+    async def _admit(
+        self, deployment_id: str, request: PlacementRequest, sleep_level: Literal[0, 1, 2]
+    ) -> Decision:
         await self.keeper.in_order()
         # Before the snapshot: a worker turning ready after this is counted by the
         # ledger transaction even if the snapshot missed it (Ledger.admit's since).
         since = self.ledger.now()
         snapshot = await self.snapshot()
-        host = await asyncio.to_thread(self.host_budget)
+        host = await asyncio.to_thread(self.host_budget, sleep_level)
         return await asyncio.to_thread(
             admit,
             self.ledger,
@@ -76,18 +79,23 @@ class Admitter:
             host=host,
         )
 
-    def host_budget(self) -> HostBudget:
+    def host_budget(self, sleep_level: Literal[0, 1, 2] = 0) -> HostBudget:
         """The node's host memory now, less what running workers have yet to take of
-        their promises (``host_admission``): read before the ledger's transaction."""
+        their promises (``host_admission``): read before the ledger's transaction.
+        ``sleep_level``: the level the worker will sleep at when idle (0: never)."""
         reading = ProcHostMemory(self.config.host_memory_root).read()
         unrealised = unrealised_host_bytes(self.ledger.live(), worker_host_bytes)
-        return HostBudget(reading, self.config.host_margin_bytes, unrealised)
+        return HostBudget(reading, self.config.host_margin_bytes, unrealised, 0, sleep_level)
 
-    async def admit(self, deployment_id: str, request: PlacementRequest) -> Decision:
+    async def admit(
+        self, deployment_id: str, request: PlacementRequest, *, sleep_level: Literal[0, 1, 2] = 0
+    ) -> Decision:
         """``_admit`` bounded by ``admission_timeout_seconds``. The admission's thread
-        cannot be interrupted: if it admits after all, its reservation is released."""
+        cannot be interrupted: if it admits after all, its reservation is released.
+        ``sleep_level``: a worker that will sleep at level 1 is promised host memory for
+        its weights too."""
         limit = self.config.admission_timeout_seconds
-        task = asyncio.ensure_future(self._admit(deployment_id, request))
+        task = asyncio.ensure_future(self._admit(deployment_id, request, sleep_level))
         done, _ = await asyncio.wait({task}, timeout=limit)
         if task in done:
             if isinstance(task.exception(), LedgerError) and self.metrics is not None:

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from gatekeeper.estimator.host import HostEstimate
 from gatekeeper.gpus.host_memory import HostMemory
@@ -57,6 +58,9 @@ class HostBudget:
     """Promised to ready workers and not yet taken by them (``unrealised_host_bytes``)."""
     pending_bytes: int = 0
     """Promised to workers still starting (set inside the ledger's transaction)."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """The level the admitted worker is put to sleep at when idle (0: never): at level 1
+    its promise holds its weights too (``HostEstimate.at_sleep_level``)."""
 
     @property
     def usable_bytes(self) -> int:

@@ -1,15 +1,23 @@
 """The ledger's host bytes: written with each admission's rows, summed per deployment,
-carried by a restore, and a schema-2 file (before host memory was counted) migrated in
-place with its rows promising 0 host bytes."""
+carried by a restore, a schema-2 file (before host memory was counted) migrated in place
+with its rows promising 0 host bytes, and a worker that will sleep at level 1 promised
+its weights on the host (``admission.admit`` with a ``HostBudget``)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from gatekeeper.sidecar.host_admission import host_promises, pending_host_bytes
+from gatekeeper.estimator.options import ServeOptions
+from gatekeeper.gpus.declared import parse_declared_node
+from gatekeeper.gpus.host_memory import ProcHostMemory, write_host_files
+from gatekeeper.models.source import resolve_model
+from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.sidecar import admission
+from gatekeeper.sidecar.host_admission import HostBudget, host_promises, pending_host_bytes
 from gatekeeper.sidecar.ledger import SCHEMA_VERSION, Ledger, Promise, Reservation, ledger_path
 from gatekeeper.sidecar.ledger_file import LedgerError
 
@@ -82,3 +90,31 @@ def test_a_version_2_file_is_migrated_with_no_host_promises(tmp_path: Path) -> N
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
+
+
+def test_a_worker_that_will_sleep_at_level_1_is_promised_its_weights_on_the_host(
+    tmp_path: Path,
+) -> None:
+    request = PlacementRequest(
+        resolve_model("meta-llama/Llama-3.1-8B-Instruct"), ServeOptions(max_model_len=8192)
+    )
+    snap = parse_declared_node("1xH100-80GB")
+    root = write_host_files(tmp_path / "host", total_bytes=64 * GiB, available_bytes=12 * GiB)
+    reading = ProcHostMemory(root).read()
+    with Ledger(ledger_path(tmp_path)) as ledger:
+
+        def admitted(deployment: str, level: Literal[0, 1, 2]) -> Decision:
+            budget = HostBudget(reading, GiB, 0, sleep_level=level)
+            return admission.admit(
+                ledger, request, snap, deployment_id=deployment, policy=PlacementPolicy(),
+                ttl_seconds=60, host=budget,
+            )  # fmt: skip
+
+        asleep = admitted("level-1", 1)  # 15 GiB of weights kept on the host while asleep
+        assert not asleep.admitted and "sleeping_weights" in asleep.reasons[0]
+        assert [s.options for s in asleep.suggestions] == [{"sleep_level": 2}]
+        assert ledger.by_deployment("level-1") == ()
+        dropped = admitted("level-2", 2)
+        assert dropped.admitted and dropped.placement is not None
+        host = dropped.placement.estimate.host.host_bytes
+        assert pending_host_bytes(ledger.outstanding()) == host < 2 * GiB
