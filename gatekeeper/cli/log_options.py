@@ -23,7 +23,8 @@ def add_log_format(p: argparse.ArgumentParser) -> None:
         choices=("text", "json"),
         default=None,
         help="text, or json: one object a line with time, level, logger, message, and the "
-        "deployment's id and model where they apply (default: GATEKEEPER_LOG_FORMAT, text)",
+        "deployment's id and model where they apply; a decision line (gatekeeper.decisions) "
+        "adds its fields, as key=value pairs in text (default: GATEKEEPER_LOG_FORMAT, text)",
     )
 
 
