@@ -57,7 +57,10 @@ from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port
 
-pytestmark = pytest.mark.k8s
+pytestmark = [
+    pytest.mark.k8s,
+    pytest.mark.skipif(helm_missing_reason() is not None, reason=str(helm_missing_reason())),
+]
 
 RELEASE = "helm-gatekeeper"
 NAMESPACE = RELEASE
@@ -186,9 +189,6 @@ def _start_agent(
 def installed(
     kube_cluster: KubeCluster, nvml_stub_lib: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Installed]:
-    reason = helm_missing_reason()
-    if reason is not None:
-        pytest.skip(reason)
     work = tmp_path_factory.mktemp("helm-install")
     api = kube_cluster.client()
     node = ready_node(NODE, (TAINT,))
