@@ -206,6 +206,7 @@ def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
         + ",".join(map(str, dep["gpus"])),
         f"          {'simulator (as ' if rehearsal else ''}vllm serve "
         f"{' '.join(dep['vllm_args'])}{')' if rehearsal else ''}",
+        *_sizing_line(data.get("decision")),
         *(f"          warning: {w}" for w in dep.get("warnings") or []),
     ]
     if not args.json:
@@ -221,6 +222,17 @@ def run_deploy(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json({**data, "rehearsal": rehearsal})
     return 0
+
+
+def _sizing_line(decision: Any) -> list[str]:
+    """How placement sized the worker, in its words ("KV cache 3.00 GiB sized for 8
+    sequences of 32768 tokens"), and what it promised per GPU; none from a sidecar that
+    does not say."""
+    placement = decision.get("placement") if isinstance(decision, dict) else None
+    if not isinstance(placement, dict) or not isinstance(placement.get("sizing"), str):
+        return []
+    sizing, promised = placement["sizing"], max(placement.get("promise_bytes") or [0])
+    return [f"          {sizing}, promised {format_gib(promised)} per GPU"]
 
 
 def _options_dict(args: argparse.Namespace) -> dict[str, Any]:

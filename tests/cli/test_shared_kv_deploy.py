@@ -47,6 +47,8 @@ def test_deploy_ps_and_admin_api_name_the_warning(sidecar: Sidecar):
     did = deployed_id(r.stdout)
     budget = expected_budget(placement_policy(sidecar.settings), 1024)
     assert f"--kv-cache-memory-bytes {budget}" in r.stdout
+    # placement's words for the sizing, as check and plan say it
+    assert f"KV cache {budget / 2**30:.2f} GiB sized for 8 sequences of 32768 tokens" in r.stdout
     [warning] = [line.strip() for line in r.stdout.splitlines() if "warning:" in line]
     assert "is sized for 8 sequences of 32768 tokens at once" in warning
     assert "max_num_seqs 1024" in warning
