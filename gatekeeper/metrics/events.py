@@ -31,6 +31,7 @@ from prometheus_client import Counter, Gauge, Histogram, Info
 from prometheus_client.registry import CollectorRegistry
 
 from gatekeeper._version import __version__
+from gatekeeper.metrics.sleep import SleepMetrics
 from gatekeeper.metrics.workers import COMPONENTS, WorkerView
 from gatekeeper.placement.types import Decision
 
@@ -159,6 +160,8 @@ class SidecarMetrics:
         )  # fmt: skip
         for component in COMPONENTS:
             self.prediction_error.labels(component)
+        self.sleep = SleepMetrics(r)
+        """Workers put to sleep and woken (``idle_action = "sleep"``)."""
         Info("gatekeeper_build", "gatekeeper's version.", registry=r).info({"version": version})
 
     def admission(self, reason: AdmissionReason) -> None:

@@ -47,6 +47,8 @@ from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.ledger_file import LedgerError, LedgerLostError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelNotAllowed, ModelRegistry
+from gatekeeper.sidecar.sleep import entry_idle
+from gatekeeper.vllm.sleep_mode import IdleAction
 
 __all__ = ["FIELD_HELP", "AdminApi", "DeployBody", "body_error", "field_help", "summary"]
 
@@ -77,6 +79,12 @@ class DeployBody(BaseModel):
     """a whole number above 0 (sequences that must fit at max_model_len)"""
     min_kv_tokens: int | None = Field(default=None, gt=0)
     """a whole number above 0 (KV-cache tokens the placement must hold)"""
+    idle_action: IdleAction | None = None
+    """"stop" or "sleep" (what the worker becomes when idle; unset: the model's or the
+    sidecar's idle_action)"""
+    sleep_level: int | None = Field(default=None, ge=1, le=2)
+    """1 (weights kept in host memory while asleep) or 2 (weights dropped); vLLM's level 0
+    frees no GPU memory (unset: the model's or the sidecar's sleep_level)"""
 
 
 def field_help(body: type[BaseModel]) -> dict[str, str]:
@@ -258,7 +266,10 @@ class AdminApi:
         entry = self._entry(body)
         placement_request = await asyncio.to_thread(self.registry.request, entry, body.options)
         decision, deployment = await self.manager.deploy(
-            entry.name, placement_request, body=body.model_dump(mode="json")
+            entry.name,
+            placement_request,
+            body=body.model_dump(mode="json"),
+            idle=entry_idle(entry, self.manager.config.idle),
         )
         if deployment is None:
             reason = decision.reasons[0] if decision.reasons else "it does not fit"
@@ -296,6 +307,9 @@ class AdminApi:
         entry = self.registry.allowed(body.model)
         if body.name:
             entry = entry.model_copy(update={"name": body.name})
+        for field in ("idle_action", "sleep_level"):
+            if getattr(body, field) is not None:
+                entry = entry.model_copy(update={field: getattr(body, field)})
         if body.min_sequences or body.min_kv_tokens:
             entry = entry.model_copy(
                 update={

@@ -48,6 +48,8 @@ from gatekeeper.sidecar.openapi import openapi_schema
 from gatekeeper.sidecar.registry import ModelRegistry
 from gatekeeper.sidecar.rehearsal import RehearsalInventory, is_simulator
 from gatekeeper.sidecar.router import ModelRouter, RouterConfig
+from gatekeeper.sidecar.sleep import entry_idle
+from gatekeeper.vllm.sleep_mode import IdlePolicy
 
 __all__ = ["RELEASED_KEEP_SECONDS", "build_app", "manager_config"]
 
@@ -65,6 +67,9 @@ def manager_config(settings: Settings) -> ManagerConfig:
         worker_host=settings.worker_host,
         port_min=settings.worker_port_min,
         port_max=settings.worker_port_max,
+        idle=IdlePolicy(settings.idle_action, settings.sleep_level),
+        idle_seconds=settings.idle_seconds,
+        wake_timeout_seconds=settings.wake_timeout_seconds,
         startup_timeout_seconds=settings.startup_timeout_seconds,
         stop_grace_seconds=settings.stop_grace_seconds,
         drain_seconds=settings.drain_seconds,
@@ -258,7 +263,8 @@ def _lifespan(
         await manager.adopt(lambda model: registry.request(ModelEntry(name=model, model=model)))
         for entry in settings.models:
             if entry.preload and not manager.by_name(entry.name):
-                await manager.deploy(entry.name, registry.request(entry))
+                idle = entry_idle(entry, manager.config.idle)
+                await manager.deploy(entry.name, registry.request(entry), idle=idle)
         # The model cards' max_model_len of models not running needs each model resolved
         # (about a second for a catalog of 38 on 2 CPUs): done once now, in the
         # background, so that no client's first GET /v1/models waits for it.

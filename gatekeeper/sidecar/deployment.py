@@ -19,8 +19,9 @@ from gatekeeper.metrics.worker_states import State
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
-from gatekeeper.sidecar.ledger import Promise
+from gatekeeper.sidecar.ledger import Promise, host_promises
 from gatekeeper.vllm.log import MemoryFigures
+from gatekeeper.vllm.sleep_mode import IdlePolicy, asleep_bytes, asleep_host_bytes
 
 __all__ = [
     "Deployment",
@@ -91,6 +92,25 @@ class Deployment:
     body: dict[str, Any] = field(default_factory=dict)
     """The deploy body the admin API took (``DeployBody``'s fields as JSON), recorded and
     shown in the summary as it is; ``{}`` for a preloaded or on-demand deployment."""
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    """What the worker becomes when idle: stopped, or put to sleep (``sidecar.sleep``)."""
+
+    def kept_asleep(self) -> tuple[int, ...]:
+        """GPU bytes per GPU (``gpu_indices`` order) the worker keeps while asleep: its
+        promise less the weights and KV cache vLLM's sleep mode releases."""
+        p = self.prediction or Prediction()
+        return tuple(asleep_bytes(b, p.weights_bytes, p.kv_cache_bytes) for b in self.promise_bytes)
+
+    def gpu_bytes(self) -> int:
+        """GPU bytes the worker holds now, as the ledger counts them (asleep: the residue)."""
+        return sum(self.kept_asleep() if self.state == "sleeping" else self.promise_bytes)
+
+    def host_asleep_bytes(self) -> int:
+        """Host bytes its sleeping weights take (level 1), 0 awake or at level 2."""
+        if self.state != "sleeping" or self.prediction is None:
+            return 0
+        weights = self.prediction.weights_bytes
+        return asleep_host_bytes(self.idle.sleep_level, weights, len(self.gpu_indices))
 
     @property
     def model(self) -> str:
@@ -149,6 +169,9 @@ class Deployment:
             "log_path": str(w.spec.log_path) if w is not None else None,
             "warnings": list(self.decision_record().get("warnings") or []),
             "body": dict(self.body),
+            **self.idle.to_json(),
+            "gpu_bytes": self.gpu_bytes(),
+            "host_asleep_bytes": self.host_asleep_bytes(),
         }
 
 
@@ -203,6 +226,10 @@ class ManagerConfig:
     restart_backoff_seconds: float
     policy: PlacementPolicy
     rehearsal: bool = False
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+    """The global idle policy (``idle_action``, ``sleep_level``)."""
+    idle_seconds: float = 300.0
+    wake_timeout_seconds: float = 120.0
     admission_timeout_seconds: float = 30.0
     health_interval_seconds: float = 10.0
     """Liveness: a ready worker's ``/health`` is probed this often ..."""
@@ -251,13 +278,18 @@ def restored_promises(
     """The reservation of a running worker the ledger lost, rebuilt: the bytes its
     admission promised on each GPU (its record's decision), else what NVML shows its
     process tree (``pids``) holding there, else 1 byte (the row still counts the
-    worker on its GPU, which is what keeps a second worker off it with sharing off)."""
+    worker on its GPU, which is what keeps a second worker off it with sharing off),
+    with the host bytes its decision promised (``placement.host_bytes``; 0 in a record
+    from before host memory was counted)."""
     recorded = d.promise_bytes if len(d.promise_bytes) == len(d.gpu_uuids) else ()
     used = tree_usage(snapshot, pids)
-    return tuple(
-        Promise(uuid, (recorded[i] if recorded else 0) or used.get(index, 0) or 1)
+    pairs = [
+        (uuid, (recorded[i] if recorded else 0) or used.get(index, 0) or 1)
         for i, (uuid, index) in enumerate(zip(d.gpu_uuids, d.gpu_indices, strict=False))
-    )
+    ]
+    placed = d.decision_record().get("placement")
+    host = placed.get("host_bytes") if isinstance(placed, dict) else None
+    return host_promises(pairs, host if isinstance(host, int) and host > 0 else 0)
 
 
 _NAME = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./:@+-]{0,255}")

@@ -29,7 +29,7 @@ import math
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -50,6 +50,7 @@ __all__ = [
     "Reservation",
     "ReservationState",
     "default_payload",
+    "host_promises",
     "ledger_path",
     "ledger_usage",
 ]
@@ -107,6 +108,18 @@ class Promise:
     host_bytes: int = 0
     """The part of the deployment's host bytes promised with this GPU's row (the
     deployment's host figure is the sum over its rows)."""
+
+
+def host_promises(promises: Iterable[tuple[str, int]], host_bytes: int) -> tuple[Promise, ...]:
+    """(GPU UUID, bytes) pairs as the rows of one deployment, with its ``host_bytes``
+    spread over them (the first carries the remainder), so that their sum is its host
+    promise."""
+    rows = list(promises)
+    share, rest = divmod(host_bytes, max(1, len(rows)))
+    return tuple(
+        Promise(gpu, num_bytes, share + (rest if i == 0 else 0))
+        for i, (gpu, num_bytes) in enumerate(rows)
+    )
 
 
 def ledger_path(state_dir: Path) -> Path:
@@ -279,6 +292,55 @@ class Ledger:
             "WHERE deployment_id = ? AND state != 'released'",
             (self._clock(), deployment_id),
         )
+
+    def asleep(self, deployment_id: str, kept: Mapping[str, int]) -> int:
+        """A worker put to sleep (vLLM's ``/sleep`` answered, or an adopted worker's
+        ``/is_sleeping`` said so): each live row of the deployment becomes ready with
+        the bytes vLLM keeps on that GPU while asleep (``kept``, by GPU UUID); returns
+        the count. Written after the worker slept, so that a crash in between leaves
+        the larger figure (a worker that is asleep but still counted awake), never a
+        smaller one."""
+        _require_id("deployment_id", deployment_id)
+        count = 0
+        with self._file.write() as conn:
+            now = self._clock()
+            for p in _check_promises([Promise(g, b) for g, b in kept.items()]):
+                count += conn.execute(
+                    "UPDATE reservations SET state = 'ready', bytes = ?1,"
+                    " ready_at = COALESCE(ready_at, ?2) WHERE deployment_id = ?3"
+                    " AND gpu_uuid = ?4 AND (state = 'ready' OR (state = 'pending'"
+                    " AND expires_at > ?2))",
+                    (p.bytes, now, deployment_id, p.gpu_uuid),
+                ).rowcount
+        return count
+
+    def wake(
+        self,
+        deployment_id: str,
+        decide: Callable[[tuple[Reservation, ...]], tuple[T, tuple[Promise, ...]]],
+        *,
+        ttl_seconds: float,
+    ) -> T:
+        """Admit a sleeping worker's wake in one transaction, as ``admit`` admits a new
+        one: ``decide(outstanding)`` gets the pending rows and returns ``(decision,
+        promises)``; a non-empty ``promises`` turns the deployment's ready row on each
+        promised GPU pending again with the promised bytes (its whole size awake),
+        expiring ``ttl_seconds`` from now, until ``mark_ready`` once it is awake (or
+        ``release`` when the wake fails)."""
+        _require_id("deployment_id", deployment_id)
+        _require_seconds("ttl_seconds", ttl_seconds, "how long a waking worker may hold it")
+        with self._file.write() as conn:
+            now = self._clock()
+            _sweep(conn, now)
+            decision, promises = decide(_select(conn, _OUTSTANDING, (now,)))
+            for p in _check_promises(promises):
+                conn.execute(
+                    "UPDATE reservations SET state = 'pending', bytes = ?, expires_at = ?,"
+                    " ready_at = NULL WHERE deployment_id = ? AND gpu_uuid = ?"
+                    " AND state = 'ready'",
+                    (p.bytes, now + ttl_seconds, deployment_id, p.gpu_uuid),
+                )
+            return decision
 
     def restore(
         self,

@@ -53,7 +53,9 @@ from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_extra
 from gatekeeper.sidecar.records import remove_record
 from gatekeeper.sidecar.rejection import log_rejection, rejection_fields
+from gatekeeper.sidecar.sleep import Sleeper
 from gatekeeper.sidecar.supervisor import Supervisor
+from gatekeeper.vllm.sleep_mode import IdlePolicy, release_sleep_problem
 
 __all__ = [
     "FINISHED",
@@ -108,6 +110,19 @@ class DeploymentManager:
         self._supervisor = Supervisor(
             self._admitter, client, self.deployments, self._set, self.records_dir, self.base_env
         )
+        self.sleeper = Sleeper(
+            config,
+            ledger,
+            self.keeper,
+            client,
+            self.deployments,
+            self._set,
+            self.snapshot,
+            lambda deployment_id: self.in_flight(deployment_id),
+            self.undeploy,
+            metrics.sleep if metrics is not None else None,
+        )
+        """Puts idle ``sleep`` deployments to sleep and wakes them (``sidecar.sleep``)."""
 
     @property
     def on_start_failure(self) -> Callable[[Deployment], None]:
@@ -142,11 +157,18 @@ class DeploymentManager:
     # -- deploy -------------------------------------------------------------------------
 
     async def deploy(
-        self, name: str, request: PlacementRequest, *, body: dict[str, Any] | None = None
+        self,
+        name: str,
+        request: PlacementRequest,
+        *,
+        body: dict[str, Any] | None = None,
+        idle: IdlePolicy | None = None,
     ) -> tuple[Decision, Deployment | None]:
         """Admit and launch; returns the decision and, when admitted, the deployment.
-        ``body``: the admin API's deploy body, kept with it (``Deployment.body``)."""
+        ``body``: the admin API's deploy body, kept with it (``Deployment.body``);
+        ``idle``: its idle policy (the global one when None)."""
         check_name(name)
+        idle = self.idle_policy(request, idle)
         request = self._admitter.calibrated(request)
         async with self._lock:
             live = [d for d in self.by_name(name) if d.state != "failed"]
@@ -171,6 +193,7 @@ class DeploymentManager:
                 log_rejection(rejection_fields(name, decision))
                 return decision, None
             d = Deployment.admitted(deployment_id, name, request, decision, body)
+            d.idle = idle
             self.deployments[d.id] = d
         logger.info(
             "deployment %s: admitted as %s on GPU %s",
@@ -180,7 +203,27 @@ class DeploymentManager:
             extra=deployment_extra(d.id, d.model),
         )
         d.supervisor = asyncio.get_running_loop().create_task(self._supervisor.run(d))
+        if idle.action == "sleep":
+            self.sleeper.start()
         return decision, d
+
+    def idle_policy(self, request: PlacementRequest, idle: IdlePolicy | None) -> IdlePolicy:
+        """``idle`` (else the global policy), refused with 400 when the worker's vLLM
+        release has no sleep mode: at deploy time, not at the first idle."""
+        idle = idle or self.config.idle
+        if idle.action != "sleep":
+            return idle
+        release = request.options.vllm_version or self.config.policy.default_vllm_version
+        problem = release_sleep_problem(release)
+        if problem is not None:
+            raise DeploymentError(
+                f"idle_action = 'sleep': {problem}", status=400, field="idle_action", value="sleep"
+            )
+        return idle
+
+    async def wake(self, d: Deployment) -> None:
+        """Wake a sleeping deployment (``Sleeper.wake``)."""
+        await self.sleeper.wake(d)
 
     # -- stop ---------------------------------------------------------------------------
 
@@ -263,6 +306,7 @@ class DeploymentManager:
 
     async def close(self, *, stop_workers: bool) -> None:
         """Sidecar shutdown: stop the workers, or leave them running to be adopted."""
+        await self.sleeper.close()
         for d in list(self.deployments.values()):
             if stop_workers:
                 try:
@@ -290,6 +334,10 @@ class DeploymentManager:
             resume=self._resume,
             restore=self.keeper.restore,
         )
+        for d in [self.deployments[i] for i in adopted if i in self.deployments]:
+            if d.idle.action == "sleep" and d.state == "ready":
+                await self.sleeper.adopt(d)
+                self.sleeper.start()
         self.keeper.restoring = None
         return adopted
 

@@ -13,7 +13,10 @@ object of four parts:
   prediction and promise);
 - ``body``: the deploy body the admin API took (``DeployBody``'s fields, whatever
   they are), shown again in the summary of the adopted deployment. Files written
-  before it was recorded have none (read as ``{}``).
+  before it was recorded have none (read as ``{}``);
+- ``idle``: the deployment's idle policy (``idle_action``, ``sleep_level``), so that an
+  adopting sidecar puts it to sleep (or finds it asleep) as its first one did; absent
+  or unreadable: ``stop``.
 
 ``write_record`` writes one from a launched deployment (atomically: a temporary file,
 then a rename); ``read_record`` reads one; ``recorded_deployment`` makes the live
@@ -35,6 +38,7 @@ from gatekeeper.placement.types import PlacementRequest, Prediction
 from gatekeeper.sidecar.deployment import Deployment
 from gatekeeper.sidecar.launcher import LaunchSpec
 from gatekeeper.vllm.flags import options_from_mapping, options_record
+from gatekeeper.vllm.sleep_mode import IdlePolicy, sleep_level_problem
 
 __all__ = [
     "DeploymentRecord",
@@ -83,6 +87,8 @@ class RecordFile:
     """The admission decision's JSON; None when the file holds none that is an object."""
     body: dict[str, Any]
     """The deploy body; ``{}`` in files written before it was recorded."""
+    idle: IdlePolicy = dataclasses.field(default_factory=IdlePolicy)
+    """The idle policy; ``stop`` in files written before it was recorded."""
 
 
 def record_path(records_dir: Path, deployment_id: str) -> Path:
@@ -123,6 +129,7 @@ def write_record(records_dir: Path, d: Deployment, default_vllm_version: str) ->
         "request": request,
         "decision": d.decision_record(),
         "body": dict(d.body),
+        "idle": d.idle.to_json(),
     }
     path = record_path(records_dir, d.id)
     tmp = path.with_suffix(".tmp")
@@ -149,7 +156,18 @@ def read_record(path: Path) -> RecordFile:
         request=request,
         decision=decision if isinstance(decision, dict) else None,
         body=body if isinstance(body, dict) else {},
+        idle=_idle(data.get("idle")),
     )
+
+
+def _idle(data: object) -> IdlePolicy:
+    """The recorded idle policy; ``stop`` when absent or not one gatekeeper writes."""
+    if not isinstance(data, dict):
+        return IdlePolicy()
+    action, level = data.get("idle_action"), data.get("sleep_level", 1)
+    if action != "sleep" or sleep_level_problem(level) is not None:
+        return IdlePolicy()
+    return IdlePolicy("sleep", level)
 
 
 def recorded_deployment(
@@ -176,6 +194,7 @@ def recorded_deployment(
         ready_at=ready_at,
         pid_start_ticks=r.pid_start_ticks,
         body=found.body,
+        idle=found.idle,
     )
 
 

@@ -34,6 +34,7 @@ from gatekeeper.sidecar.deployment import Deployment, DeploymentError
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
 from gatekeeper.sidecar.rejection import rejection_text
+from gatekeeper.sidecar.sleep import entry_idle, freed_bytes
 
 __all__ = ["ModelRouter"]
 
@@ -48,6 +49,8 @@ _STATES = {
     "launching": "loading",
     "loading": "loading",
     "ready": "ready",
+    "sleeping": "sleeping",
+    "waking": "loading",
     "unhealthy": "loading",
 }
 
@@ -91,6 +94,7 @@ class ModelRouter:
         self._entry_lengths: dict[str, int | None] = {}
         self.clock: Callable[[], float] = time.monotonic
         manager.on_start_failure = self._start_failed
+        manager.sleeper.idle_eviction = config.idle_eviction
 
     def _endpoint(self, d: Deployment) -> Endpoint:
         host = self.manager.config.worker_host
@@ -140,9 +144,26 @@ class ModelRouter:
             await self._launch(model)
             live = [d for d in self.manager.by_name(model) if d.state in LIVE]
         ready = [d for d in live if d.state == "ready"]
+        asleep = [d for d in live if d.state == "sleeping"]
+        if not ready and asleep:
+            await self._wake(asleep[0])
+            ready = [d for d in live if d.state == "ready"]
         if not ready:
             ready = await self._wait_ready(model, live)
         return model, ready
+
+    async def _wake(self, d: Deployment) -> None:
+        """Wake a sleeping worker; no room for it (or a failed wake) is a 503."""
+        try:
+            await self.manager.wake(d)
+        except DeploymentError as e:
+            raise RouteError(
+                e.status,
+                str(e),
+                type="ServiceUnavailableError",
+                code="model_asleep",
+                retry_after=e.retry_after,
+            ) from e
 
     def _start_failed(self, d: Deployment) -> None:
         """The manager's hook: remember why ``d`` failed at start, stop an on-demand one."""
@@ -234,13 +255,10 @@ class ModelRouter:
         try:
             entry = self.registry.allowed(model)
             request = self.registry.request(entry)
-            decision, d = await self.manager.deploy(entry.name, request)
-            if (
-                not decision.admitted
-                and self.config.idle_eviction
-                and await self.evict_for(request)
-            ):
-                decision, d = await self.manager.deploy(entry.name, request)
+            idle = entry_idle(entry, self.manager.config.idle)
+            decision, d = await self.manager.deploy(entry.name, request, idle=idle)
+            if not decision.admitted and await self.evict_for(request):
+                decision, d = await self.manager.deploy(entry.name, request, idle=idle)
             if d is not None:
                 self._on_demand.add(d.id)
         except DeploymentError as e:
@@ -262,18 +280,9 @@ class ModelRouter:
         return sorted(names)
 
     async def evict_for(self, request: PlacementRequest) -> bool:
-        """Stop the least recently used idle workers whose memory would make ``request`` fit."""
-        now = time.time()
-        idle = sorted(
-            (
-                d
-                for d in self.manager.deployments.values()
-                if d.state == "ready"
-                and self.manager.in_flight(d.id) == 0
-                and now - d.last_used >= self.config.idle_seconds
-            ),
-            key=lambda d: d.last_used,
-        )
+        """Put to sleep or stop (by each one's idle policy) the least recently used idle
+        workers whose memory would make ``request`` fit (``Sleeper.candidates``)."""
+        idle = self.manager.sleeper.candidates(None)
         if not idle:
             return False
         snapshot = await self.manager.snapshot()
@@ -287,12 +296,12 @@ class ModelRouter:
             )
             if found.placement is not None:
                 for d in victims:
-                    await self.manager.undeploy(d.id)
+                    await self.manager.sleeper.give_up(d, "its room is needed")
                 return True
         return False
 
     async def models(self) -> list[dict[str, Any]]:
-        rank = {"ready": 0, "loading": 1, "failed": 2}
+        rank = {"ready": 0, "sleeping": 1, "loading": 2, "failed": 3}
         shown: dict[str, tuple[str, Deployment]] = {}  # the best state per name
         for d in list(self.manager.deployments.values()):
             if d.state in LIVE or d.state == "failed":
@@ -356,8 +365,8 @@ def _freed(snapshot: InventorySnapshot, victims: list[Deployment]) -> InventoryS
     """The snapshot as it would be with the victims' workers stopped."""
     freed: dict[int, int] = {}
     for d in victims:
-        for index, promise in zip(d.gpu_indices, d.promise_bytes, strict=False):
-            freed[index] = freed.get(index, 0) + promise
+        for index, gives in zip(d.gpu_indices, freed_bytes(d), strict=False):
+            freed[index] = freed.get(index, 0) + gives
     gpus = tuple(
         dataclasses.replace(
             g, free_bytes=min(g.visible_total_bytes, g.free_bytes + freed.get(g.index, 0))

@@ -45,10 +45,16 @@ from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_context, deployment_extra
 from gatekeeper.sidecar.records import write_record
 from gatekeeper.sidecar.rehearsal import simulator_env
+from gatekeeper.vllm.sleep_mode import DEV_MODE_ENV, SLEEP_FLAG
 
 __all__ = ["Supervisor"]
 
 logger = logging.getLogger(__name__)
+
+
+_WATCHED = frozenset({"ready", "sleeping", "waking"})
+"""States in which a launched worker is watched (its exit, its ``/health``): serving, or
+asleep (vLLM answers ``/health`` asleep as awake) or waking."""
 
 
 def _nothing(d: Deployment) -> None:
@@ -159,6 +165,9 @@ class Supervisor:
 
     def _spec(self, d: Deployment) -> LaunchSpec:
         args = (*d.args, "--served-model-name", d.name)
+        sleeps = d.idle.action == "sleep"
+        if sleeps and SLEEP_FLAG not in args:
+            args = (*args, SLEEP_FLAG)
         return LaunchSpec(
             worker_id=d.id,
             command=self.config.worker_command,
@@ -174,6 +183,7 @@ class Supervisor:
                     if self.config.rehearsal
                     else {}
                 ),
+                **(DEV_MODE_ENV if sleeps else {}),
                 **self.config.worker_env,
             },
         )
@@ -235,7 +245,7 @@ class Supervisor:
     async def _became_ready(self, d: Deployment, mark: Callable[[str], int]) -> None:
         """The worker serves: its rows become ready (``mark``), then the deployment."""
         await self.keeper.write(mark, d.id)
-        d.ready_at = time.time()
+        d.ready_at = d.last_used = time.time()  # idle from now on (``idle_seconds``)
         d.error = None
         self.set_state(d, "ready")
         d.ready_event.set()
@@ -279,7 +289,7 @@ class Supervisor:
         while failures < c.health_failures:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(d.worker.exited.wait(), c.health_interval_seconds)
-            if not d.worker.alive or d.stopping or d.state != "ready":
+            if not d.worker.alive or d.stopping or d.state not in _WATCHED:
                 return False
             if self.ledger.vanished():
                 with contextlib.suppress(LedgerError):  # retried next round

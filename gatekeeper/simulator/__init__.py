@@ -67,7 +67,12 @@ Environment (sizes in bytes, or with a unit such as ``20GiB``):
   available memory for the cache blocks" after warm-up); ``crash-after-requests:N`` makes the N-th chat or completion
   request kill the process with SIGKILL after half its tokens (exit status -9, "137"
   in a shell); ``hang`` accepts connections once ready and never answers;
-  ``die-after-ready:S`` logs vLLM's engine-death error and exits 1 S seconds after ready.
+  ``die-after-ready:S`` logs vLLM's engine-death error and exits 1 S seconds after ready;
+  ``wake-error`` makes ``/wake_up`` answer 500, ``wake-hang`` never answer (``sleep``).
+- ``VLLM_SERVER_DEV_MODE`` (vLLM's own, ``0``): ``1`` serves vLLM's sleep routes
+  (``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/release_kv_cache_memory``); with
+  ``--enable-sleep-mode`` a sleeping simulator gives back its weights and KV cache in the
+  stand-in driver's state and takes them back at wake (``sleep``).
 - ``GATEKEEPER_SIM_GPU_TOTAL_BYTES``: the GPU's total (80 GiB; with an NVML state file,
   that GPU's total minus its reserved memory).
 - ``GATEKEEPER_SIM_ACTUAL_BYTES``: bytes held per GPU (default ``gpu_memory_utilization
@@ -99,7 +104,7 @@ simulator within about a second (exit 0).
 Modules: ``cli`` (the command line), ``flags`` (the parser from vLLM's flag table and
 its value grammar), ``argv`` (vLLM's rewrites before argparse), ``env`` (the ``GATEKEEPER_SIM_*`` variables), ``process``
 (start-up, log, signals), ``http`` (vLLM's HTTP surface), ``memory`` (the figures and
-vLLM's start-up failures), ``extensible`` (a vLLM 0.34 worker's extensible KV cache), ``nvml_claims`` (memory held in the stand-in NVML driver).
+vLLM's start-up failures), ``extensible`` (a vLLM 0.34 worker's extensible KV cache), ``nvml_claims`` (memory held in the stand-in NVML driver), ``sleep`` (vLLM's sleep mode).
 
 It stands apart from the estimator: it imports nothing of ``gatekeeper.estimator``,
 ``placement``, ``vllm`` or ``sidecar``, so that a rehearsal cannot agree with the

@@ -25,7 +25,15 @@ __all__ = [
     "played_release",
 ]
 
-FAIL_MODES = ("free-memory", "max-model-len", "oom-load", "oom-sampler", "hang")
+FAIL_MODES = (
+    "free-memory",
+    "max-model-len",
+    "oom-load",
+    "oom-sampler",
+    "hang",
+    "wake-error",
+    "wake-hang",
+)
 TIMED_MODES = ("crash-after-requests", "die-after-ready")
 PREFIX_ENV = "GATEKEEPER_SIM_"
 COMPONENT_VARS = {
@@ -94,6 +102,9 @@ class SimEnv:
     visible_devices: str | None = None
     vllm_version: str = RELEASES[0]
     """The release played (``played_release`` of ``GATEKEEPER_SIM_VLLM_VERSION``)."""
+    dev_mode: bool = False
+    """vLLM's ``VLLM_SERVER_DEV_MODE`` (read as vLLM reads it: ``bool(int(value))``): the
+    sleep routes are served only with it."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SimEnv:
@@ -115,6 +126,11 @@ class SimEnv:
             for name, var in COMPONENT_VARS.items()
         )
         state = environ.get(PREFIX_ENV + "NVML_STATE")
+        dev = environ.get("VLLM_SERVER_DEV_MODE", "0")
+        try:
+            dev_mode = bool(int(dev))
+        except ValueError as e:
+            raise ValueError(f"VLLM_SERVER_DEV_MODE={dev!r} is not 0 or 1") from e
         return cls(
             startup_seconds=_float_env(environ, "STARTUP_SECONDS", 0.5),
             token_seconds=_float_env(environ, "TOKEN_SECONDS", 0.005),
@@ -128,4 +144,5 @@ class SimEnv:
             nvml_state=Path(state) if state else None,
             visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
             vllm_version=played_release(environ.get(VLLM_VERSION_VAR)),
+            dev_mode=dev_mode,
         )

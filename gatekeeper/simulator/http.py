@@ -31,7 +31,7 @@ import math
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -70,6 +70,10 @@ class ServingConfig:
     crash_after_requests: int | None = None
     kv_cache_tokens: int = 0
     cache_config: Mapping[str, str] = field(default_factory=dict)
+    until_awake: Callable[[], Awaitable[object]] | None = None
+    """Waits while the worker sleeps (``sleep.SleepMode``): requests are kept, not run."""
+    routes: tuple[Route, ...] = ()
+    """More routes (the sleep mode's, with ``VLLM_SERVER_DEV_MODE=1``)."""
 
 
 @dataclass(slots=True)
@@ -205,6 +209,8 @@ class _Server:
     async def tokens(self, g: _Generation, request: Request | None) -> AsyncIterator[str]:
         """The tokens, paced; stops when the client goes (cancelled, or polled when
         ``request`` is given), crashes on the chosen request."""
+        if self.config.until_awake is not None:
+            await self.config.until_awake()
         counters = self.counters
         counters.started += 1
         crash_at = g.max_tokens // 2 if counters.started == self.config.crash_after_requests else -1
@@ -545,6 +551,7 @@ def build_app(config: ServingConfig, counters: ServingCounters | None = None) ->
             Route("/v1/completions", server.completions, methods=["POST"]),
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
             *_extra_routes(server),
+            *config.routes,
         ],
         exception_handlers={404: _not_served, 405: _not_served},
     )

@@ -48,6 +48,7 @@ from gatekeeper.simulator.memory import (
     oom_sampler_failure,
     plan_memory,
 )
+from gatekeeper.simulator.sleep import SleepMode
 from gatekeeper.units import GIB, cdiv
 
 if TYPE_CHECKING:
@@ -149,6 +150,10 @@ class Simulator:
         self.child: subprocess.Popen[bytes] | None = None
         self.claimed = False
         self.server: uvicorn.Server | None = None
+        self.held: tuple[list[int], int, int] | None = None
+        """What it claims: (NVML positions, bytes per GPU, the pid's share), for sleep."""
+        self.awake_held: tuple[int, int] | None = None
+        """Asleep: (bytes per GPU, the pid's share) it held awake."""
 
     def worker_names(self) -> list[str]:
         if self.world == 1:
@@ -280,6 +285,7 @@ class Simulator:
         def claims(devices: list[nvml.DeviceMemory]) -> list[nvml.Claim]:
             actual = seen[0][0].actual_bytes
             own = actual * 9 // 10
+            self.held = (positions, actual, own)
             out = [nvml.Claim(p, self.pid, own) for p in positions]
             return out + [nvml.Claim(p, child.pid, actual - own) for p in positions]
 
@@ -454,8 +460,62 @@ class Simulator:
             "EngineCore", "kv_cache_utils.py:1168", self.capacity(plan).line(self.max_model_len)
         )
 
+    def sleep_mode(self, plan: MemoryPlan) -> SleepMode:
+        """vLLM's sleep mode over this worker's claims (``sleep``)."""
+        return SleepMode(
+            enabled=bool(getattr(self.args, "enable_sleep_mode", False)),
+            release=self.release,
+            kept_bytes=max(1, plan.actual_bytes - plan.weights_bytes - plan.kv_bytes),
+            shrink=self.shrink_claims,
+            restore=self.restore_claims,
+            log=lambda message: self.log("Worker", "gpu_worker.py:330", message),
+            fail=self.env.fail,
+        )
+
+    def shrink_claims(self, kept: int) -> None:
+        """Asleep: hold only ``kept`` bytes per GPU (split as the claims were)."""
+        state, child = self.env.nvml_state, self.child
+        if state is None or child is None or self.held is None:
+            return
+        positions, actual, own = self.held
+        nvml.release(state, {self.pid, child.pid})
+        mine = kept * own // actual
+        nvml.claim(
+            state,
+            [nvml.Claim(p, self.pid, mine) for p in positions]
+            + [nvml.Claim(p, child.pid, kept - mine) for p in positions],
+        )
+        self.held = (positions, kept, mine)
+        self.awake_held = (actual, own)
+
+    def restore_claims(self) -> None:
+        """Awake again: claim back what sleep gave up, or CUDA's out-of-memory error."""
+        state, child = self.env.nvml_state, self.child
+        if state is None or child is None or self.held is None or self.awake_held is None:
+            return
+        positions, kept, mine = self.held
+        actual, own = self.awake_held
+
+        def check(devices: list[nvml.DeviceMemory]) -> None:
+            for p in positions:
+                if devices[p].free_bytes < actual - kept:
+                    raise MemoryError(
+                        f"CUDA out of memory. Tried to allocate {fmt(actual - kept)} GiB. GPU "
+                        f"{p} has a total capacity of {fmt(devices[p].total_bytes)} GiB of "
+                        f"which {fmt(devices[p].free_bytes)} GiB is free."
+                    )
+
+        nvml.claim(
+            state,
+            [nvml.Claim(p, self.pid, own - mine) for p in positions]
+            + [nvml.Claim(p, child.pid, actual - own - (kept - mine)) for p in positions],
+            check,
+        )
+        self.held, self.awake_held = (positions, actual, own), None
+
     async def serve(self, sock: socket.socket, plan: MemoryPlan) -> int:
         capacity = self.capacity(plan)
+        sleeping = self.sleep_mode(plan)
         counters = ServingCounters()
         config = ServingConfig(
             model=self.model,
@@ -469,6 +529,8 @@ class Simulator:
             crash_after_requests=self.env.crash_after_requests,
             kv_cache_tokens=capacity.tokens,
             cache_config=plan.cache_config(self.args, capacity),
+            until_awake=sleeping.awake.wait,
+            routes=tuple(sleeping.routes()) if self.env.dev_mode else (),
         )
         app: Any = HangApp() if self.env.fail == "hang" else build_app(config, counters)
         handler = _UvicornHandler(self.pid)

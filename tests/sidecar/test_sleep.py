@@ -1,0 +1,166 @@
+"""Idle workers put to sleep instead of stopped (#40): through the real sidecar with
+simulator workers on a declared node, whose sleep API is vLLM's (``simulator.sleep``).
+No clock is mocked: ``idle_seconds`` is a fraction of a second."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gatekeeper.settings import ModelEntry
+from gatekeeper.sidecar.ledger import Ledger, ledger_path
+from tests.support.sidecar_harness import running_sidecar, settings_for
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def deploy(sidecar, model: str = "tiny", **body: Any) -> dict[str, Any]:
+    r = sidecar.admin.post("/admin/deployments", json={"model": model, **body})
+    assert r.status_code == 201, r.text
+    deployment: dict[str, Any] = r.json()["deployment"]
+    return deployment
+
+
+def rows(state_dir: Path, deployment_id: str) -> list[tuple[str, int]]:
+    with Ledger(ledger_path(state_dir)) as ledger:
+        live = [r for r in ledger.by_deployment(deployment_id) if r.state != "released"]
+    return [(r.state, r.bytes) for r in live]
+
+
+def ask(url: str, model: str = "tiny") -> str:
+    answer = client(url).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=2
+    )
+    return answer.choices[0].message.content or ""
+
+
+def metric(sc, name: str, **labels: str) -> float:
+    registry = sc.app.state.metrics_registry
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_an_idle_worker_sleeps_keeps_its_residue_and_a_request_wakes_it(tmp_path: Path):
+    settings = settings_for(tmp_path, idle_action="sleep", idle_seconds=0.3)
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        assert d["idle_action"] == "sleep" and d["sleep_level"] == 1
+        asleep = sc.wait_state(d["id"], ("sleeping",), timeout=30)
+        log = Path(asleep["log_path"]).read_text()
+        assert "'enable_sleep_mode': True" in log  # launched with --enable-sleep-mode
+        ((state, kept),) = rows(tmp_path, d["id"])
+        assert state == "ready" and asleep["gpu_bytes"] == kept
+        predicted = asleep["predicted"]
+        assert asleep["host_asleep_bytes"] == predicted["weights_bytes"]  # level 1
+        assert metric(sc, "gatekeeper_workers", state="sleeping") == 1
+        assert ask(sc.url)
+        woke = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+        promise = woke["gpu_bytes"]
+        assert woke["state"] == "ready" and woke["host_asleep_bytes"] == 0
+        assert kept == promise - predicted["weights_bytes"] - predicted["kv_cache_bytes"]
+        assert rows(tmp_path, d["id"]) == [("ready", promise)]
+        assert metric(sc, "gatekeeper_worker_wakes_total", model="tiny") == 1
+        assert metric(sc, "gatekeeper_worker_wake_duration_seconds_count", model="tiny") == 1
+        assert metric(sc, "gatekeeper_worker_sleeps_total", model="tiny") >= 1
+
+
+def test_a_wake_puts_another_idle_model_to_sleep_for_its_room(tmp_path: Path):
+    """One GPU; two 7-8B models that do not fit awake together: each request for the
+    sleeping one puts the other (idle, nothing in flight) to sleep first."""
+    kv = {"kv_cache_memory_bytes": 40 * 2**30}  # 7-8B + 40 GiB: two do not fit in 80
+    models = [
+        ModelEntry(name="qwen", model="Qwen/Qwen2.5-7B-Instruct", options=kv),
+        ModelEntry(name="llama", model="meta-llama/Llama-3.1-8B-Instruct", options=kv),
+    ]
+    settings = settings_for(
+        tmp_path,
+        gpus="1xH100-80GB",
+        share_gpus=True,
+        models=models,
+        idle_action="sleep",
+        idle_seconds=30.0,
+    )
+    with running_sidecar(settings) as sc:
+        first, second = "qwen", "llama"
+        assert ask(sc.url, first)
+        assert ask(sc.url, second)  # the first is put to sleep at once for its room
+        states = {
+            x["name"]: x["state"] for x in sc.admin.get("/admin/deployments").json()["deployments"]
+        }
+        assert states == {first: "sleeping", second: "ready"}
+        assert ask(sc.url, first)  # wakes: the second sleeps for it
+        states = {
+            x["name"]: x["state"] for x in sc.admin.get("/admin/deployments").json()["deployments"]
+        }
+        assert states == {first: "ready", second: "sleeping"}
+        assert metric(sc, "gatekeeper_worker_wakes_total", model=first) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"sleep_level": 3}, "sleep_level"), ({"sleep_level": 0}, "sleep_level"),
+     ({"idle_action": "hibernate"}, "idle_action")],
+)  # fmt: skip
+def test_bad_sleep_input_is_refused_at_deploy_time(tmp_path: Path, body, field):
+    with running_sidecar(settings_for(tmp_path)) as sc:
+        r = sc.admin.post("/admin/deployments", json={"model": "tiny", **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
+
+
+def test_a_failed_wake_restarts_the_worker_and_answers_its_request(tmp_path: Path):
+    settings = settings_for(tmp_path, idle_action="sleep", idle_seconds=0.3)
+    settings.worker_env["GATEKEEPER_SIM_FAIL"] = "wake-error"
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        sc.wait_state(d["id"], ("sleeping",), timeout=30)
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(sc.url)
+        assert e.value.status_code == 503 and "failed to wake" in str(e.value)
+        assert (
+            metric(sc, "gatekeeper_worker_sleep_failures_total", operation="wake", model="tiny")
+            == 1
+        )
+        again = sc.wait_state(d["id"], ("ready", "sleeping"), timeout=20)
+        assert again["restarts"] == 1
+        assert [s for s, _ in rows(tmp_path, d["id"])] == ["ready"]
+
+
+def test_a_sleeping_worker_killed_from_outside_is_restarted_and_leaks_no_row(tmp_path: Path):
+    settings = settings_for(tmp_path, idle_action="sleep", idle_seconds=0.3)
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        asleep = sc.wait_state(d["id"], ("sleeping",), timeout=30)
+        os.killpg(asleep["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:
+            now = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+            if now["restarts"] == 1 and now["state"] in ("ready", "sleeping"):
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+        assert len(rows(tmp_path, d["id"])) == 1
+        assert ask(sc.url)
+
+
+def test_a_restarted_sidecar_adopts_a_sleeping_worker_asleep(tmp_path: Path):
+    settings = settings_for(
+        tmp_path, idle_action="sleep", idle_seconds=0.3, stop_workers_on_exit=False
+    )
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        sc.wait_state(d["id"], ("sleeping",), timeout=30)
+        kept = rows(tmp_path, d["id"])
+    with running_sidecar(settings.model_copy(update={"stop_workers_on_exit": True})) as sc:
+        adopted = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+        assert adopted["state"] == "sleeping" and adopted["idle_action"] == "sleep"
+        assert rows(tmp_path, d["id"]) == kept
+        assert ask(sc.url)
+        assert sc.admin.get(f"/admin/deployments/{d['id']}").json()["state"] == "ready"
