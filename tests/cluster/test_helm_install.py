@@ -44,6 +44,10 @@ import pytest
 import yaml
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
+from lightkube.resources.admissionregistration_v1 import (
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+)
 from lightkube.resources.apps_v1 import DaemonSet, Deployment, ReplicaSet
 from lightkube.resources.core_v1 import Node, Pod, Secret
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -227,6 +231,12 @@ def installed(
     finally:
         with contextlib.suppress(AssertionError):
             helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--kubeconfig", str(kubeconfig))
+        # Gone even if the uninstall failed: a configuration left behind (failurePolicy Fail,
+        # a webhook that no longer answers) would refuse the next modules' vLLM workloads.
+        with contextlib.suppress(ApiError):
+            api.delete(MutatingWebhookConfiguration, f"{RELEASE}-vllm-claims")
+        with contextlib.suppress(ApiError):
+            api.delete(ValidatingWebhookConfiguration, f"{RELEASE}-vllm")
         for process in processes:
             _stop(process)
         shutil.rmtree(sockets, ignore_errors=True)
