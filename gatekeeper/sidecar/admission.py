@@ -28,12 +28,11 @@ from gatekeeper.placement.gpu_search import EstimateCache, search
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar.host_admission import (
     HostBudget,
-    host_promises,
     pending_host_bytes,
     refuse,
     unreadable,
 )
-from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation
+from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation, host_promises
 from gatekeeper.sidecar.ledger_view import promised_bytes
 
 __all__ = ["admit"]

@@ -8,7 +8,7 @@ rows: their memory is not yet taken), less, for each ready worker, the part of i
 promise it has not taken yet (promised less what its process tree holds now: offload
 buffers and sleeping weights can grow after ``/health``). The admitted deployment's own
 promise is its estimate's ``host_bytes`` (``gatekeeper.estimator.host``), spread over
-its rows (``host_promises``).
+its rows (``ledger.host_promises``).
 
 A reading that failed refuses the deployment with the reason (``unreadable``): the
 sidecar never guesses the node's memory. ``refuse`` turns an admitting decision into a
@@ -32,12 +32,11 @@ from gatekeeper.metrics.host import HostWorkerView
 from gatekeeper.metrics.worker_states import FINISHED_STATES
 from gatekeeper.placement.types import Decision, PlacementRequest, Suggestion
 from gatekeeper.sidecar.deployment import Deployment
-from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation
+from gatekeeper.sidecar.ledger import Ledger, Reservation
 from gatekeeper.units import GIB, format_gib
 
 __all__ = [
     "HostBudget",
-    "host_promises",
     "host_reserved_bytes",
     "host_views",
     "pending_host_bytes",
@@ -80,19 +79,6 @@ class HostBudget:
             f"workers {format_gib(self.pending_bytes)} - not yet taken by running workers "
             f"{format_gib(self.unrealised_bytes)} - margin {format_gib(self.margin_bytes)})"
         )
-
-
-def host_promises(promises: Iterable[tuple[str, int]], host_bytes: int) -> tuple[Promise, ...]:
-    """The rows of an admission with the deployment's host bytes spread over them (the
-    first row carries the remainder), so that their sum is ``host_bytes``."""
-    rows = list(promises)
-    if not rows:
-        return ()
-    share, rest = divmod(host_bytes, len(rows))
-    return tuple(
-        Promise(gpu, num_bytes, share + (rest if i == 0 else 0))
-        for i, (gpu, num_bytes) in enumerate(rows)
-    )
 
 
 def pending_host_bytes(rows: Iterable[Reservation]) -> int:

@@ -1,7 +1,7 @@
 """Host memory in admission, through the real sidecar (simulator workers, a declared
 node) whose host memory is the stand-in's files: a deployment the host cannot hold is
 refused with the numbers and what would fit, a running worker's promise counts against
-the next, a reading that fails refuses, and ``/metrics`` shows the host series. One
+the next (also after the ledger file is lost and rebuilt), a reading that fails refuses, and ``/metrics`` shows the host series. One
 sidecar for the module; the CLI's ``deploy`` too."""
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def test_a_running_workers_promise_counts_against_the_next(sc: Sidecar) -> None:
     second = deploy(sc, "second", kv_offloading_size=1)
     assert second.status_code == 507, second.text
     assert "not yet taken by running workers" in second.json()["decision"]["reasons"][0]
+    ledger_path(Path(sc.settings.state_dir)).unlink()  # lost: rebuilt from what runs
+    again = deploy(sc, "second", kv_offloading_size=1)
+    assert again.status_code == 507, "the rebuilt rows lost the first worker's host promise"
+    with Ledger(ledger_path(Path(sc.settings.state_dir))) as ledger:
+        assert sum(row.host_bytes for row in ledger.by_deployment(first)) == host
     predicted = samples(sc, "gatekeeper_host_worker_predicted_bytes")
     actual = samples(sc, "gatekeeper_host_worker_actual_bytes")
     assert predicted[first] == host and 0 < actual[first] < host

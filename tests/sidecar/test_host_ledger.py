@@ -17,8 +17,15 @@ from gatekeeper.gpus.host_memory import ProcHostMemory, write_host_files
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
 from gatekeeper.sidecar import admission
-from gatekeeper.sidecar.host_admission import HostBudget, host_promises, pending_host_bytes
-from gatekeeper.sidecar.ledger import SCHEMA_VERSION, Ledger, Promise, Reservation, ledger_path
+from gatekeeper.sidecar.host_admission import HostBudget, pending_host_bytes
+from gatekeeper.sidecar.ledger import (
+    SCHEMA_VERSION,
+    Ledger,
+    Promise,
+    Reservation,
+    host_promises,
+    ledger_path,
+)
 from gatekeeper.sidecar.ledger_file import LedgerError
 
 GiB = 1 << 30
