@@ -50,7 +50,7 @@ def test_sleep_routes_release_and_restore_the_claims(tmp_path: Path) -> None:
     assert _gpu_used(state) == [0]
 
 
-BAD = [({"level": 3}, "level"), ({"level": -1}, "level"), ({"level": "x"}, "level"),
+BAD: list[tuple[dict[str, int | str], str]] = [({"level": 3}, "level"), ({"level": -1}, "level"), ({"level": "x"}, "level"),
        ({"mode": "drop"}, "mode")]  # fmt: skip
 
 
