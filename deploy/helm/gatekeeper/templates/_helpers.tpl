@@ -155,3 +155,25 @@ The namespaces neither webhook judges: the configured ones, the release's and th
 {{- define "gatekeeper.excludedNamespaces" -}}
 {{- toJson (concat .Values.webhook.excludedNamespaces (list .Release.Namespace (include "gatekeeper.agentNamespace" .))) }}
 {{- end }}
+
+{{/*
+An object of deploy/kubernetes/components/cluster, linked into the chart as files/cluster
+(`helm package` copies the files in), as JSON: what the chart and the kustomize tree both
+install and only the kustomize tree writes (the ClusterRoles' rules, the mutating webhook's
+match condition). Call with (list $ FILE KIND).
+*/}}
+{{- define "gatekeeper.kustomizeObject" -}}
+{{- $root := index . 0 }}
+{{- $kind := index . 2 }}
+{{- $found := dict }}
+{{- range splitList "\n---\n" ($root.Files.Get (printf "files/cluster/%s" (index . 1))) }}
+{{- $doc := fromYaml . }}
+{{- if eq (get $doc "kind") $kind }}
+{{- $found = $doc }}
+{{- end }}
+{{- end }}
+{{- if not $found }}
+{{- fail (printf "files/cluster/%s holds no %s: the link to deploy/kubernetes/components/cluster is missing" (index . 1) $kind) }}
+{{- end }}
+{{- toJson $found }}
+{{- end }}
