@@ -134,10 +134,12 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
 
     from gatekeeper.k8s.server import (
         CertReloader,
+        WarmUp,
         build_webhook_app,
         check_client_ca,
         check_tls,
         health_app,
+        mutate_phases,
         webhook_from_settings,
     )
 
@@ -156,12 +158,18 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     claims = mode if args.mutate else None
     webhook = webhook_from_settings(settings, registry=registry, published=published, claims=claims)
     hook = settings.webhook_mutating_name
-    mutator = _mutator(client, webhook, registry, undersized, mode, hook) if args.mutate else None
+    observe = mutate_phases(registry) if args.mutate else None
+    mutator = (
+        _mutator(client, webhook, registry, undersized, mode, hook, observe)
+        if args.mutate
+        else None
+    )
+    warm = WarmUp(webhook, mutator).start()
     reloader = CertReloader(args.cert, args.key, args.reload_seconds, client_ca)
     host = args.host or settings.host
     mutual = {"ssl_ca_certs": str(client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     config = uvicorn.Config(
-        build_webhook_app(webhook, registry, reloader, mutator),
+        build_webhook_app(webhook, registry, reloader, mutator, warm=warm, observe=observe),
         host=host,
         port=args.port,
         ssl_certfile=str(args.cert),
@@ -175,7 +183,7 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     health = None
     if args.health_port is not None:
         health = uvicorn.Config(
-            health_app(registry), host=host, port=args.health_port, log_level="warning",
+            health_app(registry, warm), host=host, port=args.health_port, log_level="warning",
             lifespan="off",
         )  # fmt: skip
     log_format = start_logging(args, settings)
@@ -258,7 +266,7 @@ def _published(client: Any, args: argparse.Namespace) -> Any:
             field="published_refresh_seconds",
             value=args.published_refresh_seconds,
         )
-    return PublishedDevices(client, refresh_seconds=args.published_refresh_seconds)
+    return PublishedDevices(client, refresh_seconds=args.published_refresh_seconds, background=True)
 
 
 def _mutator(
@@ -268,18 +276,25 @@ def _mutator(
     undersized: Literal["warn", "deny"],
     mode: Any,
     hook: str,
+    observe: Any,
 ) -> Any:
     """The mutating webhook on a lightkube client; ``mode``: its claims mode; ``hook``: its
-    name in the MutatingWebhookConfigurations, whose namespace selector it keeps to."""
+    name in the MutatingWebhookConfigurations, whose namespace selector it keeps to. Its
+    template store is warmed by a watch of gatekeeper's templates, and swept of those no
+    workload names (``gatekeeper.k8s.template_sweep``)."""
+    from gatekeeper.k8s.api_scope import ApiNamespaceScope
     from gatekeeper.k8s.mutate import Mutator
     from gatekeeper.k8s.server import mutation_counter
-    from gatekeeper.k8s.template_store import ApiNamespaceScope, ApiTemplateStore
+    from gatekeeper.k8s.template_store import ApiTemplateStore
+    from gatekeeper.k8s.template_sweep import TemplateSweep
 
+    store = ApiTemplateStore(client, observe=observe).start()
+    TemplateSweep(client, store).start()
     return Mutator(
         webhook,
-        ApiTemplateStore(client),
+        store,
         undersized=undersized,
         mode=mode,
         count=mutation_counter(registry),
-        scope=ApiNamespaceScope(client, hook),
+        scope=ApiNamespaceScope(client, hook, observe=observe),
     )

@@ -15,14 +15,16 @@ at most 5.3 ms, on loopback; docs/cluster.md), and, after a broken stream, the b
 a list.
 
 ``stop`` ends the thread at its next event or reconnect; it is a daemon thread, so it
-never holds the process.
+never holds the process. The same informer keeps other objects given ``resource``,
+``labels`` and ``key`` (the mutating webhook's ResourceClaimTemplates, by namespace and
+name: ``gatekeeper.k8s.template_store``); ``get`` reads one object by its key.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import httpx2
@@ -47,15 +49,28 @@ def _uid(claim: Mapping[str, Any]) -> str:
 
 class ClaimsWatch:
     """The cluster's ResourceClaims (API dicts) through ``client``, kept current by a
-    watch once ``start`` is called; call the watch to read them."""
+    watch once ``start`` is called; call the watch to read them. ``resource``, ``labels``
+    (a label selector) and ``key`` (an object's key in the set, default its uid) make it
+    keep other objects; ``name`` is what its log lines call it."""
 
-    def __init__(self, client: Client, server_timeout_seconds: int | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        server_timeout_seconds: int | None = None,
+        *,
+        resource: Any = ResourceClaim,
+        labels: Mapping[str, str] | None = None,
+        key: Callable[[Mapping[str, Any]], Hashable] = _uid,
+        name: str = "claims",
+    ) -> None:
         self._client = client
         self._server_timeout = server_timeout_seconds
+        self._resource, self._key, self._name = resource, key, name
+        self._labels: dict[str, Any] | None = dict(labels) if labels else None
         self._lock = threading.Lock()
-        self._claims: dict[str, dict[str, Any]] | None = None
+        self._claims: dict[Hashable, dict[str, Any]] | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="claims-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{name}-watch", daemon=True)
         self.lists = 0
         """How many times the watch has listed the claims (once, plus once per re-list)."""
 
@@ -82,7 +97,13 @@ class ClaimsWatch:
         with self._lock:
             if self._claims is not None:
                 return list(self._claims.values())
-        return [c.to_dict() for c in self._client.list(ResourceClaim, namespace=ALL_NS)]
+        listed = self._client.list(self._resource, namespace=ALL_NS, labels=self._labels)
+        return [c.to_dict() for c in listed]
+
+    def get(self, key: Hashable) -> dict[str, Any] | None:
+        """The object of ``key`` in the watch's set; None when absent or not synced."""
+        with self._lock:
+            return None if self._claims is None else self._claims.get(key)
 
     def _run(self) -> None:
         delay = BACKOFF_SECONDS
@@ -100,21 +121,20 @@ class ClaimsWatch:
             self._stop.wait(delay)
             delay = min(delay * 2, BACKOFF_MAX_SECONDS)
 
-    @staticmethod
-    def _failed(e: Exception, delay: float) -> None:
+    def _failed(self, e: Exception, delay: float) -> None:
         if isinstance(e, ApiError) and e.status.code == 410:
-            log.info("the claims' watch expired (410 Gone), re-listing: %s", e)
+            log.info("the %s' watch expired (410 Gone), re-listing: %s", self._name, e)
         elif isinstance(e, ApiError):
-            log.warning("the claims' watch failed, re-listing in %.1f s: %s", delay, e)
+            log.warning("the %s' watch failed, re-listing in %.1f s: %s", self._name, delay, e)
         else:
-            log.warning("the claims' watch broke, re-listing in %.1f s: %s", delay, e)
+            log.warning("the %s' watch broke, re-listing in %.1f s: %s", self._name, delay, e)
 
     def _relist(self) -> str:
-        listed = self._client.list(ResourceClaim, namespace=ALL_NS)
+        listed = self._client.list(self._resource, namespace=ALL_NS, labels=self._labels)
         claims = {}
         for claim in listed:
             found = claim.to_dict()
-            claims[_uid(found)] = found
+            claims[self._key(found)] = found
         with self._lock:
             self._claims = claims
             self.lists += 1
@@ -122,8 +142,9 @@ class ClaimsWatch:
 
     def _follow(self, version: str) -> None:
         events = self._client.watch(
-            ResourceClaim,
+            self._resource,
             namespace=ALL_NS,
+            labels=self._labels,
             resource_version=version,
             server_timeout=self._server_timeout,
         )
@@ -137,6 +158,6 @@ class ClaimsWatch:
             if self._claims is None:
                 return
             if kind == "DELETED":
-                self._claims.pop(_uid(claim), None)
+                self._claims.pop(self._key(claim), None)
             elif kind in ("ADDED", "MODIFIED"):
-                self._claims[_uid(claim)] = claim
+                self._claims[self._key(claim)] = claim

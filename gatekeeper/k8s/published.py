@@ -4,7 +4,11 @@ gatekeeper's node agents publish, read and cached.
 ``PublishedDevices`` lists the slices of driver ``gpu.gatekeeper.dev`` (a field selector
 on ``spec.driver``, one API call) at most once per ``refresh_seconds`` (default 10, the
 node agents' interval) and gives the ``Fleet`` of device shapes ``gatekeeper.k8s.fleet``
-makes of them; reviews in between use the cached fleet. With them it lists the Nodes'
+makes of them; reviews in between use the cached fleet. With ``background`` (as
+``gatekeeper webhook --published-devices`` runs it) only the first review reads through
+the apiserver: a fleet older than ``refresh_seconds`` is served while a background thread
+reads the new one (one at a time), so no review waits on a refresh; without it, the
+review that finds the fleet stale reads it. With them it lists the Nodes'
 labels, which ``gatekeeper.k8s.node_scope`` matches to a pod's node selector and required
 affinity: metadata only (``node_labels``: ``Accept: application/json;as=
 PartialObjectMetadataList;g=meta.k8s.io;v=v1``: 4.7 kB a Node, most of it
@@ -34,6 +38,7 @@ from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.slices import DRIVER_NAME
 from gatekeeper.gpus.cached import CachedReading, KeepLastGood
 from gatekeeper.k8s.fleet import Fleet, fleet_from_slices
+from gatekeeper.k8s.revalidating import Revalidating
 
 __all__ = [
     "METADATA_ONLY",
@@ -63,6 +68,7 @@ class PublishedDevices:
         driver: str = DRIVER_NAME,
         clock: Callable[[], float] = time.monotonic,
         nodes_page_size: int = NODES_PAGE_SIZE,
+        background: bool = False,
     ) -> None:
         self._client = client
         self._driver = driver
@@ -83,9 +89,14 @@ class PublishedDevices:
             clock=clock,
             name="webhook: the Nodes' labels",
         )
+        self._served = (
+            Revalidating(self._fleet, refresh_seconds, clock=clock, name="webhook: the fleet")
+            if background
+            else None
+        )
 
     def __call__(self) -> Fleet:
-        return self._fleet()
+        return self._served() if self._served is not None else self._fleet()
 
     def _read(self) -> Fleet:
         listed = self._client.list(ResourceSlice, fields={"spec.driver": self._driver})

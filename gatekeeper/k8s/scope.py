@@ -8,7 +8,7 @@ gatekeeper's domain, ``*.vllm-gatekeeper.io``: the shipped one is
 them selects, as the apiserver calls it for each). A review that reaches the webhook any other
 way (posted to it directly, or by a second configuration under another webhook name) is
 not the apiserver's to trust, so the webhook checks the same selector itself before it
-writes anything (``template_store.ApiNamespaceScope`` reads the configurations and the
+writes anything (``api_scope.ApiNamespaceScope`` reads the configurations and the
 namespace's labels). ``selects`` is Kubernetes' ``LabelSelector`` as the apiserver matches
 it (``k8s.io/apimachinery/pkg/apis/meta/v1.LabelSelectorAsSelector``): every
 ``matchLabels`` pair, and every ``matchExpressions`` requirement (``In``, ``NotIn``,

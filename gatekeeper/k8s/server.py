@@ -3,8 +3,13 @@ certificate that is reloaded when cert-manager renews it.
 
 ``webhook_from_settings`` is what the sidecar mounts at ``POST /k8s/validate``;
 ``build_webhook_app`` is the standalone server ``gatekeeper webhook`` runs over TLS
-(``POST /k8s/validate``, ``GET /healthz``, ``GET /metrics``, and with a ``Mutator``,
-``gatekeeper webhook --mutate``, ``POST /k8s/mutate``). ``CertReloader`` checks the
+(``POST /k8s/validate``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, and with a
+``Mutator``, ``gatekeeper webhook --mutate``, ``POST /k8s/mutate``). ``WarmUp`` does once,
+in a thread at start, what the first reviews would otherwise do while the apiserver waits
+on them (transformers' config classes imported, about 2.5 s of one core; the catalog's
+models read; one dry-run review through the mutator); ``/readyz`` answers 503 until it is
+done, so a readiness probe keeps reviews away from a cold process. ``mutate_phases``
+times each mutating review's phases (``gatekeeper_webhook_mutate_phase_seconds``). ``CertReloader`` checks the
 certificate and key files every few seconds and loads them into the live TLS context
 when they change, so new connections get the new certificate without a restart.
 """
@@ -13,14 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,17 +45,22 @@ from gatekeeper.k8s.mutate import MutationOutcome, Mutator
 from gatekeeper.k8s.review import Oversized, review_body, too_large
 from gatekeeper.k8s.webhook import AdmissionWebhook, WebhookConfig, WebhookMetrics
 from gatekeeper.metrics.exposition import metrics_endpoint
+from gatekeeper.models.catalog import catalog_entries
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.settings import Settings, model_resolver, placement_policy
 
 __all__ = [
+    "PHASES",
     "CertReloader",
+    "WarmUp",
     "build_webhook_app",
     "check_client_ca",
     "check_tls",
     "health_app",
     "mutate_endpoint",
+    "mutate_phases",
     "mutation_counter",
+    "readyz_endpoint",
     "webhook_from_settings",
 ]
 
@@ -143,23 +157,116 @@ def mutation_counter(registry: CollectorRegistry) -> Callable[[MutationOutcome],
     return lambda outcome: counter.labels(outcome).inc()
 
 
-def mutate_endpoint(mutator: Mutator) -> Callable[[Request], Awaitable[Response]]:
+PHASES = ("read", "queue", "review", "scope", "templates")
+"""A mutating review's timed phases: its body read, its wait for a worker thread, its
+decision (model lookup, sizing, templates), and within that the namespace scope check and
+the templates ensured."""
+Observe = Callable[[str, float], None]
+
+
+def mutate_phases(registry: CollectorRegistry) -> Observe:
+    """``gatekeeper_webhook_mutate_phase_seconds{phase}`` on ``registry``, as a callback
+    ``observe(phase, seconds)``."""
+    histogram = Histogram(
+        "gatekeeper_webhook_mutate_phase_seconds",
+        "Time of each phase of a mutating review: read (the body), queue (waiting for a "
+        "worker thread), review (the decision, model lookup and sizing, scope and "
+        "templates included), scope (the namespace selector check), templates (the claim "
+        "templates ensured).",
+        ["phase"],
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        registry=registry,
+    )
+    for phase in PHASES:
+        histogram.labels(phase)
+    return lambda phase, seconds: histogram.labels(phase).observe(seconds)
+
+
+def mutate_endpoint(
+    mutator: Mutator, observe: Observe | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """``POST /k8s/mutate``: the review is decided in a worker thread (it may call the
-    apiserver)."""
+    apiserver); ``observe``: each phase's time (``mutate_phases``)."""
+    timed = observe or (lambda phase, seconds: None)
+
+    def answer(body: bytes, budget: Budget, read: float) -> tuple[int, dict[str, Any], Any]:
+        started = time.monotonic()
+        timed("queue", started - read)
+        try:
+            return mutator.answer(body, budget)
+        finally:
+            timed("review", time.monotonic() - started)
 
     async def endpoint(request: Request) -> Response:
         limits = mutator.webhook.config.limits
         budget = Budget(limits.budget_seconds)  # from the review's arrival
+        arrived = time.monotonic()
         body = await review_body(request, limits.review_bytes)
         if isinstance(body, Oversized):
-            answer = too_large(body)
-            mutator.counted("denied" if answer.status_code == 200 else "malformed")
-            return answer
-        status, payload, outcome = await anyio.to_thread.run_sync(mutator.answer, body, budget)
+            answer_ = too_large(body)
+            mutator.counted("denied" if answer_.status_code == 200 else "malformed")
+            return answer_
+        read = time.monotonic()
+        timed("read", read - arrived)
+        status, payload, outcome = await anyio.to_thread.run_sync(answer, body, budget, read)
         mutator.counted(outcome)
         return JSONResponse(payload, status_code=status)
 
     return endpoint
+
+
+class WarmUp:
+    """What the first reviews would pay, paid once in a thread (``start``): the catalog's
+    models read into the webhook's cache (with them transformers' config classes, for
+    configs that leave fields to their class), and a dry-run review of a vLLM Pod through
+    ``mutator`` (the flag table, the estimator; no template is written). ``ready`` is set
+    when done, failed or not (a failure is logged: reviews then pay it themselves)."""
+
+    def __init__(self, webhook: AdmissionWebhook, mutator: Mutator | None = None) -> None:
+        self._webhook = webhook
+        self._mutator = mutator
+        self.ready = threading.Event()
+        self.seconds: float | None = None
+
+    def start(self) -> WarmUp:
+        threading.Thread(target=self.run, name="webhook-warm-up", daemon=True).start()
+        return self
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            from gatekeeper.models.config_defaults import class_defaults
+
+            class_defaults({"model_type": "llama"})  # transformers' config classes
+            entries = sorted(catalog_entries(), key=lambda e: e.parameters or float("inf"))
+            models = [e.repo_id for e in entries]  # the smallest first: it fits a GPU
+            for model in models:
+                self._webhook.model_spec("warm-up", model)
+            if self._mutator is not None and models:
+                m = self._mutator  # without its scope: no configuration is read (nor cached)
+                quiet = Mutator(m.webhook, m.store, undersized=m.undersized, mode=m.mode)
+                quiet.answer(_dry_run_review(models[0]))
+        except Exception:  # a warm-up that fails leaves the work to the reviews
+            logging.getLogger(__name__).exception("webhook: the warm-up failed")
+        finally:
+            self.seconds = time.monotonic() - started
+            self.ready.set()
+
+
+def _dry_run_review(model: str) -> bytes:
+    """A dry-run AdmissionReview of a Pod running ``vllm serve model`` on one GPU."""
+    container = {
+        "name": "vllm",
+        "image": "vllm/vllm-openai",
+        "command": ["vllm", "serve", model],
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "warm-up"},
+           "spec": {"containers": [container]}}  # fmt: skip
+    request = {"uid": "warm-up", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+               "operation": "CREATE", "namespace": "default", "object": pod, "dryRun": True}  # fmt: skip
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return json.dumps(review).encode()
 
 
 def build_webhook_app(
@@ -167,8 +274,12 @@ def build_webhook_app(
     registry: CollectorRegistry,
     reloader: CertReloader | None = None,
     mutator: Mutator | None = None,
+    *,
+    warm: WarmUp | None = None,
+    observe: Observe | None = None,
 ) -> Starlette:
-    """The standalone webhook's ASGI app; ``mutator`` adds ``POST /k8s/mutate``."""
+    """The standalone webhook's ASGI app; ``mutator`` adds ``POST /k8s/mutate`` (its
+    phases timed by ``observe``); ``warm``: ``/readyz`` answers 503 until it is done."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "version": __version__})
@@ -185,16 +296,30 @@ def build_webhook_app(
     routes = [
         Route("/k8s/validate", webhook.endpoint, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz_endpoint(warm), methods=["GET"]),
         Route("/metrics", metrics_endpoint(registry), methods=["GET"]),
     ]
     if mutator is not None:
-        routes.append(Route("/k8s/mutate", mutate_endpoint(mutator), methods=["POST"]))
+        routes.append(Route("/k8s/mutate", mutate_endpoint(mutator, observe), methods=["POST"]))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def health_app(registry: CollectorRegistry) -> Starlette:
-    """``GET /healthz`` and ``GET /metrics`` alone, for the plain-HTTP ``--health-port``
-    (kubelet's probes and Prometheus present no client certificate); no reviews."""
+def readyz_endpoint(warm: WarmUp | None) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /readyz``: 200 once ``warm`` is done (at once without one), else 503."""
+
+    async def readyz(request: Request) -> Response:
+        if warm is not None and not warm.ready.is_set():
+            return JSONResponse({"status": "warming up", "version": __version__}, 503)
+        seconds = round(warm.seconds, 3) if warm is not None and warm.seconds else None
+        return JSONResponse({"status": "ok", "version": __version__, "warm_up_s": seconds})
+
+    return readyz
+
+
+def health_app(registry: CollectorRegistry, warm: WarmUp | None = None) -> Starlette:
+    """``GET /healthz``, ``GET /readyz`` and ``GET /metrics`` alone, for the plain-HTTP
+    ``--health-port`` (kubelet's probes and Prometheus present no client certificate);
+    no reviews."""
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "version": __version__})
@@ -202,6 +327,7 @@ def health_app(registry: CollectorRegistry) -> Starlette:
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz_endpoint(warm), methods=["GET"]),
             Route("/metrics", metrics_endpoint(registry), methods=["GET"]),
         ]
     )

@@ -186,6 +186,11 @@ def test_the_cluster_component_runs_the_webhook_on_the_published_devices() -> No
         # the mutating webhook's namespace selector, checked in the webhook itself (#38)
         {"apiGroups": ["admissionregistration.k8s.io"],
          "resources": ["mutatingwebhookconfigurations"], "verbs": ["list"]},
+        # the template sweep: which objects name a template (#39)
+        {"apiGroups": ["", "apps", "batch", "leaderworkerset.x-k8s.io"],
+         "resources": ["pods", "replicasets", "deployments", "statefulsets", "daemonsets",
+                       "controllerrevisions", "jobs", "cronjobs", "leaderworkersets"],
+         "verbs": ["list"]},
     ]  # fmt: skip
 
 

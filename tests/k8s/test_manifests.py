@@ -197,9 +197,11 @@ def test_the_mutating_webhook_configuration():
     assert covered == {"": {"pods"}, "apps": {"deployments", "statefulsets"},
                        "leaderworkerset.x-k8s.io": {"leaderworkersets"}}  # fmt: skip
     rules = one("ClusterRole", "gatekeeper-webhook-claims")["rules"]
-    rule, slices, nodes, configurations, namespaces = rules
+    rule, slices, nodes, configurations, namespaces, workloads = rules
     assert rule["resources"] == ["resourceclaimtemplates"]
-    assert set(rule["verbs"]) == {"get", "create"}
+    # made, read, watched (the store), stamped and swept (#39: templates nothing names)
+    assert set(rule["verbs"]) == {"get", "create", "list", "watch", "patch", "delete"}
+    assert workloads["verbs"] == ["list"] and "controllerrevisions" in workloads["resources"]
     assert (slices["resources"], slices["verbs"]) == (["resourceslices"], ["list"])
     assert (nodes["apiGroups"], nodes["resources"], nodes["verbs"]) == ([""], ["nodes"], ["list"])
     assert configurations["resources"] == ["mutatingwebhookconfigurations"]
