@@ -24,10 +24,15 @@ Measured, per variant: workloads placed (every pod bound), pending with the sche
 reason, pending without one, refused at admission with a reason; GPUs used; over-commits
 (devices where the allocated claims' ``consumedCapacity``, or the bytes their templates
 request, sum past the published capacity); create to bound pod, p50 and p99 (the create
-call's start to the pod first seen bound by a watch, this process's clock); and, for
+call's start to the pod first seen bound by a watch, this process's clock), and where that
+time went (``phases_ms_*``: the create call, its return to the pod, pod to claim, claim to
+bound; p50 and p99 of each); and, for
 gatekeeper, the webhook's latency as the apiserver measures it
 (``apiserver_admission_webhook_admission_duration_seconds``, p50/p99 interpolated in its
-buckets as PromQL's ``histogram_quantile`` does, and the mean). Whole-GPU placements
+buckets as PromQL's ``histogram_quantile`` does, and the mean) and as the webhook times
+its own phases (``webhook_phases``: body read, wait for a worker thread, the decision, and
+within it the namespace check and the templates; ``gatekeeper_webhook_mutate_phase_seconds``
+on its ``/metrics``). Whole-GPU placements
 whose workload gatekeeper sized larger than the GPU it got (or refused: no GPU holds it)
 are counted too: those would fail at start-up. The last line is one JSON object.
 
@@ -58,6 +63,7 @@ from bench.cluster_fleet import (
     set_up,
     start_webhook,
     webhook_configuration,
+    webhook_metrics,
     whole_gpu_template,
 )
 from bench.cluster_storm import DeviceBooks, StormResult, audit, storm, summary
@@ -69,6 +75,7 @@ QUICK_PRODUCTS = ("H100-80GB", "L40S")
 HOOK = "gatekeeper-bench"
 WEBHOOK_FAMILY = "apiserver_admission_webhook_admission_duration_seconds"
 REJECTIONS_FAMILY = "apiserver_admission_webhook_rejection_count"
+PHASES_FAMILY = "gatekeeper_webhook_mutate_phase_seconds"
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -126,6 +133,35 @@ def webhook_latency(metrics: str, webhook: str) -> dict[str, Any]:
     }
 
 
+def webhook_phases(metrics: str) -> dict[str, dict[str, Any]]:
+    """The webhook's own timing of its mutating reviews' phases
+    (``gatekeeper_webhook_mutate_phase_seconds``): count, p50, p99 and mean, in ms."""
+    buckets: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, float] = defaultdict(float)
+    for found in text_string_to_metric_families(metrics):
+        if found.name != PHASES_FAMILY:
+            continue
+        for sample in found.samples:
+            phase = sample.labels["phase"]
+            if sample.name.endswith("_bucket"):
+                buckets[phase].append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_sum"):
+                sums[phase] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[phase] = sample.value
+    return {
+        phase: {
+            "count": int(counts[phase]),
+            "p50_ms": round(histogram_quantile(0.5, pairs) * 1000, 1),
+            "p99_ms": round(histogram_quantile(0.99, pairs) * 1000, 1),
+            "mean_ms": round(sums[phase] / counts[phase] * 1000, 1),
+        }
+        for phase, pairs in buckets.items()
+        if counts[phase]
+    }
+
+
 def _run(
     cluster: KubeCluster, f: Fleet, workloads: list[Workload], work: Path, whole: bool
 ) -> tuple[StormResult, dict[tuple[str, str], DeviceBooks]]:
@@ -141,6 +177,8 @@ def _run(
             api.create(from_dict(webhook_configuration(HOOK, hook, f.namespace)))
         manifests = [(w, manifest(w, f, whole_gpu=whole)) for w in workloads]
         result = storm(cluster.client, f.namespace, manifests, timeout=300)
+        if hook is not None:
+            result.webhook_phases = webhook_phases(webhook_metrics(hook))
         return result, audit(api, f)
     finally:
         if hook is not None:
@@ -174,6 +212,20 @@ def bind_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str
     return figures
 
 
+def phase_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str, Any]:
+    """Per kind, each phase of a placed workload's wait (``cluster_storm.phases``: the
+    create call, its pod, its claim, bound), ``[p50, p99]`` in milliseconds."""
+    figures: dict[str, Any] = {}
+    for label, kind in (("pods", "Pod"), ("deployments", "Deployment")):
+        chosen = [p for w in workloads if w.kind == kind and (p := result.phases_ms.get(w.name))]
+        figures[f"phases_ms_{label}"] = {
+            phase: [_percentile(values, 50), _percentile(values, 99)]
+            for phase in ("admit", "pod", "claim", "bind")
+            if (values := [p[phase] for p in chosen if phase in p])
+        }
+    return figures
+
+
 def variant(
     workloads: list[Workload], products: tuple[str, ...], work: Path, *, whole: bool
 ) -> dict[str, Any]:
@@ -187,10 +239,12 @@ def variant(
         result, books = _run(cluster, f, workloads, work / name, whole)
         report = summary(result, books)
         report |= bind_percentiles(result, workloads)
+        report |= phase_percentiles(result, workloads)
         report["kube_version"] = json.loads(cluster.get("/version"))["gitVersion"]
         if not whole:
             metrics = cluster.get("/metrics").decode()
             report["webhook"] = webhook_latency(metrics, f"{HOOK}.vllm-gatekeeper.io")
+            report["webhook_phases"] = result.webhook_phases
     finally:
         cluster.stop()
     report["wall_s"] = round(time.monotonic() - started, 1)
@@ -224,8 +278,8 @@ def compare(gk: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
     """The two variants' figures side by side (over-commits and reasonless pendings of
     both summed: each must be 0)."""
     g, w = gk["report"], whole["report"]
-    binds = {k: v for k, v in g.items() if k.startswith("bind_")}
-    binds |= {f"{k}_whole_gpu": v for k, v in w.items() if k.startswith("bind_")}
+    binds = {k: v for k, v in g.items() if k.startswith(("bind_", "phases_"))}
+    binds |= {f"{k}_whole_gpu": v for k, v in w.items() if k.startswith(("bind_", "phases_"))}
     return binds | {
         "gpus": g["gpus"],
         "placed": g["placed"],
@@ -244,6 +298,7 @@ def compare(gk: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
         "webhook_mean_ms": g["webhook"]["mean_ms"],
         "webhook_calls": g["webhook"]["calls"],
         "webhook_rejections": g["webhook"]["rejections"],
+        "webhook_phases": g["webhook_phases"],
     }
 
 

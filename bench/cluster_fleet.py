@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
@@ -51,6 +53,8 @@ LENGTHS = (2048, 4096, 8192, 16384, 32768)
 MAX_PARAMETERS = 75_000_000_000
 """Models up to a 70B; the catalog's 100B-670B models would only be denied."""
 GPUS_PER_NODE = 8
+READY_SECONDS = 60.0
+"""The longest wait for the webhook's warm-up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +248,24 @@ def whole_gpu_template(tp: int, namespace: str) -> dict[str, Any]:
 
 def start_webhook(cluster: KubeCluster, directory: Path) -> WebhookProcess:
     """``gatekeeper webhook --mutate`` with the cluster's kubeconfig (it creates claim
-    templates), ready on 127.0.0.1 over TLS."""
+    templates), ready on 127.0.0.1 over TLS and warmed up (``/readyz``: as a readiness
+    probe keeps the apiserver's reviews away until then)."""
     directory.mkdir(parents=True, exist_ok=True)
-    return start_process(directory, "--mutate", "--kubeconfig", str(cluster.kubeconfig))
+    hook = start_process(directory, "--mutate", "--kubeconfig", str(cluster.kubeconfig))
+    deadline = time.monotonic() + READY_SECONDS
+    with httpx.Client(verify=hook.context(), timeout=2) as client:
+        while client.get(hook.url("/readyz")).status_code not in (200, 404):  # 404: no warm-up
+            if time.monotonic() > deadline:
+                hook.stop()
+                raise RuntimeError(f"gatekeeper webhook not ready in {READY_SECONDS} s")
+            time.sleep(0.1)
+    return hook
+
+
+def webhook_metrics(hook: WebhookProcess) -> str:
+    """The webhook's own ``/metrics`` text."""
+    with httpx.Client(verify=hook.context(), timeout=5) as client:
+        return client.get(hook.url("/metrics")).text
 
 
 def webhook_configuration(name: str, hook: WebhookProcess, namespace: str) -> dict[str, Any]:

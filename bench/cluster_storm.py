@@ -1,9 +1,13 @@
 """A storm of workloads applied at once, and what the cluster made of it (issue 29).
 
 ``storm`` creates every manifest from a thread pool (as fast as the apiserver takes them),
-with a watch on the namespace's pods that notes when each workload's pod is first seen
-bound (``spec.nodeName``; the clock is this process's, in milliseconds: Kubernetes'
-timestamps have whole seconds). It then waits until each workload is settled: refused at
+with a watch on the namespace's pods and claims that notes when each workload's pod is
+first seen, its claim first seen (the resource-claim controller made it from the pod's
+template), and the pod first seen bound (``spec.nodeName``); the clock is this
+process's, in milliseconds (Kubernetes' timestamps have whole seconds). ``phases`` turns
+those into where a workload's time went: the create call (admission, the webhook's time
+in it), to its pod (the deployment and replica-set controllers, and the pod's own
+admission), to its claim (the resource-claim controller), to bound (the scheduler). It then waits until each workload is settled: refused at
 admission, bound, or pending with the scheduler's reason (its ``PodScheduled=False``
 condition). ``audit`` reads back, per published device, the ``consumedCapacity`` of the
 claims allocated on it and the bytes their templates request (gatekeeper's prediction),
@@ -41,6 +45,8 @@ class Arrival:
 
     workload: Workload
     started: float
+    answered: float = 0.0
+    """When the create call returned (admission done, the object stored or refused)."""
     denied: str | None = None
     need_bytes: int | None = None
     """Per rank, as gatekeeper's webhook recorded it on the created object."""
@@ -55,6 +61,11 @@ class StormResult:
     """Per placed workload: its create call's start to its pod first seen bound."""
     seconds: float
     """From the first create to every workload settled."""
+    phases_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per placed workload: ``admit`` (the create call), ``pod`` (its return to the pod
+    first seen), ``claim`` (pod to claim first seen), ``bind`` (claim to pod bound)."""
+    webhook_phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The webhook's own timing of its phases, when one ran (``bench.cluster``)."""
 
 
 @dataclass
@@ -92,39 +103,87 @@ def _create(client: Client, workload: Workload, manifest: dict[str, Any]) -> Arr
         arrival.need_bytes = _need(client.create(from_dict(manifest)))
     except ApiError as e:
         arrival.denied = str(e.status.message or "")
+    arrival.answered = time.monotonic()
     return arrival
 
 
 class BindWatch:
-    """Watches a namespace's pods and notes when each app's pod is first bound."""
+    """Watches a namespace's pods and claims, and notes when each app's pod is first seen,
+    its claim first seen, and the pod first bound."""
 
-    def __init__(self, client: Client, namespace: str) -> None:
+    def __init__(self, client: Client, claims: Client, namespace: str) -> None:
         self.bound_at: dict[str, float] = {}
-        self._client = client
+        self.pod_at: dict[str, float] = {}
+        self.claim_at: dict[str, float] = {}
+        """By the claim's owner (a pod's name)."""
+        self.pod_app: dict[str, str] = {}
+        self._clients = (client, claims)
         self._namespace = namespace
         listing = client.list(Pod, namespace=namespace)
         for pod in listing:
             self._note(pod)
         version = listing.resourceVersion
-        self._thread = threading.Thread(target=self._run, args=(version,), daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(version,), daemon=True),
+            threading.Thread(target=self._run_claims, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self, version: str | None) -> None:
         try:
-            for _, pod in self._client.watch(
+            for _, pod in self._clients[0].watch(
                 Pod, namespace=self._namespace, resource_version=version
             ):
                 self._note(pod)
         except Exception:  # the client closed under it: the watch is over
             return
 
+    def _run_claims(self) -> None:
+        try:
+            for _, claim in self._clients[1].watch(ResourceClaim, namespace=self._namespace):
+                for owner in (claim.metadata.ownerReferences or []) if claim.metadata else []:
+                    self.claim_at.setdefault(owner.name, time.monotonic())
+        except Exception:  # the client closed under it: the watch is over
+            return
+
     def _note(self, pod: Pod) -> None:
         app = (pod.metadata.labels or {}).get("app") if pod.metadata else None
-        if app and pod.spec is not None and pod.spec.nodeName:
-            self.bound_at.setdefault(app, time.monotonic())
+        if not app or pod.metadata is None:
+            return
+        now = time.monotonic()
+        self.pod_app.setdefault(str(pod.metadata.name), app)
+        self.pod_at.setdefault(app, now)
+        if pod.spec is not None and pod.spec.nodeName:
+            self.bound_at.setdefault(app, now)
+
+    def claimed_at(self, app: str) -> float | None:
+        """When the claim of ``app``'s pod was first seen."""
+        seen = [t for pod, t in self.claim_at.items() if self.pod_app.get(pod) == app]
+        return min(seen) if seen else None
 
     def close(self) -> None:
-        self._client.close()
+        for client in self._clients:
+            client.close()
+
+
+def phases(arrival: Arrival, watch: BindWatch) -> dict[str, float]:
+    """Where a placed workload's time went, in milliseconds (``StormResult.phases_ms``);
+    a phase whose end the watches missed is left out."""
+    name = arrival.workload.name
+    marks = [
+        ("admit", arrival.answered),
+        ("pod", watch.pod_at.get(name)),
+        ("claim", watch.claimed_at(name)),
+        ("bind", watch.bound_at.get(name)),
+    ]
+    out, last = {}, arrival.started
+    for label, at in marks:
+        if at is None:
+            continue
+        out[label] = max(at - last, 0.0) * 1000
+        last = max(at, last)
+    return out
 
 
 def _scheduled_reason(pod: dict[str, Any]) -> str:
@@ -186,7 +245,7 @@ def storm(
 ) -> StormResult:
     """Creates every manifest at once from ``threads`` threads (a client each), then
     waits for each workload to settle."""
-    watch = BindWatch(new_client(), namespace)
+    watch = BindWatch(new_client(), new_client(), namespace)
     local = threading.local()
     clients: list[Client] = []
 
@@ -207,12 +266,16 @@ def storm(
         for made in clients:
             made.close()
     seconds = time.monotonic() - start
-    bind_ms = {
-        a.workload.name: (watch.bound_at[a.workload.name] - a.started) * 1000
+    placed = [
+        a
         for a in arrivals
         if outcomes[a.workload.name] == "placed" and a.workload.name in watch.bound_at
+    ]
+    bind_ms = {
+        a.workload.name: (watch.bound_at[a.workload.name] - a.started) * 1000 for a in placed
     }
-    return StormResult(arrivals, outcomes, reasons, bind_ms, seconds)
+    phases_ms = {a.workload.name: phases(a, watch) for a in placed}
+    return StormResult(arrivals, outcomes, reasons, bind_ms, seconds, phases_ms)
 
 
 def _capacities(client: Client, f: Fleet) -> dict[tuple[str, str], DeviceBooks]:
