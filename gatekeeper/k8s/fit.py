@@ -11,6 +11,8 @@ will at start-up (its budget is ``gpu_memory_utilization x total``)::
             memory) + non-torch + activation peak [+ CUDA graphs, vLLM 0.21+]
             + the KV cache of one sequence of max_model_len (vLLM's minimum; said as
               placement says it, "sized for 1 sequence of M tokens": ``placement.sizing``)
+    rank  = need + the CUDA context (+ CUDA graphs before 0.21): what the GPU holds for a
+            rank, as placement counts it (the denial's headline and ``Sizing.rank_bytes``)
     slack = budget - need        (total - what the worker holds, with --kv-cache-memory-bytes)
     deny  when vLLM would refuse to start; warn when slack < margin + fraction x total
 
@@ -219,6 +221,10 @@ class Case:
 class _Eval:
     e: Estimate
     need_bytes: int
+    """Inside vLLM's budget, with vLLM's least KV cache: what ``u x total`` must hold."""
+    rank_bytes: int
+    """What the GPU holds for the rank: ``need_bytes`` and what lies outside the budget
+    (the CUDA context, and CUDA graphs before vLLM 0.21), as placement counts a rank."""
     kv_min_bytes: int
     slack_bytes: int
     margin_bytes: int
@@ -235,13 +241,13 @@ def _evaluate(case: Case, options: ServeOptions) -> _Eval:
     )
     w = e.worst
     kv_min = e.kv_bytes_for()
-    need = e.rank_bytes(w, kv_min)[1]
+    rank, need = e.rank_bytes(w, kv_min)
     if options.kv_cache_memory_bytes is not None:
         slack = gpu.total_bytes - w.nvml_bytes
     else:
         slack = w.budget_bytes - need
     margin = case.policy.margin_for(gpu.total_bytes)
-    return _Eval(e, need, kv_min, slack, margin)
+    return _Eval(e, need, rank, kv_min, slack, margin)
 
 
 def judge(who: str, case: Case) -> list[Finding]:
@@ -269,7 +275,7 @@ def judge(who: str, case: Case) -> list[Finding]:
 def _sizing(case: Case, ev: _Eval) -> Sizing:
     e = ev.e
     held = sequences_held(e, ev.kv_min_bytes)
-    return Sizing(ev.need_bytes, e.gpus, e.max_model_len, held, case.gpu.label)
+    return Sizing(ev.rank_bytes, e.gpus, e.max_model_len, held, case.gpu.label)
 
 
 def _judged(who: str, case: Case, ev: _Eval, findings: list[Finding]) -> list[Finding]:
@@ -312,14 +318,18 @@ def _denial(who: str, case: Case, ev: _Eval, fixes: list[str]) -> str:
     shape = f"TP={e.tensor_parallel_size}" + (
         f" PP={e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
     )
-    graphs = f", CUDA graphs {format_gib(w.cuda_graph_bytes)}" if e.cuda_graphs_in_budget else ""
+    graphs = f", CUDA graphs {format_gib(w.cuda_graph_bytes)}"
+    inside, outside = (graphs, "") if e.cuda_graphs_in_budget else ("", graphs)
+    context = ev.rank_bytes - ev.need_bytes - (0 if e.cuda_graphs_in_budget else w.cuda_graph_bytes)
     would = "Would fit: " + "; or ".join(fixes) if fixes else nothing_nearby(case.claims)
     return (
         f"{who}: {spec.name} does not fit on {gpu.label} ({gpu.origin}): at {shape} it needs "
-        f"{format_gib(ev.need_bytes)} per GPU (weights {format_gib(w.weights_bytes)}"
+        f"{format_gib(ev.rank_bytes)} per GPU (CUDA context {format_gib(context)}{outside} "
+        f"outside vLLM's budget; inside it {format_gib(ev.need_bytes)}: weights "
+        f"{format_gib(w.weights_bytes)}"
         f"{_weights_parts(w)}, {kv_text(e, ev.kv_min_bytes)} (vLLM's least), "
         f"activation {format_gib(w.activation_peak_bytes)}, non-torch "
-        f"{format_gib(w.non_torch_bytes)}{graphs}) but the GPU has "
+        f"{format_gib(w.non_torch_bytes)}{inside}) but the GPU has "
         f"{format_gib(gpu.total_bytes)}, of which vLLM may use {format_gib(w.budget_bytes)} at "
         f"--gpu-memory-utilization {e.gpu_memory_utilization}. vLLM would refuse: "
         f"{'; '.join(e.reasons)}. {would}."

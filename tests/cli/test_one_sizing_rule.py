@@ -105,7 +105,10 @@ def test_a_line_no_rank_holds_is_refused_by_both_doors_in_the_same_words(webhook
     assert "for one request" not in denial
 
 
-def test_the_validating_webhook_and_check_say_the_kv_cache_alike(webhook, sharing):
+def test_the_validating_webhook_and_check_give_the_same_bytes_and_words(webhook, sharing):
+    """The validating webhook asks whether vLLM starts (the need inside its budget against
+    ``u x total``), and heads its denial with what the GPU holds for a rank, as placement
+    counts it: the same figure and KV cache as check's refusal of the line."""
     line = [*LINE[:3], "--max-model-len", "131072", *LINE[5:]]
     status, body, outcome = webhook.answer(review_body(deployment(line)))
     assert (status, outcome) == (200, "denied"), body
@@ -113,6 +116,8 @@ def test_the_validating_webhook_and_check_say_the_kv_cache_alike(webhook, sharin
     sharing(False)
     placed = check(line)
     (need,) = [r for r in placed["reasons"] if " at TP=2 needs " in r]
+    per_gpu = need.split(" needs ")[1].split(" per GPU")[0]
+    assert f"at TP=2 it needs {per_gpu} per GPU (CUDA context " in denial
     kv = "KV cache 10.00 GiB sized for 1 sequence of 131072 tokens"
     assert kv in need and f"{kv} (vLLM's least)" in denial
 

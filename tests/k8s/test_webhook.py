@@ -29,7 +29,7 @@ CASES = ["allowed", "denied", "warned", "skipped", "non-vllm", "malformed"]
 DENIED: dict[str, list[str]] = {
     "pod": [
         "container 'vllm' of Pod ml-serving/qwen3-8b: Qwen/Qwen3-8B does not fit on L4 "
-        "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 21.53 GiB per GPU",
+        "(nodeSelector nvidia.com/gpu.product=NVIDIA-L4): at TP=1 it needs 22.06 GiB per GPU",
         "KV cache 4.40 GiB sized for 1 sequence of 32000 tokens (vLLM's least)",
         "the GPU has 22.05 GiB, of which vLLM may use 20.29 GiB at --gpu-memory-utilization 0.92",
         "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --max-model-len 16064; "
@@ -37,8 +37,8 @@ DENIED: dict[str, list[str]] = {
     ],
     "deployment": [
         "meta-llama/Llama-3.3-70B-Instruct does not fit on H100-80GB (required node affinity on "
-        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3): at TP=1 it needs 146.89 GiB per GPU "
-        "(weights 131.45 GiB",
+        "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3): at TP=1 it needs 147.43 GiB per GPU "
+        "(CUDA context 0.53 GiB outside vLLM's budget; inside it 146.89 GiB: weights 131.45 GiB",
         "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2 and --max-model-len 3424; "
         "or --tensor-parallel-size 4 with nvidia.com/gpu: 4.",
     ],
@@ -54,19 +54,19 @@ DENIED: dict[str, list[str]] = {
     ],
     "job": [
         "meta-llama/Llama-3.1-8B-Instruct does not fit on T4 (nodeSelector "
-        "nvidia.com/gpu.product=Tesla-T4): at TP=1 it needs 16.30 GiB per GPU",
+        "nvidia.com/gpu.product=Tesla-T4): at TP=1 it needs 16.83 GiB per GPU",
         "vLLM would refuse: weights need 14.99 GiB per GPU but only 14.03 GiB can be allocated",
         "Would fit: --tensor-parallel-size 2 with nvidia.com/gpu: 2; or --quantization "
         "fp8_per_tensor (online fp8 weights).",
     ],
     "cronjob": [
         "Qwen/Qwen2.5-14B-Instruct does not fit on A10G (annotation vllm-gatekeeper.io/gpu-memory)",
-        "it needs 31.27 GiB per GPU",
+        "it needs 31.80 GiB per GPU",
     ],
     "leaderworkerset": [
         "container 'vllm' of LeaderWorkerSet ml-serving/llama-405b (leaderTemplate): "
         "meta-llama/Llama-3.1-405B-Instruct does not fit on H100-80GB",
-        "at TP=8 it needs 105.26 GiB per GPU",
+        "at TP=8 it needs 106.79 GiB per GPU",
         "Would fit: --pipeline-parallel-size 2 (16 GPUs in the group); or --quantization "
         "fp8_per_tensor (online fp8 weights).",
     ],
