@@ -30,7 +30,9 @@
    written as plan files and run by ``gatekeeper plan --json`` with ``share_gpus`` off and
    on (``GATEKEEPER_SHARE_GPUS``): deployments placed, GPUs used, the KV cache in all and
    the sequences of max_model_len per worker, and the refusals that name ``share_gpus``
-   (docs/placement.md, "Sharing: off by default").
+   (docs/placement.md, "Sharing: off by default"); then the first-day fleet deployed on
+   ``gatekeeper serve --rehearsal`` (the simulator as vLLM) both ways: what runs, how
+   long it takes to be ready, the KV cache the simulated worker reports.
 
     python bench/placement.py [--mixes 100] [--seed 7] [--runs 500] [--examples 3]
     python bench/placement.py --sharing [--mixes 20]    # the sharing figures only
@@ -680,6 +682,74 @@ def sharing(mixes: int, seed: int) -> None:
         )
 
 
+REHEARSED = FLEETS["first-day"]
+"""The fleet the rehearsal deploys on a live sidecar."""
+
+
+def rehearsal_sharing() -> None:
+    """The first-day fleet deployed on ``gatekeeper serve --rehearsal`` (the simulator as
+    the worker, a declared node), share_gpus off and on: which deployments run, how long
+    each takes to be ready, and the KV cache the simulated worker reports."""
+    import json
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    cli = shutil.which("gatekeeper", path=str(Path(sys.executable).parent)) or "gatekeeper"
+    node, entries = REHEARSED
+    print(f"\n== sharing on a rehearsal sidecar ({node}, the simulator as vLLM) ==")
+    for share in (False, True):
+        with tempfile.TemporaryDirectory() as tmp, socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            probe.close()
+            env = {**os.environ, "GATEKEEPER_STATE_DIR": tmp, "GATEKEEPER_GPUS": node,
+                   "GATEKEEPER_SHARE_GPUS": str(share).lower(),
+                   "GATEKEEPER_WORKER_ENV": '{"GATEKEEPER_SIM_STARTUP_SECONDS": "0.3"}'}  # fmt: skip
+            serve = subprocess.Popen(
+                [cli, "serve", "--rehearsal", "--port", str(port)], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            try:
+                for _ in range(200):
+                    try:
+                        urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+                token = (Path(tmp) / "rehearsal" / "admin-token").read_text().strip()
+                auth = ["--url", url, "--token", token]
+                for model, flags in entries:
+                    length = str(flags["max_model_len"])
+                    started = time.perf_counter()
+                    out = subprocess.run(
+                        [cli, "deploy", model, "--max-model-len", length, "--wait", "--json", *auth],
+                        capture_output=True, text=True, env=env, check=False,
+                    )  # fmt: skip
+                    took = time.perf_counter() - started
+                    if out.returncode != 0:
+                        said = json.loads(out.stdout).get("error", {}).get("message", "")
+                        named = "names" if "share_gpus = true" in said else "does not name"
+                        print(
+                            f"  share_gpus {'on ' if share else 'off'}  {model:<32} refused; it {named} share_gpus"
+                        )
+                        continue
+                    dep = json.loads(out.stdout)["deployment"]
+                    kv = (dep.get("actual") or {}).get("kv_cache_bytes", 0)
+                    print(
+                        f"  share_gpus {'on ' if share else 'off'}  {model:<32} ready in {took:5.1f} s, "
+                        f"KV cache {kv / GIB:6.2f} GiB (simulated)"
+                    )
+            finally:
+                os.killpg(serve.pid, signal.SIGINT)
+                serve.wait(timeout=60)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mixes", type=int, default=100)
@@ -695,6 +765,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.sharing:
         sharing(args.mixes, args.seed)
+        rehearsal_sharing()
         return 0
     try:
         import scipy.optimize  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
