@@ -128,8 +128,12 @@ def _host_checked(
         budget = dataclasses.replace(host, pending_bytes=pending_host_bytes(outstanding))
         need = d.placement.estimate.host.at_sleep_level(host.sleep_level)
         refusal = refuse(d, need, budget)
-        if refusal is None:
-            return d, host_promises(d.promises(), need.host_bytes)
+        if refusal is None:  # the decision records the host bytes promised
+            estimate = dataclasses.replace(d.placement.estimate, host=need)
+            placed = dataclasses.replace(
+                d, placement=dataclasses.replace(d.placement, estimate=estimate)
+            )
+            return placed, host_promises(d.promises(), need.host_bytes)
         refused.append(refusal)
         return refusal, ()
 

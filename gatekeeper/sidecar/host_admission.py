@@ -34,10 +34,12 @@ from gatekeeper.placement.types import Decision, PlacementRequest, Suggestion
 from gatekeeper.sidecar.deployment import Deployment
 from gatekeeper.sidecar.ledger import Ledger, Reservation
 from gatekeeper.units import GIB, format_gib
+from gatekeeper.vllm.sleep_mode import IdlePolicy
 
 __all__ = [
     "HostBudget",
     "host_reserved_bytes",
+    "host_sleep_level",
     "host_views",
     "pending_host_bytes",
     "refuse",
@@ -103,6 +105,13 @@ def unrealised_host_bytes(live: Sequence[Reservation], actual: Callable[[int], i
         taken = actual(pid) if pid is not None and host else 0
         total += max(0, host - taken)
     return total
+
+
+def host_sleep_level(idle: IdlePolicy) -> Literal[0, 1, 2]:
+    """The sleep level a deployment's host promise is sized for: 1 when it is put to
+    sleep at level 1 when idle (its weights then sit in host memory), else 0 (it never
+    sleeps, or sleeps at level 2 and keeps nothing there)."""
+    return 1 if idle.action == "sleep" and idle.sleep_level == 1 else 0
 
 
 def worker_host_bytes(pid: int) -> int:

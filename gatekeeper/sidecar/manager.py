@@ -47,6 +47,7 @@ from gatekeeper.sidecar.deployment import (
     check_name,
     slug,
 )
+from gatekeeper.sidecar.host_admission import host_sleep_level
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
@@ -186,7 +187,9 @@ class DeploymentManager:
                                "model": request.model.name, "reason": str(conflict)})  # fmt: skip
                 raise conflict
             deployment_id = f"{slug(name)}-{uuid.uuid4().hex[:8]}"
-            decision = await self._admitter.admit(deployment_id, request)
+            decision = await self._admitter.admit(
+                deployment_id, request, sleep_level=host_sleep_level(idle)
+            )
             if self.metrics is not None:
                 self.metrics.decision(decision)
             if not decision.admitted:

@@ -38,6 +38,7 @@ from gatekeeper.sidecar.deployment import (
     process_start_ticks,
     worker_view,
 )
+from gatekeeper.sidecar.host_admission import host_sleep_level
 from gatekeeper.sidecar.launcher import LaunchSpec, WorkerProcess, WorkerStartError
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.ledger_file import LedgerError
@@ -217,7 +218,9 @@ class Supervisor:
                 return False
             d.restarts += 1
             d.request = self.admitter.calibrated(d.request)
-            decision = await self.admitter.admit(d.id, d.request)
+            decision = await self.admitter.admit(
+                d.id, d.request, sleep_level=host_sleep_level(d.idle)
+            )
             if self.metrics is not None:
                 self.metrics.decision(decision)
             if decision.admitted:

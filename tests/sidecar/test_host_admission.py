@@ -116,3 +116,22 @@ def test_a_host_reading_that_fails_refuses_rather_than_guess(sc: Sidecar, host_r
     finally:
         meminfo.write_text(kept)
     assert samples(sc, "gatekeeper_host_read_success")[""] == 1
+
+
+def test_a_worker_that_sleeps_at_level_1_is_admitted_with_its_weights_on_the_host(
+    sc: Sidecar,
+) -> None:
+    body = {"model": "tiny", "name": "sleepy", "idle_action": "sleep", "sleep_level": 1,
+            "options": {"max_model_len": 4096, "kv_offloading_size": 1}}  # fmt: skip
+    r = sc.admin.post("/admin/deployments", json=body)
+    assert r.status_code == 507, r.text
+    decision = r.json()["decision"]
+    assert "sleeping_weights 1.12 GiB" in decision["reasons"][0]
+    assert {"sleep_level": 2} in [s["options"] for s in decision["suggestions"]]
+    r = sc.admin.post("/admin/deployments", json={**body, "sleep_level": 2})
+    assert r.status_code in (200, 201, 202), r.text
+    d = r.json()["deployment"]
+    host = sc.admin.get(f"/admin/deployments/{d['id']}").json()
+    assert host["sleep_level"] == 2
+    sc.admin.delete(f"/admin/deployments/{d['id']}")
+    sc.wait_state(d["id"], ("stopped",))
