@@ -309,6 +309,9 @@ def run_ps(args: argparse.Namespace, settings: Settings) -> int:
             f"{d['id']:<30} {d['name'][:36]:<36} {d['state']:<9} {gpus:<6} {d['port']:<6} "
             f"{uptime:>8} {_total(d.get('predicted')):>11} {_total(d.get('actual')):>20}"
         )
+    for d in shown:
+        if d["state"] == "sleeping":
+            print(_asleep_line(d))
     for did, warning in ((s["id"], w) for s in shown for w in s.get("warnings") or []):
         print(f"warning: {did}: {warning}")
     hidden = len(data["deployments"]) - len(shown)
@@ -317,6 +320,17 @@ def run_ps(args: argparse.Namespace, settings: Settings) -> int:
             f"({hidden} stopped or failed not shown: ps --all lists them, forget --all drops them)"
         )
     return 0
+
+
+def _asleep_line(d: dict[str, Any]) -> str:
+    """What a sleeping deployment holds: GPU bytes (vLLM's residue) and host bytes."""
+    level = d.get("sleep_level")
+    host = d.get("host_asleep_bytes") or 0
+    where = "its weights in host memory" if level == 1 else "its weights dropped"
+    return (
+        f"sleeping: {d['id']}: level {level}, holds {format_gib(d.get('gpu_bytes') or 0)} of "
+        f"GPU memory and {format_gib(host)} of host memory ({where}); a request wakes it"
+    )
 
 
 def _total(figures: Any) -> str:

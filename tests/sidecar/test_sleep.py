@@ -15,6 +15,7 @@ import pytest
 
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.ledger import Ledger, ledger_path
+from tests.cli.test_rehearsal_output import gatekeeper
 from tests.support.sidecar_harness import running_sidecar, settings_for
 
 
@@ -36,9 +37,10 @@ def rows(state_dir: Path, deployment_id: str) -> list[tuple[str, int]]:
 
 
 def ask(url: str, model: str = "tiny") -> str:
-    answer = client(url).chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=2
-    )
+    with client(url) as c:  # closed: no socket left to the garbage collector
+        answer = c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=2
+        )
     return answer.choices[0].message.content or ""
 
 
@@ -60,6 +62,12 @@ def test_an_idle_worker_sleeps_keeps_its_residue_and_a_request_wakes_it(tmp_path
         predicted = asleep["predicted"]
         assert asleep["host_asleep_bytes"] == predicted["weights_bytes"]  # level 1
         assert metric(sc, "gatekeeper_workers", state="sleeping") == 1
+        shown = gatekeeper(sc, "ps")
+        assert shown.returncode == 0, shown.stderr
+        row = next(line for line in shown.stdout.splitlines() if line.startswith(d["id"]))
+        assert row.split()[2] == "sleeping"
+        gib = f"{kept / 2**30:.2f} GiB of GPU memory"
+        assert f"sleeping: {d['id']}: level 1, holds {gib}" in shown.stdout
         assert ask(sc.url)
         woke = sc.admin.get(f"/admin/deployments/{d['id']}").json()
         promise = woke["gpu_bytes"]
@@ -131,6 +139,22 @@ def test_a_failed_wake_restarts_the_worker_and_answers_its_request(tmp_path: Pat
         again = sc.wait_state(d["id"], ("ready", "sleeping"), timeout=20)
         assert again["restarts"] == 1
         assert [s for s, _ in rows(tmp_path, d["id"])] == ["ready"]
+
+
+def test_a_hung_wake_is_cut_at_wake_timeout_seconds_and_the_worker_restarted(tmp_path: Path):
+    settings = settings_for(
+        tmp_path, idle_action="sleep", idle_seconds=0.3, wake_timeout_seconds=1.0
+    )
+    settings.worker_env["GATEKEEPER_SIM_FAIL"] = "wake-hang"
+    with running_sidecar(settings) as sc:
+        d = deploy(sc)
+        sc.wait_state(d["id"], ("sleeping",), timeout=30)
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(sc.url)
+        assert e.value.status_code == 503 and time.monotonic() - started < 10
+        again = sc.wait_state(d["id"], ("ready", "sleeping"), timeout=30)
+        assert again["restarts"] == 1 and "wake failed" in (again["error"] or "wake failed")
 
 
 def test_a_sleeping_worker_killed_from_outside_is_restarted_and_leaks_no_row(tmp_path: Path):
