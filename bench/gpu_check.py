@@ -14,6 +14,10 @@
    as ``attribution.worker_usage`` does.
 4. Ends the tree and checks that the GPU's used memory comes back.
 
+``--sleep-model MODEL`` runs the sleep/wake check instead (``bench/gpu_sleep.py``):
+vLLM's sleep mode on that GPU, NVML's figure awake, asleep and woken, against the
+residue gatekeeper's ledger keeps for a sleeping worker.
+
 Exit status: 0 when every check passes, 1 when one fails, 2 when there is no NVIDIA
 GPU, NVML or CUDA-enabled PyTorch here (with a message saying which).
 """
@@ -34,6 +38,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gpu_sleep import sleep_check
 from gatekeeper.gpus import (
     GpuInfo,
     InventorySnapshot,
@@ -77,10 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child-gib", type=float, default=1.0)
     parser.add_argument("--grandchild-gib", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds for start-up")
+    parser.add_argument(
+        "--sleep-model",
+        help="instead: vLLM's sleep mode on this model (bench/gpu_sleep.py): NVML's figure "
+        "awake, asleep at level 1 and woken, against what gatekeeper's ledger keeps asleep",
+    )
+    parser.add_argument("--vllm", default="vllm", help="the vllm command (--sleep-model)")
     args = parser.parse_args(argv)
     amounts = [int(args.child_gib * GIB), int(args.grandchild_gib * GIB)]
     try:
         with NvmlInventory(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES")) as nvml:
+            if args.sleep_model:
+                gpu = pick_gpu(nvml.snapshot(), 8 * GIB)
+                return sleep_check(nvml, gpu.index, args.sleep_model, args.vllm, args.timeout)
             return _check(nvml, amounts, args.timeout)
     except CheckError as e:
         print(f"gpu_check: cannot run here: {e}", file=sys.stderr)

@@ -9,7 +9,8 @@ placement launches with (the ``LaunchFlags`` derived from the estimate); ``comma
 reads a vLLM command line out of a container (the webhook's input), ``shell`` the
 line in a container's script, split as the shell splits it; ``log`` reads a
 worker's log: start-up phases, vLLM's own memory figures and the errors that end a
-start-up. All pure but for reading the shipped table (and ``--config`` files).
+start-up; ``sleep_mode`` is vLLM's sleep mode (its routes, what stays on the GPU asleep)
+and gatekeeper's idle policy over it. All pure but for reading the shipped table (and ``--config`` files).
 
 May import: ``gatekeeper.estimator`` (the serving options), ``gatekeeper.errors``,
 ``gatekeeper.units``. Never ``vllm`` itself: the engine lives in its own environment.
@@ -20,16 +21,21 @@ from gatekeeper.vllm.flags import options_from_mapping, serve_options, serve_val
 from gatekeeper.vllm.launch import LaunchFlags, launch_args
 from gatekeeper.vllm.log import MemoryFigures, StartupLog, failure_reason, parse_line
 from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
+from gatekeeper.vllm.sleep_mode import DEV_MODE_ENV, SLEEP_FLAG, IdlePolicy, asleep_bytes
 from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int
 
 __all__ = [
+    "DEV_MODE_ENV",
+    "SLEEP_FLAG",
     "Flag",
     "FlagTable",
+    "IdlePolicy",
     "LaunchFlags",
     "MemoryFigures",
     "ServeCommand",
     "StartupLog",
     "VllmCommand",
+    "asleep_bytes",
     "failure_reason",
     "flag_table",
     "human_readable_int",
