@@ -202,7 +202,7 @@ def test_the_core_series_hold_the_collectors_values(prometheus):
     assert float(actual[0]["value"][1]) == 60 * GIB
     assert query(prometheus, "gatekeeper_gpu_collect_success")[0]["value"][1] == "1"
     states = query(prometheus, "gatekeeper_workers")
-    assert len(states) == 8  # WORKER_STATES, unhealthy included (#27 item 7)
+    assert len(states) == 10  # WORKER_STATES, unhealthy (#27 item 7), sleeping and waking (#40)
 
 
 def test_launch_time_shows_a_value_after_exactly_one_launch(prometheus):

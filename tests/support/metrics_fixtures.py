@@ -137,6 +137,9 @@ def record_events(metrics: SidecarMetrics) -> None:
     metrics.observe("llama-70b", 200, 1.7)
     metrics.observe("no-such-model", 404, 0.002)
     metrics.worker_ready(LLAMA, 42.0)
+    metrics.sleep.slept("llama-70b")
+    metrics.sleep.woke("llama-70b", 3.2)
+    metrics.sleep.failed("wake", "llama-70b")
 
 
 _DURATION = re.compile(r"^(gatekeeper_gpu_collect_duration_seconds) \S+$", re.MULTILINE)
