@@ -114,6 +114,10 @@ _PHASES: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     ),
 )
 _FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (  # --enable-sleep-mode on a platform without it, the CPU build's (config/model.py)
+        re.compile(r"Sleep mode is not supported on current platform"),
+        "sleep mode",
+    ),
     (
         re.compile(r"Free memory on device .* is less than desired GPU memory utilization"),
         "free-memory check",
