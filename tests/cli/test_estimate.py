@@ -242,7 +242,9 @@ def test_the_flag_table_and_accounting_follow_the_vllm_version(
         payload = json.loads(out)
         assert payload["vllm_version"] == (version or DEFAULT_VLLM_VERSION)
         assert payload["options"]["gpu_memory_utilization"] == utilization
-        assert "--swap-space read but not modelled" in err
+        # modelled (issue 40): host memory of V0's CPU swap; V1 keeps none, so 0 here
+        assert "--swap-space" not in err
+        assert payload["host"]["swap_space_bytes"] == 0
     else:
         table = flag_table().vllm
         assert f"'--swap-space' is not a flag of vllm serve {table} (vLLM had it up to" in out

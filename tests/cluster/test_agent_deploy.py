@@ -128,6 +128,17 @@ def test_the_daemonsets_arguments_are_the_agents() -> None:
 WEBHOOK_CALLS = [
     ("create", "resource.k8s.io", "resourceclaimtemplates"),
     ("get", "resource.k8s.io", "resourceclaimtemplates"),
+    # the template store's watch, the used-at stamp and the sweep (k8s/template_store.py,
+    # k8s/template_sweep.py)
+    ("list", "resource.k8s.io", "resourceclaimtemplates"),
+    ("watch", "resource.k8s.io", "resourceclaimtemplates"),
+    ("patch", "resource.k8s.io", "resourceclaimtemplates"),
+    ("delete", "resource.k8s.io", "resourceclaimtemplates"),
+    # the sweep keeps a template any workload in its namespace names
+    ("list", "", "pods"),
+    ("list", "apps", "replicasets"),
+    ("list", "apps", "deployments"),
+    ("list", "batch", "jobs"),
     ("list", "resource.k8s.io", "resourceslices"),  # --published-devices
     ("list", "", "nodes"),  # --published-devices: the labels a pod's node selector matches
     # --mutate: the namespaces its configuration's selector selects
@@ -136,8 +147,9 @@ WEBHOOK_CALLS = [
 ]
 NOT_THE_WEBHOOKS = [
     ("update", "resource.k8s.io", "resourceclaimtemplates"),
-    ("delete", "resource.k8s.io", "resourceclaimtemplates"),
     ("create", "resource.k8s.io", "resourceclaims"),
+    ("delete", "", "pods"),
+    ("get", "apps", "deployments"),
     ("create", "resource.k8s.io", "resourceslices"),
     ("create", "", "pods"),
     ("get", "", "secrets"),

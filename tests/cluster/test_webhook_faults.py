@@ -181,7 +181,8 @@ def test_the_mutating_webhook_denies_a_rank_no_gpu_holds(api: Client, webhook: W
     denied = refused_naming(api, big, MUTATING_NAME)
     message = str(denied.status.message)
     print(f"denied: {message}")
-    assert "does not fit on one L4" in message and "per rank" in message
+    assert "does not fit on one L4" in message and "sized for 1 sequence of 32768 tokens" in message
+    assert re.search(r"at TP=1 needs [\d.]+ GiB per GPU", message)
     assert "lower --max-model-len, raise --tensor-parallel-size or quantize" in message
     assert not list(api.list(Deployment, namespace=NAMESPACE, labels={"app": "big"}))
 
