@@ -20,7 +20,7 @@ HOSTILE = [
     b'{"model": "tiny", "options": {"dtype": "BF16"}}',
     b'{"model": "tiny", "options": {"max_model_len": true}}',
     b'{"model": "tiny", "options": {"kv_cache_memory_bytes": "20GiB"}}',
-    b'{"model": "tiny", "options": {"kv_offloading_size": 4.0}}',
+    b'{"model": "tiny", "options": {"kv_offloading_backend": "native"}}',
     b'{"model": "tiny", "options": {"hf_overrides": "my_module.override"}}',
     b'{"model": "tiny", "options": {"speculative_config": {"method": "medusa"}}}',
     b'{"model": "tiny", "options": {"speculative_config": {"method": "ngram"}}}',
