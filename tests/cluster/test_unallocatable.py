@@ -109,6 +109,8 @@ def test_a_claim_no_device_holds_gets_one_event_with_the_bytes(client: Client) -
     agent.publish()
     other = AllocationReporter(client, DRIVER_NAME, "other-node", lambda: _claims(client),
                                quantity_bytes)  # fmt: skip
-    assert other.report() == [event["metadata"]["name"]]
-    assert other.written == 0
+    # (other modules' pods on the session's shared control plane may be Pending too: the
+    # reporter lists the cluster's; this pod's Event is the one to hold)
+    ours = [n for n in other.report() if n.startswith("large.")]
+    assert ours == [event["metadata"]["name"]]
     assert len(_events(client)) == 1
