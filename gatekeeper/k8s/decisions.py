@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gatekeeper.placement.sizing import sized_for
+
 if TYPE_CHECKING:
     from gatekeeper.k8s.review import AdmissionRequest
 
@@ -62,7 +64,8 @@ class Sizing:
 
     @property
     def sized_for(self) -> str:
-        return f"{self.sequences} sequence{'s' if self.sequences != 1 else ''} of {self.max_model_len} tokens"
+        """``8 sequences of 8192 tokens``: placement's wording (``placement.sizing``)."""
+        return sized_for(self.sequences, self.max_model_len).removeprefix("sized for ")
 
 
 @dataclass(frozen=True, slots=True)
