@@ -27,10 +27,11 @@ The claims mode (``ClaimsMode``, setting ``webhook_claims_mode``; ``docs/cluster
 (``NVIDIA_DRIVER``, run with ``--consumable-shares=memory``), or, on a cluster without
 DRA, no claim at all: ``hami_resources`` is the same sizing as HAMi's extended resources.
 
-Worked example: Qwen2.5-7B-Instruct, --max-model-len 8192, TP 1, no GPU named (sized on
-the largest in the table, a B200): a KV cache of 8 sequences of 8192 tokens, 3.50 GiB
-(``--kv-cache-memory-bytes 3759013888``); the rank's need 21.41 GiB (22992451788 bytes),
-requested as 22993174528 (rounded up to a MiB); ``--gpu-memory-utilization 0.1172``.
+Worked example: Qwen2.5-7B-Instruct, --max-model-len 8192, TP 1, no GPU named, vLLM 0.34
+and ``PlacementPolicy()``'s defaults (sized on the largest in the table: B300, GB300 and
+MI355X, 288 GB each): a KV cache of 8 sequences of 8192 tokens, 3.50 GiB
+(``--kv-cache-memory-bytes 3761766400``); the rank's need 22.00 GiB (23618058444 bytes);
+``--gpu-memory-utilization 0.08``.
 """
 
 from __future__ import annotations
