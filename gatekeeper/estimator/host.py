@@ -50,7 +50,15 @@ __all__ = [
     "HostEstimate",
     "host_estimate",
     "process_bytes",
+    "sleeping_weights_bytes",
 ]
+
+
+def sleeping_weights_bytes(level: int, weights_bytes: int) -> int:
+    """Host bytes ``weights_bytes`` of GPU weights take asleep at ``level``: all of them at
+    level 1 (pinned backup), none at level 2 (dropped) or awake (0)."""
+    return weights_bytes if level == 1 else 0
+
 
 FRONTEND_BYTES = 614 * MIB
 """vLLM's API server (PSS), CPU build 0.32: 614.8 and 636.1 MiB measured."""
@@ -90,7 +98,7 @@ class HostEstimate:
 
     def at_sleep_level(self, level: Literal[0, 1, 2]) -> HostEstimate:
         """The same deployment awake (0) or asleep at ``level``."""
-        held = self.weights_bytes if level == 1 else 0
+        held = sleeping_weights_bytes(level, self.weights_bytes)
         return replace(self, sleep_level=level, sleeping_weights_bytes=held)
 
     def parts(self) -> dict[str, int]:

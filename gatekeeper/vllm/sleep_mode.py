@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gatekeeper.estimator.host import sleeping_weights_bytes
 from gatekeeper.vllm.table import flag_table
 
 __all__ = [
@@ -112,4 +113,4 @@ def asleep_bytes(promise_bytes: int, weights_bytes: int, kv_cache_bytes: int) ->
 def asleep_host_bytes(level: int, weights_bytes: int, gpus: int) -> int:
     """Host bytes a sleeping worker's weights take (pinned, per GPU they were on): the
     weights at level 1, nothing at level 2 (dropped)."""
-    return weights_bytes * gpus if level == 1 else 0
+    return sleeping_weights_bytes(level, weights_bytes * gpus)
