@@ -17,13 +17,11 @@ import httpx2
 import pytest
 from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from gatekeeper.cluster import DRIVER_NAME
 from gatekeeper.cluster.claims_watch import ClaimsWatch
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, namespace_client
 
 NAMESPACE = "claims-watch"
 WITHIN_SECONDS = 1.0
@@ -31,11 +29,8 @@ WITHIN_SECONDS = 1.0
 
 @pytest.fixture(scope="module")
 def client(kube_cluster: KubeCluster) -> Iterator[Client]:
-    client = kube_cluster.client()
-    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    yield client
-    client.delete(Namespace, NAMESPACE)
-    client.close()
+    with namespace_client(kube_cluster, NAMESPACE) as client:
+        yield client
 
 
 def make_claim(client: Client, name: str) -> None:

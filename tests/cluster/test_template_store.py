@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace
 from lightkube.resources.resource_v1 import ResourceClaimTemplate
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,7 +25,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.k8s.template_stamps import USED_ANNOTATION
 from gatekeeper.k8s.template_store import ApiTemplateStore, template_key
 from gatekeeper.k8s.template_sweep import TemplateSweep
-from tests.support.kube_cluster import KubeCluster
+from tests.support.kube_cluster import KubeCluster, namespace_client
 
 NAMESPACE = "template-store"
 HOUR = 3600.0
@@ -46,11 +44,8 @@ def template(memory: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def api(kube_cluster: KubeCluster) -> Iterator[Client]:
-    client = kube_cluster.client()
-    client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
-    yield client
-    client.delete(Namespace, NAMESPACE)
-    client.close()
+    with namespace_client(kube_cluster, NAMESPACE) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,14 @@ themselves.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
 
 from bench.kube_control_plane import (
     BINARIES,
@@ -37,6 +40,7 @@ __all__ = [
     "kube_bin_dir",
     "kube_cluster",
     "missing_reason",
+    "namespace_client",
     "ready_node",
     "start_cluster",
 ]
@@ -67,6 +71,18 @@ def create_unless_present(api: Client, manifest: dict[str, Any]) -> None:
     except ApiError as e:
         if e.status.code != 409:
             raise
+
+
+@contextmanager
+def namespace_client(cluster: KubeCluster, namespace: str) -> Iterator[Client]:
+    """A client of ``cluster`` and the namespace ``namespace`` made for it, both gone after."""
+    client = cluster.client()
+    client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    try:
+        yield client
+    finally:
+        client.delete(Namespace, namespace)
+        client.close()
 
 
 @pytest.fixture(scope="session")
