@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gatekeeper.estimator.built_stages import built_stages
 from gatekeeper.estimator.moe_backend import PLAIN_MXFP4
@@ -154,6 +155,7 @@ def lm_head_bytes(
     return head_bytes(RankWeights.of(spec, tp, dtype_bytes, quant), vocab)
 
 
+@lru_cache(maxsize=128)
 def weight_plan(
     spec: ModelSpec,
     *,
@@ -163,7 +165,9 @@ def weight_plan(
     quant: QuantSpec | None,
     options: WeightOptions | None = None,
 ) -> WeightPlan:
-    """Bytes of weights on each pipeline stage's ranks."""
+    """Bytes of weights on each pipeline stage's ranks. Remembered for the last 128 calls
+    (every argument is frozen): a webhook reviews the same workload's shape again and
+    again, and the per-layer sum is most of a review's time."""
     opts = options or WeightOptions()
     ctx = RankWeights.of(spec, tp, dtype_bytes, quant, opts)
     stages = pp_partition(spec.num_layers, pp)

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any, Literal
 
@@ -330,17 +330,20 @@ def shipped_releases() -> list[str]:
     return list(_shipped())
 
 
+@cache
 def _version_key(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
+@lru_cache(maxsize=64)
 def flag_table(release: str | None = None) -> FlagTable:
     """The table of ``release`` (the newest shipped one at or before it; the oldest when
     older than every table); ``None`` is the release gatekeeper assumes when none is named
     (``DEFAULT_VLLM_VERSION``). ``release`` is a vLLM version as the estimator reads it
     (``0.8.5``, ``0.11.0rc1``, ``0.8.5 V0``); anything else raises ``ServeOptionsError``
     naming it. A release past the newest table is read with the newest (the estimate
-    warns: ``estimator.releases.release_warning``)."""
+    warns: ``estimator.releases.release_warning``). Remembered per ``release`` (a
+    webhook review asks several times)."""
     releases = shipped_releases()
     wanted, _ = parse_vllm_version(release or DEFAULT_VLLM_VERSION)
     older = [r for r in releases if _version_key(r) <= wanted]
