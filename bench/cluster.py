@@ -226,6 +226,55 @@ def phase_percentiles(result: StormResult, workloads: list[Workload]) -> dict[st
     return figures
 
 
+def pod_percentiles(result: StormResult, workloads: list[Workload]) -> dict[str, Any]:
+    """Create to pod first seen, p50 and p99, over every Deployment whose pod appeared,
+    placed or not: the deployment and replica-set controllers' time, whatever the
+    scheduler then did (``pod_p50_ms_deployments_all``)."""
+    chosen = [ms for w in workloads if w.kind == "Deployment" and (ms := result.pod_ms.get(w.name))]
+    return {f"pod_p{q}_ms_deployments_all": _percentile(chosen, q) for q in (50, 99)}
+
+
+def client_throttle(metrics: str) -> dict[str, Any]:
+    """The controller manager's own client-side throttling: seconds its requests waited
+    on its rate limiter (``--kube-api-qps``, default 20, burst 30), summed, with the
+    request count; and the deployment work queue's mean wait."""
+    waited = requests = 0.0
+    queue: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "rest_client_rate_limiter_duration_seconds_sum":
+                waited += sample.value
+            elif sample.name == "rest_client_rate_limiter_duration_seconds_count":
+                requests += sample.value
+            elif sample.name.startswith("workqueue_queue_duration_seconds_") and sample.labels.get(
+                "name"
+            ) in ("deployment", "replicaset"):
+                queue[f"{sample.labels['name']}_{sample.name.rsplit('_', 1)[1]}"] = sample.value
+    means = {
+        f"{name}_queue_mean_s": round(queue[f"{name}_sum"] / queue[f"{name}_count"], 2)
+        for name in ("deployment", "replicaset")
+        if queue.get(f"{name}_count")
+    }
+    return {"rate_limiter_wait_s": round(waited, 1), "requests": int(requests)} | means
+
+
+def common_binds(
+    gk: dict[str, Any], whole: dict[str, Any], workloads: list[Workload]
+) -> dict[str, Any]:
+    """Create to bound, p50 and p99, of each variant over the same workloads: those both
+    placed (a variant's own figures cover what it placed, and gatekeeper places later
+    arrivals that whole GPUs leave pending, whose pods the controllers made later)."""
+    both = {n for n in gk["result"].bind_ms if n in whole["result"].bind_ms}
+    figures: dict[str, Any] = {"placed_by_both": len(both)}
+    for label, kind in (("pods", "Pod"), ("deployments", "Deployment")):
+        names = [w.name for w in workloads if w.kind == kind and w.name in both]
+        for suffix, run in (("", gk), ("_whole_gpu", whole)):
+            values = [run["result"].bind_ms[n] for n in names]
+            for q in (50, 99):
+                figures[f"bind_p{q}_ms_{label}_both_placed{suffix}"] = _percentile(values, q)
+    return figures
+
+
 def variant(
     workloads: list[Workload], products: tuple[str, ...], work: Path, *, whole: bool
 ) -> dict[str, Any]:
@@ -240,6 +289,10 @@ def variant(
         report = summary(result, books)
         report |= bind_percentiles(result, workloads)
         report |= phase_percentiles(result, workloads)
+        report |= pod_percentiles(result, workloads)
+        report["controller_manager"] = client_throttle(
+            cluster.component_metrics("kube-controller-manager")
+        )
         report["kube_version"] = json.loads(cluster.get("/version"))["gitVersion"]
         if not whole:
             metrics = cluster.get("/metrics").decode()
@@ -278,8 +331,9 @@ def compare(gk: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
     """The two variants' figures side by side (over-commits and reasonless pendings of
     both summed: each must be 0)."""
     g, w = gk["report"], whole["report"]
-    binds = {k: v for k, v in g.items() if k.startswith(("bind_", "phases_"))}
-    binds |= {f"{k}_whole_gpu": v for k, v in w.items() if k.startswith(("bind_", "phases_"))}
+    timed = ("bind_", "phases_", "pod_", "controller_manager")
+    binds = {k: v for k, v in g.items() if k.startswith(timed)}
+    binds |= {f"{k}_whole_gpu": v for k, v in w.items() if k.startswith(timed)}
     return binds | {
         "gpus": g["gpus"],
         "placed": g["placed"],
@@ -335,7 +389,7 @@ def main() -> None:
     for name, run in (("gatekeeper", gk), ("whole GPU", whole)):
         print(f"{name}: {json.dumps(run['report'])}")
         print_reasons(run["result"])
-    figures = compare(gk, whole)
+    figures = compare(gk, whole) | common_binds(gk, whole, workloads)
     figures |= {
         "workloads": count,
         "nodes": len(products),

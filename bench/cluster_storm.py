@@ -66,6 +66,9 @@ class StormResult:
     first seen), ``claim`` (pod to claim first seen), ``bind`` (claim to pod bound)."""
     webhook_phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The webhook's own timing of its phases, when one ran (``bench.cluster``)."""
+    pod_ms: dict[str, float] = field(default_factory=dict)
+    """Per workload whose pod was seen, placed or not: its create call's start to its pod
+    first seen (for a Deployment, the deployment and replica-set controllers' time)."""
 
 
 @dataclass
@@ -275,7 +278,12 @@ def storm(
         a.workload.name: (watch.bound_at[a.workload.name] - a.started) * 1000 for a in placed
     }
     phases_ms = {a.workload.name: phases(a, watch) for a in placed}
-    return StormResult(arrivals, outcomes, reasons, bind_ms, seconds, phases_ms)
+    pod_ms = {
+        a.workload.name: (at - a.started) * 1000
+        for a in arrivals
+        if (at := watch.pod_at.get(a.workload.name)) is not None
+    }
+    return StormResult(arrivals, outcomes, reasons, bind_ms, seconds, phases_ms, pod_ms=pod_ms)
 
 
 def _capacities(client: Client, f: Fleet) -> dict[tuple[str, str], DeviceBooks]:

@@ -80,6 +80,8 @@ class Component:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    port: int | None = None
+    """The scheduler's or controller manager's local secure port."""
 
     def tail(self, lines: int = 25) -> str:
         text = self.log.read_text(errors="replace").splitlines()
@@ -121,6 +123,21 @@ class KubeCluster:
         with urllib.request.urlopen(request, context=context, timeout=5) as answer:
             body: bytes = answer.read()
             return body
+
+    def component_metrics(self, name: str) -> str:
+        """``/metrics`` of the scheduler or the controller manager (``name``), on its
+        local secure port with the administrator's token (its serving certificate is
+        self-signed, so not verified: the bench reads figures, it sends nothing secret
+        beyond the test cluster's token)."""
+        (component,) = [c for c in self.components if c.name == name]
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{component.port}/metrics",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        context = ssl._create_unverified_context()
+        with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+            text: str = answer.read().decode()
+            return text
 
     def stop(self) -> None:
         """Stops the components in reverse order of start."""
@@ -300,6 +317,7 @@ def start_cluster(
             local = free_port()
             args = _controller_args(work_dir / name, kubeconfig, local, extra)
             component = _spawn(bin_dir, work_dir, name, args)
+            component.port = local
             cluster.components.append(component)
             _wait_local(cluster, component, local, deadline)
     except BaseException:

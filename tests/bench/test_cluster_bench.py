@@ -8,8 +8,15 @@ import math
 import kubernetes_validate
 import pytest
 
-from bench.cluster import histogram_quantile, webhook_latency
-from bench.cluster_fleet import draw_workloads, fleet, manifest, whole_gpu_template
+from bench.cluster import (
+    client_throttle,
+    common_binds,
+    histogram_quantile,
+    pod_percentiles,
+    webhook_latency,
+)
+from bench.cluster_fleet import Workload, draw_workloads, fleet, manifest, whole_gpu_template
+from bench.cluster_storm import StormResult
 from gatekeeper.models import find_in_catalog
 
 INF = float("inf")
@@ -53,6 +60,48 @@ def test_webhook_latency_reads_one_webhook_from_the_apiserver_metrics():
     assert found["p50_ms"] == pytest.approx(round(0.025 * 2 / 3 * 1000, 1))
     assert found["rejections"] == {"no_error": 1}
     assert found["buckets_s"] == [0.025, 0.1]
+
+
+CONTROLLER_METRICS = """\
+# TYPE rest_client_rate_limiter_duration_seconds histogram
+rest_client_rate_limiter_duration_seconds_sum{host="127.0.0.1:1",verb="POST"} 12.5
+rest_client_rate_limiter_duration_seconds_count{host="127.0.0.1:1",verb="POST"} 40
+rest_client_rate_limiter_duration_seconds_sum{host="127.0.0.1:1",verb="PUT"} 2.5
+rest_client_rate_limiter_duration_seconds_count{host="127.0.0.1:1",verb="PUT"} 10
+# TYPE workqueue_queue_duration_seconds histogram
+workqueue_queue_duration_seconds_sum{name="deployment"} 30
+workqueue_queue_duration_seconds_count{name="deployment"} 4
+workqueue_queue_duration_seconds_sum{name="resource_claim"} 99
+workqueue_queue_duration_seconds_count{name="resource_claim"} 1
+"""
+
+
+def test_client_throttle_sums_the_rate_limiter_waits_and_the_deployment_queue():
+    found = client_throttle(CONTROLLER_METRICS)
+    assert found == {"rate_limiter_wait_s": 15.0, "requests": 50, "deployment_queue_mean_s": 7.5}
+
+
+def _result(bind_ms: dict[str, float], pod_ms: dict[str, float]) -> StormResult:
+    return StormResult([], {}, {}, bind_ms, 1.0, pod_ms=pod_ms)
+
+
+def test_binds_are_compared_on_the_workloads_both_variants_placed():
+    workloads = [Workload(f"w{i}", "m", ("m",), 1, "Deployment") for i in range(4)]
+    workloads.append(Workload("p0", "m", ("m",), 1, "Pod"))
+    gk = {"result": _result({"w0": 100.0, "w1": 200.0, "w2": 9000.0, "p0": 50.0}, {})}
+    whole = {"result": _result({"w0": 300.0, "w1": 400.0, "p0": 70.0}, {})}
+    found = common_binds(gk, whole, workloads)
+    assert found["placed_by_both"] == 3  # w2 only gatekeeper placed: not compared
+    assert found["bind_p99_ms_deployments_both_placed"] < 9000.0
+    assert found["bind_p50_ms_deployments_both_placed_whole_gpu"] == 350.0
+    assert found["bind_p50_ms_pods_both_placed"] == 50.0
+
+
+def test_pod_percentiles_cover_every_deployment_placed_or_not():
+    workloads = [Workload(f"w{i}", "m", ("m",), 1, "Deployment") for i in range(3)]
+    workloads.append(Workload("p0", "m", ("m",), 1, "Pod"))
+    result = _result({}, {"w0": 10.0, "w1": 30.0, "p0": 5000.0})
+    assert pod_percentiles(result, workloads)["pod_p50_ms_deployments_all"] == 20.0
 
 
 def test_workloads_are_drawn_the_same_and_split_their_heads():
