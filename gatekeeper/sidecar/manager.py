@@ -228,6 +228,12 @@ class DeploymentManager:
         """Wake a sleeping deployment (``Sleeper.wake``)."""
         await self.sleeper.wake(d)
 
+    async def host_usable_bytes(self, idle: IdlePolicy) -> int | None:
+        """Host bytes an admission for a worker with idle policy ``idle`` would find usable
+        now (``Admitter.host_budget``); None when the node's memory cannot be read."""
+        budget = await asyncio.to_thread(self._admitter.host_budget, host_sleep_level(idle))
+        return budget.usable_bytes if budget.reading.ok else None
+
     # -- stop ---------------------------------------------------------------------------
 
     async def undeploy(self, deployment_id: str) -> Deployment:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +32,17 @@ from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.proxy.resolver import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
+from gatekeeper.sidecar.host_admission import host_sleep_level
+from gatekeeper.sidecar.logs import deployment_extra
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
 from gatekeeper.sidecar.rejection import rejection_text
 from gatekeeper.sidecar.sleep import entry_idle, freed_bytes
+from gatekeeper.vllm.sleep_mode import IdlePolicy
 
 __all__ = ["ModelRouter"]
+
+logger = logging.getLogger(__name__)
 
 LIVE = RESERVING_STATES
 """A deployment with a worker on the way or serving; an ``unhealthy`` one is being
@@ -257,7 +263,7 @@ class ModelRouter:
             request = self.registry.request(entry)
             idle = entry_idle(entry, self.manager.config.idle)
             decision, d = await self.manager.deploy(entry.name, request, idle=idle)
-            if not decision.admitted and await self.evict_for(request):
+            if not decision.admitted and await self.evict_for(request, idle):
                 decision, d = await self.manager.deploy(entry.name, request, idle=idle)
             if d is not None:
                 self._on_demand.add(d.id)
@@ -279,25 +285,63 @@ class ModelRouter:
         }
         return sorted(names)
 
-    async def evict_for(self, request: PlacementRequest) -> bool:
-        """Put to sleep or stop (by each one's idle policy) the least recently used idle
-        workers whose memory would make ``request`` fit (``Sleeper.candidates``)."""
-        idle = self.manager.sleeper.candidates(None)
-        if not idle:
+    async def evict_for(self, request: PlacementRequest, idle: IdlePolicy) -> bool:
+        """Make room for ``request`` (a worker with idle policy ``idle``), refused as it
+        stands: put to sleep or stop (by each one's idle policy) the least recently used
+        idle workers whose GPU memory would make it fit (``Sleeper.candidates``), and stop
+        (never put to sleep: a sleeping worker's promise keeps its host bytes) the least
+        recently used sleeping or idle ones whose host promises cover what the host is
+        short of. Nothing is given up unless both would then fit: a give-up that cannot
+        admit the request is not made. True when any was."""
+        sleeper = self.manager.sleeper
+        awake, asleep = sleeper.candidates(None), sleeper.asleep()
+        if not awake and not asleep:
             return False
         snapshot = await self.manager.snapshot()
+        live = await asyncio.to_thread(self.manager.ledger.live)
         reserved = (await asyncio.to_thread(self.manager.ledger.view)).promised
+        usable = await self.manager.host_usable_bytes(idle)
+        host_held: dict[str, int] = {}
+        for row in live:
+            host_held[row.deployment_id] = host_held.get(row.deployment_id, 0) + row.host_bytes
         policy = self.manager.config.policy
-        for k in range(1, len(idle) + 1):
-            victims = idle[:k]
-            freed = _freed(snapshot, victims)
+        for k in range(len(awake) + 1):
+            for_gpus = awake[:k]
             found = search(
-                request, freed, reserved=reserved, policy=policy, cache=self.manager.estimates
+                request,
+                _freed(snapshot, for_gpus),
+                reserved=reserved,
+                policy=policy,
+                cache=self.manager.estimates,
             )
-            if found.placement is not None:
-                for d in victims:
-                    await self.manager.sleeper.give_up(d, "its room is needed")
-                return True
+            if found.placement is None:
+                continue
+            if usable is None:
+                return False  # the host cannot be read: admission refuses, whatever is freed
+            need = found.placement.estimate.host.at_sleep_level(host_sleep_level(idle))
+            short = need.host_bytes - usable
+            short -= sum(host_held.get(d.id, 0) for d in for_gpus if d.idle.action == "stop")
+            for_host = []
+            others = sorted([*asleep, *awake[k:]], key=lambda d: d.last_used)
+            for d in others:
+                if short <= 0:
+                    break
+                if host_held.get(d.id, 0) > 0:
+                    for_host.append(d)
+                    short -= host_held[d.id]
+            if short > 0 or not (for_gpus or for_host):
+                return False
+            for d in for_gpus:
+                await sleeper.give_up(d, "its room is needed")
+            for d in for_host:
+                logger.info(
+                    "deployment %s: stopped for the host memory %s needs",
+                    d.id,
+                    request.model.name,
+                    extra=deployment_extra(d.id, d.model),
+                )
+                await self.manager.undeploy(d.id)
+            return True
         return False
 
     async def models(self) -> list[dict[str, Any]]:

@@ -303,6 +303,16 @@ class Sleeper:
                 out.append(d)
         return sorted(out, key=lambda d: d.last_used)
 
+    def asleep(self) -> list[Deployment]:
+        """Sleeping workers with nothing in flight, least recently used first: stopping one
+        frees the host memory its promise holds (its weights, at level 1)."""
+        out = [
+            d
+            for d in self.deployments.values()
+            if d.state == "sleeping" and not d.stopping and not self.in_flight(d.id)
+        ]
+        return sorted(out, key=lambda d: d.last_used)
+
     async def give_up(self, d: Deployment, why: str) -> bool:
         """Free ``d``'s room by its policy: asleep, or stopped."""
         if d.idle.action == "sleep":

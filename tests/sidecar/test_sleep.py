@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from gatekeeper.gpus.host_memory import write_host_files
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.ledger import Ledger, ledger_path
 from tests.cli.test_rehearsal_output import gatekeeper
@@ -109,6 +110,64 @@ def test_a_wake_puts_another_idle_model_to_sleep_for_its_room(tmp_path: Path):
         }
         assert states == {first: "ready", second: "sleeping"}
         assert metric(sc, "gatekeeper_worker_wakes_total", model=first) == 1
+
+
+def _host_node(tmp_path: Path, host_gib: int, models: list[ModelEntry]) -> Any:
+    """One shared H100-80GB and ``host_gib`` GiB of declared host memory; level 1."""
+    root = write_host_files(
+        tmp_path / "host", total_bytes=host_gib * 2**30, available_bytes=host_gib * 2**30
+    )
+    return settings_for(
+        tmp_path / "state",
+        gpus="1xH100-80GB",
+        share_gpus=True,
+        models=models,
+        idle_action="sleep",
+        idle_seconds=30.0,
+        host_memory_root=root,
+    )
+
+
+def _live_states(sc) -> dict[str, str]:
+    listed = sc.admin.get("/admin/deployments").json()["deployments"]
+    return {x["name"]: x["state"] for x in listed if x["state"] not in ("stopped", "failed")}
+
+
+def test_an_idle_worker_is_stopped_when_the_host_cannot_hold_both_asleep(tmp_path: Path):
+    """Two 7-8B models fit the GPU together but not the host at level 1 (each promise
+    holds its weights, about 15 GiB, of 25 usable): asking for one stops the other (idle,
+    nothing in flight) for its host memory, rather than refusing, or putting it to sleep,
+    which would free no host memory."""
+    kv = {"kv_cache_memory_bytes": 8 * 2**30, "max_model_len": 8192}
+    models = [
+        ModelEntry(name="qwen", model="Qwen/Qwen2.5-7B-Instruct", options=kv),
+        ModelEntry(name="llama", model="meta-llama/Llama-3.1-8B-Instruct", options=kv),
+    ]
+    with running_sidecar(_host_node(tmp_path, 26, models)) as sc:
+        assert ask(sc.url, "qwen")
+        assert ask(sc.url, "llama")
+        assert _live_states(sc) == {"llama": "ready"}
+        assert ask(sc.url, "qwen")
+        assert _live_states(sc) == {"qwen": "ready"}
+        assert metric(sc, "gatekeeper_worker_sleeps_total", model="qwen") == 0
+
+
+def test_nothing_is_given_up_for_a_model_the_host_cannot_hold_anyway(tmp_path: Path):
+    """The 7B model's host need at level 1 (about 15 GiB) is beyond the 11 GiB usable:
+    the idle tiny model is neither stopped nor put to sleep for a refusal."""
+    kv = {"kv_cache_memory_bytes": 8 * 2**30, "max_model_len": 8192}
+    models = [
+        ModelEntry(name="tiny", model="Qwen/Qwen3-0.6B", options={"max_model_len": 4096}),
+        ModelEntry(name="qwen", model="Qwen/Qwen2.5-7B-Instruct", options=kv),
+    ]
+    with running_sidecar(_host_node(tmp_path, 12, models)) as sc:
+        assert ask(sc.url)
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(sc.url, "qwen")
+        assert refused.value.status_code == 507
+        assert "host memory" in str(refused.value)
+        assert _live_states(sc) == {"tiny": "ready"}
+        assert metric(sc, "gatekeeper_worker_sleeps_total", model="tiny") == 0
 
 
 @pytest.mark.parametrize(
