@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import random
 import sys
 import tempfile
@@ -94,6 +95,7 @@ def run_policy(
     env = '{ GATEKEEPER_SIM_STARTUP_SECONDS = "1.0", GATEKEEPER_SIM_TOKEN_SECONDS = "0.001" }'
     answered, refused, cut, worst, worst_host, leaked_mid = 0, 0, 0, 0, 0, 0
     earlier: dict[str, int] = {}  # counters of the sidecar's lives before the last kill
+    least: dict[str, float] = {}  # the least headroom the sidecar reported, GPU and host
     reasons: dict[str, int] = {}
     ledger_file = ledger_path(work / "state" / "rehearsal")
     rng = random.Random(seed)
@@ -134,6 +136,9 @@ def run_policy(
                     reasons[why] = reasons.get(why, 0) + 1
                 worst = max(worst, _most_on_a_gpu(ledger_file))
                 worst_host = max(worst_host, _host_promised(ledger_file))
+                seen = client.get("/metrics").text
+                for key, name in HEADROOM.items():
+                    least[key] = min([least.get(key, math.inf), *_values(seen, name)])
             leaked_mid += _leaked_rows(ledger_file)
             metrics = client.get("/metrics").text
             admin = {"Authorization": f"Bearer {TOKEN}"}
@@ -158,6 +163,10 @@ def run_policy(
         "ledger: most bytes on one GPU (GiB)": round(worst / GIB, 2),
         "ledger: never above the GPU's 80 GiB": worst <= H100_TOTAL_BYTES,
         "ledger: most host bytes promised (GiB)": round(worst_host / GIB, 2),
+        "least GPU headroom (free - promised - margin, GiB; never below 0)":
+            round(least.get("gpu", math.nan) / GIB, 2),
+        "least host headroom (available - promised, GiB; never below 0)":
+            round(least.get("host", math.nan) / GIB, 2),
         "ledger: live rows after the sidecar stopped": leaked,
         "seconds (the simulator's, not a GPU's)": round(time.monotonic() - started, 1),
     }  # fmt: skip
@@ -232,6 +241,18 @@ def _most_on_a_gpu(path: Path) -> int:
     return max(per_gpu.values(), default=0)
 
 
+HEADROOM = {"gpu": "gatekeeper_gpu_headroom_bytes", "host": "gatekeeper_host_headroom_bytes"}
+
+
+def _values(metrics: str, name: str) -> list[float]:
+    """Every sample of ``name`` in a ``/metrics`` text."""
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith((name + "{", name + " "))
+    ]
+
+
 def _host_promised(path: Path) -> int:
     """Host bytes the ledger's live rows promise, summed (admission keeps it within the
     node's available host memory less its margin)."""
@@ -240,11 +261,7 @@ def _host_promised(path: Path) -> int:
 
 
 def _sum(metrics: str, name: str) -> float:
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(_values(metrics, name))
 
 
 def main(argv: list[str] | None = None) -> int:
