@@ -74,7 +74,7 @@ def _add_request_flags(c: argparse.ArgumentParser) -> None:
         "--min-sequences",
         type=positive_int("--min-sequences"),
         default=1,
-        help="KV cache for at least N requests of max_model_len (default 1, vLLM's least)",
+        help="KV cache for at least N sequences of max_model_len (default 1, vLLM's least)",
     )
     c.add_argument("--json", action="store_true", help="print one JSON object (errors too)")
 

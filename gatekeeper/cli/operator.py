@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument(
         "--min-sequences",
         type=positive_int("--min-sequences"),
-        help="KV cache for at least N requests of max_model_len (default: the model's "
+        help="KV cache for at least N sequences of max_model_len (default: the model's "
         "setting, else 1)",
     )
     d.add_argument(
