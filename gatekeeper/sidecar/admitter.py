@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +30,7 @@ from gatekeeper.sidecar.host_admission import (
     unrealised_host_bytes,
     worker_host_bytes,
 )
-from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.ledger import Ledger, Reservation
 from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 
@@ -79,12 +79,16 @@ class Admitter:
             host=host,
         )
 
-    def host_budget(self, sleep_level: Literal[0, 1, 2] = 0) -> HostBudget:
+    def host_budget(
+        self, sleep_level: Literal[0, 1, 2] = 0, live: Sequence[Reservation] | None = None
+    ) -> HostBudget:
         """The node's host memory now, less what running workers have yet to take of
         their promises (``host_admission``): read before the ledger's transaction.
-        ``sleep_level``: the level the worker will sleep at when idle (0: never)."""
+        ``sleep_level``: the level the worker will sleep at when idle (0: never);
+        ``live``: the ledger's live rows when the caller has read them."""
         reading = ProcHostMemory(self.config.host_memory_root).read()
-        unrealised = unrealised_host_bytes(self.ledger.live(), worker_host_bytes)
+        rows = self.ledger.live() if live is None else live
+        unrealised = unrealised_host_bytes(rows, worker_host_bytes)
         return HostBudget(reading, self.config.host_margin_bytes, unrealised, 0, sleep_level)
 
     async def admit(

@@ -38,6 +38,7 @@ from gatekeeper.vllm.sleep_mode import IdlePolicy
 
 __all__ = [
     "HostBudget",
+    "host_promised_by_deployment",
     "host_reserved_bytes",
     "host_sleep_level",
     "host_views",
@@ -89,15 +90,21 @@ def pending_host_bytes(rows: Iterable[Reservation]) -> int:
     return sum(r.host_bytes for r in rows)
 
 
+def host_promised_by_deployment(rows: Iterable[Reservation]) -> dict[str, int]:
+    """Each deployment's host promise: the host bytes of its rows among ``rows``, summed."""
+    promised: dict[str, int] = {}
+    for r in rows:
+        promised[r.deployment_id] = promised.get(r.deployment_id, 0) + r.host_bytes
+    return promised
+
+
 def unrealised_host_bytes(live: Sequence[Reservation], actual: Callable[[int], int]) -> int:
     """For each ready deployment of ``live``, its host promise less what its worker's
     process tree holds now (``actual(pid)``; a row without a pid: nothing taken)."""
-    promised: dict[str, int] = {}
+    ready = [r for r in live if r.state == "ready"]
+    promised = host_promised_by_deployment(ready)
     pids: dict[str, int | None] = {}
-    for r in live:
-        if r.state != "ready":
-            continue
-        promised[r.deployment_id] = promised.get(r.deployment_id, 0) + r.host_bytes
+    for r in ready:
         pids[r.deployment_id] = pids.get(r.deployment_id) or r.pid
     total = 0
     for deployment_id, host in promised.items():

@@ -22,11 +22,12 @@ One ``DeploymentManager`` per sidecar, on its event loop. A deployment goes
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -47,8 +48,8 @@ from gatekeeper.sidecar.deployment import (
     check_name,
     slug,
 )
-from gatekeeper.sidecar.host_admission import host_sleep_level
-from gatekeeper.sidecar.ledger import Ledger
+from gatekeeper.sidecar.host_admission import host_sleep_level, pending_host_bytes
+from gatekeeper.sidecar.ledger import Ledger, Reservation
 from gatekeeper.sidecar.ledger_file import LedgerError
 from gatekeeper.sidecar.ledger_keeper import LedgerKeeper
 from gatekeeper.sidecar.logs import deployment_extra
@@ -228,11 +229,14 @@ class DeploymentManager:
         """Wake a sleeping deployment (``Sleeper.wake``)."""
         await self.sleeper.wake(d)
 
-    async def host_usable_bytes(self, idle: IdlePolicy) -> int | None:
-        """Host bytes an admission for a worker with idle policy ``idle`` would find usable
-        now (``Admitter.host_budget``); None when the node's memory cannot be read."""
-        budget = await asyncio.to_thread(self._admitter.host_budget, host_sleep_level(idle))
-        return budget.usable_bytes if budget.reading.ok else None
+    async def host_usable_bytes(self, live: Sequence[Reservation]) -> int | None:
+        """Host bytes an admission would find usable now, counted from the ledger's
+        ``live`` rows as admission counts them (``Admitter.host_budget``, the starting
+        workers' promises too); None when the node's memory cannot be read."""
+        budget = await asyncio.to_thread(self._admitter.host_budget, 0, live)
+        pending = pending_host_bytes(r for r in live if r.state == "pending")
+        found = dataclasses.replace(budget, pending_bytes=pending)
+        return found.usable_bytes if found.reading.ok else None
 
     # -- stop ---------------------------------------------------------------------------
 

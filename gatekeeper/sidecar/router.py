@@ -32,7 +32,8 @@ from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.proxy.resolver import Endpoint, RouteError
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError
-from gatekeeper.sidecar.host_admission import host_sleep_level
+from gatekeeper.sidecar.host_admission import host_promised_by_deployment, host_sleep_level
+from gatekeeper.sidecar.ledger_view import LedgerView
 from gatekeeper.sidecar.logs import deployment_extra
 from gatekeeper.sidecar.manager import DeploymentManager
 from gatekeeper.sidecar.registry import ModelRegistry
@@ -299,11 +300,9 @@ class ModelRouter:
             return False
         snapshot = await self.manager.snapshot()
         live = await asyncio.to_thread(self.manager.ledger.live)
-        reserved = (await asyncio.to_thread(self.manager.ledger.view)).promised
-        usable = await self.manager.host_usable_bytes(idle)
-        host_held: dict[str, int] = {}
-        for row in live:
-            host_held[row.deployment_id] = host_held.get(row.deployment_id, 0) + row.host_bytes
+        reserved = LedgerView.of(live).promised
+        usable = await self.manager.host_usable_bytes(live)
+        host_held = host_promised_by_deployment(live)
         policy = self.manager.config.policy
         for k in range(len(awake) + 1):
             for_gpus = awake[:k]
