@@ -41,10 +41,10 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx2
@@ -72,6 +72,7 @@ from gatekeeper.cluster.accounting import (
 )
 from gatekeeper.cluster.allocation_events import AllocationReporter
 from gatekeeper.cluster.claims_watch import ClaimsWatch
+from gatekeeper.cluster.kube_time import rfc3339
 from gatekeeper.cluster.slices import (
     DRIVER_NAME,
     device_name,
@@ -403,7 +404,7 @@ class NodeAgent:
             self._post_event(allocation.namespace, pod, message, "GpuVanished")
 
     def _post_event(self, namespace: str, pod: str, message: str, reason: str) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(time.time())
         event = pod_event((namespace, pod, ""), message, reason, self._config.node_name, now)
         try:
             self._client.create(from_dict(event))

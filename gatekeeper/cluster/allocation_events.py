@@ -15,8 +15,8 @@ or create is logged and tried again at the next pass; it never fails the pass.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -25,6 +25,8 @@ from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from gatekeeper.cluster.decision_log import decisions
+from gatekeeper.cluster.kube_time import rfc3339
 from gatekeeper.cluster.unallocatable import (
     ClaimAsk,
     WaitingPod,
@@ -39,7 +41,6 @@ from gatekeeper.cluster.unallocatable import (
 __all__ = ["REASON", "AllocationReporter"]
 
 log = logging.getLogger("gatekeeper.cluster.allocation_events")
-decisions = logging.getLogger("gatekeeper.decisions")  # gatekeeper.sidecar.logs.DECISIONS_LOGGER
 REASON = "Unallocatable"
 """The Event's reason."""
 ERRORS = (ApiError, httpx2.HTTPError, OSError)
@@ -120,7 +121,7 @@ class AllocationReporter:
     ) -> bool:
         """Creates the Event; True when it exists now (created here or by another agent)."""
         message = unallocatable_text(asks, free, pod.node)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(time.time())
         who = (pod.namespace, pod.name, pod.uid)
         try:
             self._client.create(from_dict(pod_event(who, message, REASON, self._node, now, name)))

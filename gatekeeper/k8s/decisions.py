@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gatekeeper.cluster.decision_log import decisions
 from gatekeeper.placement.sizing import sized_for
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ __all__ = [
     "workload",
 ]
 
-decisions = logging.getLogger("gatekeeper.decisions")  # gatekeeper.sidecar.logs.DECISIONS_LOGGER
-"""The decision lines' logger, shared with the sidecar and the agent."""
 
 _MAX_REASON_CHARS = 4096
 """A reason longer than this (a pod of many containers) is cut, saying so."""

@@ -10,11 +10,12 @@ compares a template as the apiserver stores it (defaults filled in) with the one
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MANAGED", "USED_ANNOTATION", "contains", "rfc3339", "used_at"]
+from gatekeeper.cluster.kube_time import epoch
+
+__all__ = ["MANAGED", "USED_ANNOTATION", "contains", "used_at"]
 
 MANAGED = {"app.kubernetes.io/managed-by": "gatekeeper"}
 """The label of the templates gatekeeper makes (``cluster.claims.claim_template``)."""
@@ -51,19 +52,5 @@ def used_at(template: Mapping[str, Any]) -> float:
     metadata = template.get("metadata") or {}
     stamps = [(metadata.get("annotations") or {}).get(USED_ANNOTATION),
               metadata.get("creationTimestamp")]  # fmt: skip
-    seen = [_epoch(s) for s in stamps if s]
+    seen = [epoch(s) for s in stamps if s]
     return max(seen, default=0.0)
-
-
-def _epoch(stamp: object) -> float:
-    if isinstance(stamp, datetime.datetime):
-        return stamp.timestamp()
-    try:
-        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def rfc3339(seconds: float) -> str:
-    at = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -30,8 +30,9 @@ from lightkube.types import PatchType
 
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.cluster.claims_watch import ClaimsWatch
+from gatekeeper.cluster.kube_time import rfc3339
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.k8s.template_stamps import MANAGED, USED_ANNOTATION, contains, rfc3339, used_at
+from gatekeeper.k8s.template_stamps import MANAGED, USED_ANNOTATION, contains, used_at
 
 __all__ = ["MADE_SECONDS", "ApiTemplateStore", "template_key"]
 

@@ -13,7 +13,7 @@ handler, so that every line on stderr is JSON. gatekeeper's loggers speak from I
 Text keeps today's behaviour: nothing is configured, and warnings reach stderr as bare
 messages through logging's last resort.
 
-Decision lines (``DECISIONS_LOGGER``, ``gatekeeper.decisions``: each webhook decision, each
+Decision lines (``gatekeeper.cluster.decision_log``, ``gatekeeper.decisions``: each webhook decision, each
 sidecar rejection, each claim the scheduler cannot allocate) carry their fields as
 logging's ``extra={"fields": {...}}``: in JSON, each field is a key of the line beside
 ``message``; in text, the line is the message and the fields as ``key=value`` pairs
@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
+from gatekeeper.cluster.decision_log import DECISIONS_LOGGER
+
 __all__ = [
-    "DECISIONS_LOGGER",
     "LOG_FIELDS",
     "JsonFormatter",
     "configure_logging",
@@ -49,9 +50,6 @@ deployment_context: contextvars.ContextVar[dict[str, str] | None] = contextvars.
 """The deployment the running task works for (set by its supervising task, ``Supervisor.run``)."""
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
-DECISIONS_LOGGER = "gatekeeper.decisions"
-"""The logger of the decision lines (the webhooks, the sidecar's rejections, the agent's
-unallocatable claims use this name, written out where they cannot import this module)."""
 _RESERVED = ("time", "level", "logger", "message", "exception", "stack")
 
 
@@ -141,7 +139,7 @@ def configure_logging(log_format: Literal["text", "json"], stream: TextIO | None
     """Route every log line through one JSON handler on stderr (``"json"``), uvicorn's
     included; call it after ``uvicorn.Config`` is built, which applies uvicorn's own
     logging configuration. ``"text"`` leaves logging as it is but for the decision lines
-    (``DECISIONS_LOGGER``), which reach stderr from INFO as ``logfmt`` lines."""
+    (``decision_log.DECISIONS_LOGGER``), which reach stderr from INFO as ``logfmt`` lines."""
     if log_format != "json":
         decisions = logging.getLogger(DECISIONS_LOGGER)
         if not any(isinstance(h, _Stderr) for h in decisions.handlers):

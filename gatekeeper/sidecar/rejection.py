@@ -6,17 +6,14 @@ needed against what it had free and usable, and the reason)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
+from gatekeeper.cluster.decision_log import decisions
 from gatekeeper.placement.types import Decision, GpuLine
-from gatekeeper.sidecar.logs import DECISIONS_LOGGER
 from gatekeeper.units import format_gib
 
 __all__ = ["log_rejection", "rejection_fields", "rejection_text"]
-
-decisions = logging.getLogger(DECISIONS_LOGGER)
 
 
 def rejection_text(model: str, decision: Decision, served_as: Sequence[str] = ()) -> str:

@@ -9,8 +9,9 @@ import json
 import logging
 import re
 
+from gatekeeper.cluster.decision_log import DECISIONS_LOGGER
 from gatekeeper.k8s.decisions import Judged, Sizing, audit_annotations, decision_fields, workload
-from gatekeeper.sidecar.logs import DECISIONS_LOGGER, configure_logging, logfmt
+from gatekeeper.sidecar.logs import configure_logging, logfmt
 
 QUALIFIED = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 """A qualified name without a prefix (the apiserver prefixes the webhook's name)."""
