@@ -212,8 +212,9 @@ def test_a_hung_wake_is_cut_at_wake_timeout_seconds_and_the_worker_restarted(tmp
         with pytest.raises(openai.APIStatusError) as e:
             ask(sc.url)
         assert e.value.status_code == 503 and time.monotonic() - started < 10
+        assert "failed to wake (POST /wake_up: ReadTimeout" in str(e.value)
         again = sc.wait_state(d["id"], ("ready", "sleeping"), timeout=30)
-        assert again["restarts"] == 1 and "wake failed" in (again["error"] or "wake failed")
+        assert again["restarts"] == 1
 
 
 def test_a_sleeping_worker_killed_from_outside_is_restarted_and_leaks_no_row(tmp_path: Path):
