@@ -27,12 +27,10 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.utils.quantity import parse_quantity
 
-from bench.cluster_fleet import webhook_configuration
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.cluster.claims import HAMI_GPU, HAMI_GPUMEM, NVIDIA_DRIVER
 from gatekeeper.k8s.mutate import Mutator
@@ -40,7 +38,12 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
-from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
+from tests.support.kube_cluster import (
+    KubeCluster,
+    create_unless_present,
+    mutating_route,
+    ready_node,
+)
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
@@ -166,14 +169,10 @@ def hami_webhook(
         tmp_path_factory.mktemp("hami"), "--mutate", "--claims-mode", "hami",
         "--kubeconfig", str(kube_cluster.kubeconfig),
     )  # fmt: skip
-    create_unless_present(
-        client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HAMI_NAMESPACE}}
-    )
-    client.create(from_dict(webhook_configuration(HAMI_CONFIGURATION, running, HAMI_NAMESPACE)))
     try:
-        yield running
+        with mutating_route(client, HAMI_CONFIGURATION, running, HAMI_NAMESPACE):
+            yield running
     finally:
-        client.delete(MutatingWebhookConfiguration, HAMI_CONFIGURATION)
         running.stop()
 
 

@@ -16,10 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from lightkube.codecs import from_dict
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 
-from bench.cluster_fleet import webhook_configuration
-from tests.support.kube_cluster import KubeCluster, create_unless_present
+from tests.support.kube_cluster import KubeCluster, mutating_route
 from tests.support.polling import wait_for
 from tests.support.vllm_workloads import APPS, MODEL, deployment
 from tests.support.webhook_process import WebhookProcess, start_webhook
@@ -41,13 +39,10 @@ def webhook(
     running = start_webhook(directory, "--mutate", "--kubeconfig", str(kube_cluster.kubeconfig),
                             "--log-format", "json")  # fmt: skip
     api = kube_cluster.client()
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    create_unless_present(api, namespace)
-    api.create(from_dict(webhook_configuration(CONFIGURATION, running, NAMESPACE)))
     try:
-        yield running
+        with mutating_route(api, CONFIGURATION, running, NAMESPACE):
+            yield running
     finally:
-        api.delete(MutatingWebhookConfiguration, CONFIGURATION)
         api.close()
         running.stop()
 

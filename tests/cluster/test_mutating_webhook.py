@@ -24,13 +24,12 @@ import httpx
 import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from lightkube.utils.quantity import parse_quantity
 
-from bench.cluster_fleet import device_class, webhook_configuration
+from bench.cluster_fleet import device_class
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.cluster.claim_annotation import CLAIM_ANNOTATION
 from gatekeeper.cluster.claims import CLAIM_NAME
@@ -40,7 +39,12 @@ from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
-from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
+from tests.support.kube_cluster import (
+    KubeCluster,
+    create_unless_present,
+    mutating_route,
+    ready_node,
+)
 from tests.support.webhook_process import WebhookProcess, start_webhook
 
 pytestmark = pytest.mark.k8s
@@ -84,13 +88,11 @@ def client(kube_cluster: KubeCluster, webhook: WebhookProcess) -> Iterator[Clien
 
 
 def _configured(api: Client, webhook: WebhookProcess) -> Iterator[Client]:
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     slice_ = resource_slice(NODE, _gpus(), PlacementPolicy())
-    for manifest in (device_class(), ready_node(NODE, (TAINT,)), slice_, namespace):
+    for manifest in (device_class(), ready_node(NODE, (TAINT,)), slice_):
         create_unless_present(api, manifest)  # the DeviceClass may come from another module
-    api.create(from_dict(webhook_configuration(CONFIGURATION, webhook, NAMESPACE)))
-    yield api
-    api.delete(MutatingWebhookConfiguration, CONFIGURATION)
+    with mutating_route(api, CONFIGURATION, webhook, NAMESPACE):
+        yield api
 
 
 def deployment(name: str, args: list[str], **container: Any) -> dict[str, Any]:

@@ -19,8 +19,10 @@ import pytest
 from lightkube import ApiError, Client
 from lightkube.codecs import from_dict
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Namespace
 
+from bench.cluster_fleet import webhook_configuration
 from bench.kube_control_plane import (
     BINARIES,
     KUBE_BIN_ENV,
@@ -30,6 +32,7 @@ from bench.kube_control_plane import (
     missing_reason,
     start_cluster,
 )
+from bench.webhook_process import WebhookProcess
 
 __all__ = [
     "BINARIES",
@@ -40,6 +43,7 @@ __all__ = [
     "kube_bin_dir",
     "kube_cluster",
     "missing_reason",
+    "mutating_route",
     "namespace_client",
     "ready_node",
     "start_cluster",
@@ -83,6 +87,21 @@ def namespace_client(cluster: KubeCluster, namespace: str) -> Iterator[Client]:
     finally:
         client.delete(Namespace, namespace)
         client.close()
+
+
+@contextmanager
+def mutating_route(api: Client, name: str, hook: WebhookProcess, namespace: str) -> Iterator[None]:
+    """The namespace (unless present) and the shipped MutatingWebhookConfiguration, named
+    ``name``, sending its workloads to ``hook`` (``failurePolicy: Fail``); the
+    configuration is deleted after."""
+    create_unless_present(
+        api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    api.create(from_dict(webhook_configuration(name, hook, namespace)))
+    try:
+        yield
+    finally:
+        api.delete(MutatingWebhookConfiguration, name)
 
 
 @pytest.fixture(scope="session")
