@@ -130,15 +130,19 @@ class TemplateSweep:
             if self._idle(template, self._store.last_used(template_key(template))):
                 candidates[template_key(template)[0]].append(template)
         deleted: list[tuple[str, str]] = []
-        for namespace, templates in sorted(candidates.items()):
-            named = self._named(namespace)
-            if named is None:
-                continue
-            deleted += [
-                template_key(t)
-                for t in templates
-                if template_key(t)[1] not in named and self._delete(t)
-            ]
+        if not candidates:
+            return deleted
+        params = ConnectionParams(timeout=httpx2.Timeout(10.0), trust_env=False)
+        with HttpClient(self._client.config, params) as http:  # one connection a pass
+            for namespace, templates in sorted(candidates.items()):
+                named = self._named(namespace)
+                if named is None:
+                    continue
+                deleted += [
+                    template_key(t)
+                    for t in templates
+                    if template_key(t)[1] not in named and self._delete(t, http)
+                ]
         self.deleted += len(deleted)
         return deleted
 
@@ -177,7 +181,7 @@ class TemplateSweep:
                 return None
         return named
 
-    def _delete(self, template: Mapping[str, Any]) -> bool:
+    def _delete(self, template: Mapping[str, Any], http: httpx2.Client) -> bool:
         """Deletes ``template`` unless it was used meanwhile or changed since it was read;
         True when it is gone."""
         key = template_key(template)
@@ -186,19 +190,19 @@ class TemplateSweep:
         def delete(mine: float | None) -> bool:
             if not self._idle(template, mine):
                 return False
-            return self._delete_at(key, version)
+            return self._delete_at(key, version, http)
 
         return self._store.deleting(key, delete)
 
-    def _delete_at(self, key: tuple[str, str], version: str) -> bool:
+    def _delete_at(self, key: tuple[str, str], version: str, http: httpx2.Client) -> bool:
+        """A DELETE with the resourceVersion as a precondition (lightkube's ``delete``
+        takes none)."""
         namespace, name = key
         url = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}"
         body = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if version:
             body["preconditions"] = {"resourceVersion": version}  # type: ignore[assignment]
-        params = ConnectionParams(timeout=httpx2.Timeout(10.0), trust_env=False)
-        with HttpClient(self._client.config, params) as http:
-            answer = http.request("DELETE", url, json=body)
+        answer = http.request("DELETE", url, json=body)
         if answer.status_code in (200, 202):
             log.info("template sweep: deleted ResourceClaimTemplate %s/%s (no workload names it)",
                      namespace, name)  # fmt: skip
