@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.serve_process import TOKEN, free_port, sidecar
 from gatekeeper.gpus.host_memory import write_host_files
 from gatekeeper.sidecar import Ledger, ledger_path
+from gatekeeper.sidecar.ledger_view import LedgerView
 from gatekeeper.units import GIB
 
 MODELS = {
@@ -134,8 +135,8 @@ def run_policy(
                     refused += 1
                     why = f"{r.status_code} " + _reason(r.json()["error"]["message"])
                     reasons[why] = reasons.get(why, 0) + 1
-                worst = max(worst, _most_on_a_gpu(ledger_file))
-                worst_host = max(worst_host, _host_promised(ledger_file))
+                on_a_gpu, on_the_host = _promised(ledger_file)
+                worst, worst_host = max(worst, on_a_gpu), max(worst_host, on_the_host)
                 seen = client.get("/metrics").text
                 for key, name in HEADROOM.items():
                     least[key] = min([least.get(key, math.inf), *_values(seen, name)])
@@ -231,14 +232,18 @@ def _reason(message: str) -> str:
     return " / ".join(line[:140] for line in lines[:3:2])
 
 
-def _most_on_a_gpu(path: Path) -> int:
+def _promised(path: Path) -> tuple[int, int]:
+    """From one read of the ledger's live rows: the most bytes they promise and hold on
+    one GPU, and the host bytes they promise in all (admission keeps it within the node's
+    available host memory less its margin)."""
     with Ledger(path) as ledger:
-        view = ledger.view()
+        live = ledger.live()
+    view = LedgerView.of(live)
     per_gpu: dict[str, int] = {}
     for mapping in (view.promised, view.held):
         for gpu, num_bytes in mapping.items():
             per_gpu[gpu] = per_gpu.get(gpu, 0) + num_bytes
-    return max(per_gpu.values(), default=0)
+    return max(per_gpu.values(), default=0), sum(row.host_bytes for row in live)
 
 
 HEADROOM = {"gpu": "gatekeeper_gpu_headroom_bytes", "host": "gatekeeper_host_headroom_bytes"}
@@ -251,13 +256,6 @@ def _values(metrics: str, name: str) -> list[float]:
         for line in metrics.splitlines()
         if line.startswith((name + "{", name + " "))
     ]
-
-
-def _host_promised(path: Path) -> int:
-    """Host bytes the ledger's live rows promise, summed (admission keeps it within the
-    node's available host memory less its margin)."""
-    with Ledger(path) as ledger:
-        return sum(row.host_bytes for row in ledger.live())
 
 
 def _sum(metrics: str, name: str) -> float:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.sleep import _add_counts, _host_promised, _leaked_rows
+from bench.sleep import _add_counts, _leaked_rows, _promised
 from gatekeeper.sidecar import Ledger
 from gatekeeper.sidecar.ledger import Promise
 from gatekeeper.units import GIB
@@ -29,7 +29,7 @@ def test_a_row_is_leaked_when_its_worker_no_longer_runs(tmp_path: Path):
                        ttl_seconds=60, pid=_dead_pid())  # fmt: skip
         ledger.restore("starting", "m", (Promise("GPU-1", GIB),), ready=False, ttl_seconds=60)
     assert _leaked_rows(path) == 1  # the dead worker's; a row without a pid is a promise
-    assert _host_promised(path) == 5 * GIB
+    assert _promised(path) == (2 * GIB, 5 * GIB)  # GPU-1: 1 GiB ready + 1 GiB pending
 
 
 def test_counters_carry_over_the_lives_of_a_killed_sidecar():
