@@ -19,7 +19,9 @@ node's published slice allows, ``reserves`` (pure) whether the pods' vLLM flags 
 ``unclaimed`` (pure) finds the node's pods that hold ``nvidia.com/gpu`` in no claim, which the
 agent reports; ``unallocatable`` (pure) the Pending pods whose claims kube-scheduler cannot
 allocate, with the bytes they ask and what each node has free, which the agent reports
-through ``allocation_events`` (an Event per pod per change).
+through ``allocation_events`` (an Event per pod per change). ``decision_log`` names the
+decision lines' logger every door writes to, and ``kube_time`` writes and reads
+Kubernetes' RFC 3339 stamps (both imported by the webhook and the sidecar too).
 
 May import: ``gatekeeper.placement`` (its types and its search), ``gatekeeper.vllm`` (the
 launch fractions), ``gatekeeper.estimator``, ``gatekeeper.models`` (the spec type),
