@@ -22,6 +22,9 @@ line and log), ``sidecar`` (``gatekeeper serve``), ``proxy`` (the OpenAI proxy),
 no HTTP, NVML or Prometheus library.
 """
 
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
 from gatekeeper._version import __version__
 from gatekeeper.errors import (
     GatekeeperError,
@@ -31,11 +34,13 @@ from gatekeeper.errors import (
     ServeOptionsError,
     UnknownGpuError,
 )
-from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate, simple_estimate
-from gatekeeper.gpus.inventory import GpuInfo, GpuInventory, InventorySnapshot
-from gatekeeper.gpus.static import StaticInventory
-from gatekeeper.models import ModelSpec, resolve_model
-from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest, decide
+
+if TYPE_CHECKING:
+    from gatekeeper.estimator import Estimate, GpuTarget, ServeOptions, estimate, simple_estimate
+    from gatekeeper.gpus.inventory import GpuInfo, GpuInventory, InventorySnapshot
+    from gatekeeper.gpus.static import StaticInventory
+    from gatekeeper.models import ModelSpec, resolve_model
+    from gatekeeper.placement import Decision, PlacementPolicy, PlacementRequest, decide
 
 __all__ = [
     "Decision",
@@ -61,3 +66,20 @@ __all__ = [
     "resolve_model",
     "simple_estimate",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.estimator": [
+            "Estimate",
+            "GpuTarget",
+            "ServeOptions",
+            "estimate",
+            "simple_estimate",
+        ],
+        "gatekeeper.gpus.inventory": ["GpuInfo", "GpuInventory", "InventorySnapshot"],
+        "gatekeeper.gpus.static": ["StaticInventory"],
+        "gatekeeper.models": ["ModelSpec", "resolve_model"],
+        "gatekeeper.placement": ["Decision", "PlacementPolicy", "PlacementRequest", "decide"],
+    },
+)

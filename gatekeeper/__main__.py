@@ -1,5 +1,5 @@
 """``python -m gatekeeper`` runs the command-line interface."""
 
-from gatekeeper.cli.entry import main
+from gatekeeper.cli.console import main
 
 raise SystemExit(main())

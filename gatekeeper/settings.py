@@ -46,7 +46,7 @@ from pydantic_settings import (
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.gpus.source import GpuSource, parse_gpu_source
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.vllm.flags import flag_table, options_from_mapping
 from gatekeeper.vllm.sleep_mode import IdleAction, sleep_level_problem
 

@@ -5,11 +5,15 @@ The layering and purity rules themselves are import-linter contracts in
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import pkgutil
 import subprocess
 import sys
+import tomllib
 import types
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +100,7 @@ def test_a_package_attribute_named_like_a_submodule_is_that_submodule(module_nam
 
 def test_the_layout_keeps_at_most_a_handful_of_flat_modules():
     flat = sorted(m.name for m in pkgutil.iter_modules(gatekeeper.__path__) if not m.ispkg)
-    assert flat == ["__main__", "_version", "errors", "settings", "units"]
+    assert flat == ["__main__", "_lazy", "_version", "errors", "settings", "units"]
 
 
 def test_importing_the_core_loads_no_http_nvml_or_prometheus_library():
@@ -120,3 +124,94 @@ def test_console_entry_points_keep_their_names():
         )
         assert out.returncode == 0, out.stderr
         assert "usage:" in out.stdout
+
+
+def _lazy_faces() -> list[str]:
+    faces = [f"gatekeeper.{m.name}" for m in pkgutil.iter_modules(gatekeeper.__path__) if m.ispkg]
+    return sorted(
+        name
+        for name in ["gatekeeper", *faces]
+        if "face(" in Path(importlib.util.find_spec(name).origin).read_text()  # type: ignore[union-attr, arg-type]
+    )
+
+
+def _face_lists(name: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """What a lazy face's ``if TYPE_CHECKING:`` block imports, and what it hands to
+    ``face()``: module -> names, each."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    checked: dict[str, set[str]] = {}
+    lazy: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module, ast.unparse(imp)
+                checked.setdefault(imp.module, set()).update(a.name for a in imp.names)
+        call = node.value if isinstance(node, ast.Assign) else None
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "face":
+            mapping = ast.literal_eval(call.args[1])
+            lazy = {module: set(names) for module, names in mapping.items()}
+    return checked, lazy
+
+
+def test_the_lazy_faces_are_found():
+    assert {"gatekeeper", "gatekeeper.cli", "gatekeeper.vllm", "gatekeeper.placement"} <= set(
+        _lazy_faces()
+    )
+
+
+@pytest.mark.parametrize("name", _lazy_faces())
+def test_a_lazy_face_lists_each_name_once_where_it_lives(name):
+    """The names under ``if TYPE_CHECKING:`` (what type checkers and ``lint-imports``
+    see), the map given to ``face()`` (what runs) and ``__all__`` are the same names, and
+    each is its module's own."""
+    checked, lazy = _face_lists(name)
+    assert checked == lazy
+    face = importlib.import_module(name)
+    eager = {n for n in face.__all__ if n in vars(face) and n not in set().union(*lazy.values())}
+    assert set(face.__all__) - eager == set().union(*lazy.values())
+    for module, names in lazy.items():
+        for attr in names:
+            assert getattr(face, attr) is getattr(importlib.import_module(module), attr)
+            assert attr in dir(face)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        _ = face.no_such_name
+
+
+@pytest.mark.parametrize(
+    ("module", "not_loaded"),
+    [
+        ("gatekeeper.vllm.launch", ["gatekeeper.vllm.log", "gatekeeper.vllm.command", "yaml"]),
+        ("gatekeeper.placement.policy", ["gatekeeper.placement.decision", "gatekeeper.vllm"]),
+        ("gatekeeper.estimator.options", ["gatekeeper.placement", "gatekeeper.estimator.plan"]),
+        ("gatekeeper.cli", ["gatekeeper.cli.entry", "gatekeeper.settings", "pydantic"]),
+    ],
+)
+def test_a_submodule_loads_without_its_siblings(module, not_loaded):
+    """Importing one module of a wing runs the wing's face, which no longer imports
+    every sibling (#39: ``gatekeeper.vllm.launch`` loaded the log reader and YAML)."""
+    code = f"import sys, {module}\nprint(sorted(m for m in {not_loaded!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_console_script_runs_main_with_the_collector_on_and_the_import_frozen():
+    """``gatekeeper`` (the installed script) is ``gatekeeper.cli.console:main``: the
+    command's modules load with the collector off and are frozen after, and the command
+    runs with the collector on (``serve`` lives for days)."""
+    pyproject = tomllib.loads((Path(gatekeeper.__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["gatekeeper"] == "gatekeeper.cli.console:main"
+    code = (
+        "import gc, sys\n"
+        "import gatekeeper.cli.entry as entry\n"
+        "seen = []\n"
+        "entry._run = lambda argv: seen.append((gc.isenabled(), gc.get_freeze_count())) or 0\n"
+        "from gatekeeper.cli.console import main\n"
+        "sys.argv = ['gatekeeper', 'models']\n"
+        "assert main() == 0\n"
+        "print(seen)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    ((enabled, frozen),) = ast.literal_eval(out.stdout.strip())
+    assert enabled and frozen > 1000

@@ -10,6 +10,18 @@ to do, or with ``--json`` one JSON object on stdout, errors included.
 May import every other wing; nothing imports it.
 """
 
-from gatekeeper.cli.entry import build_parser, main
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.cli.entry import build_parser, main
 
 __all__ = ["build_parser", "main"]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.cli.entry": ["build_parser", "main"],
+    },
+)

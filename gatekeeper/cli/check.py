@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_REJECTED
 from gatekeeper.cli.options import (
@@ -23,11 +23,10 @@ from gatekeeper.cli.output import GpusUnreadable
 from gatekeeper.cli.weights_from import add_weights_from, with_built_weights
 from gatekeeper.estimator.options import draft_reference
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.placement.decision import decide
-from gatekeeper.placement.plan import load_plan, run_plan
-from gatekeeper.placement.render import render_decision
-from gatekeeper.placement.types import Decision, PlacementRequest, auto_parallel
 from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
+
+if TYPE_CHECKING:
+    from gatekeeper.placement.types import Decision
 
 __all__ = ["add_parser"]
 
@@ -93,6 +92,10 @@ def _snapshot(settings: Settings, node: str | None) -> InventorySnapshot:
 
 
 def run_check(args: argparse.Namespace, settings: Settings) -> int:
+    # Placement is loaded by the commands that place, not by every start of the CLI (#39).
+    from gatekeeper.placement.decision import decide
+    from gatekeeper.placement.types import PlacementRequest, auto_parallel
+
     resolve = model_resolver(settings)
     spec = model_from_args(args, settings)
     options = options_from_args(args, settings)
@@ -129,10 +132,14 @@ def _ledger_usage(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _print(decision: Decision, as_json: bool) -> None:
+    from gatekeeper.placement.render import render_decision
+
     print(json.dumps(decision.to_json(), indent=2) if as_json else render_decision(decision))
 
 
 def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
+    from gatekeeper.placement.plan import load_plan, run_plan
+
     plan = load_plan(args.file, release=settings.default_vllm_version)
     snapshot = _snapshot(settings, args.node or plan.node)
     result = run_plan(plan, snapshot, placement_policy(settings), model_resolver(settings))

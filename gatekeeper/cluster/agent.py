@@ -83,7 +83,7 @@ from gatekeeper.cluster.unallocatable import pod_event
 from gatekeeper.cluster.unclaimed import UnclaimedPod, unclaimed_gpu_pods, unclaimed_text
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import InventorySnapshot
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.units import MIB
 
 __all__ = ["Action", "AgentConfig", "NodeAgent", "PassResult", "quantity_bytes"]

@@ -50,8 +50,9 @@ from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.gpu_search import SearchResult, search
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.sizing import need_text, sequences_held
-from gatekeeper.placement.types import Placement, PlacementPolicy, PlacementRequest, Prediction
+from gatekeeper.placement.types import Placement, PlacementRequest, Prediction
 from gatekeeper.units import format_gib, round_up
 from gatekeeper.vllm.launch import floor_fraction
 

@@ -37,7 +37,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.accounting import accounting_for
 from gatekeeper.estimator.plan import default_utilization
 from gatekeeper.models.spec import ModelSpec
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.units import gib
 from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
 

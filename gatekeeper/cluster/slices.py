@@ -38,7 +38,7 @@ from typing import Any
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import best_capability
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.units import MIB
 
 __all__ = [

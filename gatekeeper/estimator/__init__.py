@@ -16,21 +16,26 @@ May import: ``gatekeeper.models`` (``spec`` and what it needs), ``gatekeeper.err
 or drivers (an import-linter contract keeps it so).
 """
 
-from gatekeeper.estimator.accounting import (
-    ACCOUNTINGS,
-    DEFAULT_VLLM_VERSION,
-    Accounting,
-    accounting_for,
-    parse_vllm_version,
-)
-from gatekeeper.estimator.calibration import CalibrationTable, Factor, scale_estimate
-from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, KvOptions, kv_layout
-from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
-from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
-from gatekeeper.estimator.types import Estimate, GpuTarget, StageEstimate
-from gatekeeper.estimator.vllm_method import estimate
-from gatekeeper.estimator.weight_groups import WeightGroups
-from gatekeeper.estimator.weights import WeightPlan, parameter_count, weight_plan
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.estimator.accounting import (
+        ACCOUNTINGS,
+        DEFAULT_VLLM_VERSION,
+        Accounting,
+        accounting_for,
+        parse_vllm_version,
+    )
+    from gatekeeper.estimator.calibration import CalibrationTable, Factor, scale_estimate
+    from gatekeeper.estimator.kv_cache import KvGroup, KvLayout, KvOptions, kv_layout
+    from gatekeeper.estimator.options import KV_DTYPES, ServeOptions
+    from gatekeeper.estimator.simple_method import SimpleEstimate, simple_estimate
+    from gatekeeper.estimator.types import Estimate, GpuTarget, StageEstimate
+    from gatekeeper.estimator.vllm_method import estimate
+    from gatekeeper.estimator.weight_groups import WeightGroups
+    from gatekeeper.estimator.weights import WeightPlan, parameter_count, weight_plan
 
 __all__ = [
     "ACCOUNTINGS",
@@ -58,3 +63,24 @@ __all__ = [
     "simple_estimate",
     "weight_plan",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.estimator.accounting": [
+            "ACCOUNTINGS",
+            "DEFAULT_VLLM_VERSION",
+            "Accounting",
+            "accounting_for",
+            "parse_vllm_version",
+        ],
+        "gatekeeper.estimator.calibration": ["CalibrationTable", "Factor", "scale_estimate"],
+        "gatekeeper.estimator.kv_cache": ["KvGroup", "KvLayout", "KvOptions", "kv_layout"],
+        "gatekeeper.estimator.options": ["KV_DTYPES", "ServeOptions"],
+        "gatekeeper.estimator.simple_method": ["SimpleEstimate", "simple_estimate"],
+        "gatekeeper.estimator.types": ["Estimate", "GpuTarget", "StageEstimate"],
+        "gatekeeper.estimator.vllm_method": ["estimate"],
+        "gatekeeper.estimator.weight_groups": ["WeightGroups"],
+        "gatekeeper.estimator.weights": ["WeightPlan", "parameter_count", "weight_plan"],
+    },
+)

@@ -15,28 +15,33 @@ May import: ``gatekeeper.errors``, ``gatekeeper.units``, the standard library an
 ``pynvml``. Nothing of the other wings.
 """
 
-from gatekeeper.gpus.attribution import WorkerUsage, tree_usage, worker_usage
-from gatekeeper.gpus.cached import CachedInventory
-from gatekeeper.gpus.declared import DeclaredNodeError, load_node_file, parse_declared_node
-from gatekeeper.gpus.inventory import (
-    SNAPSHOT_SCHEMA,
-    GpuInfo,
-    GpuInventory,
-    GpuProcess,
-    InventorySnapshot,
-    SnapshotFormatError,
-    failed_snapshot,
-)
-from gatekeeper.gpus.nvml import NvmlInventory
-from gatekeeper.gpus.proctree import process_tree, read_parent_map
-from gatekeeper.gpus.products import GpuProduct, best_capability, gpu_products, lookup_gpu
-from gatekeeper.gpus.source import GpuSource, parse_gpu_source
-from gatekeeper.gpus.static import StaticInventory
-from gatekeeper.gpus.visible_devices import (
-    VisibleDevicesError,
-    parse_visible_devices,
-    worker_cuda_env,
-)
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.gpus.attribution import WorkerUsage, tree_usage, worker_usage
+    from gatekeeper.gpus.cached import CachedInventory
+    from gatekeeper.gpus.declared import DeclaredNodeError, load_node_file, parse_declared_node
+    from gatekeeper.gpus.inventory import (
+        SNAPSHOT_SCHEMA,
+        GpuInfo,
+        GpuInventory,
+        GpuProcess,
+        InventorySnapshot,
+        SnapshotFormatError,
+        failed_snapshot,
+    )
+    from gatekeeper.gpus.nvml import NvmlInventory
+    from gatekeeper.gpus.proctree import process_tree, read_parent_map
+    from gatekeeper.gpus.products import GpuProduct, best_capability, gpu_products, lookup_gpu
+    from gatekeeper.gpus.source import GpuSource, parse_gpu_source
+    from gatekeeper.gpus.static import StaticInventory
+    from gatekeeper.gpus.visible_devices import (
+        VisibleDevicesError,
+        parse_visible_devices,
+        worker_cuda_env,
+    )
 
 __all__ = [
     "SNAPSHOT_SCHEMA",
@@ -67,3 +72,31 @@ __all__ = [
     "worker_cuda_env",
     "worker_usage",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.gpus.attribution": ["WorkerUsage", "tree_usage", "worker_usage"],
+        "gatekeeper.gpus.cached": ["CachedInventory"],
+        "gatekeeper.gpus.declared": ["DeclaredNodeError", "load_node_file", "parse_declared_node"],
+        "gatekeeper.gpus.inventory": [
+            "SNAPSHOT_SCHEMA",
+            "GpuInfo",
+            "GpuInventory",
+            "GpuProcess",
+            "InventorySnapshot",
+            "SnapshotFormatError",
+            "failed_snapshot",
+        ],
+        "gatekeeper.gpus.nvml": ["NvmlInventory"],
+        "gatekeeper.gpus.proctree": ["process_tree", "read_parent_map"],
+        "gatekeeper.gpus.products": ["GpuProduct", "best_capability", "gpu_products", "lookup_gpu"],
+        "gatekeeper.gpus.source": ["GpuSource", "parse_gpu_source"],
+        "gatekeeper.gpus.static": ["StaticInventory"],
+        "gatekeeper.gpus.visible_devices": [
+            "VisibleDevicesError",
+            "parse_visible_devices",
+            "worker_cuda_env",
+        ],
+    },
+)

@@ -44,8 +44,8 @@ from gatekeeper.placement.nearby import (
     larger_sizes,
     lighter_variants,
 )
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.sizing import kv_text, sequences_held
-from gatekeeper.placement.types import PlacementPolicy
 from gatekeeper.units import format_gib, parse_size
 from gatekeeper.vllm.command import VllmCommand
 

@@ -84,7 +84,7 @@ from gatekeeper.k8s.workloads import (
 )
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.nearby import MAX_NODE_GPUS
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.vllm.command import MODEL_ENV_VARS, VllmCommand
 from gatekeeper.vllm.flags import model_location
 

@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gatekeeper.gpus.inventory import GpuInfo, GpuInventory
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 
 __all__ = [
     "GPU_LABELS",

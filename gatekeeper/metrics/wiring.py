@@ -29,7 +29,7 @@ from gatekeeper.metrics.gpus import CalibrationCollector, GpuCollector, policy_m
 from gatekeeper.metrics.host import HostCollector, HostWorkerView
 from gatekeeper.metrics.release_info import register_release_info
 from gatekeeper.metrics.workers import WorkerCollector, WorkerView
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 
 __all__ = ["MetricSources", "SidecarCollectors", "register_collectors"]
 

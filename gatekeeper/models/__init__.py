@@ -14,21 +14,26 @@ May import: ``gatekeeper.errors``, ``gatekeeper.units``, and the standard librar
 Nothing of the other wings.
 """
 
-from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog
-from gatekeeper.models.hf_config import spec_from_config
-from gatekeeper.models.quantization import QuantSpec, quant_from_config, quant_from_flag
-from gatekeeper.models.safetensors import read_checkpoint, read_header
-from gatekeeper.models.source import load_model_dir, resolve_model
-from gatekeeper.models.spec import (
-    DTYPE_BYTES,
-    AttentionKind,
-    CheckpointTensor,
-    CheckpointWeights,
-    MlaSpec,
-    ModelSpec,
-    MoeSpec,
-    VisionSpec,
-)
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.models.catalog import CatalogEntry, catalog_entries, find_in_catalog
+    from gatekeeper.models.hf_config import spec_from_config
+    from gatekeeper.models.quantization import QuantSpec, quant_from_config, quant_from_flag
+    from gatekeeper.models.safetensors import read_checkpoint, read_header
+    from gatekeeper.models.source import load_model_dir, resolve_model
+    from gatekeeper.models.spec import (
+        DTYPE_BYTES,
+        AttentionKind,
+        CheckpointTensor,
+        CheckpointWeights,
+        MlaSpec,
+        ModelSpec,
+        MoeSpec,
+        VisionSpec,
+    )
 
 __all__ = [
     "DTYPE_BYTES",
@@ -51,3 +56,24 @@ __all__ = [
     "resolve_model",
     "spec_from_config",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.models.catalog": ["CatalogEntry", "catalog_entries", "find_in_catalog"],
+        "gatekeeper.models.hf_config": ["spec_from_config"],
+        "gatekeeper.models.quantization": ["QuantSpec", "quant_from_config", "quant_from_flag"],
+        "gatekeeper.models.safetensors": ["read_checkpoint", "read_header"],
+        "gatekeeper.models.source": ["load_model_dir", "resolve_model"],
+        "gatekeeper.models.spec": [
+            "DTYPE_BYTES",
+            "AttentionKind",
+            "CheckpointTensor",
+            "CheckpointWeights",
+            "MlaSpec",
+            "ModelSpec",
+            "MoeSpec",
+            "VisionSpec",
+        ],
+    },
+)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from types import MappingProxyType
 from typing import Any
 
@@ -40,24 +41,34 @@ class CatalogEntry:
 @cache
 def catalog_entries() -> tuple[CatalogEntry, ...]:
     """Every catalog entry, sorted by repo id."""
-    folder = resources.files("gatekeeper").joinpath("catalog")
-    entries = []
-    for item in folder.iterdir():
-        if not item.name.endswith(".json"):
-            continue
-        raw = json.loads(item.read_text())
-        entries.append(
-            CatalogEntry(
-                repo_id=raw["repo_id"],
-                aliases=tuple(raw.get("aliases", ())),
-                provenance=raw.get("provenance", ""),
-                parameters=raw.get("parameters"),
-                config=raw["config"],
-                files=MappingProxyType(dict(raw.get("files", {}))),
-                implicit_defaults=bool(raw.get("implicit_defaults", False)),
-            )
-        )
+    entries = [_read(key) for key in _files()]
     return tuple(sorted(entries, key=lambda e: e.repo_id.lower()))
+
+
+@cache
+def _files() -> dict[str, Traversable]:
+    """The catalog's files by the repo id their names spell (``owner__name.json`` for
+    ``owner/name``; ``tests/models/test_catalog.py`` holds every file to it), lowercased."""
+    folder = resources.files("gatekeeper").joinpath("catalog")
+    return {
+        item.name.removesuffix(".json").replace("__", "/", 1).lower(): item
+        for item in folder.iterdir()
+        if item.name.endswith(".json")
+    }
+
+
+@cache
+def _read(key: str) -> CatalogEntry:
+    raw = json.loads(_files()[key].read_text())
+    return CatalogEntry(
+        repo_id=raw["repo_id"],
+        aliases=tuple(raw.get("aliases", ())),
+        provenance=raw.get("provenance", ""),
+        parameters=raw.get("parameters"),
+        config=raw["config"],
+        files=MappingProxyType(dict(raw.get("files", {}))),
+        implicit_defaults=bool(raw.get("implicit_defaults", False)),
+    )
 
 
 @cache
@@ -70,5 +81,12 @@ def _index() -> dict[str, CatalogEntry]:
 
 
 def find_in_catalog(reference: str) -> CatalogEntry | None:
-    """The catalog entry for a repo id, its bare name or an alias (case-insensitive)."""
-    return _index().get(reference.strip().lower())
+    """The catalog entry for a repo id, its bare name or an alias (case-insensitive).
+    A full repo id reads its one file; a bare name or an alias reads the whole catalog
+    once (#39: every ``gatekeeper estimate`` read all of it)."""
+    key = reference.strip().lower()
+    if key in _files():
+        entry = _read(key)
+        if entry.repo_id.lower() == key:  # no alias may shadow a repo id (the test says so)
+            return entry
+    return _index().get(key)

@@ -5,7 +5,7 @@ then pipeline stages) and derives the worker's flags as its vLLM release takes t
 (``budget``); ``decide`` runs the search and, on
 a rejection, gives every reason with its numbers and the nearby configurations that
 would fit (``hints``, probing with ``search``; the menu is ``nearby``, which the
-webhook shares). ``types`` holds the policy, request and decision (and the decision's
+webhook shares). ``policy`` holds the operator's rules, ``types`` the request and decision (and the decision's
 JSON form), ``render`` draws them for people, ``plan`` admits a file of deployments in
 order. Estimates are cached by an ``EstimateCache`` that the caller holds.
 
@@ -15,21 +15,32 @@ May import: ``gatekeeper.vllm`` (the launch flags), ``gatekeeper.estimator``,
 the sidecar, NVML, the hub, HTTP, SQLite, threads and asyncio).
 """
 
-from gatekeeper.placement.decision import decide
-from gatekeeper.placement.gpu_search import TP_SIZES, EstimateCache, SearchResult, gpu_lines, search
-from gatekeeper.placement.nearby import MIN_SUGGESTED_LEN, Variant, lighter_variants
-from gatekeeper.placement.plan import Plan, PlanError, PlanResult, load_plan, run_plan
-from gatekeeper.placement.render import render_bar, render_decision
-from gatekeeper.placement.types import (
-    Decision,
-    GpuLine,
-    Placement,
-    PlacementPolicy,
-    PlacementRequest,
-    Prediction,
-    Suggestion,
-    auto_parallel,
-)
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.placement.decision import decide
+    from gatekeeper.placement.gpu_search import (
+        TP_SIZES,
+        EstimateCache,
+        SearchResult,
+        gpu_lines,
+        search,
+    )
+    from gatekeeper.placement.nearby import MIN_SUGGESTED_LEN, Variant, lighter_variants
+    from gatekeeper.placement.plan import Plan, PlanError, PlanResult, load_plan, run_plan
+    from gatekeeper.placement.policy import PlacementPolicy
+    from gatekeeper.placement.render import render_bar, render_decision
+    from gatekeeper.placement.types import (
+        Decision,
+        GpuLine,
+        Placement,
+        PlacementRequest,
+        Prediction,
+        Suggestion,
+        auto_parallel,
+    )
 
 __all__ = [
     "MIN_SUGGESTED_LEN",
@@ -57,3 +68,30 @@ __all__ = [
     "run_plan",
     "search",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.placement.decision": ["decide"],
+        "gatekeeper.placement.gpu_search": [
+            "TP_SIZES",
+            "EstimateCache",
+            "SearchResult",
+            "gpu_lines",
+            "search",
+        ],
+        "gatekeeper.placement.nearby": ["MIN_SUGGESTED_LEN", "Variant", "lighter_variants"],
+        "gatekeeper.placement.plan": ["Plan", "PlanError", "PlanResult", "load_plan", "run_plan"],
+        "gatekeeper.placement.policy": ["PlacementPolicy"],
+        "gatekeeper.placement.render": ["render_bar", "render_decision"],
+        "gatekeeper.placement.types": [
+            "Decision",
+            "GpuLine",
+            "Placement",
+            "PlacementRequest",
+            "Prediction",
+            "Suggestion",
+            "auto_parallel",
+        ],
+    },
+)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from gatekeeper.estimator.accounting import accounting_by_name
 from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.estimator.vllm_method import Estimate
-from gatekeeper.placement.types import GpuLine, Placement, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import GpuLine, Placement, PlacementRequest
 from gatekeeper.vllm.launch import (
     LaunchFlags,
     ReleaseBudget,

@@ -18,14 +18,9 @@ from gatekeeper.models.module_names import unknown_architecture_warning
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, SearchResult, search
 from gatekeeper.placement.hints import rejection_reasons, suggestions
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.sizing import sequences_held, sized_for
-from gatekeeper.placement.types import (
-    Decision,
-    GpuLine,
-    Placement,
-    PlacementPolicy,
-    PlacementRequest,
-)
+from gatekeeper.placement.types import Decision, GpuLine, Placement, PlacementRequest
 from gatekeeper.units import format_gib
 
 __all__ = ["decide", "kv_warnings", "mark_lines", "model_warnings"]

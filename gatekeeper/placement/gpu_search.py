@@ -40,13 +40,9 @@ from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.gpus.products import best_capability
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.budget import Need, placement_for, whole_device_status
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.sizing import sequences_held, sized_for
-from gatekeeper.placement.types import (
-    GpuLine,
-    Placement,
-    PlacementPolicy,
-    PlacementRequest,
-)
+from gatekeeper.placement.types import GpuLine, Placement, PlacementRequest
 from gatekeeper.units import format_gib
 from gatekeeper.vllm.launch import release_budget
 

@@ -21,14 +21,9 @@ from gatekeeper.gpus.products import best_capability
 from gatekeeper.placement.budget import Need
 from gatekeeper.placement.gpu_search import EstimateCache, Shape, search
 from gatekeeper.placement.nearby import lighter_variants, longest_length
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.sizing import kv_text, need_text
-from gatekeeper.placement.types import (
-    GpuLine,
-    Placement,
-    PlacementPolicy,
-    PlacementRequest,
-    Suggestion,
-)
+from gatekeeper.placement.types import GpuLine, Placement, PlacementRequest, Suggestion
 from gatekeeper.units import format_gib
 
 __all__ = ["rejection_reasons", "share_suggestion", "suggestions"]

@@ -38,9 +38,10 @@ from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import EstimateCache, gpu_lines
 from gatekeeper.placement.hints import share_suggestion
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.render import LEGEND, render_bar
 from gatekeeper.placement.sizing import kv_text
-from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, auto_parallel
+from gatekeeper.placement.types import Decision, PlacementRequest, auto_parallel
 from gatekeeper.units import format_gib
 from gatekeeper.vllm.flags import options_from_mapping
 

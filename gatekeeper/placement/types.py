@@ -1,4 +1,4 @@
-"""The data of a placement: the policy, the request, and the decision with its GPU
+"""The data of a placement: the request, and the decision with its GPU
 lines, placement and suggestions, and the decision's machine-readable form (bytes as
 integers). ``gatekeeper.placement.decision`` makes decisions."""
 
@@ -9,49 +9,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
 from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.estimator.vllm_method import Estimate
 from gatekeeper.models.spec import ModelSpec
 from gatekeeper.placement.sizing import kv_text, sequences_held
-from gatekeeper.units import MIB, format_gib
+from gatekeeper.units import format_gib
 from gatekeeper.vllm.launch import LaunchFlags
 
 __all__ = [
     "Decision",
     "GpuLine",
     "Placement",
-    "PlacementPolicy",
     "PlacementRequest",
     "Prediction",
     "Suggestion",
     "auto_parallel",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementPolicy:
-    """The operator's rules for placing workers."""
-
-    margin_bytes: int = 512 * MIB
-    margin_fraction: float = 0.02
-    allowed_gpus: frozenset[str] | None = None
-    """GPU indices (as strings) or UUIDs gatekeeper may use; None = all."""
-    share_gpus: bool = False
-    """Several workers on one GPU, each with a byte budget (--kv-cache-memory-bytes)."""
-    shared_kv_sequences: int = 8
-    """With ``share_gpus``, the sequences of max_model_len a worker's KV budget holds when
-    the request sets no budget of its own: min(max_num_seqs, this), else the most that
-    fit down to the request's ``min_sequences`` (``gatekeeper.placement.gpu_search``)."""
-    allow_pipeline: bool = False
-    default_vllm_version: str = DEFAULT_VLLM_VERSION
-    """The release whose accounting applies when the options name none."""
-
-    def margin_for(self, total_bytes: int) -> int:
-        """The safety margin kept free on a GPU of ``total_bytes``: the fixed bytes plus
-        the fraction of the total. The one margin rule of placement, the webhook and the
-        headroom metrics."""
-        return self.margin_bytes + int(self.margin_fraction * total_bytes)
 
 
 def auto_parallel(given: Iterable[str]) -> bool:

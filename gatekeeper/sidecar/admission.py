@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import EstimateCache, search
-from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.sidecar.host_admission import (
     HostBudget,
     pending_host_bytes,

@@ -17,7 +17,8 @@ from gatekeeper.gpus.attribution import tree_usage
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.worker_states import State
 from gatekeeper.metrics.workers import WorkerView, actual_components, predicted_components
-from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest, Prediction
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import Decision, PlacementRequest, Prediction
 from gatekeeper.sidecar.launcher import WorkerProcess
 from gatekeeper.sidecar.ledger import Promise, host_promises
 from gatekeeper.vllm.log import MemoryFigures

@@ -38,7 +38,7 @@ import httpx
 
 from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.metrics.sleep import SleepMetrics
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.settings import ModelEntry
 from gatekeeper.sidecar.deployment import Deployment, DeploymentError, ManagerConfig, State
 from gatekeeper.sidecar.ledger import Ledger, Promise, Reservation

@@ -16,13 +16,18 @@ May import: ``gatekeeper.estimator`` (the serving options), ``gatekeeper.errors`
 ``gatekeeper.units``. Never ``vllm`` itself: the engine lives in its own environment.
 """
 
-from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
-from gatekeeper.vllm.flags import options_from_mapping, serve_options, serve_values
-from gatekeeper.vllm.launch import LaunchFlags, launch_args
-from gatekeeper.vllm.log import MemoryFigures, StartupLog, failure_reason, parse_line
-from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
-from gatekeeper.vllm.sleep_mode import DEV_MODE_ENV, SLEEP_FLAG, IdlePolicy, asleep_bytes
-from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int
+from typing import TYPE_CHECKING
+
+from gatekeeper._lazy import face
+
+if TYPE_CHECKING:
+    from gatekeeper.vllm.command import VllmCommand, parse_vllm_command
+    from gatekeeper.vllm.flags import options_from_mapping, serve_options, serve_values
+    from gatekeeper.vllm.launch import LaunchFlags, launch_args
+    from gatekeeper.vllm.log import MemoryFigures, StartupLog, failure_reason, parse_line
+    from gatekeeper.vllm.serve_args import ServeCommand, parse_serve_args
+    from gatekeeper.vllm.sleep_mode import DEV_MODE_ENV, SLEEP_FLAG, IdlePolicy, asleep_bytes
+    from gatekeeper.vllm.table import Flag, FlagTable, flag_table, human_readable_int
 
 __all__ = [
     "DEV_MODE_ENV",
@@ -47,3 +52,16 @@ __all__ = [
     "serve_options",
     "serve_values",
 ]
+
+__getattr__, __dir__ = face(
+    globals(),
+    {
+        "gatekeeper.vllm.command": ["VllmCommand", "parse_vllm_command"],
+        "gatekeeper.vllm.flags": ["options_from_mapping", "serve_options", "serve_values"],
+        "gatekeeper.vllm.launch": ["LaunchFlags", "launch_args"],
+        "gatekeeper.vllm.log": ["MemoryFigures", "StartupLog", "failure_reason", "parse_line"],
+        "gatekeeper.vllm.serve_args": ["ServeCommand", "parse_serve_args"],
+        "gatekeeper.vllm.sleep_mode": ["DEV_MODE_ENV", "SLEEP_FLAG", "IdlePolicy", "asleep_bytes"],
+        "gatekeeper.vllm.table": ["Flag", "FlagTable", "flag_table", "human_readable_int"],
+    },
+)

@@ -26,8 +26,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.vllm.flags import Flag, FlagTable, flag_table, human_readable_int
 
@@ -81,6 +79,9 @@ def parse_serve_args(
     if "--config" in args:
         args = _with_config_file(args, table)
     args = _whole_spellings(_normalised(args, table, where), table, where)
+    if not args or (len(args) == 1 and not args[0].startswith("-")):
+        # no flags: what argparse would read, without building vLLM's parser (~500 flags)
+        return ServeCommand(model=args[0] if args else None, values={}, vllm=table.vllm)
     ns, unknown = _argparser(table).parse_known_args(args)
     if unknown:
         raise _unread(unknown, args, table, where)
@@ -164,6 +165,8 @@ def _config_args(path: Path, table: FlagTable) -> list[str]:
             field="config",
             value=str(path),
         )
+    import yaml  # only for --config: not loaded on every start of the CLI (#39)
+
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:

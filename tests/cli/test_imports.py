@@ -95,3 +95,29 @@ def test_the_probe_sees_a_lazy_import(tmp_path: Path):
     names, _ = imported(args, tmp_path, 3, GATEKEEPER_ADMIN_TOKEN="t")
     assert "httpx" in held_out(names)
     assert not [n for n in names if n.startswith("gatekeeper.sidecar")]
+
+
+ESTIMATE_NEEDS_NONE_OF = (
+    "yaml", "gatekeeper.placement.decision", "gatekeeper.placement.gpu_search",
+    "gatekeeper.placement.plan", "gatekeeper.placement.types", "gatekeeper.vllm.log",
+    "gatekeeper.vllm.command", "gatekeeper.vllm.launch",
+)  # fmt: skip
+"""What ``estimate`` on a catalog model never uses: placement (``check``/``plan`` load it
+when they run), the worker log reader, the container command reader, YAML (read only for
+a ``--config FILE.yaml``)."""
+
+
+def test_estimate_loads_no_placement_and_no_yaml(tmp_path: Path):
+    names, out = imported(["estimate", MODEL, "--gpu", "H100-80GB"], tmp_path)
+    assert "GiB" in out
+    assert sorted(names & set(ESTIMATE_NEEDS_NONE_OF)) == []
+
+
+def test_a_yaml_config_still_loads_yaml(tmp_path: Path):
+    """The other side of the above: ``--config FILE.yaml`` reads its flags with YAML."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-model-len: 4096\n")
+    names, out = imported(
+        ["estimate", MODEL, "--gpu", "H100-80GB", "--config", str(config)], tmp_path
+    )
+    assert "yaml" in names and "4096" in out

@@ -14,7 +14,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.settings import placement_policy
 from tests.cli.test_rehearsal_output import gatekeeper
 from tests.support.sidecar_harness import Sidecar, running_sidecar, settings_for

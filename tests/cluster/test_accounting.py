@@ -25,7 +25,7 @@ from gatekeeper.cluster.accounting import (
 from gatekeeper.cluster.agent import quantity_bytes
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.gpus import StaticInventory
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 GiB = 2**30

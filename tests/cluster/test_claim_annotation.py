@@ -25,7 +25,7 @@ from gatekeeper.estimator.overhead import pre_init_bytes
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.k8s.claim_record import intact
 from gatekeeper.k8s.workloads import pod_templates, vllm_containers
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from tests.support.vllm_workloads import IMAGE, MODEL
 
 GiB = 2**30

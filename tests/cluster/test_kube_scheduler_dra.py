@@ -32,7 +32,7 @@ from lightkube.utils.quantity import parse_quantity
 from bench.cluster_fleet import device_class
 from gatekeeper.cluster import DRIVER_NAME, device_name, resource_slice
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster, create_unless_present, ready_node
 
 pytestmark = pytest.mark.k8s

@@ -36,7 +36,7 @@ from gatekeeper.cluster.claims import CLAIM_NAME
 from gatekeeper.gpus import InventorySnapshot, StaticInventory
 from gatekeeper.k8s.review import AdmissionRequest
 from gatekeeper.k8s.server import webhook_from_settings
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
 from tests.support.kube_cluster import (

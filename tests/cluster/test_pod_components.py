@@ -40,7 +40,7 @@ from gatekeeper.gpus.stand_in import FakeNvml, FakeProcess, h100
 from gatekeeper.k8s.mutate import Mutator
 from gatekeeper.k8s.server import webhook_from_settings
 from gatekeeper.k8s.template_store import ApiTemplateStore
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.settings import Settings
 from tests.support import vllm_workloads
 from tests.support.dra_kubelet import cgroups

@@ -33,7 +33,7 @@ from gatekeeper.cli.entry import build_parser
 from gatekeeper.cluster import DRIVER_NAME, resource_slice
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.k8s.published import PublishedDevices
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from tests.support.kube_cluster import KubeCluster, ready_node
 from tests.support.polling import wait_for
 from tests.support.prometheus_server import free_port

@@ -21,7 +21,7 @@ from gatekeeper.cluster.slices import uuid_device_name
 from gatekeeper.gpus import GpuInfo, InventorySnapshot, StaticInventory, failed_snapshot
 from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.stand_in import FakeNvml, h100
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpus"
 # The recorded H100: 85520809984 total - 491194941 driver-reserved = 85029615043 visible;

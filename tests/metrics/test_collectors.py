@@ -37,7 +37,8 @@ from gatekeeper.metrics.workers import (
 )
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.proxy.resolver import ProxyMetrics
 from gatekeeper.sidecar.deployment import State
 from gatekeeper.units import GIB, MIB

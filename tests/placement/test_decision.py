@@ -16,7 +16,8 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import gpu_lines
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.units import GIB
 
 LLAMA8 = resolve_model("meta-llama/Llama-3.1-8B-Instruct")

@@ -14,8 +14,9 @@ from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.plan import load_plan, run_plan
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.placement.render import render_decision
-from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.settings import Settings, placement_policy
 from gatekeeper.units import GIB
 

@@ -13,7 +13,8 @@ from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import resolve_model
 from gatekeeper.placement.decision import decide
 from gatekeeper.placement.gpu_search import gpu_lines
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.ledger import Ledger
 from gatekeeper.sidecar.ledger_view import promised_bytes

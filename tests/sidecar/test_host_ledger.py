@@ -15,7 +15,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.host_memory import ProcHostMemory, write_host_files
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.types import Decision, PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import Decision, PlacementRequest
 from gatekeeper.sidecar import admission
 from gatekeeper.sidecar.host_admission import HostBudget, pending_host_bytes
 from gatekeeper.sidecar.ledger import (

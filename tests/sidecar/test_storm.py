@@ -26,7 +26,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.gpus.static import StaticInventory
 from gatekeeper.models.source import resolve_model
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from gatekeeper.settings import placement_policy
 from gatekeeper.sidecar.admission import admit
 from gatekeeper.sidecar.app import _held

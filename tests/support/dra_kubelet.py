@@ -47,7 +47,7 @@ from gatekeeper.gpus.nvml import NvmlInventory
 from gatekeeper.gpus.products import gpu_products
 from gatekeeper.gpus.stand_in import FakeNvml, h100
 from gatekeeper.k8s.pod_patch import with_budget_flags
-from gatekeeper.placement.types import PlacementPolicy
+from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.settings import Settings, model_resolver
 from gatekeeper.vllm.command import parse_vllm_command
 from tests.support.agent_node import AgentNode

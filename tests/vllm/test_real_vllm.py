@@ -24,7 +24,8 @@ from gatekeeper.estimator.options import ServeOptions
 from gatekeeper.gpus.declared import parse_declared_node
 from gatekeeper.models.source import load_model_dir, resolve_model
 from gatekeeper.placement.decision import decide
-from gatekeeper.placement.types import PlacementPolicy, PlacementRequest
+from gatekeeper.placement.policy import PlacementPolicy
+from gatekeeper.placement.types import PlacementRequest
 from tests.support.real_vllm import (
     NO_VLLM_CPU,
     ArgChecks,
