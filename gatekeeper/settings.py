@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -45,12 +44,12 @@ from pydantic_settings import (
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.estimator.accounting import DEFAULT_VLLM_VERSION
-from gatekeeper.gpus.source import GpuSource, parse_gpu_source
 from gatekeeper.placement.policy import PlacementPolicy
 from gatekeeper.vllm.flags import flag_table, options_from_mapping
 from gatekeeper.vllm.sleep_mode import IdleAction, sleep_level_problem
 
 if TYPE_CHECKING:
+    from gatekeeper.gpus.source import GpuSource
     from gatekeeper.models.spec import ModelSpec
 
 __all__ = [
@@ -521,6 +520,8 @@ def placement_policy(settings: Settings) -> PlacementPolicy:
 def gpu_source(settings: Settings, node: str | None = None) -> GpuSource:
     """The GPUs to place on: ``node`` (the CLI's ``--node``) when given, else the
     ``gpus`` setting; raises ``GatekeeperError`` for a bad declared node."""
+    from gatekeeper.gpus.source import parse_gpu_source  # loaded by the commands that read GPUs
+
     return parse_gpu_source(node or settings.gpus)
 
 
@@ -626,6 +627,8 @@ def setting_source(settings: Settings, field: str) -> str:
         return f"environment variable {env[0]}"
     path = settings.config_file
     if path is not None:
+        import tomllib  # only where a settings file is named (#39: not every start)
+
         try:
             data = tomllib.loads(path.expanduser().read_text())
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -652,6 +655,8 @@ def _unknown_key(loc: tuple[Any, ...], value: object, where: str) -> str:
 
 def _check_toml(path: Path, where: str) -> None:
     """A TOML settings file that exists and parses, or ``SettingsError`` saying why."""
+    import tomllib  # only where a settings file is named (#39: not every start)
+
     try:
         text = path.read_bytes()
     except OSError as e:

@@ -1410,6 +1410,22 @@ def table(only: list[str] | None, work: Path) -> dict[str, Any]:
     }
 
 
+def table_text(data: dict[str, Any]) -> str:
+    """The table as JSON laid out one row of ``models`` to a line (two spaces in), each
+    other key on a line of its own (one space in): ``gatekeeper.models.module_names``
+    parses only the rows a start asks for."""
+    keys = [
+        f" {json.dumps(k)}: {json.dumps(v, sort_keys=True)}"
+        for k, v in sorted(data.items())
+        if k != "models"
+    ]
+    rows = [
+        f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}"
+        for k, v in sorted(data["models"].items())
+    ]
+    return "{\n" + ",\n".join([*keys, ' "models": {\n' + ",\n".join(rows) + "\n }"]) + "\n}\n"  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the file to write (default: the release's)")
@@ -1420,7 +1436,7 @@ def main(argv: list[str] | None = None) -> int:
         data = table(args.only, Path(work))
     path = args.out or OUT / f"{data['vllm']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    path.write_text(table_text(data))
     models = data["models"].values()
     how: dict[str, int] = {}
     for row in models:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from gatekeeper.cli.log_options import add_log_format, announce, start_logging
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
 from gatekeeper.units import MIB
 
 if TYPE_CHECKING:
     from gatekeeper.cluster.agent_metrics import PodCollector
+    from gatekeeper.gpus.inventory import InventorySnapshot
 
 __all__ = ["add_parser", "pod_collector", "run"]
 

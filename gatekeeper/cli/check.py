@@ -22,10 +22,10 @@ from gatekeeper.cli.options import (
 from gatekeeper.cli.output import GpusUnreadable
 from gatekeeper.cli.weights_from import add_weights_from, with_built_weights
 from gatekeeper.estimator.options import draft_reference
-from gatekeeper.gpus.inventory import InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source, model_resolver, placement_policy
 
 if TYPE_CHECKING:
+    from gatekeeper.gpus.inventory import InventorySnapshot
     from gatekeeper.placement.types import Decision
 
 __all__ = ["add_parser"]

@@ -11,6 +11,7 @@ traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -18,18 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import (
-    agent,
-    check,
-    completion,
-    estimate,
-    exit_codes,
-    gpus,
-    models,
-    operator,
-    serve,
-    webhook,
-)
+from gatekeeper.cli import exit_codes
 from gatekeeper.cli.log_options import warn
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
@@ -38,7 +28,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.settings import load_settings, unknown_environment
 from gatekeeper.vllm.flags import flag_table
 
-__all__ = ["EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
 
 EXIT_USAGE = exit_codes.EXIT_USAGE
 
@@ -57,7 +47,24 @@ _CONFIG_AFTER = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+_MODULES = (
+    "estimate", "models", "gpus", "check", "serve", "operator", "webhook", "agent", "completion",
+)  # fmt: skip
+"""The modules of ``gatekeeper.cli`` that add commands, in the order ``--help`` lists them."""
+
+COMMANDS = {
+    "estimate": "estimate", "models": "models", "gpus": "gpus", "check": "check",
+    "plan": "check", "serve": "serve", "deploy": "operator", "ps": "operator",
+    "forget": "operator", "undeploy": "operator", "webhook": "webhook", "agent": "agent",
+    "completion": "completion",
+}  # fmt: skip
+"""Each command and the module whose ``add_parser`` adds it (``tests/cli`` holds the
+modules to it): a start imports and builds the command it runs, not all thirteen (#39)."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``gatekeeper`` parser: every command's, or with ``command`` (one of
+    ``COMMANDS``) that command's module's alone. ``completion`` reads them all."""
     parser = _Parser(
         prog="gatekeeper",
         description="Admission control for vLLM: decide before launch whether a model fits.",
@@ -72,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
-    for command in (estimate, models, gpus, check, serve, operator, webhook, agent, completion):
-        command.add_parser(subparsers)
+    alone = COMMANDS.get(command or "") if command != "completion" else None
+    for name in (alone,) if alone else _MODULES:
+        importlib.import_module(f"gatekeeper.cli.{name}").add_parser(subparsers)
     for name, sub in subparsers.choices.items():  # `gatekeeper serve --config f.toml`
         sub.add_argument(
             "--config",
@@ -93,9 +101,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
     """argparse for gatekeeper's own options; the ``vllm serve`` flags of a serving
     command go to vLLM's table instead (``gatekeeper.cli.options``)."""
     argv = list(argv)
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        i += 2 if argv[i] == "--config" else 1
+    i = _command_at(argv)
     if i >= len(argv) or argv[i] not in SERVING_COMMANDS:
         return parser.parse_args(argv)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -110,6 +116,15 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
     args = parser.parse_args([*argv[: i + 1], *own])
     args.vllm_argv = vllm
     return args
+
+
+def _command_at(argv: Sequence[str]) -> int:
+    """Where the command is in ``argv`` (past the options before it); ``len(argv)`` when
+    there is none."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "--config" else 1
+    return i
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    args = _parse(build_parser(), argv)
+    i = _command_at(argv)
+    args = _parse(build_parser(argv[i] if i < len(argv) else None), argv)
     settings = load_settings(_settings_file(args))
     warn(unknown_environment(), args, settings)
     code: int = args.func(args, settings)

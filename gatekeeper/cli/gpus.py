@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatekeeper.cli.output import GpusUnreadable, print_json, report
-from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 from gatekeeper.settings import Settings, gpu_source
 from gatekeeper.units import format_gib
+
+if TYPE_CHECKING:
+    from gatekeeper.gpus.inventory import GpuInfo, InventorySnapshot
 
 __all__ = ["add_parser", "format_table", "run"]
 

@@ -121,3 +121,32 @@ def test_a_yaml_config_still_loads_yaml(tmp_path: Path):
         ["estimate", MODEL, "--gpu", "H100-80GB", "--config", str(config)], tmp_path
     )
     assert "yaml" in names and "4096" in out
+
+
+def test_each_command_is_added_by_the_module_commands_names():
+    """``gatekeeper.cli.entry.COMMANDS`` says which module adds each command, so that a
+    start builds (and imports) only the one it runs; it holds them all, each where it is."""
+    import argparse
+
+    from gatekeeper.cli.entry import COMMANDS, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> list[str]:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return list(sub.choices)
+
+    everything = commands(build_parser())
+    assert sorted(everything) == sorted(COMMANDS)
+    for command, module in COMMANDS.items():
+        alone = commands(build_parser(command))
+        if command == "completion":
+            assert alone == everything  # it completes every command
+        else:
+            assert command in alone
+            assert sorted(alone) == sorted(c for c, m in COMMANDS.items() if m == module)
+    assert commands(build_parser("no-such-command")) == everything
+
+
+def test_estimate_imports_no_other_command(tmp_path: Path):
+    names, _ = imported(["estimate", MODEL, "--gpu", "H100-80GB"], tmp_path)
+    others = {"check", "serve", "operator", "webhook", "agent", "gpus", "completion"}
+    assert sorted(n for n in names if n in {f"gatekeeper.cli.{m}" for m in others}) == []

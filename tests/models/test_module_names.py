@@ -281,3 +281,25 @@ def test_a_registered_architecture_gets_no_such_warning(tmp_path: Path):
         _gatekeeper("estimate", str(_config(tmp_path, "LlamaForCausalLM")), "--json").stdout
     )
     assert not any("model registry" in w for w in as_json["warnings"]), as_json["warnings"]
+
+
+def test_the_rows_read_one_at_a_time_are_the_file_read_whole():
+    """``module_names`` parses a row when it is asked for (#39), by the file's layout of
+    one row to a line; every row, and the keys beside ``models``, read so are the file's."""
+    from gatekeeper.models import module_names
+
+    whole = json.loads(
+        (ROOT / "gatekeeper" / "data" / "vllm_models" / f"{TABLE_RELEASE}.json").read_text()
+    )
+    rows, rest = module_names._file()
+    assert sorted(rows) == sorted(whole["models"])
+    assert rest == {k: v for k, v in whole.items() if k != "models"}
+    assert all(module_names._parsed(name) == row for name, row in whole["models"].items())
+
+
+def test_a_start_parses_only_the_rows_it_asks_for():
+    from gatekeeper.models import module_names
+
+    module_names._parsed.cache_clear()
+    module_names.module_names("LlamaForCausalLM")
+    assert module_names._parsed.cache_info().currsize < 5
