@@ -58,6 +58,7 @@ __all__ = [
     "head_scheme",
     "layer_parts",
     "mla_copy_bytes",
+    "moe_prefix",
     "o_proj_name",
     "output_projection_part",
     "per_layer_embedding_bytes",
@@ -137,7 +138,9 @@ class RankWeights:
         return cls(spec, tp, dtype_bytes, quant, names, opts or WeightOptions())
 
     def module(self, i: int, name: str) -> str:
-        return f"{self.layer_prefix or self.names.layer(i, self.spec.num_layers)}.{name}"
+        """Module ``name`` of layer ``i`` as vLLM asks about it (``""``: the layer)."""
+        layer = self.layer_prefix or self.names.layer(i, self.spec.num_layers)
+        return f"{layer}.{name}" if name else layer
 
     def linear(self, name: str, in_f: int, out_f: int, *, quantizable: bool = True) -> int:
         return self.fused(name, in_f, (out_f,), quantizable=quantizable)
@@ -291,11 +294,20 @@ def experts_backend(c: RankWeights) -> ExpertsBackend:
     return mxfp4_experts_backend(c.opts.compute_capability, gpt_oss=gpt_oss)
 
 
+def moe_prefix(c: RankWeights, i: int) -> str:
+    """Layer ``i``'s module holding the routed experts and their router, as vLLM asks the
+    quantization config about it (``model.layers.3.mlp``; Gemma 4's ``...layers.3``, whose
+    experts sit on the layer beside its dense ``mlp``)."""
+    return c.module(i, c.names.moe_module)
+
+
 def _moe_bytes(c: RankWeights, i: int) -> int:
-    s, moe, p = c.spec, c.spec.moe, c.module(i, c.names.mlp)
+    s, moe, p = c.spec, c.spec.moe, moe_prefix(c, i)
     assert moe is not None
     h = s.hidden_size
-    router = c.linear(f"{p}.gate", h, moe.num_experts, quantizable=c.names.quantized_router)
+    router = c.linear(
+        f"{p}.{c.names.router_path}", h, moe.num_experts, quantizable=c.names.quantized_router
+    )
     if moe.router_float32:  # float32 weight and routing bias (MiniMax-M3)
         router = (h + 1) * moe.num_experts * 4
     total = router + (c.vec(moe.num_experts) if moe.router_bias else 0)

@@ -40,6 +40,7 @@ from gatekeeper.estimator.rank_weights import (
     RankWeights,
     WeightOptions,
     layer_parts,
+    moe_prefix,
 )
 from gatekeeper.estimator.weights import WeightPlan, pp_partition, stage_parts, tensor_shares
 from gatekeeper.models.built_weights import BuiltWeights
@@ -178,8 +179,8 @@ def _layer(c: _Recorder, i: int, out: Counter[_Key]) -> None:
     """Layer ``i`` by group and format: what each part's linears and vectors were, the
     rest of the part (routed experts, MLA's copies, a mixer sized whole) in the experts'
     scheme for the experts, else the model dtype."""
-    mlp = c.module(i, c.names.mlp)
-    shared = f"{mlp}.{c.names.shared_experts}"
+    moe = moe_prefix(c, i)
+    shared = f"{moe}.{c.names.shared_experts}"
     for group, size in layer_parts(c, i):
         c.log.clear()
         rest = size(c, i)
@@ -188,7 +189,7 @@ def _layer(c: _Recorder, i: int, out: Counter[_Key]) -> None:
             out[("mlp" if in_shared else group, fmt, True)] += num_bytes
             rest -= num_bytes
         if rest and group == "experts" and c.quant is not None:
-            experts = c.quant.scheme_for(f"{mlp}.experts", experts=True)
+            experts = c.quant.scheme_for(f"{moe}.experts", experts=True)
             out[(group, experts.method if experts is not None else "", True)] += rest
         elif rest:
             out[(group, "", True)] += rest

@@ -181,6 +181,19 @@ class ModuleNames:
     """The table's whole row, for what the fields above do not carry."""
 
     @property
+    def moe_module(self) -> str:
+        """The module holding the routed experts and their router, relative to a layer:
+        the table's ``moe`` (empty: on the layer itself, Gemma 4's ``layers.N.experts``
+        beside its dense ``mlp``), else ``mlp``."""
+        return self.moe if self.moe is not None else self.mlp
+
+    @property
+    def router_path(self) -> str:
+        """The router's linear relative to the MoE module (``gate``; Gemma 4's
+        ``router.proj``)."""
+        return f"{self.router}.{self.router_linear}" if self.router_linear else self.router
+
+    @property
     def layers_path(self) -> str:
         """The decoder layers' module path (``model.layers``; BERT's ``encoder.layer``;
         a bare model class's ``layers``), whatever vLLM asks them as."""

@@ -5,7 +5,7 @@ A fixed part runs in the suite, one entry for each thing the late-2026 entries a
 to 70 s on this shared 2-core machine, most of it vLLM's import): ModelOpt's
 ``hf_quant_config.json`` beside the config, ``implicit_defaults``, a Mamba-2 hybrid with NVFP4 experts, MLA with
 DeepSeek's sparse attention, a multimodal wrapper's language model, a pooling embedder.
-``GK_CATALOG_VLLM=all`` builds every entry added for #39 (33, 100 s; the figures in
+``GK_CATALOG_VLLM=all`` builds every late-2026 entry (35, 37-100 s; the figures in
 docs/models.md); the older ones are checked by the registry matrix and the conformance cases.
 """
 

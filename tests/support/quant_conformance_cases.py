@@ -621,11 +621,14 @@ WRAPPERS |= {f: _GEMMA4_LM for f in ("gemma4", "gemma4_moe", "gemma4_31b", "gemm
                                      "gemma4_ple")}  # fmt: skip
 
 
-def _gemma4_nvfp4(layers: int) -> dict[str, Any]:
+def _gemma4_nvfp4(layers: int, *, moe: bool = False) -> dict[str, Any]:
     """ModelOpt NVFP4 as the published Gemma 4 NVFP4 checkpoints carry it: attention of every
-    layer, the vision tower and its embedder, and the LM head left in bf16."""
-    attention = [f"model.language_model.layers.{i}.self_attn*" for i in range(layers)]
-    return _modelopt("NVFP4", ["lm_head", *attention, "model.vision_tower*", "model.embed_vision*"],
+    layer, the vision tower and its embedder, and the LM head left in bf16; in the MoE
+    checkpoint (26B-A4B) each layer's dense ``mlp*`` and ``router*`` too, so that only the
+    experts (``layers.N.experts``, beside the MLP) are NVFP4."""
+    parts = ("self_attn", "mlp", "router") if moe else ("self_attn",)
+    kept = [f"model.language_model.layers.{i}.{part}*" for i in range(layers) for part in parts]
+    return _modelopt("NVFP4", ["lm_head", *kept, "model.vision_tower*", "model.embed_vision*"],
                      group_size=16)  # fmt: skip
 
 
@@ -635,13 +638,14 @@ CASES |= {
     "bf16/gemma4_ple": _case("unquantized", "gemma4_ple"),
     "modelopt-nvfp4/gemma4_ple": _case("ModelOpt NVFP4", "gemma4_ple", _gemma4_nvfp4(8)),
     "modelopt-nvfp4/gemma4": _case("ModelOpt NVFP4", "gemma4", _gemma4_nvfp4(6)),
-    "modelopt-nvfp4/gemma4_moe": _case("ModelOpt NVFP4", "gemma4_moe", _gemma4_nvfp4(6)),
+    "modelopt-nvfp4/gemma4_moe": _case("ModelOpt NVFP4", "gemma4_moe", _gemma4_nvfp4(6, moe=True)),
     "ct-nvfp4/gemma4_moe": _case("compressed-tensors NVFP4", "gemma4_moe", {**CT_NVFP4, "ignore": [
         "lm_head", "re:.*self_attn.*", "re:.*router.*", "re:.*vision_tower.*", "re:.*embed_vision.*"]}),
     "bf16/gemma4_31b": _case("unquantized", "gemma4_31b"),
     "modelopt-nvfp4/gemma4_31b": _case("ModelOpt NVFP4", "gemma4_31b", _gemma4_nvfp4(60)),
     "bf16/gemma4_26b_a4b": _case("unquantized", "gemma4_26b_a4b"),
-    "modelopt-nvfp4/gemma4_26b_a4b": _case("ModelOpt NVFP4", "gemma4_26b_a4b", _gemma4_nvfp4(30)),
+    "modelopt-nvfp4/gemma4_26b_a4b": _case("ModelOpt NVFP4", "gemma4_26b_a4b",
+                                           _gemma4_nvfp4(30, moe=True)),
 }  # fmt: skip
 
 
