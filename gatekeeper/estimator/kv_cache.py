@@ -46,6 +46,7 @@ __all__ = [
     "KvLayout",
     "KvOptions",
     "StatePages",
+    "indexer_bytes_per_token",
     "kv_layout",
     "page_bytes_per_token",
 ]
@@ -320,4 +321,24 @@ def _grouped(spec: ModelSpec, layers: range, options: KvOptions) -> KvLayout:
 
 def _layer_page(spec: ModelSpec, options: KvOptions, i: int) -> int:
     kv, align = options.kv, options.mla_align
-    return page_bytes_per_token(spec, options.tp, kv, mla_align=align, layer=i)
+    page = page_bytes_per_token(spec, options.tp, kv, mla_align=align, layer=i)
+    return page + indexer_bytes_per_token(spec, i)
+
+
+INDEXER_QUANT_BLOCK = 128
+"""The lightning indexer's FP8 keys carry a float32 scale per this many values
+(deepseek_v2.py ``Indexer.quant_block_size``)."""
+
+
+def indexer_bytes_per_token(spec: ModelSpec, layer: int) -> int:
+    """Bytes of the lightning indexer's key cache one token takes in ``layer``, on every
+    rank (DeepSeek V3.2, GLM-5: ``DeepseekV32IndexerCache``, an ``MLAAttentionSpec`` of one
+    head of ``index_head_dim`` FP8 values and their scales, uint8, whatever
+    ``--kv-cache-dtype`` says); 0 in a layer without one. vLLM holds it beside the
+    latent cache in the same KV-cache group (``UniformTypeKVCacheSpecs``: a block is every
+    layer's pages), so it adds to the layer's page."""
+    mla = spec.mla
+    if mla is None or not mla.indexer_head_dim or layer not in mla.indexer_layers:
+        return 0
+    d = mla.indexer_head_dim
+    return d + d // INDEXER_QUANT_BLOCK * 4

@@ -333,7 +333,7 @@ def _read(
         else field_value(text, "attention heads", "num_attention_heads", "n_head"),
     )
     kv_heads = positive("num_key_value_heads", text.get("num_key_value_heads") or heads)
-    mla = mla_spec(text)
+    mla = mla_spec(text, layers)
     # MLA sizes attention from its own fields; DeepseekV3Config's head_dim is the rotary
     # part (qk_rope_head_dim, read through mla), so the stand-in stays hidden / heads.
     written_head_dim = None if mla else text.get("head_dim")

@@ -115,6 +115,9 @@ def _layer_attention(
             "full_attention": "full",
             "sliding_attention": "sliding",
             "chunked_attention": "chunked",
+            # GLM-5 (transformers' GlmMoeDsaConfig default): MLA with the lightning
+            # indexer, which vLLM builds in every layer with a KV cache of its own
+            "indexed_attention": "full",
         }
         return tuple(mapping.get(str(t), "none") for t in types)
     model_type = str(cfg.get("model_type", ""))
@@ -241,16 +244,32 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
     return True
 
 
-def mla_spec(cfg: Mapping[str, Any]) -> MlaSpec | None:
+def mla_spec(cfg: Mapping[str, Any], layers: int = 0) -> MlaSpec | None:
     if not cfg.get("kv_lora_rank"):
         return None
+    indexer = "index_topk" in cfg  # deepseek_v2.py: is_v32 = hasattr(config, "index_topk")
     return MlaSpec(
         kv_lora_rank=positive("kv_lora_rank", cfg["kv_lora_rank"]),
         q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
         qk_nope_head_dim=positive("qk_nope_head_dim", cfg.get("qk_nope_head_dim")),
         qk_rope_head_dim=positive("qk_rope_head_dim", cfg.get("qk_rope_head_dim")),
         v_head_dim=positive("v_head_dim", cfg.get("v_head_dim")),
+        indexer_head_dim=positive("index_head_dim", cfg.get("index_head_dim")) if indexer else 0,
+        indexer_layers=tuple(i for i in range(layers) if indexer and _builds_indexer(cfg, i)),
     )
+
+
+def _builds_indexer(cfg: Mapping[str, Any], i: int) -> bool:
+    """Whether layer ``i`` builds its lightning indexer (IndexCache, deepseek_v2.py
+    ``DeepseekV2MLAAttention``): all do, but the layers ``index_topk_pattern`` marks
+    ``S``, or, without a pattern, those off ``index_topk_freq`` counted from
+    ``index_skip_topk_offset``."""
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        return not (0 <= i < len(pattern) and pattern[i] == "S")
+    freq = int(cfg.get("index_topk_freq") or 1)
+    offset = int(cfg.get("index_skip_topk_offset", 2))
+    return max(i - offset + 1, 0) % freq == 0
 
 
 def per_layer_inputs(text: Mapping[str, Any], model_type: str, layers: int) -> dict[str, Any]:

@@ -98,6 +98,12 @@ class MlaSpec:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    indexer_head_dim: int = 0
+    """The lightning indexer's key width (DeepSeek V3.2, GLM-5: ``index_head_dim``, with
+    ``index_topk``); 0 without an indexer."""
+    indexer_layers: tuple[int, ...] = ()
+    """The layers that build an indexer (every one, but those IndexCache skips:
+    ``index_topk_freq``/``index_topk_pattern``, deepseek_v2.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,7 +241,7 @@ def test_a_catalog_config_marked_implicit_reads_otherwise_with_the_defaults(entr
     """``implicit_defaults`` is needed: the reading with the class defaults filled in (the
     one the catalog then takes, as vLLM's transformers does) differs from the config as
     written (transformers 5 configs: Gemma 4's per-layer heads, Kimi-K2.5's vision config,
-    MiniMax-M2's rotary width, GLM-5's and Nemotron-H's layer lists)."""
+    MiniMax-M2's rotary width, Nemotron-H's layer list)."""
     filled = class_defaults(entry.config)
     as_written = _read(entry.config, name="x", source="", checkpoint=None)
     with_defaults = spec_from_config(filled.config, name="x")
