@@ -67,19 +67,4 @@ __all__ = [
     "simple_estimate",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.estimator": [
-            "Estimate",
-            "GpuTarget",
-            "ServeOptions",
-            "estimate",
-            "simple_estimate",
-        ],
-        "gatekeeper.gpus.inventory": ["GpuInfo", "GpuInventory", "InventorySnapshot"],
-        "gatekeeper.gpus.static": ["StaticInventory"],
-        "gatekeeper.models": ["ModelSpec", "resolve_model"],
-        "gatekeeper.placement": ["Decision", "PlacementPolicy", "PlacementRequest", "decide"],
-    },
-)
+__getattr__, __dir__ = face(globals())

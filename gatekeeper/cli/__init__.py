@@ -22,9 +22,4 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.cli.entry": ["build_parser", "main"],
-    },
-)
+__getattr__, __dir__ = face(globals())

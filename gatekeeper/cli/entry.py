@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gatekeeper._version import __version__
-from gatekeeper.cli import exit_codes
+from gatekeeper.cli.exit_codes import EXIT_OK, EXIT_USAGE
 from gatekeeper.cli.log_options import warn
 from gatekeeper.cli.options import SERVING_COMMANDS, split_serving_argv
 from gatekeeper.cli.output import EXIT_INTERNAL, UsageError, report
@@ -29,8 +29,6 @@ from gatekeeper.settings import load_settings, unknown_environment
 from gatekeeper.vllm.flags import flag_table
 
 __all__ = ["COMMANDS", "EXIT_INTERNAL", "EXIT_USAGE", "build_parser", "main"]
-
-EXIT_USAGE = exit_codes.EXIT_USAGE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,19 +45,15 @@ _CONFIG_AFTER = (
 )
 
 
-_MODULES = (
-    "estimate", "models", "gpus", "check", "serve", "operator", "webhook", "agent", "completion",
-)  # fmt: skip
-"""The modules of ``gatekeeper.cli`` that add commands, in the order ``--help`` lists them."""
-
 COMMANDS = {
     "estimate": "estimate", "models": "models", "gpus": "gpus", "check": "check",
     "plan": "check", "serve": "serve", "deploy": "operator", "ps": "operator",
     "forget": "operator", "undeploy": "operator", "webhook": "webhook", "agent": "agent",
     "completion": "completion",
 }  # fmt: skip
-"""Each command and the module whose ``add_parser`` adds it (``tests/cli`` holds the
-modules to it): a start imports and builds the command it runs, not all thirteen (#39)."""
+"""Each command and the module whose ``add_parser`` adds it, in the order ``--help`` lists
+them (``tests/cli`` holds the modules to it): a start imports and builds the command it
+runs, not all thirteen (#39)."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -80,7 +74,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     alone = COMMANDS.get(command or "") if command != "completion" else None
-    for name in (alone,) if alone else _MODULES:
+    for name in (alone,) if alone else dict.fromkeys(COMMANDS.values()):
         importlib.import_module(f"gatekeeper.cli.{name}").add_parser(subparsers)
     for name, sub in subparsers.choices.items():  # `gatekeeper serve --config f.toml`
         sub.add_argument(
@@ -97,11 +91,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    """argparse for gatekeeper's own options; the ``vllm serve`` flags of a serving
-    command go to vLLM's table instead (``gatekeeper.cli.options``)."""
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """argparse for gatekeeper's own options, with the parser of the command ``argv``
+    names alone (``build_parser``); the ``vllm serve`` flags of a serving command go to
+    vLLM's table instead (``gatekeeper.cli.options``)."""
     argv = list(argv)
     i = _command_at(argv)
+    parser = build_parser(argv[i] if i < len(argv) else None)
     if i >= len(argv) or argv[i] not in SERVING_COMMANDS:
         return parser.parse_args(argv)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -138,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `gatekeeper ... | head`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return exit_codes.EXIT_OK
+        return EXIT_OK
     except Exception as e:  # a bug: one line for the user, the traceback on request
         if os.environ.get("GATEKEEPER_DEBUG"):
             raise
@@ -150,8 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    i = _command_at(argv)
-    args = _parse(build_parser(argv[i] if i < len(argv) else None), argv)
+    args = _parse(argv)
     settings = load_settings(_settings_file(args))
     warn(unknown_environment(), args, settings)
     code: int = args.func(args, settings)

@@ -64,23 +64,4 @@ __all__ = [
     "weight_plan",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.estimator.accounting": [
-            "ACCOUNTINGS",
-            "DEFAULT_VLLM_VERSION",
-            "Accounting",
-            "accounting_for",
-            "parse_vllm_version",
-        ],
-        "gatekeeper.estimator.calibration": ["CalibrationTable", "Factor", "scale_estimate"],
-        "gatekeeper.estimator.kv_cache": ["KvGroup", "KvLayout", "KvOptions", "kv_layout"],
-        "gatekeeper.estimator.options": ["KV_DTYPES", "ServeOptions"],
-        "gatekeeper.estimator.simple_method": ["SimpleEstimate", "simple_estimate"],
-        "gatekeeper.estimator.types": ["Estimate", "GpuTarget", "StageEstimate"],
-        "gatekeeper.estimator.vllm_method": ["estimate"],
-        "gatekeeper.estimator.weight_groups": ["WeightGroups"],
-        "gatekeeper.estimator.weights": ["WeightPlan", "parameter_count", "weight_plan"],
-    },
-)
+__getattr__, __dir__ = face(globals())

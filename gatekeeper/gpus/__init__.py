@@ -73,30 +73,4 @@ __all__ = [
     "worker_usage",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.gpus.attribution": ["WorkerUsage", "tree_usage", "worker_usage"],
-        "gatekeeper.gpus.cached": ["CachedInventory"],
-        "gatekeeper.gpus.declared": ["DeclaredNodeError", "load_node_file", "parse_declared_node"],
-        "gatekeeper.gpus.inventory": [
-            "SNAPSHOT_SCHEMA",
-            "GpuInfo",
-            "GpuInventory",
-            "GpuProcess",
-            "InventorySnapshot",
-            "SnapshotFormatError",
-            "failed_snapshot",
-        ],
-        "gatekeeper.gpus.nvml": ["NvmlInventory"],
-        "gatekeeper.gpus.proctree": ["process_tree", "read_parent_map"],
-        "gatekeeper.gpus.products": ["GpuProduct", "best_capability", "gpu_products", "lookup_gpu"],
-        "gatekeeper.gpus.source": ["GpuSource", "parse_gpu_source"],
-        "gatekeeper.gpus.static": ["StaticInventory"],
-        "gatekeeper.gpus.visible_devices": [
-            "VisibleDevicesError",
-            "parse_visible_devices",
-            "worker_cuda_env",
-        ],
-    },
-)
+__getattr__, __dir__ = face(globals())

@@ -27,9 +27,9 @@ from types import TracebackType
 from typing import Any
 
 from gatekeeper.errors import NvmlUnavailable
-from gatekeeper.gpus import proctree
 from gatekeeper.gpus.attribution import pid_namespace_note
 from gatekeeper.gpus.inventory import GpuInfo, GpuProcess, InventorySnapshot, failed_snapshot
+from gatekeeper.gpus.proctree import pid_exists as process_exists
 from gatekeeper.gpus.visible_devices import (
     VisibleDevicesError,
     parse_visible_devices,
@@ -65,7 +65,7 @@ class NvmlInventory:
         self,
         *,
         visible_devices: str | None = None,
-        pid_exists: Callable[[int], bool] = proctree.pid_exists,
+        pid_exists: Callable[[int], bool] = process_exists,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._visible_value = visible_devices

@@ -57,23 +57,4 @@ __all__ = [
     "spec_from_config",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.models.catalog": ["CatalogEntry", "catalog_entries", "find_in_catalog"],
-        "gatekeeper.models.hf_config": ["spec_from_config"],
-        "gatekeeper.models.quantization": ["QuantSpec", "quant_from_config", "quant_from_flag"],
-        "gatekeeper.models.safetensors": ["read_checkpoint", "read_header"],
-        "gatekeeper.models.source": ["load_model_dir", "resolve_model"],
-        "gatekeeper.models.spec": [
-            "DTYPE_BYTES",
-            "AttentionKind",
-            "CheckpointTensor",
-            "CheckpointWeights",
-            "MlaSpec",
-            "ModelSpec",
-            "MoeSpec",
-            "VisionSpec",
-        ],
-    },
-)
+__getattr__, __dir__ = face(globals())

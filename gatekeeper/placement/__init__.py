@@ -69,29 +69,4 @@ __all__ = [
     "search",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.placement.decision": ["decide"],
-        "gatekeeper.placement.gpu_search": [
-            "TP_SIZES",
-            "EstimateCache",
-            "SearchResult",
-            "gpu_lines",
-            "search",
-        ],
-        "gatekeeper.placement.nearby": ["MIN_SUGGESTED_LEN", "Variant", "lighter_variants"],
-        "gatekeeper.placement.plan": ["Plan", "PlanError", "PlanResult", "load_plan", "run_plan"],
-        "gatekeeper.placement.policy": ["PlacementPolicy"],
-        "gatekeeper.placement.render": ["render_bar", "render_decision"],
-        "gatekeeper.placement.types": [
-            "Decision",
-            "GpuLine",
-            "Placement",
-            "PlacementRequest",
-            "Prediction",
-            "Suggestion",
-            "auto_parallel",
-        ],
-    },
-)
+__getattr__, __dir__ = face(globals())

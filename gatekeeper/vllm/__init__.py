@@ -53,15 +53,4 @@ __all__ = [
     "serve_values",
 ]
 
-__getattr__, __dir__ = face(
-    globals(),
-    {
-        "gatekeeper.vllm.command": ["VllmCommand", "parse_vllm_command"],
-        "gatekeeper.vllm.flags": ["options_from_mapping", "serve_options", "serve_values"],
-        "gatekeeper.vllm.launch": ["LaunchFlags", "launch_args"],
-        "gatekeeper.vllm.log": ["MemoryFigures", "StartupLog", "failure_reason", "parse_line"],
-        "gatekeeper.vllm.serve_args": ["ServeCommand", "parse_serve_args"],
-        "gatekeeper.vllm.sleep_mode": ["DEV_MODE_ENV", "SLEEP_FLAG", "IdlePolicy", "asleep_bytes"],
-        "gatekeeper.vllm.table": ["Flag", "FlagTable", "flag_table", "human_readable_int"],
-    },
-)
+__getattr__, __dir__ = face(globals())
