@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from gatekeeper.errors import ServeOptionsError
 from gatekeeper.estimator.accounting import Accounting
-from gatekeeper.estimator.kv_cache import page_bytes_per_token
+from gatekeeper.estimator.kv_cache import indexer_bytes_per_token, page_bytes_per_token
 from gatekeeper.estimator.options import KvDtype
 from gatekeeper.estimator.overhead import BatchShape, cuda_graph_bytes, forward_peak_bytes
 from gatekeeper.estimator.rank_weights import RankWeights, decoder_layer_bytes
@@ -161,8 +161,10 @@ def draft_cost(sp: Speculative, c: DraftContext, draft: ModelSpec | None) -> Dra
     layers = range(head.num_layers)
     if sp.method == "mtp":
         layers = range(c.spec.num_layers - 1, c.spec.num_layers)
-    n_kv_layers = c.spec.mtp_layers if sp.method == "mtp" else head.num_layers
-    kv = n_kv_layers * page_bytes_per_token(head, tp, c.kv)
+    n = c.spec.num_layers
+    kv_layers = range(n, n + c.spec.mtp_layers) if sp.method == "mtp" else range(head.num_layers)
+    page = page_bytes_per_token(head, tp, c.kv)
+    kv = sum(page + indexer_bytes_per_token(head, i) for i in kv_layers)
     forward = forward_peak_bytes(head, layers, c.shape.max_num_batched_tokens, tp, c.dtype_bytes)
     graphs = cuda_graph_bytes(c.acc, head, layers, tp, c.shape, c.eager, cap=c.cap, base=False)
     if sp.method == "mtp":

@@ -334,11 +334,15 @@ def indexer_bytes_per_token(spec: ModelSpec, layer: int) -> int:
     """Bytes of the lightning indexer's key cache one token takes in ``layer``, on every
     rank (DeepSeek V3.2, GLM-5: ``DeepseekV32IndexerCache``, an ``MLAAttentionSpec`` of one
     head of ``index_head_dim`` FP8 values and their scales, uint8, whatever
-    ``--kv-cache-dtype`` says); 0 in a layer without one. vLLM holds it beside the
-    latent cache in the same KV-cache group (``UniformTypeKVCacheSpecs``: a block is every
-    layer's pages), so it adds to the layer's page."""
+    ``--kv-cache-dtype`` says); 0 in a layer without one. A multi-token-prediction layer
+    (``layer`` past the decoder's) always builds one (deepseek_v2.py: ``is_mtp_layer``).
+    vLLM holds it beside the latent cache in the same KV-cache group
+    (``UniformTypeKVCacheSpecs``: a block is every layer's pages), so it adds to the
+    layer's page."""
     mla = spec.mla
-    if mla is None or not mla.indexer_head_dim or layer not in mla.indexer_layers:
+    if mla is None or not mla.indexer_head_dim:
+        return 0
+    if layer < spec.num_layers and layer not in mla.indexer_layers:
         return 0
     d = mla.indexer_head_dim
     return d + d // INDEXER_QUANT_BLOCK * 4

