@@ -298,8 +298,13 @@ def test_the_rows_read_one_at_a_time_are_the_file_read_whole():
 
 
 def test_a_start_parses_only_the_rows_it_asks_for():
-    from gatekeeper.models import module_names
-
-    module_names._parsed.cache_clear()
-    module_names.module_names("LlamaForCausalLM")
-    assert module_names._parsed.cache_info().currsize < 5
+    """In a fresh process (no row cached by another test), naming one class's modules
+    parses that row and the few it points to, not the table."""
+    code = (
+        "from gatekeeper.models import module_names as m\n"
+        "m.module_names('LlamaForCausalLM')\n"
+        "print(m._parsed.cache_info().currsize, len(m._file()[0]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    parsed, rows = map(int, out.stdout.split())
+    assert 1 <= parsed < 5 and rows == 391
